@@ -1,0 +1,1 @@
+"""What the work runs on: pools and affinity, job config, Temporal plumbing, the local stack, stores."""

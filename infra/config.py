@@ -1,0 +1,181 @@
+"""The job spec: one validated description of a job (model, tasks, pools, Temporal, store).
+
+Loaded from YAML or JSON with `load_job`; every error names the file and the
+field (`tasks.0.generate_pool`) and says what was expected. Components get
+their own small section (`EngineConfig`, `StoreConfig`, ...) rather than the
+whole job.
+
+This module is imported by workflow code (through the sandbox's pass-through),
+so it holds pydantic models only: no I/O at import time, no heavy imports.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from rollart.infra.pools import GENERATION_POOLS, Pool
+
+__all__ = [
+    "DEFAULT_HOME",
+    "EngineConfig",
+    "JobSpec",
+    "JobSpecError",
+    "SamplingParams",
+    "StoreConfig",
+    "TaskSpec",
+    "TemporalConfig",
+    "format_validation_error",
+    "load_job",
+]
+
+DEFAULT_HOME = Path(".rollart")
+"""Where the local stack keeps generated things (model, Temporal database, store), relative to the cwd."""
+
+
+class _Strict(BaseModel):
+    """Base for spec sections: unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingParams(_Strict):
+    """How a task samples from the policy. `top_k = 0` means the full vocabulary (no truncation)."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_tokens: int = Field(2, ge=1, le=4096)
+    n: int = Field(1, ge=1, le=256)
+    stop: list[str] = Field(default_factory=list)
+
+
+class TaskSpec(_Strict):
+    """One task of a job: which env and reward, where it generates, how it samples.
+
+    `env` and `reward` are registered names (`frozenlake`) or import paths of a
+    user's own (`mypkg.envs:Maze`).
+    """
+
+    name: str = Field(min_length=1)
+    env: str = Field(min_length=1)
+    reward: str = Field(min_length=1)
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    generate_pool: Pool = Pool.H800
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    max_turns: int = Field(8, ge=1, le=1000)
+    group_size: int = Field(1, ge=1, le=256)
+    weight: float = Field(1.0, gt=0.0)
+
+    @field_validator("generate_pool")
+    @classmethod
+    def _is_generation_pool(cls, pool: Pool) -> Pool:
+        if pool not in GENERATION_POOLS:
+            names = ", ".join(p.value for p in GENERATION_POOLS)
+            raise ValueError(f"{pool.value!r} has no inference engine; generate_pool must be one of: {names}")
+        return pool
+
+
+class TemporalConfig(_Strict):
+    """Where the Temporal server is. `address: null` means: start the local dev server."""
+
+    address: str | None = None
+    namespace: str = "default"
+    ui_port: int = Field(8233, ge=1, le=65535)
+
+
+class StoreConfig(_Strict):
+    """Where bulk data (tokens, logprobs, large payloads) lives. `local` is a directory."""
+
+    kind: Literal["local"] = "local"
+    path: Path = DEFAULT_HOME / "store"
+    payload_threshold_bytes: int = Field(256 * 1024, ge=1024, le=1536 * 1024)
+
+
+class EngineConfig(_Strict):
+    """The inference engine of a generation worker."""
+
+    kind: Literal["vllm", "hf"] = "vllm"
+    max_model_len: int = Field(512, ge=16)
+    max_num_seqs: int = Field(128, ge=1)
+    kv_cache_gib: float = Field(1.0, gt=0)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    seed: int = 0
+
+
+class JobSpec(_Strict):
+    """A whole job. The model dir is built on first use when it is the default tiny model."""
+
+    name: str = Field("job", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model_dir: Path = DEFAULT_HOME / "models" / "tiny"
+    tasks: list[TaskSpec] = Field(min_length=1)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+
+    @model_validator(mode="after")
+    def _unique_task_names(self) -> JobSpec:
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"task names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    def task(self, name: str) -> TaskSpec:
+        """The task called `name`, or a KeyError listing the ones there are."""
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(f"no task {name!r} in job {self.name!r}; tasks: {', '.join(t.name for t in self.tasks)}")
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot be read or does not validate; the message names the file and fields."""
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """One line per problem: `source: field.path: message (got value)`."""
+    lines = [f"{source}: invalid job spec ({err.error_count()} problem{'s' if err.error_count() > 1 else ''})"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = "" if e["type"] == "missing" else f" (got {e['input']!r})"
+        if len(got) > 80:
+            got = got[:77] + "...)"
+        lines.append(f"  {loc}: {e['msg']}{got}")
+    return "\n".join(lines)
+
+
+def load_job(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
+    """Read a job spec from YAML (.yaml/.yml) or JSON and validate it.
+
+    `overrides` are merged over the file's top level (for CLI flags such as
+    `--temporal-address`). Relative model/store paths stay relative to the cwd.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise JobSpecError(f"{path}: cannot read job spec: {e.strerror or e}") from e
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            raw = yaml.safe_load(text)
+        else:
+            raw = json.loads(text)
+    except Exception as e:  # yaml.YAMLError / json.JSONDecodeError: both carry line numbers
+        raise JobSpecError(f"{path}: not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: {e}") from e
+    if not isinstance(raw, dict):
+        raise JobSpecError(f"{path}: a job spec is a mapping at the top level, got {type(raw).__name__}")
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict):
+            raw[key] = {**raw[key], **value}
+        else:
+            raw[key] = value
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as e:
+        raise JobSpecError(format_validation_error(e, str(path))) from e

@@ -1,0 +1,43 @@
+"""Hardware pools: the names of the task queues each kind of work is routed to.
+
+A pool is a Temporal task queue. Any number of workers, on any number of
+machines, poll it; pinning a pool to a GPU type happens where its workers run
+(a node selector on Kubernetes, the machine you start `rollart worker` on).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+__all__ = [
+    "Pool",
+    "GENERATION_POOLS",
+    "WORKER_POOLS",
+    "session_queue",
+]
+
+
+class Pool(str, Enum):
+    """Every queue rollart routes work to; the value is the task-queue name."""
+
+    H20 = "h20"  # decode-heavy generation (memory-bandwidth bound)
+    H800 = "h800"  # prefill-heavy generation and training (compute bound)
+    CPU = "cpu"  # stateful environments
+    SERVERLESS = "serverless"  # stateless rewards, elastic
+    TRAINER = "trainer"  # the trainer process (model + optimizer)
+    CONTROL = "control"  # workflows only: orchestration, no heavy work
+
+    def __str__(self) -> str:
+        return self.value
+
+
+GENERATION_POOLS: tuple[Pool, ...] = (Pool.H20, Pool.H800)
+"""Pools whose workers hold an inference engine."""
+
+WORKER_POOLS: tuple[Pool, ...] = (Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H20, Pool.SERVERLESS)
+"""Pools that `rollart up` starts a worker for (the trainer joins with training)."""
+
+
+def session_queue(worker_id: str) -> str:
+    """The private queue of one env worker: `step`/`close` of its sessions go here (sticky routing)."""
+    return f"{Pool.CPU.value}@{worker_id}"

@@ -1,0 +1,1 @@
+"""Processes: a Temporal worker per pool, the local stack, and the `rollart` CLI."""

@@ -1,0 +1,1 @@
+"""Temporal workflows only: deterministic orchestration, no I/O, no torch or vLLM."""
