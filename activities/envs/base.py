@@ -1,0 +1,104 @@
+"""The env contract users implement: `reset(seed) -> observation` and `step(action) -> StepOutcome`.
+
+An env lives as a session in one cpu worker's process, so it may keep state
+between calls. Three rules keep every env usable by the same rollout loop:
+
+- The observation *is* the whole prompt of the next turn. The rollout loop
+  adds nothing to it; an env that wants the policy to see history puts that
+  history into the observation itself.
+- An action is the raw text the model generated. An action the env cannot
+  understand is handled by the env's own rule (e.g. a no-op with
+  ``info["valid"] = False``) and never by raising: bad model output is
+  ordinary data for RL, not an error.
+- Raising from `reset` or `step` means the env itself is broken (or was
+  misused by its caller) and is treated as an infrastructure failure, not
+  as a low reward.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Env", "StepOutcome"]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one `step` returns; checked on construction because it crosses a process boundary.
+
+    `info` must be JSON-serialisable (str/int/float/bool/None, lists and
+    str-keyed dicts of those) so it can travel in activity results and land
+    in metrics unchanged.
+    """
+
+    observation: str
+    reward: float
+    done: bool
+    info: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.observation, str):
+            raise TypeError(f"StepOutcome.observation must be str, got {type(self.observation).__name__}")
+        if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+            raise TypeError(f"StepOutcome.reward must be a finite float, got {self.reward!r}")
+        if not isinstance(self.done, bool):
+            raise TypeError(f"StepOutcome.done must be bool, got {type(self.done).__name__}")
+        if not isinstance(self.info, dict):
+            raise TypeError(f"StepOutcome.info must be a dict, got {type(self.info).__name__}")
+        _check_json(self.info, "info")
+
+
+class Env(ABC):
+    """A stateful env living in a cpu worker's process as a session.
+
+    Constructed with the task's ``env_args`` as keyword arguments. Subclasses
+    take the arguments they know as keyword parameters, validate them
+    (raising ValueError that names the argument and its allowed values) and
+    pass whatever is left to ``super().__init__(**rest)``, which rejects
+    unknown arguments so a typo in a job config fails loudly.
+    """
+
+    def __init__(self, **env_args: Any) -> None:
+        if env_args:
+            raise ValueError(
+                f"{type(self).__name__}: unknown env_args {sorted(env_args)}; "
+                "check the spelling against the env's documented arguments"
+            )
+
+    @abstractmethod
+    def reset(self, seed: int) -> str:
+        """Start an episode determined by `seed`; return the first observation (the first prompt)."""
+
+    @abstractmethod
+    def step(self, action: str) -> StepOutcome:
+        """Apply the model's raw generated text `action`; return the next observation, reward and done."""
+
+    def close(self) -> None:  # noqa: B027 - a deliberate no-op default, not an abstract method
+        """Release resources when the session ends; most envs hold none."""
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Reject values that JSON (and hence activity payloads) cannot carry unchanged."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise TypeError(f"StepOutcome.{where} is {value!r}; JSON has no NaN/inf")
+        return
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_json(item, f"{where}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"StepOutcome.{where} has non-str key {key!r}")
+            _check_json(item, f"{where}[{key!r}]")
+        return
+    raise TypeError(
+        f"StepOutcome.{where} is a {type(value).__name__}; info must hold only "
+        "str/int/float/bool/None, lists and str-keyed dicts"
+    )
