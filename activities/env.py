@@ -1,0 +1,119 @@
+"""Env activities: sessions live in this cpu worker's process; `reset` on the shared queue, `step`/`close` on ours.
+
+`reset` is polled from the shared "cpu" queue by every env worker; the session
+it creates stays in the process that created it, and the handle it returns
+names this worker's private queue so every later `step` and `close` of the
+episode comes back here (sticky routing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from rollart.activities.errors import bad_input, env_broken, unknown_component
+from rollart.activities.types import CloseInput, EnvHandle, ResetInput, StepInput, StepResult
+from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
+
+__all__ = ["EnvActivities"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Session:
+    env: Any
+    entry: EnvEntry
+    trajectory_id: str
+    done: bool = False
+
+
+class EnvActivities:
+    """Holds this worker's env sessions; its bound methods are the registered activities."""
+
+    def __init__(self, worker_id: str, queue: str) -> None:
+        self.worker_id = worker_id
+        self.queue = queue
+        self._sessions: dict[str, _Session] = {}
+
+    @property
+    def open_sessions(self) -> int:
+        return len(self._sessions)
+
+    @activity.defn(name="reset")
+    async def reset(self, inp: ResetInput) -> EnvHandle:
+        """Create an env, reset it from the seed, and keep it here as a session."""
+        try:
+            entry = lookup_env(inp.env)
+        except UnknownComponentError as e:
+            raise unknown_component(str(e)) from e
+        try:
+            env = entry.cls(**inp.env_args)
+        except (TypeError, ValueError) as e:
+            raise bad_input(f"env {inp.env!r} rejected its env_args {inp.env_args!r}: {e}") from e
+        try:
+            observation = await asyncio.wait_for(asyncio.to_thread(env.reset, inp.seed), entry.reset_timeout_s)
+        except asyncio.TimeoutError:
+            raise ApplicationError(
+                f"env {inp.env!r} reset(seed={inp.seed}) took over {entry.reset_timeout_s:g}s", type="EnvResetTimeout"
+            ) from None
+        except Exception as e:  # a fresh env next attempt: retryable
+            raise ApplicationError(f"env {inp.env!r} reset(seed={inp.seed}) raised {type(e).__name__}: {e}",
+                                   type="EnvResetError") from e
+        if not isinstance(observation, str):
+            raise bad_input(f"env {inp.env!r}.reset must return the observation text, got {type(observation).__name__}")
+        session_id = f"{inp.trajectory_id}/{uuid.uuid4().hex[:8]}"
+        self._sessions[session_id] = _Session(env=env, entry=entry, trajectory_id=inp.trajectory_id)
+        return EnvHandle(
+            session_id=session_id,
+            queue=self.queue,
+            worker_id=self.worker_id,
+            observation=observation,
+            step_timeout_s=entry.step_timeout_s,
+        )
+
+    @activity.defn(name="step")
+    async def step(self, inp: StepInput) -> StepResult:
+        """Apply the model's text to the session's env; an env that raises ends the episode (EnvBroken)."""
+        session = self._session(inp.session_id)
+        if session.done:
+            raise bad_input(f"session {inp.session_id} already ended; a step after done is a caller bug")
+        try:
+            outcome = await asyncio.to_thread(session.env.step, inp.action)
+        except Exception as e:
+            session.done = True
+            raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
+        try:
+            result = StepResult(
+                observation=outcome.observation, reward=outcome.reward, done=outcome.done, info=outcome.info
+            )
+        except (AttributeError, ValueError) as e:
+            raise env_broken(f"env {session.entry.name!r} step returned {outcome!r}, not a StepOutcome: {e}") from e
+        session.done = result.done
+        return result
+
+    @activity.defn(name="close")
+    async def close(self, inp: CloseInput) -> None:
+        """Drop the session and release its env; closing twice is fine."""
+        session = self._sessions.pop(inp.session_id, None)
+        if session is not None:
+            try:
+                await asyncio.to_thread(session.env.close)
+            except Exception:  # the episode is over either way
+                log.exception("env %s close failed for session %s", session.entry.name, inp.session_id)
+
+    def _session(self, session_id: str) -> _Session:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise ApplicationError(
+                f"no session {session_id!r} on env worker {self.worker_id} (was the worker restarted?)",
+                type="SessionLost",
+                non_retryable=True,
+            ) from None

@@ -1,0 +1,86 @@
+"""The generate activity: many concurrent calls share one engine, which batches them continuously.
+
+Bulk output (prompt ids, sampled token ids, behaviour logprobs) is written to
+the payload store under the caller's `data_key`; the workflow gets texts,
+counts and the policy versions used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from temporalio import activity
+
+from rollart.activities.engines.base import Engine, EngineOutput
+from rollart.activities.types import Completion, GenerateInput, GenerateResult
+from rollart.infra.store import Store
+
+__all__ = ["GenerateActivities", "turn_record"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_EVERY_S = 5.0
+
+
+class GenerateActivities:
+    """Binds the `generate` activity to this worker's engine and the payload store."""
+
+    def __init__(self, engine: Engine, store: Store, worker_id: str) -> None:
+        self.engine = engine
+        self.store = store
+        self.worker_id = worker_id
+
+    @activity.defn(name="generate")
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        """Sample `sampling.n` completions of `prompt`; heartbeats while the engine works."""
+        info = activity.info()
+        request_id = f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
+        async with _heartbeating():
+            out = await self.engine.generate(inp.prompt, inp.sampling, request_id)
+        await asyncio.to_thread(self.store.put_json, inp.data_key, turn_record(inp.prompt, out))
+        return GenerateResult(
+            completions=[
+                Completion(text=c.text, num_tokens=len(c.token_ids), finish_reason=c.finish_reason)
+                for c in out.completions
+            ],
+            prompt_tokens=len(out.prompt_ids),
+            policy_version=out.policy_version,
+            policy_version_end=out.policy_version_end,
+            data_key=inp.data_key,
+            worker_id=self.worker_id,
+        )
+
+
+def turn_record(prompt: str, out: EngineOutput) -> dict:
+    """What the store keeps of one generation: everything a trainer needs to recompute the loss."""
+    return {
+        "prompt": prompt,
+        "prompt_ids": out.prompt_ids,
+        "policy_version": out.policy_version,
+        "policy_version_end": out.policy_version_end,
+        "completions": [
+            {"text": c.text, "token_ids": c.token_ids, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+            for c in out.completions
+        ],
+    }
+
+
+@contextlib.asynccontextmanager
+async def _heartbeating() -> AsyncIterator[None]:
+    """Heartbeat from a side task: the engine answers only at the end (final-only outputs)."""
+
+    async def beat() -> None:
+        while True:
+            activity.heartbeat()
+            await asyncio.sleep(HEARTBEAT_EVERY_S)
+
+    task = asyncio.create_task(beat())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

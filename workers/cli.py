@@ -1,0 +1,333 @@
+"""The `rollart` command line: init-model, worker, up, rollout. Every command has --help."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # heavy modules load lazily: `rollart --help` stays instant
+    import threading
+
+    from temporalio.client import Client
+
+    from rollart.infra.config import JobSpec
+    from rollart.workers.pool_worker import WorkerSettings
+    from rollart.workers.rollout import RolloutOutcome
+
+__all__ = ["main"]
+
+log = logging.getLogger("rollart")
+
+EXIT_BAD_INPUT = 2
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script; exits via os._exit to dodge a known SDK crash at interpreter exit."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("temporalio", "vllm", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        rc = 130
+    except _UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = EXIT_BAD_INPUT
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+class _UserError(Exception):
+    """Something the user can fix; printed without a traceback."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="rollart",
+        description="Agentic RL on disaggregated hardware pools, orchestrated by Temporal.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("init-model", help="build the tiny random-init Qwen2 model and tokenizer (offline)")
+    s.add_argument("--out", type=Path, required=True, help="directory to write the model to")
+    s.add_argument("--seed", type=int, default=0, help="init seed (same seed, same weights)")
+    s.add_argument("--force", action="store_true", help="rebuild even if DIR already holds a model")
+    s.set_defaults(func=_cmd_init_model)
+
+    s = sub.add_parser("worker", help="run one Temporal worker for one pool (one per pool per machine)")
+    s.add_argument("--pool", choices=["control", "cpu", "h800", "h20", "serverless"], help="the pool to serve")
+    s.add_argument("--job", type=Path, help="job spec to take the model, engine, store and Temporal settings from")
+    _add_temporal_args(s)
+    s.add_argument("--model-dir", type=Path, help="model for generation pools (default: the job's, or the tiny model)")
+    s.add_argument("--engine", choices=["vllm", "hf"], help="inference engine for generation pools (default vllm)")
+    s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
+    s.add_argument("--settings-file", type=Path, help=argparse.SUPPRESS)
+    s.set_defaults(func=_cmd_worker)
+
+    s = sub.add_parser("up", help="start the local Temporal dev server and one worker per pool; Ctrl-C stops all")
+    s.add_argument("--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)")
+    s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless)")
+    _add_stack_args(s)
+    s.set_defaults(func=_cmd_up)
+
+    s = sub.add_parser("rollout", help="run N trajectories of a job and print their outcomes")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON)")
+    s.add_argument("-n", "--num", type=int, default=16, help="number of trajectories (default 16)")
+    s.add_argument("--seed", type=int, default=0, help="seed for task draws and env seeds")
+    _add_temporal_args(s)
+    s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
+    _add_stack_args(s)
+    s.set_defaults(func=_cmd_rollout)
+    return p
+
+
+def _add_temporal_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--temporal-address", metavar="HOST:PORT", help="an existing Temporal server (default: local)")
+    s.add_argument("--namespace", help="Temporal namespace (default: the job's, else 'default')")
+
+
+def _add_stack_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--home", type=Path, help="where the local stack keeps its database, logs and store (default .rollart)")
+    s.add_argument("--port", type=int, default=7233, help="local Temporal gRPC port (default 7233)")
+    s.add_argument("--ui-port", type=int, default=8233, help="local Temporal UI port (default 8233)")
+
+
+# ---------------------------------------------------------------- init-model
+
+
+def _cmd_init_model(args: argparse.Namespace) -> int:
+    from rollart.infra.tiny_model import build_tiny_model
+
+    if (args.out / "config.json").exists() and not args.force:
+        print(f"{args.out} already holds a model (use --force to rebuild)")
+        return 0
+    t0 = time.monotonic()
+    path = build_tiny_model(args.out, seed=args.seed)
+    print(f"built tiny model in {path} ({time.monotonic() - t0:.1f}s)")
+    return 0
+
+
+# ---------------------------------------------------------------- worker
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    from rollart.workers.pool_worker import WorkerSettings, run_worker
+
+    if args.settings_file:
+        settings = WorkerSettings.model_validate_json(args.settings_file.read_text())
+    else:
+        if not args.pool:
+            raise _UserError("--pool is required (one of control, cpu, h800, h20, serverless)")
+        job = _load_job(args.job, args) if args.job else None
+        settings = _worker_settings(args, job)
+    return run_worker(settings)
+
+
+def _worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
+    from rollart.infra.pools import Pool
+    from rollart.workers.pool_worker import WorkerSettings
+
+    pool = Pool(args.pool)
+    base = WorkerSettings.from_job(job, pool) if job is not None else WorkerSettings(pool=pool)
+    updates: dict[str, object] = {}
+    if args.temporal_address or args.namespace:
+        updates["temporal"] = base.temporal.model_copy(
+            update={k: v for k, v in {"address": args.temporal_address, "namespace": args.namespace}.items() if v}
+        )
+    if args.model_dir:
+        updates["model_dir"] = args.model_dir
+    if args.engine:
+        updates["engine"] = base.engine.model_copy(update={"kind": args.engine})
+    if args.store_path:
+        updates["store"] = base.store.model_copy(update={"path": args.store_path})
+    return base.model_copy(update=updates)
+
+
+# ---------------------------------------------------------------- up
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    from rollart.infra.pools import WORKER_POOLS, Pool
+    from rollart.workers.local_stack import LocalStack
+
+    job = _load_job(args.job, args) if args.job else _default_job()
+    try:
+        pools = [Pool(p.strip()) for p in args.pools.split(",")] if args.pools else list(WORKER_POOLS)
+    except ValueError as e:
+        raise _UserError(f"--pools: {e}") from e
+    _ensure_default_model(job)
+    stack = LocalStack(job=job, pools=pools, home=_home(args), port=args.port, ui_port=args.ui_port)
+    stop = _stop_on_signals()
+    print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")
+    with stack:
+        print(f"ready. Temporal UI: {stack.ui_url}   server: {stack.address}   logs: {stack.home / 'logs'}")
+        for name, pid in stack.worker_pids().items():
+            print(f"  worker {name:<14} pid {pid}")
+        print("Ctrl-C stops everything.")
+        stop.wait()
+        print("stopping workers (draining in-flight work) and the server ...")
+    print("stopped.")
+    return 0
+
+
+def _stop_on_signals() -> threading.Event:
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+# ---------------------------------------------------------------- rollout
+
+
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    from rollart.workers.local_stack import LocalStack, pools_for_job
+    from rollart.workers.rollout import JobCheckError, check_job_components
+
+    if args.num < 1:
+        raise _UserError("-n must be at least 1")
+    job = _load_job(args.job, args)
+    try:
+        check_job_components(job)
+    except JobCheckError as e:
+        raise _UserError(f"{args.job}: {e}") from e
+    if job.temporal.address:
+        ui = args.ui_url or f"http://{job.temporal.address.rsplit(':', 1)[0]}:8233"
+        return asyncio.run(_rollout(job, args, ui))
+    _ensure_default_model(job)
+    stack = LocalStack(job=job, pools=pools_for_job(job), home=_home(args), port=args.port, ui_port=args.ui_port)
+    print(f"starting the local stack (Temporal on {stack.address}, workers: "
+          f"{', '.join(p.value for p in stack.pools)}) ...")
+    with stack:
+        job = job.model_copy(update={"temporal": stack.temporal})
+        rc = asyncio.run(_rollout(job, args, args.ui_url or stack.ui_url or ""))
+        print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
+    return rc
+
+
+async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rollart.workers.rollout import new_job_id, plan_trajectories, run_rollout
+
+    client = await _connect(job)
+    job_id = new_job_id(job)
+    inputs = plan_trajectories(job, args.num, args.seed, job_id)
+    print(f"job {job_id}: starting {len(inputs)} trajectories on queue 'control'")
+    t0 = time.monotonic()
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[stats]}")]  # fmt: skip
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task("trajectories", total=len(inputs), stats="")
+        wins = [0, 0]
+
+        def done(o: RolloutOutcome) -> None:
+            wins[0] += bool(o.result and o.result.success)
+            wins[1] += 1
+            bar.update(task, advance=1, stats=f"success {wins[0]}/{wins[1]}")
+
+        outcomes = await run_rollout(client, inputs, job_id, on_done=done)
+    wall = time.monotonic() - t0
+    _print_outcomes(outcomes, ui, job.temporal.namespace, wall)
+    return 0 if all(o.status == "completed" for o in outcomes) else 1
+
+
+async def _connect(job: JobSpec) -> Client:
+    from rollart.infra.temporal import connect
+
+    try:
+        return await connect(job.temporal, job.store)
+    except ConnectionError as e:
+        raise _UserError(str(e)) from e
+
+
+def _print_outcomes(outcomes: list[RolloutOutcome], ui: str, namespace: str, wall: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from rollart.infra.temporal import ui_url
+
+    table = Table(title="trajectories", show_lines=False)
+    for col in ("workflow", "task", "seed", "status", "reward", "success", "turns", "versions", "UI"):
+        table.add_column(col, overflow="fold")
+    for o in outcomes:
+        r = o.result
+        versions = f"{r.policy_version_min}..{r.policy_version_max}" if r and r.policy_version_min is not None else "-"
+        status = o.status if o.status == "completed" else f"[red]{o.status}[/red]: {(r.error if r else o.error) or ''}"
+        table.add_row(
+            o.workflow_id, o.inp.task.name, str(o.inp.seed), status,
+            f"{r.reward:.3f}" if r and r.reward is not None else "-",
+            ("yes" if r.success else "no") if r and r.success is not None else "-",
+            str(r.turns) if r else "-", versions,
+            ui_url(ui, namespace, o.workflow_id) if ui else "",
+        )  # fmt: skip
+    console = Console(width=max(200, Console().width))
+    console.print(table)
+    done = [o.result for o in outcomes if o.result and o.status == "completed"]
+    activities = sum(2 * r.turns + 3 for r in done)
+    rewards = [r.reward for r in done if r.reward is not None]
+    print(
+        f"{len(done)}/{len(outcomes)} completed in {wall:.1f}s · {len(outcomes) / wall:.2f} trajectories/s · "
+        f"{activities / wall:.1f} activities/s · success {sum(bool(r.success) for r in done)}/{len(done)} · "
+        f"mean reward {statistics.fmean(rewards) if rewards else float('nan'):.3f}"
+    )
+
+
+# ---------------------------------------------------------------- shared
+
+
+def _load_job(path: Path, args: argparse.Namespace) -> JobSpec:
+    from rollart.infra.config import JobSpecError, load_job
+
+    overrides: dict[str, object] = {}
+    temporal = {k: v for k, v in {"address": getattr(args, "temporal_address", None),
+                                  "namespace": getattr(args, "namespace", None)}.items() if v}  # fmt: skip
+    if temporal:
+        overrides["temporal"] = temporal
+    try:
+        return load_job(path, overrides)
+    except JobSpecError as e:
+        raise _UserError(str(e)) from e
+
+
+def _default_job() -> JobSpec:
+    from rollart.infra.config import JobSpec, TaskSpec
+
+    return JobSpec(tasks=[TaskSpec(name="frozenlake", env="frozenlake", reward="success")])
+
+
+def _home(args: argparse.Namespace) -> Path:
+    from rollart.infra.config import DEFAULT_HOME
+
+    return args.home or DEFAULT_HOME
+
+
+def _ensure_default_model(job: JobSpec) -> None:
+    """Build the embedded tiny model before workers start, so they don't race to build it."""
+    from rollart.infra.config import JobSpec
+    from rollart.infra.tiny_model import ensure_tiny_model
+
+    if job.model_dir == JobSpec.model_fields["model_dir"].default and not (job.model_dir / "config.json").exists():
+        print(f"building the tiny model in {job.model_dir} (first use) ...")
+        ensure_tiny_model(job.model_dir)
+
+
+if __name__ == "__main__":
+    main()

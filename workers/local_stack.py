@@ -1,0 +1,155 @@
+"""The embedded default: a local Temporal dev server plus one worker process per pool, on this machine.
+
+Used by `rollart up` (until Ctrl-C) and by `rollart rollout` when no server
+is given. Workers are separate processes, exactly as on a cluster; each gets
+its settings as a JSON file and signals readiness by writing a ready file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollart.infra.config import DEFAULT_HOME, JobSpec, TemporalConfig
+from rollart.infra.devserver import DevServer
+from rollart.infra.pools import WORKER_POOLS, Pool
+from rollart.workers.pool_worker import WorkerSettings
+
+__all__ = ["LocalStack", "StackError", "pools_for_job"]
+
+log = logging.getLogger(__name__)
+
+
+class StackError(RuntimeError):
+    """A worker of the local stack died or never became ready."""
+
+
+def pools_for_job(job: JobSpec) -> list[Pool]:
+    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless."""
+    gen = sorted({t.generate_pool for t in job.tasks}, key=lambda p: p.value)
+    return [Pool.CONTROL, Pool.CPU, *gen, Pool.SERVERLESS]
+
+
+@dataclass
+class _WorkerProc:
+    pool: Pool
+    proc: subprocess.Popen
+    log_file: Path
+    ready_file: Path
+
+
+@dataclass
+class LocalStack:
+    """Dev server + workers; `start()` returns when every worker polls its queue."""
+
+    job: JobSpec
+    pools: list[Pool] = field(default_factory=lambda: list(WORKER_POOLS))
+    home: Path = DEFAULT_HOME
+    port: int = 7233
+    ui_port: int | None = 8233
+    server: DevServer | None = field(default=None, init=False)
+    _workers: list[_WorkerProc] = field(default_factory=list, init=False)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def ui_url(self) -> str | None:
+        return self.server.ui_url if self.server else None
+
+    @property
+    def temporal(self) -> TemporalConfig:
+        """The job's Temporal section pointed at this stack's server."""
+        return self.job.temporal.model_copy(update={"address": self.address})
+
+    def worker_pids(self) -> dict[str, int]:
+        return {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
+
+    def start(self, timeout_s: float = 300.0) -> LocalStack:
+        """Start the server, then the workers; wait for all of them. Cleans up on failure."""
+        logs = self.home / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.server = DevServer(
+            db_file=self.home / "temporal.db",
+            port=self.port,
+            ui_port=self.ui_port,
+            namespace=self.job.temporal.namespace,
+            log_file=logs / "temporal.log",
+        ).start()
+        try:
+            for pool in self.pools:
+                self._spawn(pool, logs)
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """SIGTERM every worker (they drain in-flight work), then the server; SIGKILL stragglers."""
+        for w in self._workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for w in self._workers:
+            try:
+                w.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker %s (pid %d) did not drain in time; killing it", w.pool.value, w.proc.pid)
+                w.proc.kill()
+                w.proc.wait()
+        self._workers.clear()
+        if self.server:
+            self.server.stop()
+
+    def _spawn(self, pool: Pool, logs: Path) -> None:
+        run = self.home / "run"
+        run.mkdir(parents=True, exist_ok=True)
+        n = sum(1 for w in self._workers if w.pool is pool)
+        name = f"{pool.value}-{n}"
+        ready = run / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, ready_file=ready)
+        settings_file = run / f"{name}.json"
+        settings_file.write_text(settings.model_dump_json(indent=2))
+        log_file = logs / f"worker-{name}.log"
+        cmd = [sys.executable, "-m", "rollart.workers.cli", "worker", "--settings-file", str(settings_file)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        with open(log_file, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self._workers.append(_WorkerProc(pool=pool, proc=proc, log_file=log_file, ready_file=ready))
+        log.info("started %s worker (pid %d), log: %s", pool.value, proc.pid, log_file)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(self._workers)
+        while pending:
+            for w in list(pending):
+                if w.ready_file.exists():
+                    pending.remove(w)
+                elif w.proc.poll() is not None:
+                    raise StackError(f"{w.pool.value} worker exited with code {w.proc.returncode}:\n{_tail(w.log_file)}")
+            if time.monotonic() > deadline:
+                names = ", ".join(w.pool.value for w in pending)
+                raise StackError(f"workers not ready after {timeout_s:g}s: {names} (logs in {self.home / 'logs'})")
+            time.sleep(0.2)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"

@@ -1,0 +1,146 @@
+"""One Temporal worker process for one pool: what it registers depends on the pool.
+
+- control: the workflows (orchestration only; kept apart from engines so a
+  restarting engine never stalls workflow progress)
+- cpu: `reset` on the shared queue, `step`/`close` on this process's own queue
+- h20 / h800: `generate` on one inference engine, batched continuously
+- serverless: `reward`
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
+from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
+from rollart.infra.temporal import connect
+
+__all__ = ["WorkerSettings", "run_worker", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+class WorkerSettings(BaseModel):
+    """Everything one worker process needs: where Temporal and the store are, and for generation the model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pool: Pool
+    temporal: TemporalConfig = TemporalConfig()
+    store: StoreConfig = StoreConfig()
+    model_dir: Path = JobSpec.model_fields["model_dir"].default
+    engine: EngineConfig = EngineConfig()
+    max_concurrent_activities: int = 256
+    ready_file: Path | None = None
+
+    @classmethod
+    def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
+        """The settings a job implies for a worker of `pool`."""
+        base = {"pool": pool, "temporal": job.temporal, "store": job.store, "model_dir": job.model_dir, "engine": job.engine}
+        return cls(**{**base, **overrides})
+
+
+def new_worker_id(pool: Pool) -> str:
+    """host-pid-random: unique per process, readable in the UI's worker identity column."""
+    return f"{pool.value}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Run the pool's worker(s) until `stop` is set, then drain in-flight activities and shut down."""
+    client = await connect(settings.temporal, settings.store)
+    worker_id = new_worker_id(settings.pool)
+    async with _pool_workers(settings, client, worker_id) as workers:
+        async with contextlib.AsyncExitStack() as stack:
+            for w in workers:
+                await stack.enter_async_context(w)
+            queues = ", ".join(w.task_queue for w in workers)
+            log.info("worker %s ready: pool=%s queues=[%s] server=%s", worker_id, settings.pool.value, queues,
+                     settings.temporal.address)
+            if settings.ready_file:
+                settings.ready_file.parent.mkdir(parents=True, exist_ok=True)
+                settings.ready_file.write_text(worker_id)
+            await stop.wait()
+            log.info("worker %s draining", worker_id)
+    log.info("worker %s stopped", worker_id)
+
+
+@contextlib.asynccontextmanager
+async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
+    pool = settings.pool
+    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
+    if pool is Pool.CONTROL:
+        from rollart.workflows import ALL_WORKFLOWS
+
+        yield [Worker(client, task_queue=pool.value, workflows=ALL_WORKFLOWS, identity=worker_id)]
+    elif pool is Pool.CPU:
+        from rollart.activities.env import EnvActivities
+
+        envs = EnvActivities(worker_id, queue=session_queue(worker_id))
+        yield [
+            Worker(client, task_queue=pool.value, activities=[envs.reset], **common),
+            Worker(client, task_queue=envs.queue, activities=[envs.step, envs.close], **common),
+        ]
+    elif pool in GENERATION_POOLS:
+        async with _engine(settings) as engine:
+            from rollart.activities.generate import GenerateActivities
+            from rollart.infra.store import open_store
+
+            gen = GenerateActivities(engine, open_store(settings.store), worker_id)
+            yield [
+                Worker(
+                    client,
+                    task_queue=pool.value,
+                    activities=[gen.generate],
+                    graceful_shutdown_timeout=timedelta(seconds=60),
+                    **common,
+                )
+            ]
+    elif pool is Pool.SERVERLESS:
+        from rollart.activities.reward import RewardActivities
+
+        yield [Worker(client, task_queue=pool.value, activities=[RewardActivities().reward], **common)]
+    else:
+        raise ValueError(f"pool {pool.value!r} has no worker yet (the trainer arrives with training)")
+
+
+@contextlib.asynccontextmanager
+async def _engine(settings: WorkerSettings) -> AsyncIterator[object]:
+    from rollart.activities.engines.factory import create_engine
+    from rollart.infra.tiny_model import ensure_tiny_model
+
+    if settings.model_dir == WorkerSettings.model_fields["model_dir"].default:
+        ensure_tiny_model(settings.model_dir)  # the embedded default is built on first use
+    engine = create_engine(settings.model_dir, settings.engine)
+    log.info("starting %s engine on %s", settings.engine.kind, settings.model_dir)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
+
+
+def run_worker(settings: WorkerSettings) -> int:
+    """Blocking entry point: serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(settings, stop)
+
+    asyncio.run(main())
+    return 0

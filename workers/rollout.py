@@ -1,0 +1,106 @@
+"""Starting trajectories from the client side: plan N episodes of a job, run them, collect outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from temporalio.client import Client, WorkflowFailureError
+
+from rollart.infra.config import JobSpec
+from rollart.infra.pools import Pool
+from rollart.infra.registry import lookup_env, lookup_reward
+from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+
+__all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "run_rollout"]
+
+
+class JobCheckError(ValueError):
+    """A job names an env or reward that cannot be used; raised before any workflow starts."""
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """One started trajectory and how it ended; `result` is None when the workflow itself failed."""
+
+    workflow_id: str
+    run_id: str
+    inp: TrajectoryInput
+    result: TrajectoryResult | None
+    error: str | None
+    wall_s: float
+
+    @property
+    def status(self) -> str:
+        return self.result.status if self.result else "error"
+
+
+def new_job_id(job: JobSpec) -> str:
+    """`<job name>-<UTC time>-<random>`: sortable and unique."""
+    return f"{job.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+
+
+def check_job_components(job: JobSpec) -> None:
+    """Resolve every task's env and reward, and build each env once with its env_args."""
+    problems = []
+    for i, task in enumerate(job.tasks):
+        try:
+            entry = lookup_env(task.env)
+            entry.cls(**task.env_args)
+        except Exception as e:
+            problems.append(f"tasks.{i} ({task.name}): env: {e}")
+        try:
+            lookup_reward(task.reward)
+        except Exception as e:
+            problems.append(f"tasks.{i} ({task.name}): reward: {e}")
+    if problems:
+        raise JobCheckError("job cannot run:\n  " + "\n  ".join(problems))
+
+
+def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list[TrajectoryInput]:
+    """N episodes: tasks drawn by weight; each draw yields `group_size` episodes on one env seed."""
+    rng = random.Random(seed)
+    weights = [t.weight for t in job.tasks]
+    plan: list[TrajectoryInput] = []
+    group = 0
+    while len(plan) < n:
+        task = rng.choices(job.tasks, weights=weights)[0]
+        env_seed = seed * 1_000_003 + group
+        for _ in range(min(task.group_size, n - len(plan))):
+            plan.append(TrajectoryInput(task=task, seed=env_seed, job_id=job_id))
+        group += 1
+    return plan
+
+
+async def run_rollout(
+    client: Client,
+    inputs: list[TrajectoryInput],
+    job_id: str,
+    on_done: Callable[[RolloutOutcome], None] | None = None,
+    max_starts_in_flight: int = 64,
+) -> list[RolloutOutcome]:
+    """Start every trajectory on the control queue and wait for all; order follows `inputs`."""
+    starts = asyncio.Semaphore(max_starts_in_flight)
+
+    async def one(i: int, inp: TrajectoryInput) -> RolloutOutcome:
+        workflow_id = f"{job_id}-{inp.task.name}-{i:04d}"
+        t0 = time.monotonic()
+        async with starts:
+            handle = await client.start_workflow(
+                "TrajectoryWorkflow", inp, id=workflow_id, task_queue=Pool.CONTROL.value, result_type=TrajectoryResult
+            )
+        try:
+            result, error = await handle.result(), None
+        except WorkflowFailureError as e:
+            result, error = None, str(e.cause or e)
+        outcome = RolloutOutcome(workflow_id, handle.result_run_id or "", inp, result, error, time.monotonic() - t0)
+        if on_done:
+            on_done(outcome)
+        return outcome
+
+    return list(await asyncio.gather(*(one(i, inp) for i, inp in enumerate(inputs))))

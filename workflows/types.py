@@ -1,0 +1,48 @@
+"""Inputs and results of the workflows: what a user (or `temporal workflow start`) sends, what comes back."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollart.infra.config import TaskSpec
+
+__all__ = ["TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]
+
+TrajectoryStatus = Literal["completed", "failed"]
+
+
+class TrajectoryInput(BaseModel):
+    """One episode of one task from one seed. Unknown fields are rejected (a typo fails at once)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: TaskSpec
+    seed: int = Field(ge=0)
+    job_id: str = ""
+
+
+class TrajectoryResult(BaseModel):
+    """The compact outcome; tokens, logprobs and texts of each turn are in the store under `turn_keys`.
+
+    `status == "failed"` means the episode could not be run (an env that raised, a worker that never
+    answered): `reward` is then None — a failed trajectory is never scored 0.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    trajectory_id: str
+    task: str
+    seed: int
+    status: TrajectoryStatus
+    reward: float | None = None
+    success: bool | None = None
+    turns: int = 0
+    policy_version_min: int | None = None
+    policy_version_max: int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    turn_keys: list[str] = Field(default_factory=list)
+    env_worker: str | None = None
+    error: str | None = None
