@@ -1,0 +1,81 @@
+"""Job spec validation: readable errors that name the file and the field, before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rollart.infra.config import JobSpec, JobSpecError, load_job
+from rollart.infra.pools import Pool
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_example_job_loads() -> None:
+    job = load_job(REPO / "examples" / "frozenlake.yaml")
+    assert job.tasks[0].env == "frozenlake"
+    assert job.tasks[0].generate_pool is Pool.H800
+    assert job.tasks[0].sampling.top_k == 0
+
+
+def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
+    y = write(tmp_path, "j.yaml", "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: h20}\n")
+    j = write(tmp_path, "j.json", '{"tasks": [{"name": "a", "env": "frozenlake", "reward": "success", "generate_pool": "h20"}]}')
+    assert load_job(y) == load_job(j)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tasks: []", ["tasks: List should have at least 1 item"]),
+        ("tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: gpu9}", ["tasks.0.generate_pool", "gpu9"]),
+        ("tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: cpu}", ["tasks.0.generate_pool", "no inference engine"]),
+        ("tasks:\n  - {name: a, env: frozenlake, reward: success, max_turns: 0}", ["tasks.0.max_turns", "greater than or equal to 1"]),
+        ("tasks:\n  - {name: a, env: frozenlake, reward: success, sampling: {temprature: 1}}", ["tasks.0.sampling.temprature", "Extra inputs"]),
+        ("tasks:\n  - {name: a, env: frozenlake}", ["tasks.0.reward", "Field required"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\n  - {name: a, env: x, reward: y}", ["task names must be unique", "a"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\nstore: {payload_threshold_bytes: 4000000}", ["store.payload_threshold_bytes"]),
+    ],
+)
+def test_invalid_specs_name_file_and_field(tmp_path: Path, text: str, expected: list[str]) -> None:
+    path = write(tmp_path, "bad.yaml", text)
+    with pytest.raises(JobSpecError) as err:
+        load_job(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: invalid job spec")
+    for fragment in expected:
+        assert fragment in message
+
+
+def test_malformed_yaml_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "broken.yaml", "tasks:\n  - {name: a, env: [unclosed\n")
+    with pytest.raises(JobSpecError, match=r"(?s)broken.yaml: not valid YAML.*line 2"):
+        load_job(path)
+
+
+def test_missing_file_and_wrong_top_level(tmp_path: Path) -> None:
+    with pytest.raises(JobSpecError, match="cannot read job spec"):
+        load_job(tmp_path / "nope.yaml")
+    with pytest.raises(JobSpecError, match="mapping at the top level, got list"):
+        load_job(write(tmp_path, "list.yaml", "- a\n- b\n"))
+
+
+def test_overrides_merge_into_sections(tmp_path: Path) -> None:
+    path = write(tmp_path, "j.yaml", "tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {namespace: ns1}\n")
+    job = load_job(path, {"temporal": {"address": "10.0.0.1:7233"}})
+    assert job.temporal.address == "10.0.0.1:7233"
+    assert job.temporal.namespace == "ns1"
+
+
+def test_task_lookup_lists_known_tasks() -> None:
+    job = JobSpec(tasks=[{"name": "a", "env": "x", "reward": "y"}])
+    assert job.task("a").name == "a"
+    with pytest.raises(KeyError, match="tasks: a"):
+        job.task("b")
