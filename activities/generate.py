@@ -13,8 +13,9 @@ import logging
 from collections.abc import AsyncIterator
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
-from rollart.activities.engines.base import Engine, EngineOutput
+from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.types import Completion, GenerateInput, GenerateResult
 from rollart.infra.store import Store
 
@@ -38,8 +39,11 @@ class GenerateActivities:
         """Sample `sampling.n` completions of `prompt`; heartbeats while the engine works."""
         info = activity.info()
         request_id = f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
-        async with _heartbeating():
-            out = await self.engine.generate(inp.prompt, inp.sampling, request_id)
+        try:
+            async with _heartbeating():
+                out = await self.engine.generate(inp.prompt, inp.sampling, request_id)
+        except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
+            raise ApplicationError(str(e), type="RequestRejected", non_retryable=True) from e
         await asyncio.to_thread(self.store.put_json, inp.data_key, turn_record(inp.prompt, out))
         return GenerateResult(
             completions=[

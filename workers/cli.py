@@ -245,7 +245,7 @@ async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
 
         outcomes = await run_rollout(client, inputs, job_id, on_done=done)
     wall = time.monotonic() - t0
-    _print_outcomes(outcomes, ui, job.temporal.namespace, wall)
+    _print_outcomes(job_id, outcomes, ui, job.temporal.namespace, wall)
     return 0 if all(o.status == "completed" for o in outcomes) else 1
 
 
@@ -258,27 +258,28 @@ async def _connect(job: JobSpec) -> Client:
         raise _UserError(str(e)) from e
 
 
-def _print_outcomes(outcomes: list[RolloutOutcome], ui: str, namespace: str, wall: float) -> None:
+def _print_outcomes(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace: str, wall: float) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from rollart.infra.temporal import ui_url
 
-    table = Table(title="trajectories", show_lines=False)
-    for col in ("workflow", "task", "seed", "status", "reward", "success", "turns", "versions", "UI"):
+    table = Table(title=f"job {job_id}")
+    for col in ("#", "task", "seed", "status", "reward", "success", "turns", "versions"):
         table.add_column(col, overflow="fold")
-    for o in outcomes:
+    table.add_column("Temporal UI", no_wrap=True)
+    for i, o in enumerate(outcomes):
         r = o.result
         versions = f"{r.policy_version_min}..{r.policy_version_max}" if r and r.policy_version_min is not None else "-"
         status = o.status if o.status == "completed" else f"[red]{o.status}[/red]: {(r.error if r else o.error) or ''}"
         table.add_row(
-            o.workflow_id, o.inp.task.name, str(o.inp.seed), status,
+            str(i), o.inp.task.name, str(o.inp.seed), status,
             f"{r.reward:.3f}" if r and r.reward is not None else "-",
             ("yes" if r.success else "no") if r and r.success is not None else "-",
             str(r.turns) if r else "-", versions,
-            ui_url(ui, namespace, o.workflow_id) if ui else "",
+            ui_url(ui, namespace, o.workflow_id) if ui else o.workflow_id,
         )  # fmt: skip
-    console = Console(width=max(200, Console().width))
+    console = Console(width=max(170, Console().width))
     console.print(table)
     done = [o.result for o in outcomes if o.result and o.status == "completed"]
     activities = sum(2 * r.turns + 3 for r in done)

@@ -1,0 +1,166 @@
+"""A plain transformers engine: the fallback that makes unit tests fast and vLLM-free.
+
+Why it exists: vLLM takes ~20 s to start; tests of activities and workflows
+only need *an* engine with the same contract. It serves one request at a time
+(an asyncio lock) and runs the model in a thread so the event loop stays
+responsive. Sampling matches vLLM's: full vocabulary (HF's default top_k=50 is
+turned off), temperature and top-p; logprobs are vLLM's default
+`raw_logprobs` (log-softmax of the unscaled logits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from rollart.activities.engines.base import (
+    Completion,
+    Engine,
+    EngineDeadError,
+    EngineError,
+    EngineOutput,
+    EngineRequestError,
+)
+from rollart.infra.config import EngineConfig, SamplingParams
+
+__all__ = ["HfEngine"]
+
+log = logging.getLogger(__name__)
+
+
+class HfEngine(Engine):
+    """transformers `AutoModelForCausalLM` on CPU behind the `Engine` contract (one request at a time)."""
+
+    def __init__(self, model_dir: Path, *, max_model_len: int = 512, dtype: str = "float32", seed: int = 0) -> None:
+        self.model_dir = Path(model_dir)
+        self.max_model_len = max_model_len
+        self.dtype = dtype
+        self.seed = seed
+        self.policy_version = 0
+        self._model: Any = None
+        self._tok: Any = None
+        self._lock = asyncio.Lock()
+        self._tokens = 0
+
+    @classmethod
+    def from_config(cls, model_dir: Path, cfg: EngineConfig) -> HfEngine:
+        """An unstarted engine for `model_dir` (only `max_model_len`, `dtype`, `seed` apply)."""
+        return cls(model_dir, max_model_len=cfg.max_model_len, dtype=cfg.dtype, seed=cfg.seed)
+
+    async def start(self) -> None:
+        """Load tokenizer and model in a thread, then run one warm-up request."""
+        if self._model is not None:
+            return
+        if not (self.model_dir / "config.json").is_file():
+            raise FileNotFoundError(
+                f"no model at {self.model_dir} (config.json missing); build one with `rollart init-model --out {self.model_dir}`"
+            )
+        t0 = time.perf_counter()
+        self._tok, self._model = await asyncio.to_thread(self._load)
+        await self.generate("SFFF\nmove:", SamplingParams(max_tokens=2, n=2), "warmup")
+        self._tokens = 0
+        log.info("HF engine ready in %.1f s (%s)", time.perf_counter() - t0, self.model_dir)
+
+    def _load(self) -> tuple[Any, Any]:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(self.seed)
+        tok = AutoTokenizer.from_pretrained(self.model_dir)
+        dtype = torch.float32 if self.dtype == "float32" else torch.bfloat16
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
+        return tok, model
+
+    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str) -> EngineOutput:
+        """Sample `sampling.n` completions; requests queue behind each other.
+
+        Cancelling stops the generation at the next token (the thread checks a flag).
+        """
+        if self._model is None:
+            raise EngineDeadError("engine not started (or shut down): call `await engine.start()` first")
+        async with self._lock:
+            version = self.policy_version
+            cancel = threading.Event()
+            task = asyncio.ensure_future(asyncio.to_thread(self._generate_sync, prompt, sampling, cancel))
+            try:
+                prompt_ids, completions = await asyncio.shield(task)
+            except asyncio.CancelledError:
+                cancel.set()
+                await asyncio.wait([task])  # keep the lock until the thread is done
+                raise
+            except ValueError as e:
+                raise EngineRequestError(f"request {request_id} rejected: {e}") from e
+            except RuntimeError as e:
+                raise EngineError(f"request {request_id} failed: {type(e).__name__}: {e}") from e
+        self._tokens += sum(len(c.token_ids) for c in completions)
+        return EngineOutput(prompt_ids, completions, version, self.policy_version)
+
+    def _generate_sync(
+        self, prompt: str, sampling: SamplingParams, cancel: threading.Event
+    ) -> tuple[list[int], list[Completion]]:
+        import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        class _Cancelled(StoppingCriteria):
+            def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+                return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool)
+
+        tok, model = self._tok, self._model
+        prompt_ids: list[int] = tok(prompt, add_special_tokens=False)["input_ids"]
+        if len(prompt_ids) + sampling.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds "
+                f"max_model_len {self.max_model_len}; shorten the prompt or raise engine.max_model_len"
+            )
+        eos = tok.eos_token_id
+        greedy = sampling.temperature == 0
+        kwargs: dict[str, Any] = dict(
+            do_sample=not greedy,
+            max_new_tokens=sampling.max_tokens,
+            num_return_sequences=sampling.n,
+            output_logits=True,  # raw logits, before temperature/top-p: vLLM's raw_logprobs
+            return_dict_in_generate=True,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            stopping_criteria=StoppingCriteriaList([_Cancelled()]),
+        )
+        if not greedy:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
+        if sampling.stop:
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids)), **kwargs)
+        if cancel.is_set():
+            raise asyncio.CancelledError()
+        new = out.sequences[:, len(prompt_ids) :]
+        logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [n, steps, vocab]
+        completions = []
+        for i in range(sampling.n):
+            ids = new[i].tolist()
+            finish = "length"
+            if eos in ids:  # keep the eos token, as vLLM does; drop the padding after it
+                ids = ids[: ids.index(eos) + 1]
+                finish = "stop"
+            text = tok.decode(ids, skip_special_tokens=True)
+            if sampling.stop and any(s in text for s in sampling.stop):
+                # vLLM stops at the token completing a stop string and leaves the string out of the text
+                k = next(k for k in range(1, len(ids) + 1) if any(s in tok.decode(ids[:k]) for s in sampling.stop))
+                ids, finish = ids[:k], "stop"
+                text = tok.decode(ids, skip_special_tokens=True)
+                text = text[: min(text.index(s) for s in sampling.stop if s in text)]
+            lps = logprobs[i, torch.arange(len(ids)), torch.tensor(ids, dtype=torch.long)].tolist() if ids else []
+            completions.append(Completion(ids, lps, text, finish))
+        return prompt_ids, completions
+
+    async def shutdown(self) -> None:
+        """Drop the model (after the current request); safe to call twice."""
+        async with self._lock:
+            self._model = self._tok = None
+
+    def tokens_generated(self) -> int:
+        """Tokens generated since warm-up, over all completions."""
+        return self._tokens

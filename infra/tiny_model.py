@@ -1,0 +1,230 @@
+"""Build the tiny from-scratch Qwen2 policy that the local stack trains, fully offline.
+
+There is no model hub here, so the default policy is made on the spot: a
+random-init `Qwen2ForCausalLM` (~0.56M parameters, float32 safetensors) and a
+byte-level BPE tokenizer trained with `tokenizers` on a small built-in corpus
+of what our tasks show the model (FrozenLake grids, L/D/R/U moves, numbers
+0–99, single-digit sums). The corpus makes grid rows like `SFFF` and the
+numbers 10–18 single tokens, which is what lets the policy learn by RL within
+minutes on CPUs (see LEARNING-NOTES). The shape suits vLLM's CPU attention
+backend (head size 64) as well as plain transformers.
+
+Builds are deterministic for a seed (same weight bytes) and atomic: the model
+is written into a temporary directory next to the target and renamed into
+place, so a reader never sees half a model and racing builders cannot corrupt
+it. `ensure_tiny_model` adds a file lock so only one process builds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import random
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = [
+    "EOS_TOKEN",
+    "TINY_ARCH",
+    "VOCAB_SIZE",
+    "build_tiny_model",
+    "corpus",
+    "ensure_tiny_model",
+]
+
+log = logging.getLogger(__name__)
+
+EOS_TOKEN = "<|endoftext|>"
+"""End-of-sequence token (also used as padding)."""
+
+VOCAB_SIZE = 400
+"""Vocabulary: 256 byte symbols + the eos token + BPE merges + the added numbers 10-99."""
+
+TINY_ARCH: dict[str, int | float | bool | str] = {
+    "hidden_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "head_dim": 64,  # vLLM's CPU attention needs a head size in {32, 64, 80, ..., 256}
+    "num_key_value_heads": 2,
+    "intermediate_size": 512,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "initializer_range": 0.02,
+    "hidden_act": "silu",
+}
+"""The architecture measured in LEARNING-NOTES (learns FrozenLake in ~1 min on 2 cores)."""
+
+_STANDARD_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
+_ACTIONS = "LDRU"
+_NUMBER_TOKENS = [str(n) for n in range(10, 100)]
+
+
+def _render(grid: list[str], agent: int) -> list[str]:
+    """Grid rows with `A` at the agent's cell (row-major index)."""
+    rows = [list(r) for r in grid]
+    size = len(grid)
+    rows[agent // size][agent % size] = "A"
+    return ["".join(r) for r in rows]
+
+
+def corpus() -> Iterator[str]:
+    """The tokenizer's training text: deterministic, and shaped like our task prompts.
+
+    Mostly the standard FrozenLake map with the agent on every cell, so that
+    all its rows (with and without `A`) win merges; then moves, numbers and
+    single-digit sums (the numbers 10-99 are added tokens on top).
+    """
+    rng = random.Random(1234)
+    for _ in range(8):
+        for agent in range(16):
+            rows = _render(list(_STANDARD_MAP), agent)
+            yield "\n".join(rows) + f"\nmove: {_ACTIONS[rng.randrange(4)]}\n"
+    for _ in range(2):
+        for n in range(100):
+            yield f"{n} "
+        for x in range(10):
+            for y in range(10):
+                yield f"{x}+{y}={x + y}\n"
+    yield "L D R U move: action: answer:\n"
+
+
+def _train_tokenizer():  # -> PreTrainedTokenizerFast (imported lazily)
+    """A byte-level BPE tokenizer wrapped for transformers and vLLM.
+
+    Its pipeline is exactly the one `Qwen2Tokenizer` rebuilds on load (NFC,
+    Qwen's split regex, byte-level without regex): transformers and vLLM load
+    a `qwen2` model's tokenizer as `Qwen2Tokenizer`, which keeps only the
+    vocab and merges, so any other pipeline would tokenize differently at
+    training and at inference. Qwen's regex splits digits apart, so the
+    numbers 10-99 are added tokens (matched before splitting) to make them
+    single tokens. The full 256-byte alphabet is seeded so any input encodes
+    (without it the Rust encoder crashes on an unseen byte); byte-level (not
+    WordLevel) because vLLM's streaming detokenizer needs it.
+    """
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(_NUMBER_TOKENS),
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(n, normalized=False, special=False) for n in _NUMBER_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS_TOKEN,
+        pad_token=EOS_TOKEN,
+        unk_token=EOS_TOKEN,
+        clean_up_tokenization_spaces=False,
+        model_max_length=int(TINY_ARCH["max_position_embeddings"]),
+    )
+
+
+def _write_model(dst: Path, seed: int) -> None:
+    """Write tokenizer + random-init float32 Qwen2 weights into `dst` (an empty dir)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = _train_tokenizer()
+    tokenizer.save_pretrained(dst)
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    arch = dict(TINY_ARCH)
+    rope_theta = arch.pop("rope_theta")
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        dtype="float32",
+        **arch,
+    )
+    config.architectures = ["Qwen2ForCausalLM"]
+    # Seed a private generator-state: fork_rng keeps the caller's global RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    model.generation_config.do_sample = True
+    model.generation_config.top_k = 0  # full vocabulary, like vLLM (HF's default is 50)
+    model.generation_config.top_p = 1.0
+    model.generation_config.temperature = 1.0
+    model.save_pretrained(dst, safe_serialization=True)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished `src` to `dst` atomically, replacing an existing `dst`."""
+    for _ in range(5):
+        try:
+            os.rename(src, dst)  # atomic; also replaces an empty dst
+            return
+        except OSError:
+            if not dst.exists():
+                raise
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(dst, old)
+        except FileNotFoundError:
+            continue  # someone else moved it; try again
+        shutil.rmtree(old, ignore_errors=True)
+    raise RuntimeError(f"could not move the built model into {dst}: another process keeps replacing it")
+
+
+def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
+    """Build the tiny policy into `out_dir` (replacing what is there) and return `out_dir`.
+
+    Why: the local stack needs a policy without any download; this one is
+    small enough to train by RL on CPUs in minutes. Same seed → same bytes,
+    so runs are reproducible. The write is atomic (temp dir + rename).
+    """
+    out_dir = Path(out_dir).absolute()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        _write_model(tmp, seed)
+        _replace_dir(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("built tiny model (seed %d) in %s", seed, out_dir)
+    return out_dir
+
+
+def ensure_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
+    """Return `out_dir`, building the tiny model there first if it has no `config.json`.
+
+    Why: every worker may start at once on a fresh machine; a file lock next
+    to the directory makes exactly one of them build while the others wait,
+    then all use the same model.
+    """
+    out_dir = Path(out_dir).absolute()
+    if (out_dir / "config.json").is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = out_dir.parent / f".{out_dir.name}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not (out_dir / "config.json").is_file():
+                build_tiny_model(out_dir, seed=seed)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return out_dir
