@@ -1,0 +1,119 @@
+"""Activities in isolation (Temporal's ActivityEnvironment): env sessions, generation bookkeeping, rewards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
+from rollart.activities.engines.base import Completion as EngineCompletion
+from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
+from rollart.activities.env import EnvActivities
+from rollart.activities.generate import GenerateActivities
+from rollart.activities.reward import RewardActivities, as_reward_result
+from rollart.activities.types import CloseInput, GenerateInput, ResetInput, RewardInput, StepInput, Transcript, TurnRecord
+from rollart.infra.config import SamplingParams
+from rollart.infra.store import LocalStore
+
+ENV = ActivityEnvironment()
+
+
+async def test_env_session_lifecycle_is_sticky_to_its_worker() -> None:
+    acts = EnvActivities("w1", queue="cpu@w1")
+    handle = await ENV.run(acts.reset, ResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0, trajectory_id="t1"))
+    assert handle.queue == "cpu@w1" and handle.worker_id == "w1"
+    assert handle.observation == "AFFF\nFHFH\nFFFH\nHFFG\nmove:"
+    step = await ENV.run(acts.step, StepInput(session_id=handle.session_id, action="R"))
+    assert step.observation.startswith("SAFF") and not step.done and step.info["valid"]
+    assert acts.open_sessions == 1
+    await ENV.run(acts.close, CloseInput(session_id=handle.session_id))
+    await ENV.run(acts.close, CloseInput(session_id=handle.session_id))  # idempotent
+    assert acts.open_sessions == 0
+    with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.step, StepInput(session_id=handle.session_id, action="R"))
+    assert err.value.type == "SessionLost" and err.value.non_retryable
+
+
+async def test_env_errors_are_sorted_into_bad_input_and_broken_env() -> None:
+    acts = EnvActivities("w1", queue="cpu@w1")
+    cases = [
+        (ResetInput(env="nope", seed=0, trajectory_id="t"), "UnknownComponent", "unknown env 'nope'"),
+        (ResetInput(env="frozenlake", env_args={"size": 99}, seed=0, trajectory_id="t"), "InvalidInput", "size"),
+    ]
+    for inp, kind, fragment in cases:
+        with pytest.raises(ApplicationError) as err:
+            await ENV.run(acts.reset, inp)
+        assert err.value.type == kind and err.value.non_retryable and fragment in err.value.message
+
+    handle = await ENV.run(acts.reset, ResetInput(env="tests.support.envs:BrokenStepEnv", seed=0, trajectory_id="t"))
+    with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.step, StepInput(session_id=handle.session_id, action="L"))
+    assert err.value.type == "EnvBroken" and err.value.non_retryable and "simulated sandbox crash" in err.value.message
+
+
+class ScriptedEngine(Engine):
+    """Answers every prompt with one fixed completion; can reject requests like a real engine."""
+
+    def __init__(self, reject: bool = False) -> None:
+        self.reject = reject
+
+    async def start(self) -> None:
+        pass
+
+    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str) -> EngineOutput:
+        if self.reject:
+            raise EngineRequestError("prompt too long")
+        return EngineOutput([1, 2, 3], [EngineCompletion([7, 8], [-0.5, -1.5], "R", "length")], 3, 4)
+
+    async def shutdown(self) -> None:
+        pass
+
+    def tokens_generated(self) -> int:
+        return 0
+
+
+async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    acts = GenerateActivities(ScriptedEngine(), store, "h800-w")
+    result = await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
+    assert [c.text for c in result.completions] == ["R"] and result.completions[0].num_tokens == 2
+    assert (result.policy_version, result.policy_version_end, result.prompt_tokens) == (3, 4, 3)
+    record = store.get_json("t/turn-000")
+    assert record["prompt_ids"] == [1, 2, 3]
+    assert record["completions"][0] == {"text": "R", "token_ids": [7, 8], "logprobs": [-0.5, -1.5], "finish_reason": "length"}
+
+
+async def test_generate_rejected_requests_are_not_retried(tmp_path: Path) -> None:
+    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w")
+    with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
+    assert err.value.type == "RequestRejected" and err.value.non_retryable
+
+
+def transcript(*turns: dict) -> Transcript:
+    return Transcript(task="t", seed=0, turns=[TurnRecord(observation="o", action=t.get("action", "L"), info=t) for t in turns])
+
+
+async def test_reward_activity_runs_builtin_and_user_rewards() -> None:
+    acts = RewardActivities()
+    won = transcript({"valid": True}, {"valid": False}, {"valid": True, "success": True})
+    result = await ENV.run(acts.reward, RewardInput(reward="success", transcript=won))
+    assert result.success and result.value == pytest.approx(1.0 + 0.1 * 2 / 3)
+    lost = transcript({"valid": False}, {"valid": False})
+    assert (await ENV.run(acts.reward, RewardInput(reward="success", transcript=lost))).value == 0.0
+    exact = transcript({"answer": 12, "action": " 12 "})
+    assert (await ENV.run(acts.reward, RewardInput(reward="exact_match", transcript=exact))).success
+    with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.reward, RewardInput(reward="sucess", transcript=won))
+    assert err.value.type == "UnknownComponent" and err.value.non_retryable
+    with pytest.raises(ApplicationError, match="needs the env to report info\\['answer'\\]"):
+        await ENV.run(acts.reward, RewardInput(reward="exact_match", transcript=won))
+
+
+def test_reward_values_are_normalised() -> None:
+    assert as_reward_result(1, "r").success and not as_reward_result(0.5, "r").success
+    for bad in (True, "1", None, float("nan")):
+        with pytest.raises(ApplicationError):
+            as_reward_result(bad, "r")

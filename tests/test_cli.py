@@ -1,0 +1,105 @@
+"""The command line as a user meets it: --help everywhere, `rollart up` and `rollart worker` as processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rollart.infra.config import load_job
+from rollart.infra.devserver import DevServer, free_port
+from rollart.workers.rollout import plan_trajectories
+from tests.conftest import REPO
+
+ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
+
+
+@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"]])
+def test_every_command_has_help(command: list[str]) -> None:
+    done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
+
+
+def test_init_model_builds_once(tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    first = subprocess.run([*ROLLART, "init-model", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and "built tiny model" in first.stdout
+    assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
+    again = subprocess.run([*ROLLART, "init-model", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "already holds a model" in again.stdout
+
+
+def test_plan_draws_groups_by_weight() -> None:
+    job = load_job(REPO / "examples" / "frozenlake.yaml")
+    two = job.model_copy(update={"tasks": [job.tasks[0], job.tasks[0].model_copy(update={"name": "b", "weight": 3.0})]})
+    plan = plan_trajectories(two, 400, seed=1)
+    assert len(plan) == 400
+    seeds = {}
+    for inp in plan:  # every group of 8 shares a seed and a task
+        seeds.setdefault(inp.seed, set()).add(inp.task.name)
+    assert all(len(names) == 1 for names in seeds.values())
+    share_b = sum(inp.task.name == "b" for inp in plan) / len(plan)
+    assert 0.6 < share_b < 0.9  # weight 3 : 1
+    assert plan == plan_trajectories(two, 400, seed=1)
+
+
+def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> list[str]:
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"exited ({proc.poll()}) before {needle!r}:\n" + "".join(seen))
+        seen.append(line)
+        if needle in line:
+            return seen
+    raise AssertionError(f"no {needle!r} within {timeout_s}s:\n" + "".join(seen))
+
+
+@pytest.mark.integration
+def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    port, ui = free_port(), free_port()
+    cmd = [*ROLLART, "up", "--pools", "control,cpu,serverless", "--home", str(tmp_path), "--port", str(port),
+           "--ui-port", str(ui)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        lines = _wait_for_line(proc, "Ctrl-C stops everything", 120)
+        assert any(f"Temporal UI: http://127.0.0.1:{ui}" in line for line in lines)
+        pids = [int(line.split("pid")[1]) for line in lines if line.strip().startswith("worker ")]
+        assert len(pids) == 3
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui}/api/v1/namespaces/default/workflows", timeout=10) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0 and "stopped." in out
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.integration
+def test_worker_joins_a_given_server_and_drains_on_sigterm(tmp_path: Path) -> None:
+    with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
+        cmd = [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address, "--store-path", str(tmp_path)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        try:
+            lines = _wait_for_line(proc, "ready: pool=cpu", 60)
+            assert any("queues=[cpu, cpu@cpu-" in line for line in lines)
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=30)
+            assert proc.returncode == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
