@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -24,6 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from rollart.activities.engines.base import Engine
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
 from rollart.infra.temporal import connect
@@ -99,15 +101,19 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
             from rollart.infra.store import open_store
 
             gen = GenerateActivities(engine, open_store(settings.store), worker_id)
-            yield [
-                Worker(
-                    client,
-                    task_queue=pool.value,
-                    activities=[gen.generate],
-                    graceful_shutdown_timeout=timedelta(seconds=60),
-                    **common,
-                )
-            ]
+            stats = asyncio.create_task(_log_engine_throughput(engine, pool))
+            try:
+                yield [
+                    Worker(
+                        client,
+                        task_queue=pool.value,
+                        activities=[gen.generate],
+                        graceful_shutdown_timeout=timedelta(seconds=60),
+                        **common,
+                    )
+                ]
+            finally:
+                stats.cancel()
     elif pool is Pool.SERVERLESS:
         from rollart.activities.reward import RewardActivities
 
@@ -117,7 +123,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
 
 
 @contextlib.asynccontextmanager
-async def _engine(settings: WorkerSettings) -> AsyncIterator[object]:
+async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
     from rollart.activities.engines.factory import create_engine
     from rollart.infra.tiny_model import ensure_tiny_model
 
@@ -130,6 +136,18 @@ async def _engine(settings: WorkerSettings) -> AsyncIterator[object]:
         yield engine
     finally:
         await engine.shutdown()
+
+
+async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30.0) -> None:
+    """A log line per interval with tokens generated and tokens/s, only when the engine did something."""
+    last, t_last = engine.tokens_generated(), time.monotonic()
+    while True:
+        await asyncio.sleep(every_s)
+        now, t_now = engine.tokens_generated(), time.monotonic()
+        if now != last:
+            log.info("%s engine: %d tokens in the last %.0fs (%.0f tokens/s), %d in total",
+                     pool.value, now - last, t_now - t_last, (now - last) / (t_now - t_last), now)  # fmt: skip
+        last, t_last = now, t_now
 
 
 def run_worker(settings: WorkerSettings) -> int:
