@@ -9,6 +9,10 @@ from temporalio.common import RetryPolicy
 
 __all__ = ["ActivityPolicy", "CLOSE", "GENERATE", "RESET", "REWARD", "STEP"]
 
+NEVER_RETRY = ("InvalidInput", "UnknownComponent", "EnvBroken", "RequestRejected", "SessionLost")
+"""Error types no retry can fix: bad input, unknown names, an env that raised mid-episode, a request the
+engine refuses, a session whose worker is gone."""
+
 
 @dataclass(frozen=True)
 class ActivityPolicy:
@@ -28,38 +32,34 @@ class ActivityPolicy:
         }
 
 
-_NEVER_RETRY = ("InvalidInput", "UnknownComponent", "EnvBroken")
-"""Error types that no retry can fix: bad input, unknown names, an env that raised mid-episode."""
+def _retry(attempts: int, first_s: float = 0.2, max_s: float = 5.0) -> RetryPolicy:
+    return RetryPolicy(
+        initial_interval=timedelta(seconds=first_s),
+        maximum_interval=timedelta(seconds=max_s),
+        maximum_attempts=attempts,
+        non_retryable_error_types=list(NEVER_RETRY),
+    )
+
 
 RESET = ActivityPolicy(
-    # A reset may be slow (sandbox start-up); a fresh env each attempt, so retrying is safe.
+    # A reset may be slow (sandbox start-up); each attempt builds a fresh env, so retrying is safe.
     start_to_close=timedelta(seconds=120),
     schedule_to_close=timedelta(minutes=10),
-    retry=RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
-        maximum_interval=timedelta(seconds=5),
-        maximum_attempts=4,
-        non_retryable_error_types=list(_NEVER_RETRY),
-    ),
+    retry=_retry(attempts=4),
 )
 
 STEP = ActivityPolicy(
     # Sticky: the session lives in one process. An env that raised is half-mutated, so it is not
-    # retried; a worker that vanished shows as a timeout and is retried until schedule_to_close.
+    # retried (EnvBroken); a worker that vanished shows as a timeout and is retried until schedule_to_close.
     start_to_close=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=3),
-    retry=RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
-        maximum_interval=timedelta(seconds=5),
-        maximum_attempts=3,
-        non_retryable_error_types=list(_NEVER_RETRY),
-    ),
+    retry=_retry(attempts=3),
 )
 
 CLOSE = ActivityPolicy(
     start_to_close=timedelta(seconds=30),
     schedule_to_close=timedelta(minutes=1),
-    retry=RetryPolicy(maximum_attempts=2, non_retryable_error_types=list(_NEVER_RETRY)),
+    retry=_retry(attempts=2),
 )
 
 GENERATE = ActivityPolicy(
@@ -67,22 +67,12 @@ GENERATE = ActivityPolicy(
     start_to_close=timedelta(minutes=5),
     heartbeat=timedelta(seconds=20),
     schedule_to_close=timedelta(minutes=30),
-    retry=RetryPolicy(
-        initial_interval=timedelta(milliseconds=500),
-        maximum_interval=timedelta(seconds=10),
-        maximum_attempts=5,
-        non_retryable_error_types=list(_NEVER_RETRY),
-    ),
+    retry=_retry(attempts=5, first_s=0.5, max_s=10.0),
 )
 
 REWARD = ActivityPolicy(
     # Stateless: any worker of the pool may retry it.
     start_to_close=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=10),
-    retry=RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
-        maximum_interval=timedelta(seconds=5),
-        maximum_attempts=3,
-        non_retryable_error_types=list(_NEVER_RETRY),
-    ),
+    retry=_retry(attempts=3),
 )
