@@ -7,13 +7,13 @@ keep decoding.
 
 from __future__ import annotations
 
-import re
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.infra.config import SamplingParams
+from rollart.infra.config import SamplingParams, TrainerConfig
+from rollart.infra.store import key_word
 
 __all__ = [
     "ActivityName",
@@ -25,10 +25,14 @@ __all__ = [
     "ResetInput",
     "RewardInput",
     "RewardResult",
+    "SampleRef",
     "StepInput",
     "StepResult",
+    "TrainStepInput",
+    "TrainStepResult",
     "Transcript",
     "TurnRecord",
+    "WeightsRef",
     "turn_key",
 ]
 
@@ -41,6 +45,7 @@ class ActivityName(str, Enum):
     CLOSE = "close"
     GENERATE = "generate"
     REWARD = "reward"
+    TRAIN_STEP = "train_step"
 
 
 class _Message(BaseModel):
@@ -88,12 +93,20 @@ class CloseInput(_Message):
     session_id: str
 
 
+class WeightsRef(_Message):
+    """Which policy a generation must use at least: the engine loads a newer published version if behind."""
+
+    job_id: str
+    min_version: int = Field(0, ge=0)
+
+
 class GenerateInput(_Message):
     """One generation request; bulk output goes to the store under `data_key`."""
 
     prompt: str
     sampling: SamplingParams
     data_key: str
+    weights: WeightsRef | None = None
 
 
 class Completion(_Message):
@@ -153,11 +166,44 @@ class RewardResult(_Message):
     success: bool
 
 
+class SampleRef(_Message):
+    """One finished trajectory as training sees it: its reward, its GRPO group and where its tokens are."""
+
+    trajectory_id: str
+    task: str
+    group_id: str
+    reward: float
+    success: bool
+    turn_keys: list[str]
+    policy_version_min: int
+    policy_version_max: int
+    completion_tokens: int = 0
+
+
+class TrainStepInput(_Message):
+    """Train step `step` of a job: updates policy version `step` to `step + 1` and publishes it.
+
+    Idempotent: a step the trainer already ran returns its recorded result.
+    """
+
+    job_id: str
+    step: int = Field(ge=0)
+    samples: list[SampleRef]
+    model_dir: str
+    run_dir: str
+    trainer: TrainerConfig
+
+
+class TrainStepResult(_Message):
+    """What one step did: the version it published and its metrics (loss, KL, entropy, clip fraction, ...)."""
+
+    step: int
+    version: int
+    weights_key: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+    replayed: bool = False
+
+
 def turn_key(job_id: str, trajectory_id: str, turn: int) -> str:
     """Store key of one turn's tokens and logprobs."""
-    return f"trajectories/{_key_word(job_id or 'adhoc')}/{_key_word(trajectory_id)}/turn-{turn:03d}"
-
-
-def _key_word(text: str) -> str:
-    """A workflow id made safe as one store-key word (ids may hold any character)."""
-    return re.sub(r"[^A-Za-z0-9_.=@-]", "_", text) or "_"
+    return f"trajectories/{key_word(job_id or 'adhoc')}/{key_word(trajectory_id)}/turn-{turn:03d}"

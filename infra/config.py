@@ -24,10 +24,13 @@ __all__ = [
     "EngineConfig",
     "JobSpec",
     "JobSpecError",
+    "LossConfig",
     "SamplingParams",
     "StoreConfig",
     "TaskSpec",
     "TemporalConfig",
+    "TrainerConfig",
+    "TrainingConfig",
     "format_validation_error",
     "load_job",
 ]
@@ -106,6 +109,51 @@ class EngineConfig(_Strict):
     seed: int = 0
 
 
+class LossConfig(_Strict):
+    """The policy loss: GRPO advantages with PPO-clip, corrected for stale (off-policy) data.
+
+    `decoupled` (AReaL): the clip is taken against the trainer's own proximal policy π_prox (its
+    weights before this step), and tokens are weighted by π_prox/π_behav, where π_behav is the
+    engine's logprob when it sampled. `tis_cap` truncates that weight (token-level truncated
+    importance sampling); without `decoupled` the ratio is taken against π_behav directly.
+    """
+
+    clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
+    tis_cap: float | None = Field(2.0, gt=1.0)
+    decoupled: bool = True
+    kl_coef: float = Field(0.0, ge=0.0)
+    entropy_coef: float = Field(0.0, ge=0.0)
+
+
+class TrainerConfig(_Strict):
+    """The trainer process: optimizer and checkpoints (AdamW, gradient accumulation over micro-batches)."""
+
+    lr: float = Field(1e-3, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    micro_batch_size: int = Field(64, ge=1)
+    checkpoint_every: int = Field(50, ge=1)
+    seed: int = 0
+    loss: LossConfig = Field(default_factory=LossConfig)
+
+
+class TrainingConfig(_Strict):
+    """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
+
+    `async_bound` k: a trajectory may be trained on at step s only if s − (the oldest policy version
+    it used) ≤ k; 0 is synchronous on-policy training. `rollout_mode: batch` is the lockstep
+    baseline (all resets, then all generations, then all steps, turn by turn).
+    """
+
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(64, ge=1)
+    async_bound: int = Field(1, ge=0)
+    rollout_mode: Literal["trajectory", "batch"] = "trajectory"
+    continue_as_new_every: int = Field(20, ge=1)
+    seed: int = 0
+
+
 class JobSpec(_Strict):
     """A whole job. The model dir is built on first use when it is the default tiny model."""
 
@@ -113,6 +161,8 @@ class JobSpec(_Strict):
     model_dir: Path = DEFAULT_HOME / "models" / "tiny"
     tasks: list[TaskSpec] = Field(min_length=1)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
 

@@ -17,9 +17,14 @@ from typing import Any
 
 from rollart.infra.config import StoreConfig
 
-__all__ = ["LocalStore", "Store", "StoreError", "StoreKeyError", "open_store"]
+__all__ = ["LocalStore", "Store", "StoreError", "StoreKeyError", "key_word", "open_store"]
 
 _KEY = re.compile(r"^[A-Za-z0-9_.=@-]+(/[A-Za-z0-9_.=@-]+)*$")
+
+
+def key_word(text: str) -> str:
+    """Any text (a workflow id, a job id) made safe as one word of a store key."""
+    return re.sub(r"[^A-Za-z0-9_.=@-]", "_", text) or "_"
 
 
 class StoreError(RuntimeError):
