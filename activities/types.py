@@ -178,6 +178,7 @@ class SampleRef(_Message):
     policy_version_min: int
     policy_version_max: int
     completion_tokens: int = 0
+    completion_index: int = 0  # which of each turn record's completions is this sample's (n > 1 groups)
 
 
 class TrainStepInput(_Message):
