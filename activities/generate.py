@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
-from rollart.activities.types import Completion, GenerateInput, GenerateResult
-from rollart.infra.store import Store
+from rollart.activities.types import Completion, GenerateInput, GenerateResult, WeightsRef
+from rollart.infra.store import Store, key_word
+from rollart.infra.weights import latest_weights
 
 __all__ = ["GenerateActivities", "turn_record"]
 
@@ -27,12 +30,20 @@ HEARTBEAT_EVERY_S = 5.0
 
 
 class GenerateActivities:
-    """Binds the `generate` activity to this worker's engine and the payload store."""
+    """Binds the `generate` activity to this worker's engine and the payload store.
 
-    def __init__(self, engine: Engine, store: Store, worker_id: str) -> None:
+    Weights are pulled: a request that needs a newer policy than the engine holds
+    makes the engine load the job's latest published version first (once, under a
+    lock, whatever the number of waiting requests), so no one has to know which
+    generation workers exist.
+    """
+
+    def __init__(self, engine: Engine, store: Store, worker_id: str, weights_dir: Path) -> None:
         self.engine = engine
         self.store = store
         self.worker_id = worker_id
+        self.weights_dir = weights_dir
+        self._loading = asyncio.Lock()
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
@@ -41,6 +52,8 @@ class GenerateActivities:
         request_id = f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
         try:
             async with _heartbeating():
+                if inp.weights is not None:
+                    await self._ensure_version(inp.weights)
                 out = await self.engine.generate(inp.prompt, inp.sampling, request_id)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
             raise ApplicationError(str(e), type="RequestRejected", non_retryable=True) from e
@@ -56,6 +69,31 @@ class GenerateActivities:
             data_key=inp.data_key,
             worker_id=self.worker_id,
         )
+
+
+    async def _ensure_version(self, want: WeightsRef) -> None:
+        """Load the job's latest weights if the engine is older than `want.min_version`."""
+        if self.engine.policy_version >= want.min_version:
+            return
+        async with self._loading:
+            if self.engine.policy_version >= want.min_version:
+                return
+            latest = await asyncio.to_thread(latest_weights, self.store, want.job_id)
+            if latest is None or latest.version < want.min_version:
+                have = "none" if latest is None else f"v{latest.version}"
+                raise ApplicationError(
+                    f"job {want.job_id!r} needs policy v{want.min_version} but the store has {have} published",
+                    type="WeightsNotPublished",
+                )
+            path = self.weights_dir / f"{key_word(want.job_id)}-v{latest.version:06d}.safetensors"
+            blob = await asyncio.to_thread(self.store.get, latest.key)
+            await asyncio.to_thread(path.write_bytes, blob)
+            t0 = time.monotonic()
+            await self.engine.load_weights(path, latest.version)
+            log.info("loaded policy v%d of %s in %.2fs", latest.version, want.job_id, time.monotonic() - t0)
+            for old in self.weights_dir.glob(f"{key_word(want.job_id)}-v*.safetensors"):
+                if old != path:
+                    old.unlink(missing_ok=True)
 
 
 def turn_record(prompt: str, out: EngineOutput) -> dict:

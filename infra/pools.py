@@ -34,8 +34,8 @@ class Pool(str, Enum):
 GENERATION_POOLS: tuple[Pool, ...] = (Pool.H20, Pool.H800)
 """Pools whose workers hold an inference engine."""
 
-WORKER_POOLS: tuple[Pool, ...] = (Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H20, Pool.SERVERLESS)
-"""Pools that `rollart up` starts a worker for (the trainer joins with training)."""
+WORKER_POOLS: tuple[Pool, ...] = (Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H20, Pool.SERVERLESS, Pool.TRAINER)
+"""Pools that `rollart up` starts a worker for by default."""
 
 
 def session_queue(worker_id: str) -> str:

@@ -76,7 +76,7 @@ class ScriptedEngine(Engine):
 
 async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    acts = GenerateActivities(ScriptedEngine(), store, "h800-w")
+    acts = GenerateActivities(ScriptedEngine(), store, "h800-w", tmp_path / "w")
     result = await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert [c.text for c in result.completions] == ["R"] and result.completions[0].num_tokens == 2
     assert (result.policy_version, result.policy_version_end, result.prompt_tokens) == (3, 4, 3)
@@ -86,7 +86,7 @@ async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
 
 
 async def test_generate_rejected_requests_are_not_retried(tmp_path: Path) -> None:
-    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w")
+    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path / "w")
     with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert err.value.type == "RequestRejected" and err.value.non_retryable

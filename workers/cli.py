@@ -56,6 +56,8 @@ class _UserError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from rollart.infra.pools import Pool
+
     p = argparse.ArgumentParser(
         prog="rollart",
         description="Agentic RL on disaggregated hardware pools, orchestrated by Temporal.",
@@ -70,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_init_model)
 
     s = sub.add_parser("worker", help="run one Temporal worker for one pool (one per pool per machine)")
-    s.add_argument("--pool", choices=["control", "cpu", "h800", "h20", "serverless"], help="the pool to serve")
+    s.add_argument("--pool", choices=[p.value for p in Pool], help="the pool to serve")
     s.add_argument("--job", type=Path, help="job spec to take the model, engine, store and Temporal settings from")
     _add_temporal_args(s)
     s.add_argument("--model-dir", type=Path, help="model for generation pools (default: the job's, or the tiny model)")
@@ -81,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("up", help="start the local Temporal dev server and one worker per pool; Ctrl-C stops all")
     s.add_argument("--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)")
-    s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless)")
+    s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless,trainer)")
     _add_stack_args(s)
     s.set_defaults(func=_cmd_up)
 
@@ -93,6 +95,23 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
     _add_stack_args(s)
     s.set_defaults(func=_cmd_rollout)
+
+    s = sub.add_parser("train", help="train a policy: rollout and training overlapped under the async bound")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON)")
+    s.add_argument("--steps", type=int, help="train steps (default: the job's training.steps)")
+    s.add_argument("--async-bound", type=int, help="max policy versions a trajectory may lag (0 = on-policy)")
+    s.add_argument("--rollout-mode", choices=["trajectory", "batch"], help="trajectory (RollArt) or batch (lockstep)")
+    s.add_argument("--run-dir", type=Path, help="where metrics.jsonl, checkpoints and plots go (default runs/JOB_ID)")
+    _add_temporal_args(s)
+    s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
+    _add_stack_args(s)
+    s.set_defaults(func=_cmd_train)
+
+    s = sub.add_parser("status", help="print a training job's live status (step, ledger, last rewards)")
+    s.add_argument("job_id", help="the job id `rollart train` printed (= the TrainingWorkflow's id)")
+    s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
+    s.add_argument("--namespace", default="default", help="Temporal namespace")
+    s.set_defaults(func=_cmd_status)
     return p
 
 
@@ -289,6 +308,104 @@ def _print_outcomes(job_id: str, outcomes: list[RolloutOutcome], ui: str, namesp
         f"{activities / wall:.1f} activities/s · success {sum(bool(r.success) for r in done)}/{len(done)} · "
         f"mean reward {statistics.fmean(rewards) if rewards else float('nan'):.3f}"
     )
+
+
+# ---------------------------------------------------------------- train / status
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rollart.workers.local_stack import LocalStack, pools_for_job
+    from rollart.workers.rollout import JobCheckError, check_job_components, new_job_id
+
+    job = _load_job(args.job, args)
+    training = {k: v for k, v in {"steps": args.steps, "async_bound": args.async_bound,
+                                  "rollout_mode": args.rollout_mode}.items() if v is not None}  # fmt: skip
+    if training:
+        try:
+            job = job.model_validate({**job.model_dump(), "training": {**job.training.model_dump(), **training}})
+        except Exception as e:
+            raise _UserError(f"bad training option: {e}") from e
+    try:
+        check_job_components(job)
+    except JobCheckError as e:
+        raise _UserError(f"{args.job}: {e}") from e
+    job_id = new_job_id(job)
+    run_dir = (args.run_dir or Path("runs") / job_id).resolve()
+    if job.temporal.address:
+        ui = args.ui_url or f"http://{job.temporal.address.rsplit(':', 1)[0]}:8233"
+        return asyncio.run(_train(job, job_id, run_dir, ui))
+    _ensure_default_model(job)
+    stack = LocalStack(job=job, pools=pools_for_job(job, training=True), home=_home(args), port=args.port,
+                       ui_port=args.ui_port)  # fmt: skip
+    print(f"starting the local stack (Temporal on {stack.address}, workers: {', '.join(p.value for p in stack.pools)}) ...")
+    with stack:
+        job = job.model_copy(update={"temporal": stack.temporal})
+        rc = asyncio.run(_train(job, job_id, run_dir, args.ui_url or stack.ui_url or ""))
+        print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
+    return rc
+
+
+async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rollart.infra.temporal import ui_url
+    from rollart.workers.train import MetricsWriter, follow, start_training
+
+    client = await _connect(job)
+    t = job.training
+    handle = await start_training(client, job, job_id, run_dir)
+    print(f"job {job_id}: {t.steps} steps, batch {t.batch_size}, async bound {t.async_bound}, "
+          f"{t.rollout_mode} rollout; run dir {run_dir}")  # fmt: skip
+    if ui:
+        print(f"Temporal UI: {ui_url(ui, job.temporal.namespace, job_id)}")
+    writer = MetricsWriter(run_dir)
+    columns = [TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[stats]}")]
+    with Progress(*columns) as bar:
+        task = bar.add_task("train", total=t.steps, stats="rolling out ...")
+
+        def on_step(row: dict) -> None:
+            tasks = " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items())) if len(row["task_success"]) > 1 else ""
+            bar.update(task, completed=row["step"] + 1, stats=(
+                f"reward {row['reward_mean']:.3f} success {row['success_rate']:.2f} {tasks} "
+                f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
+                f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s "
+                f"dropped {row['dropped']}"))  # fmt: skip
+
+        result = await follow(handle, writer, on_step)
+    print(f"done: {result.steps} steps, policy v{result.version}; trajectories started {result.started} = trained "
+          f"{result.trained} + dropped {result.dropped} + failed {result.failed} + cancelled in flight "
+          f"{result.cancelled_in_flight} + buffered {result.buffered_unused}")  # fmt: skip
+    if result.last:
+        print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.success_rate:.2f}")
+    print(f"metrics: {writer.path}   plots: rollart plot {run_dir}")
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    return asyncio.run(_status(args))
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from temporalio.service import RPCError
+
+    from rollart.infra.config import StoreConfig, TemporalConfig
+    from rollart.infra.temporal import connect
+    from rollart.workers.train import status_of
+
+    try:
+        client = await connect(TemporalConfig(address=args.temporal_address, namespace=args.namespace), StoreConfig())
+        st = await status_of(client.get_workflow_handle(args.job_id))
+    except (ConnectionError, RPCError) as e:
+        raise _UserError(f"cannot get the status of {args.job_id!r} from {args.temporal_address}: {e}") from e
+    state = "done" if st.done else "stopping" if st.stopping else "paused" if st.paused else "running"
+    print(f"job {st.job_id}: {state}, step {st.step}/{st.steps} (policy v{st.version}), "
+          f"{st.rollout_mode} rollout, async bound {st.async_bound}")  # fmt: skip
+    print(f"trajectories: started {st.started} = trained {st.trained} + dropped {st.dropped} + failed {st.failed} "
+          f"+ in flight {st.in_flight} + buffered {st.buffered}  ({'balanced' if st.ledger_balanced else 'UNBALANCED'})")  # fmt: skip
+    for r in st.history[-5:]:
+        print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
+              f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}")  # fmt: skip
+    return 0
 
 
 # ---------------------------------------------------------------- shared

@@ -19,6 +19,7 @@ from pathlib import Path
 from rollart.infra.config import DEFAULT_HOME, JobSpec, TemporalConfig
 from rollart.infra.devserver import DevServer
 from rollart.infra.pools import WORKER_POOLS, Pool
+from rollart.infra.search_attributes import dev_server_flags
 from rollart.workers.pool_worker import WorkerSettings
 
 __all__ = ["LocalStack", "StackError", "pools_for_job"]
@@ -30,10 +31,10 @@ class StackError(RuntimeError):
     """A worker of the local stack died or never became ready."""
 
 
-def pools_for_job(job: JobSpec) -> list[Pool]:
-    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless."""
+def pools_for_job(job: JobSpec, training: bool = False) -> list[Pool]:
+    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless (+ trainer)."""
     gen = sorted({t.generate_pool for t in job.tasks}, key=lambda p: p.value)
-    return [Pool.CONTROL, Pool.CPU, *gen, Pool.SERVERLESS]
+    return [Pool.CONTROL, Pool.CPU, *gen, Pool.SERVERLESS, *([Pool.TRAINER] if training else [])]
 
 
 @dataclass
@@ -82,6 +83,7 @@ class LocalStack:
             ui_port=self.ui_port,
             namespace=self.job.temporal.namespace,
             log_file=logs / "temporal.log",
+            search_attributes=dev_server_flags(),
         ).start()
         try:
             for pool in self.pools:

@@ -13,8 +13,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -100,7 +102,8 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
             from rollart.activities.generate import GenerateActivities
             from rollart.infra.store import open_store
 
-            gen = GenerateActivities(engine, open_store(settings.store), worker_id)
+            weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
+            gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir)
             stats = asyncio.create_task(_log_engine_throughput(engine, pool))
             try:
                 yield [
@@ -114,12 +117,21 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
                 ]
             finally:
                 stats.cancel()
+                shutil.rmtree(weights_dir, ignore_errors=True)
     elif pool is Pool.SERVERLESS:
         from rollart.activities.reward import RewardActivities
 
         yield [Worker(client, task_queue=pool.value, activities=[RewardActivities().reward], **common)]
+    elif pool is Pool.TRAINER:
+        from rollart.activities.trainer import TrainerActivities
+        from rollart.infra.store import open_store
+
+        trainer = TrainerActivities(open_store(settings.store))
+        # one step at a time: the model and optimizer are this process's state
+        yield [Worker(client, task_queue=pool.value, activities=[trainer.train_step], identity=worker_id,
+                      max_concurrent_activities=1)]  # fmt: skip
     else:
-        raise ValueError(f"pool {pool.value!r} has no worker yet (the trainer arrives with training)")
+        raise ValueError(f"pool {pool.value!r} has no worker")
 
 
 @contextlib.asynccontextmanager

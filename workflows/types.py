@@ -21,6 +21,9 @@ class TrajectoryInput(BaseModel):
     task: TaskSpec
     seed: int = Field(ge=0)
     job_id: str = ""
+    group_id: str = ""
+    min_version: int = Field(0, ge=0, description="generate with at least this policy version")
+    report_to: str | None = Field(None, description="workflow id to signal `trajectories_done` with the result")
 
 
 class TrajectoryResult(BaseModel):
@@ -36,6 +39,7 @@ class TrajectoryResult(BaseModel):
     task: str
     seed: int
     status: TrajectoryStatus
+    group_id: str = ""
     reward: float | None = None
     success: bool | None = None
     turns: int = 0

@@ -1,0 +1,208 @@
+"""TrainingWorkflow's loop against a real dev server, with stand-in activities (no engine, no torch).
+
+Checks the invariants that make async training correct: versions advance, no
+trajectory is trained on beyond the async bound or twice, the ledger balances
+across continue-as-new, failures are masked, and batch mode is lockstep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from rollart.activities.types import (
+    CloseInput,
+    Completion,
+    EnvHandle,
+    GenerateInput,
+    GenerateResult,
+    ResetInput,
+    RewardInput,
+    RewardResult,
+    StepInput,
+    StepResult,
+    TrainStepInput,
+    TrainStepResult,
+)
+from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.search_attributes import ensure_registered
+from rollart.workflows import ALL_WORKFLOWS
+from rollart.workflows.training_types import TrainingInput, TrainingResult, TrainingStatus
+from tests.conftest import frozenlake_task
+
+SESSION_QUEUE = "cpu@stand-in"
+
+
+@dataclass
+class World:
+    """Stand-in env/engine/reward/trainer; the 'engine' serves whatever version was last published."""
+
+    version: int = 0
+    fail_seeds: set[int] = field(default_factory=set)
+    turn_delay_s: float = 0.0
+    log: list[tuple[str, str]] = field(default_factory=list)  # (activity, trajectory or step)
+    trained_ids: list[str] = field(default_factory=list)
+    steps: list[TrainStepInput] = field(default_factory=list)
+    _sessions: dict[str, int] = field(default_factory=dict)
+
+    @activity.defn(name="reset")
+    async def reset(self, inp: ResetInput) -> EnvHandle:
+        self.log.append(("reset", inp.trajectory_id))
+        sid = f"{inp.trajectory_id}/s"
+        self._sessions[sid] = inp.seed
+        return EnvHandle(session_id=sid, queue=SESSION_QUEUE, worker_id="w", observation="o")
+
+    @activity.defn(name="generate")
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        self.log.append(("generate", inp.data_key))
+        assert inp.weights is None or self.version >= inp.weights.min_version
+        await asyncio.sleep(self.turn_delay_s)
+        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")],
+                              prompt_tokens=1, policy_version=self.version, policy_version_end=self.version,
+                              data_key=inp.data_key)  # fmt: skip
+
+    @activity.defn(name="step")
+    async def step(self, inp: StepInput) -> StepResult:
+        self.log.append(("step", inp.session_id))
+        if self._sessions[inp.session_id] in self.fail_seeds:
+            raise ApplicationError("env crashed", type="EnvBroken", non_retryable=True)
+        return StepResult(observation="o", reward=0.0, done=True, info={"success": True})
+
+    @activity.defn(name="close")
+    async def close(self, inp: CloseInput) -> None:
+        self._sessions.pop(inp.session_id, None)
+
+    @activity.defn(name="reward")
+    async def reward(self, inp: RewardInput) -> RewardResult:
+        self.log.append(("reward", inp.transcript.task))
+        return RewardResult(value=1.0, success=True)
+
+    @activity.defn(name="train_step")
+    async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
+        self.log.append(("train_step", str(inp.step)))
+        self.steps.append(inp)
+        self.trained_ids += [s.trajectory_id for s in inp.samples]
+        await asyncio.sleep(0.05)
+        self.version = inp.step + 1
+        return TrainStepResult(step=inp.step, version=inp.step + 1, weights_key="k", metrics={"loss": 0.0})
+
+
+@contextlib.asynccontextmanager
+async def world_workers(client: Client, w: World) -> AsyncIterator[None]:
+    async with contextlib.AsyncExitStack() as stack:
+        for queue, kwargs in [
+            ("control", {"workflows": ALL_WORKFLOWS}),
+            ("cpu", {"activities": [w.reset]}),
+            (SESSION_QUEUE, {"activities": [w.step, w.close]}),
+            ("h800", {"activities": [w.generate]}),
+            ("serverless", {"activities": [w.reward]}),
+            ("trainer", {"activities": [w.train_step]}),
+        ]:
+            await stack.enter_async_context(Worker(client, task_queue=queue, **kwargs))
+        yield
+
+
+def job(**training: object) -> JobSpec:
+    task = frozenlake_task(group_size=2, max_turns=1)
+    return JobSpec(name="wf", tasks=[task], training=TrainingConfig(**{"steps": 3, "batch_size": 4, **training}))
+
+
+async def train(env: WorkflowEnvironment, w: World, spec: JobSpec) -> tuple[TrainingResult, TrainingStatus]:
+    await ensure_registered(env.client)
+    job_id = f"train-{uuid.uuid4().hex[:8]}"
+    async with world_workers(env.client, w):
+        handle = await env.client.start_workflow(
+            "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
+            task_queue="control", result_type=TrainingResult,
+        )  # fmt: skip
+        result = await asyncio.wait_for(handle.result(), 120)
+        status = await handle.query("status", result_type=TrainingStatus)
+    return result, status
+
+
+def assert_ledger(result: TrainingResult) -> None:
+    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+                              + result.buffered_unused)  # fmt: skip
+
+
+@pytest.mark.parametrize("bound", [0, 1, 2])
+async def test_versions_advance_within_the_bound(bare_env: WorkflowEnvironment, bound: int) -> None:
+    w = World(turn_delay_s=0.02)
+    result, status = await train(bare_env, w, job(async_bound=bound))
+    assert [s.step for s in w.steps] == [0, 1, 2] and result.version == 3
+    for s in w.steps:
+        assert len(s.samples) == 4
+        assert all(s.step - x.policy_version_min <= bound for x in s.samples)
+        groups = {x.group_id for x in s.samples}
+        assert all(sum(x.group_id == g for x in s.samples) == 2 for g in groups)  # whole GRPO groups
+    assert len(w.trained_ids) == len(set(w.trained_ids)) == result.trained == 12
+    assert_ledger(result)
+    assert status.done and status.ledger_balanced
+    assert [r.step for r in status.history] == [0, 1, 2]
+    if bound == 0:  # synchronous: everything trained at step k was generated by policy k
+        assert all(x.policy_version_min == s.step for s in w.steps for x in s.samples)
+
+
+async def test_continue_as_new_every_step_conserves_trajectories(bare_env: WorkflowEnvironment) -> None:
+    w = World(turn_delay_s=0.03)
+    result, status = await train(bare_env, w, job(async_bound=2, steps=4, continue_as_new_every=1))
+    assert result.version == 4 and [s.step for s in w.steps] == [0, 1, 2, 3]
+    assert len(w.trained_ids) == len(set(w.trained_ids)) == result.trained
+    assert_ledger(result)
+    assert status.ledger_balanced
+
+
+async def test_failed_trajectories_are_masked_not_scored(bare_env: WorkflowEnvironment) -> None:
+    seeds = [0 * 1_000_003 + g for g in range(40)]
+    w = World(fail_seeds=set(seeds[1::3]))  # every third group's env crashes
+    result, _ = await train(bare_env, w, job(async_bound=1))
+    assert result.failed > 0
+    failed_ids = {tid for kind, tid in w.log if kind == "reset"} - set(w.trained_ids)
+    assert failed_ids
+    for s in w.steps:
+        assert all(x.reward == 1.0 for x in s.samples)  # only completed trajectories reach the trainer
+    assert_ledger(result)
+
+
+async def test_batch_mode_is_lockstep(bare_env: WorkflowEnvironment) -> None:
+    w = World()
+    spec = job(async_bound=0, rollout_mode="batch", steps=2)
+    spec = spec.model_copy(update={"tasks": [frozenlake_task(group_size=2, max_turns=3)]})
+    result, _ = await train(bare_env, w, spec)
+    assert result.version == 2 and result.trained == 8
+    kinds = [k for k, _ in w.log if k != "train_step"]
+    first_batch = kinds[: kinds.index("reward") + 4]
+    # all 4 resets, then 4 generations, then 4 steps (the env says done after one step), then 4 rewards
+    assert first_batch == ["reset"] * 4 + ["generate"] * 4 + ["step"] * 4 + ["reward"] * 4
+    assert_ledger(result)
+
+
+async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment) -> None:
+    await ensure_registered(bare_env.client)
+    w = World(turn_delay_s=0.05)
+    job_id = f"ctl-{uuid.uuid4().hex[:8]}"
+    async with world_workers(bare_env.client, w):
+        handle = await bare_env.client.start_workflow(
+            "TrainingWorkflow", TrainingInput(job=job(async_bound=1, steps=1000), job_id=job_id, run_dir="/tmp/x"),
+            id=job_id, task_queue="control", result_type=TrainingResult, start_signal="pause",
+        )  # fmt: skip
+        await asyncio.sleep(1.0)
+        paused = await handle.query("status", result_type=TrainingStatus)
+        assert paused.paused and paused.started == 0  # paused before the first launch: nothing started
+        await handle.signal("resume")
+        while (await handle.query("status", result_type=TrainingStatus)).step < 2:
+            await asyncio.sleep(0.1)
+        await handle.signal("stop")
+        result = await asyncio.wait_for(handle.result(), 60)
+    assert 2 <= result.version < 1000
+    assert_ledger(result)

@@ -1,0 +1,321 @@
+"""TrainingWorkflow: keeps trajectories in flight, trains on finished ones under the async bound.
+
+- Admission: at most (bound + 1) × batch trajectories in flight plus buffered.
+  Trajectories start as child workflows (parent-close: abandon) and report back
+  by signal, so nothing is lost across continue-as-new (the id is stable).
+- A batch is built from complete GRPO groups in completion order; a group is
+  admissible at step k only if k − (oldest policy version any member used) ≤
+  bound, else it is dropped and counted. Failed (infra) members are masked.
+- `trajectory` mode runs every episode on its own; `batch` mode runs a whole
+  batch in lockstep (the synchronous baseline), with the same accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from collections.abc import Awaitable
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from rollart.activities.types import ActivityName, SampleRef, TrainStepInput, TrainStepResult
+    from rollart.infra import search_attributes as sa
+    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.infra.pools import Pool
+    from rollart.workflows.batch_rollout import BatchRolloutInput, BatchRolloutWorkflow
+    from rollart.workflows.trajectory import TRAJECTORIES_DONE, TrajectoryWorkflow
+    from rollart.workflows.training_types import (
+        HISTORY_KEPT,
+        StepRecord,
+        TrainingInput,
+        TrainingResult,
+        TrainingState,
+        TrainingStatus,
+    )
+    from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+
+__all__ = ["TrainingWorkflow"]
+
+TRAIN_STEP_TIMEOUT = timedelta(minutes=30)
+
+
+@workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
+class TrainingWorkflow:
+    """One training job: rollout and training overlapped under the async bound."""
+
+    @workflow.init
+    def __init__(self, inp: TrainingInput) -> None:
+        self.inp = inp
+        self.job = inp.job
+        self.s = inp.state or TrainingState()
+        self.done = False
+
+    # ------------------------------------------------------------ control surface
+
+    @workflow.signal(name=TRAJECTORIES_DONE)
+    def trajectories_done(self, results: list[TrajectoryResult]) -> None:
+        """Finished trajectories report here; one not in flight (a duplicate) is ignored and counted."""
+        for r in results:
+            group = self.s.in_flight.pop(r.trajectory_id, None)
+            if group is None:
+                self.s.duplicates_ignored += 1
+                continue
+            if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
+                self.s.buffer.append(_sample(r))
+            else:
+                self.s.failed += 1  # infra failure: masked out of training, never scored 0
+            self.s.unfinished[group] -= 1
+            if self.s.unfinished[group] == 0:
+                del self.s.unfinished[group]
+                self.s.ready_groups.append(group)
+
+    @workflow.signal
+    def pause(self) -> None:
+        """Stop launching trajectories (in-flight ones finish; training continues on what is buffered)."""
+        self.s.paused = True
+
+    @workflow.signal
+    def resume(self) -> None:
+        """Launch trajectories again."""
+        self.s.paused = False
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Finish the current step, then end the job (in-flight trajectories are cancelled)."""
+        self.s.stop_requested = True
+
+    @workflow.query
+    def status(self) -> TrainingStatus:
+        """Where the loop is, and every term of the trajectory ledger."""
+        t = self.job.training
+        return TrainingStatus(
+            job_id=self.inp.job_id, step=self.s.step, steps=t.steps, version=self.s.step,
+            async_bound=t.async_bound, rollout_mode=t.rollout_mode,
+            started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
+            in_flight=len(self.s.in_flight), buffered=len(self.s.buffer),
+            paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
+            ledger_balanced=self.s.ledger_balanced, history=self.s.history, started_at=self.s.started_at,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------ the loop
+
+    @workflow.run
+    async def run(self, inp: TrainingInput) -> TrainingResult:
+        if inp.state is None:
+            self.s.started_at = workflow.now().timestamp()
+        _check_groups_fit(inp.job)
+        t = inp.job.training
+        steps_this_run = 0
+        while self.s.step < t.steps and not self.s.stop_requested:
+            await self._launch()
+            await workflow.wait_condition(
+                lambda: self._batch_ready() or self._can_launch() or self._stalled() or self.s.stop_requested
+            )
+            self._drop_stale()
+            if self._batch_ready() or self._stalled():
+                await self._train_step()
+                steps_this_run += 1
+                if steps_this_run >= t.continue_as_new_every and self.s.step < t.steps:
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(TrainingInput(job=inp.job, job_id=inp.job_id, run_dir=inp.run_dir,
+                                                           state=self.s))  # fmt: skip
+        return await self._finish()
+
+    def _capacity(self) -> int:
+        t = self.job.training
+        return (t.async_bound + 1) * t.batch_size
+
+    def _next_launch_size(self) -> int:
+        job = self.job
+        if job.training.rollout_mode == "batch":
+            return job.training.batch_size
+        return self._next_task().group_size
+
+    def _can_launch(self) -> bool:
+        if self.s.paused or self.s.stop_requested:
+            return False
+        occupied = len(self.s.in_flight) + len(self.s.buffer)
+        return occupied + self._next_launch_size() <= self._capacity()
+
+    def _next_task(self) -> TaskSpec:
+        """Tasks drawn by weight, reproducibly: group g's task depends only on (seed, g)."""
+        job = self.job
+        rng = random.Random(job.training.seed * 1_000_003 + self.s.next_group)
+        return rng.choices(job.tasks, weights=[task.weight for task in job.tasks])[0]
+
+    async def _launch(self) -> None:
+        """Start as many groups (or lockstep batches) as admission allows, all in one workflow task."""
+        starts = []
+        while self._can_launch():
+            if self.job.training.rollout_mode == "batch":
+                starts.append(self._start_batch())
+            else:
+                starts.extend(self._start_group())
+        if starts:
+            await asyncio.gather(*starts)
+
+    def _new_group(self) -> tuple[str, TaskSpec, int]:
+        job_id = self.inp.job_id
+        task = self._next_task()
+        group_id = f"{job_id}-g{self.s.next_group:06d}"
+        seed = self.job.training.seed * 1_000_003 + self.s.next_group
+        self.s.next_group += 1
+        self.s.unfinished[group_id] = task.group_size
+        return group_id, task, seed
+
+    def _trajectory_input(self, task: TaskSpec, seed: int, group_id: str) -> TrajectoryInput:
+        return TrajectoryInput(
+            task=task, seed=seed, job_id=self.inp.job_id, group_id=group_id,
+            min_version=self.s.step, report_to=workflow.info().workflow_id,
+        )  # fmt: skip
+
+    def _start_group(self) -> list[Awaitable[object]]:
+        group_id, task, seed = self._new_group()
+        starts = []
+        for m in range(task.group_size):
+            tid = f"{group_id}-{m}"
+            self.s.in_flight[tid] = group_id
+            self.s.started += 1
+            starts.append(
+                workflow.start_child_workflow(
+                    TrajectoryWorkflow.run, self._trajectory_input(task, seed, group_id), id=tid,
+                    task_queue=Pool.CONTROL.value, parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                    search_attributes=self._child_attributes(task),
+                )  # fmt: skip
+            )
+        return starts
+
+    def _start_batch(self) -> Awaitable[object]:
+        job = self.job
+        batch_id = f"{self.inp.job_id}-b{self.s.next_group:06d}"
+        trajectories: list[TrajectoryInput] = []
+        while len(trajectories) < job.training.batch_size:
+            group_id, task, seed = self._new_group()
+            trajectories += [self._trajectory_input(task, seed, group_id)] * task.group_size
+        for i, t in enumerate(trajectories):
+            self.s.in_flight[f"{batch_id}-{i:03d}"] = t.group_id
+            self.s.started += 1
+        return workflow.start_child_workflow(
+            BatchRolloutWorkflow.run, BatchRolloutInput(trajectories=trajectories, report_to=workflow.info().workflow_id),
+            id=batch_id, task_queue=Pool.CONTROL.value, parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            search_attributes=self._child_attributes(trajectories[0].task),
+        )  # fmt: skip
+
+    def _child_attributes(self, task: TaskSpec) -> TypedSearchAttributes:
+        return TypedSearchAttributes([
+            SearchAttributePair(sa.JOB_ID, self.inp.job_id),
+            SearchAttributePair(sa.TASK, task.name),
+            SearchAttributePair(sa.POLICY_VERSION, self.s.step),
+        ])  # fmt: skip
+
+    # ------------------------------------------------------------ batches
+
+    def _is_stale(self, group_id: str) -> bool:
+        bound = self.job.training.async_bound
+        return any(self.s.step - x.policy_version_min > bound for x in self.s.buffer if x.group_id == group_id)
+
+    def _drop_stale(self) -> None:
+        """Ready groups too old for the current step can never become admissible: drop and count them."""
+        for group in [g for g in self.s.ready_groups if self._is_stale(g)]:
+            members = [x for x in self.s.buffer if x.group_id == group]
+            self.s.dropped += len(members)
+            self.s.buffer = [x for x in self.s.buffer if x.group_id != group]
+            self.s.ready_groups.remove(group)
+
+    def _batch_ready(self) -> bool:
+        ready = set(g for g in self.s.ready_groups if not self._is_stale(g))
+        return sum(1 for x in self.s.buffer if x.group_id in ready) >= self.job.training.batch_size
+
+    def _stalled(self) -> bool:
+        """Nothing in flight, no room to launch, a partial batch ready (failures shrank it): train on that."""
+        ready = any(not self._is_stale(g) for g in self.s.ready_groups)
+        return ready and not self.s.in_flight and not self._can_launch() and not self.s.paused
+
+    def _take_batch(self) -> list[SampleRef]:
+        batch: list[SampleRef] = []
+        size = self.job.training.batch_size
+        while len(batch) < size and self.s.ready_groups:
+            group = self.s.ready_groups.pop(0)
+            batch += [x for x in self.s.buffer if x.group_id == group]
+            self.s.buffer = [x for x in self.s.buffer if x.group_id != group]
+        return batch
+
+    async def _train_step(self) -> None:
+        inp = self.inp
+        batch = self._take_batch()
+        step = self.s.step
+        result: TrainStepResult = await workflow.execute_activity(
+            ActivityName.TRAIN_STEP.value,
+            TrainStepInput(job_id=inp.job_id, step=step, samples=batch, model_dir=str(inp.job.model_dir),
+                           run_dir=inp.run_dir, trainer=inp.job.trainer),  # fmt: skip
+            task_queue=Pool.TRAINER.value,
+            result_type=TrainStepResult,
+            start_to_close_timeout=TRAIN_STEP_TIMEOUT,
+            heartbeat_timeout=timedelta(seconds=60),
+        )
+        self.s.step = result.version
+        self.s.trained += len(batch)
+        self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
+        workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
+
+    def _record(self, step: int, batch: list[SampleRef], result: TrainStepResult) -> StepRecord:
+        by_task: dict[str, list[bool]] = {}
+        for x in batch:
+            by_task.setdefault(x.task, []).append(x.success)
+        staleness = [step - x.policy_version_min for x in batch]
+        return StepRecord(
+            step=step, version=result.version, time=workflow.now().timestamp(), samples=len(batch),
+            reward_mean=statistics.fmean(x.reward for x in batch),
+            success_rate=statistics.fmean(float(x.success) for x in batch),
+            task_success={k: statistics.fmean(map(float, v)) for k, v in by_task.items()},
+            staleness_mean=statistics.fmean(staleness), staleness_max=max(staleness),
+            completion_tokens=sum(x.completion_tokens for x in batch),
+            started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
+            in_flight=len(self.s.in_flight), buffered=len(self.s.buffer), train=result.metrics,
+        )  # fmt: skip
+
+    async def _finish(self) -> TrainingResult:
+        """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
+        in_flight = sorted(set(self._in_flight_workflows()))
+        for wid in in_flight:
+            try:
+                await workflow.get_external_workflow_handle(wid).cancel()
+            except Exception as err:  # already finished between its signal and now
+                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+        self.done = True
+        return TrainingResult(
+            job_id=self.inp.job_id, steps=self.s.step, version=self.s.step,
+            started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
+            cancelled_in_flight=len(self.s.in_flight), buffered_unused=len(self.s.buffer),
+            last=self.s.history[-1] if self.s.history else None,
+        )  # fmt: skip
+
+    def _in_flight_workflows(self) -> list[str]:
+        """Workflow ids behind the in-flight trajectories (a lockstep batch is one workflow)."""
+        if self.job.training.rollout_mode == "batch":
+            return [tid.rsplit("-", 1)[0] for tid in self.s.in_flight]
+        return list(self.s.in_flight)
+
+
+def _sample(r: TrajectoryResult) -> SampleRef:
+    return SampleRef(
+        trajectory_id=r.trajectory_id, task=r.task, group_id=r.group_id, reward=r.reward or 0.0,
+        success=bool(r.success), turn_keys=r.turn_keys, policy_version_min=r.policy_version_min or 0,
+        policy_version_max=r.policy_version_max or 0, completion_tokens=r.completion_tokens,
+    )  # fmt: skip
+
+
+def _check_groups_fit(job: JobSpec) -> None:
+    bad = [t.name for t in job.tasks if job.training.batch_size % t.group_size]
+    if bad:
+        raise ApplicationError(
+            f"training.batch_size {job.training.batch_size} is not a multiple of group_size of task(s) {', '.join(bad)}",
+            type="InvalidInput", non_retryable=True,
+        )  # fmt: skip

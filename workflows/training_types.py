@@ -1,0 +1,111 @@
+"""Input, carried state, status and result of the training workflow."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rollart.activities.types import SampleRef
+from rollart.infra.config import JobSpec
+
+__all__ = ["StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
+
+HISTORY_KEPT = 50
+"""How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
+
+
+class StepRecord(BaseModel):
+    """One train step as the progress bar, metrics.jsonl and the plots see it."""
+
+    step: int
+    version: int
+    time: float  # workflow time (epoch seconds) when the step finished
+    samples: int
+    reward_mean: float
+    success_rate: float
+    task_success: dict[str, float] = Field(default_factory=dict)
+    staleness_mean: float = 0.0
+    staleness_max: int = 0
+    completion_tokens: int = 0
+    started: int = 0
+    trained: int = 0
+    dropped: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    buffered: int = 0
+    train: dict[str, float] = Field(default_factory=dict)
+
+
+class TrainingState(BaseModel):
+    """Everything the loop needs to go on; carried across continue-as-new.
+
+    The ledger always balances: started = trained + dropped + failed + in flight + buffered.
+    """
+
+    step: int = 0
+    next_group: int = 0
+    started: int = 0
+    trained: int = 0
+    dropped: int = 0
+    failed: int = 0
+    duplicates_ignored: int = 0
+    in_flight: dict[str, str] = Field(default_factory=dict)  # trajectory id → group id
+    unfinished: dict[str, int] = Field(default_factory=dict)  # group id → members still running
+    buffer: list[SampleRef] = Field(default_factory=list)
+    ready_groups: list[str] = Field(default_factory=list)  # complete groups, in completion order
+    history: list[StepRecord] = Field(default_factory=list)
+    paused: bool = False
+    stop_requested: bool = False
+    started_at: float = 0.0
+
+    @property
+    def ledger_balanced(self) -> bool:
+        return self.started == self.trained + self.dropped + self.failed + len(self.in_flight) + len(self.buffer)
+
+
+class TrainingInput(BaseModel):
+    """A job to train; `state` is set only by continue-as-new."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job: JobSpec
+    job_id: str = Field(min_length=1)
+    run_dir: str
+    state: TrainingState | None = None
+
+
+class TrainingStatus(BaseModel):
+    """The `status` query's answer: where the loop is and the ledger's terms."""
+
+    job_id: str
+    step: int
+    steps: int
+    version: int
+    async_bound: int
+    rollout_mode: str
+    started: int
+    trained: int
+    dropped: int
+    failed: int
+    in_flight: int
+    buffered: int
+    paused: bool
+    stopping: bool
+    done: bool
+    ledger_balanced: bool
+    started_at: float = 0.0
+    history: list[StepRecord] = Field(default_factory=list)
+
+
+class TrainingResult(BaseModel):
+    """What a finished job returns."""
+
+    job_id: str
+    steps: int
+    version: int
+    started: int
+    trained: int
+    dropped: int
+    failed: int
+    cancelled_in_flight: int
+    buffered_unused: int
+    last: StepRecord | None = None
