@@ -1,0 +1,141 @@
+"""Turn records in the store → padded training tensors, split into micro-batches.
+
+Every turn of a trajectory becomes one sequence, `prompt_ids + token_ids` of
+the sample's completion, with loss only on the completion tokens and the
+trajectory's advantage on all of them. Padding is on the right (positions of
+real tokens are unchanged) and masked out of attention and loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rollart.activities.types import SampleRef
+from rollart.infra.store import Store, StoreKeyError
+
+__all__ = [
+    "InvalidSample",
+    "MicroBatch",
+    "TrainSequence",
+    "collate",
+    "load_sequences",
+    "micro_batches",
+]
+
+
+class InvalidSample(ValueError):
+    """A sample that cannot be trained on (missing turn record, malformed record); no retry can fix it."""
+
+
+@dataclass(frozen=True)
+class TrainSequence:
+    """One training sequence: prompt then completion tokens, the completion's behaviour logprobs, its advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    behav_logprobs: list[float]
+    advantage: float
+
+    @property
+    def length(self) -> int:
+        """Total tokens (prompt + completion)."""
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Padded `[B, T]` tensors of a few sequences (`advantages` is `[B]`)."""
+
+    input_ids: torch.Tensor  # long
+    attention_mask: torch.Tensor  # long, 1 on real tokens
+    completion_mask: torch.Tensor  # float, 1 on completion tokens (the loss tokens)
+    behav_logprobs: torch.Tensor  # float, the engine's logprob at completion positions, 0 elsewhere
+    advantages: torch.Tensor  # float [B]
+
+    @property
+    def num_tokens(self) -> int:
+        """Loss tokens in this micro-batch."""
+        return int(self.completion_mask.sum().item())
+
+
+def _completion(record: Any, key: str, index: int) -> tuple[list[int], list[int], list[float]]:
+    """Validated (prompt_ids, token_ids, logprobs) of completion `index` of a turn record."""
+    try:
+        prompt_ids = [int(t) for t in record["prompt_ids"]]
+        completion = record["completions"][index]
+        ids = [int(t) for t in completion["token_ids"]]
+        lps = [float(x) for x in completion["logprobs"]]
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise InvalidSample(
+            f"turn record {key!r} is malformed or has no completion #{index} ({type(e).__name__}: {e}); "
+            "it must be what generate's turn_record() writes"
+        ) from e
+    if len(ids) != len(lps):
+        raise InvalidSample(f"turn record {key!r} completion #{index} has {len(ids)} tokens but {len(lps)} logprobs")
+    if not prompt_ids:
+        raise InvalidSample(f"turn record {key!r} has an empty prompt; a sequence needs a prompt token to predict from")
+    return prompt_ids, ids, lps
+
+
+def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Sequence[float]) -> list[TrainSequence]:
+    """One `TrainSequence` per turn of every sample, each with its sample's advantage.
+
+    Turns that sampled no tokens (an aborted generation) have nothing to learn
+    from and are skipped. Records are read once even when several samples of
+    an n > 1 group share them. Raises `InvalidSample` naming the key when a
+    record is missing or malformed.
+    """
+    if len(samples) != len(advantages):
+        raise ValueError(f"got {len(samples)} samples but {len(advantages)} advantages")
+    records: dict[str, Any] = {}
+    out: list[TrainSequence] = []
+    for sample, adv in zip(samples, advantages):
+        for key in sample.turn_keys:
+            if key not in records:
+                try:
+                    records[key] = store.get_json(key)
+                except StoreKeyError as e:
+                    raise InvalidSample(
+                        f"turn record {key!r} of trajectory {sample.trajectory_id!r} is not in the store ({e}); "
+                        "drop that sample or regenerate it"
+                    ) from e
+            prompt_ids, ids, lps = _completion(records[key], key, sample.completion_index)
+            if ids:
+                out.append(TrainSequence(prompt_ids, ids, lps, float(adv)))
+    return out
+
+
+def collate(seqs: Sequence[TrainSequence], pad_id: int = 0) -> MicroBatch:
+    """Right-padded tensors of `seqs`; padding is masked, so `pad_id` only has to be a valid token id."""
+    if not seqs:
+        raise ValueError("cannot collate an empty list of sequences")
+    width = max(s.length for s in seqs)
+    n = len(seqs)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    completion = torch.zeros((n, width), dtype=torch.float32)
+    behav = torch.zeros((n, width), dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
+        attention[i, : p + c] = 1
+        completion[i, p : p + c] = 1.0
+        behav[i, p : p + c] = torch.tensor(s.behav_logprobs, dtype=torch.float32)
+    advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
+    return MicroBatch(input_ids, attention, completion, behav, advantages)
+
+
+def micro_batches(seqs: Sequence[TrainSequence], size: int, pad_id: int = 0) -> list[MicroBatch]:
+    """Split into micro-batches of at most `size` sequences, grouped by length to waste little padding.
+
+    The order does not matter for the result: the loss is a token-sum
+    normalised by the whole batch's token count.
+    """
+    if size < 1:
+        raise ValueError(f"micro-batch size must be ≥ 1, got {size}")
+    ordered = sorted(seqs, key=lambda s: s.length)
+    return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]

@@ -1,0 +1,148 @@
+"""Model weights as bytes (what the trainer publishes) and trainer checkpoints on disk.
+
+The published blob is a safetensors file of the float32 state dict, without
+the tied `lm_head.weight` (safetensors refuses tensors that share memory;
+vLLM and transformers re-tie the head to the embeddings on load). A checkpoint
+adds the optimizer state and the step, written atomically (temp dir + rename)
+so a crash never leaves a half checkpoint that resume would pick up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+__all__ = [
+    "CHECKPOINT_FILES",
+    "latest_checkpoint",
+    "load_blob_into",
+    "load_checkpoint",
+    "save_checkpoint",
+    "state_dict_blob",
+]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "meta.json")
+"""What a checkpoint directory holds."""
+
+_CKPT_DIR = re.compile(r"^step-(\d{6,})$")
+
+
+def _unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with every tensor once: a name whose memory an earlier name already holds is dropped.
+
+    For a tied model that drops `lm_head.weight` (it comes after `embed_tokens`).
+    """
+    seen: set[tuple[int, int]] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, t in model.state_dict().items():
+        ident = (t.untyped_storage().data_ptr(), t.storage_offset())
+        if ident in seen:
+            continue
+        seen.add(ident)
+        out[name] = t
+    return out
+
+
+def state_dict_blob(model: torch.nn.Module) -> bytes:
+    """The model's weights as one float32 safetensors blob, tied duplicates left out."""
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in _unique_tensors(model).items()}
+    return st_save(tensors, metadata={"format": "pt"})
+
+
+def load_blob_into(model: torch.nn.Module, blob: bytes) -> None:
+    """Copy a `state_dict_blob` into `model` in place (parameter objects, ties and optimizer refs survive).
+
+    Raises ValueError when the blob does not fit the model (unknown or missing
+    tensors, other than tied duplicates).
+    """
+    tensors = st_load(blob)
+    expected = _unique_tensors(model)
+    unexpected = sorted(set(tensors) - set(model.state_dict()))
+    missing = sorted(set(expected) - set(tensors))
+    if unexpected or missing:
+        raise ValueError(
+            f"weights blob does not fit {type(model).__name__}: unexpected {unexpected[:5]}, missing {missing[:5]}; "
+            "was it published for another model?"
+        )
+    with torch.no_grad():
+        for name, t in tensors.items():
+            target = expected.get(name)
+            if target is None:  # a tied duplicate the blob happens to carry
+                continue
+            if target.shape != t.shape:
+                raise ValueError(
+                    f"weights blob tensor {name!r} has shape {tuple(t.shape)}, the model's has {tuple(target.shape)}"
+                )
+            target.copy_(t.to(target.dtype))
+
+
+def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for p in root.iterdir():
+        m = _CKPT_DIR.match(p.name)
+        if m and p.is_dir() and (p / "meta.json").is_file():
+            found.append((int(m.group(1)), p))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint directory under `root`, or None."""
+    dirs = _checkpoint_dirs(Path(root))
+    return dirs[-1][1] if dirs else None
+
+
+def save_checkpoint(
+    root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, *, keep: int = 2
+) -> Path:
+    """Checkpoint the state after train step `step` into `root/step-{step:06d}`; keep the newest `keep`.
+
+    Written into a temp dir beside it and renamed into place, so a reader
+    (resume) sees either the whole checkpoint or none.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        (tmp / "model.safetensors").write_bytes(state_dict_blob(model))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "version": step + 1}))
+        if final.exists():  # re-checkpointing the same step: move the old one aside first
+            old = root / f".old-{final.name}-{os.getpid()}"
+            os.rename(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for _, old_dir in _checkpoint_dirs(root)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old_dir, ignore_errors=True)
+    log.info("checkpoint of step %d written to %s", step, final)
+    return final
+
+
+def load_checkpoint(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int | None:
+    """Load the newest checkpoint under `root` into `model` (and `optimizer`); return its step, or None if none."""
+    path = latest_checkpoint(Path(root))
+    if path is None:
+        return None
+    meta = json.loads((path / "meta.json").read_text())
+    load_blob_into(model, (path / "model.safetensors").read_bytes())
+    if optimizer is not None:
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    log.info("resumed from checkpoint %s (step %d)", path, meta["step"])
+    return int(meta["step"])

@@ -1,0 +1,243 @@
+"""The train_step activity on the tiny model: updates and publishes, replays, resumes, and learns a bandit."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
+from rollart.activities.trainer import TrainerActivities, checkpoint_dir, step_record_path
+from rollart.activities.types import SampleRef, TrainStepInput, TrainStepResult, turn_key
+from rollart.infra.config import LossConfig, TrainerConfig
+from rollart.infra.store import LocalStore
+from rollart.infra.weights import latest_weights, weights_key
+
+JOB = "job"
+PROMPTS = ["SFFF\nFHFH\nFFFH\nHFFG\nmove:", "SAFF\nFHFH\nFFFH\nHFFG\nmove:", "SFFF\nAHFH\nFFFH\nHFFG\nmove:"]
+METRICS = {
+    "loss", "pg_loss", "entropy", "kl", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
+    "grad_norm", "samples", "sequences", "tokens", "reward_mean", "success_rate", "adv_abs_mean",
+    "groups_with_signal", "staleness_mean", "staleness_max", "train_s",
+}  # fmt: skip
+
+
+def load_model(model_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def sample_record(model: torch.nn.Module, prompt_ids: list[int], n: int, max_tokens: int, gen: torch.Generator) -> dict:
+    """What `generate` would store: n sampled completions with their behaviour logprobs (raw log-softmax)."""
+    completions = []
+    for _ in range(n):
+        ids: list[int] = []
+        lps: list[float] = []
+        for _ in range(max_tokens):
+            logp = torch.log_softmax(model(torch.tensor([prompt_ids + ids])).logits[0, -1], -1)
+            tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
+            ids.append(tok)
+            lps.append(float(logp[tok]))
+        completions.append({"text": "", "token_ids": ids, "logprobs": lps, "finish_reason": "length"})
+    return {"prompt": "", "prompt_ids": prompt_ids, "policy_version": 0, "policy_version_end": 0,
+            "completions": completions}  # fmt: skip
+
+
+def frozenlake_batch(store: LocalStore, model: torch.nn.Module, tok, *, seed: int = 0) -> list[SampleRef]:
+    """16 samples in 4 groups of 4 (n=4 completions per record), one of them a two-turn trajectory."""
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for g in range(4):
+        prompt_ids = tok(PROMPTS[g % len(PROMPTS)], add_special_tokens=False)["input_ids"]
+        key = turn_key(JOB, f"g{g}", 0)
+        store.put_json(key, sample_record(model, prompt_ids, 4, 2, gen))
+        for i in range(4):
+            keys = [key]
+            if g == 0 and i == 0:  # a second turn for one trajectory
+                keys.append(turn_key(JOB, "g0-0", 1))
+                store.put_json(keys[1], sample_record(model, prompt_ids, 1, 2, gen))
+            reward = float(rng.random() < 0.5)
+            samples.append(
+                SampleRef(trajectory_id=f"g{g}-{i}", task="frozenlake", group_id=f"g{g}", reward=reward,
+                          success=reward > 0, turn_keys=keys, policy_version_min=0, policy_version_max=0,
+                          completion_index=i if len(keys) == 1 else 0)
+            )  # fmt: skip
+    return samples
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model: Path):
+    return AutoTokenizer.from_pretrained(tiny_model)
+
+
+def step_input(
+    tiny_model: Path, run_dir: Path, step: int, samples: list[SampleRef], **trainer: object
+) -> TrainStepInput:
+    return TrainStepInput(
+        job_id=JOB, step=step, samples=samples, model_dir=str(tiny_model), run_dir=str(run_dir),
+        trainer=TrainerConfig(**trainer),
+    )  # fmt: skip
+
+
+async def test_a_step_updates_publishes_and_replays_without_change(tiny_model: Path, tok, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    initial = load_model(tiny_model)
+    samples = frozenlake_batch(store, initial, tok)
+    acts = TrainerActivities(store)
+    beats: list[object] = []
+    env = ActivityEnvironment()
+    env.on_heartbeat = lambda *details: beats.append(details)
+    inp = step_input(tiny_model, tmp_path / "run", 0, samples)
+
+    result = await env.run(acts.train_step, inp)
+    assert (result.step, result.version, result.weights_key, result.replayed) == (0, 1, weights_key(JOB, 1), False)
+    assert set(result.metrics) >= METRICS
+    m = result.metrics
+    assert m["logprob_diff_behav"] < 1e-4  # on-policy: the trainer recomputes the engine's logprobs
+    assert m["samples"] == 16 and m["sequences"] == 17 and m["tokens"] == 34
+    assert m["clip_frac"] == 0.0 and m["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert m["kl"] == 0.0 and m["staleness_max"] == 0.0 and beats
+    assert latest_weights(store, JOB).version == 1
+    blob = store.get(result.weights_key)
+    assert blob != state_dict_blob(initial)  # the weights moved
+    published = load_model(tiny_model)
+    load_blob_into(published, blob)  # tied head left out of the blob, re-tied on load
+    assert published.lm_head.weight is published.model.embed_tokens.weight
+    assert state_dict_blob(published) == blob
+
+    again = await env.run(acts.train_step, inp)
+    assert again.replayed and again.model_copy(update={"replayed": False}) == result
+    assert state_dict_blob(acts._jobs[JOB].model) == blob  # the replay changed nothing
+    assert TrainStepResult.model_validate_json(step_record_path(tmp_path / "run", 0).read_bytes()) == result
+
+
+async def test_bad_calls_fail_with_errors_that_say_what_to_do(tiny_model: Path, tok, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    acts = TrainerActivities(store)
+    env = ActivityEnvironment()
+    run = tmp_path / "run"
+
+    with pytest.raises(ApplicationError) as err:
+        await env.run(acts.train_step, step_input(tiny_model, run, 2, samples))
+    assert err.value.type == "TrainerStateMismatch" and err.value.non_retryable
+    assert "completed no step" in err.value.message and "next step it can run is 0" in err.value.message
+
+    with pytest.raises(ApplicationError) as err:
+        await env.run(acts.train_step, step_input(tiny_model, run, 0, []))
+    assert err.value.type == "InvalidInput" and err.value.non_retryable and "no samples" in err.value.message
+
+    lost = samples[0].model_copy(update={"turn_keys": ["trajectories/job/gone/turn-000"]})
+    with pytest.raises(ApplicationError) as err:
+        await env.run(acts.train_step, step_input(tiny_model, run, 0, [lost, *samples[1:]]))
+    assert err.value.type == "InvalidInput" and "trajectories/job/gone/turn-000" in err.value.message
+
+    await env.run(acts.train_step, step_input(tiny_model, run, 0, samples))  # the failures left the state usable
+    with pytest.raises(ApplicationError) as err:
+        await env.run(acts.train_step, step_input(tiny_model, run, 3, samples))
+    assert err.value.type == "TrainerStateMismatch" and "up to 0" in err.value.message
+
+
+async def test_checkpoints_and_a_fresh_trainer_resumes_at_the_right_step(tiny_model: Path, tok, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    run = tmp_path / "run"
+    env = ActivityEnvironment()
+    acts = TrainerActivities(store)
+    for step in range(2):
+        await env.run(acts.train_step, step_input(tiny_model, run, step, samples, checkpoint_every=2))
+    assert [p.name for p in checkpoint_dir(run).iterdir()] == ["step-000001"]  # after every 2 steps
+
+    resumed = TrainerActivities(store)
+    with pytest.raises(ApplicationError) as err:
+        await env.run(resumed.train_step, step_input(tiny_model, run, 5, samples, checkpoint_every=2))
+    assert "up to 1" in err.value.message and "next step it can run is 2" in err.value.message
+    state = resumed._jobs[JOB]
+    assert state_dict_blob(state.model) == store.get(weights_key(JOB, 2))
+    assert state.optimizer.state_dict()["state"]  # Adam moments came back too
+    r2 = await env.run(resumed.train_step, step_input(tiny_model, run, 2, samples, checkpoint_every=2))
+    assert r2.version == 3 and not r2.replayed
+
+    # Step 2 was not checkpointed: a trainer restarted now continues from its published weights.
+    third = TrainerActivities(store)
+    r3 = await env.run(third.train_step, step_input(tiny_model, run, 3, samples, checkpoint_every=2))
+    assert r3.version == 4 and r3.metrics["staleness_max"] == 3.0
+    assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == ["step-000001", "step-000003"]
+
+
+def test_checkpoint_files_keep_the_latest_two(tiny_model: Path, tmp_path: Path) -> None:
+    model = load_model(tiny_model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    opt.step()
+    for step in (4, 9, 14):
+        save_checkpoint(tmp_path, model, opt, step)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000009", "step-000014"]
+    fresh = load_model(tiny_model)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    assert load_checkpoint(tmp_path, fresh, fresh_opt) == 14
+    assert state_dict_blob(fresh) == state_dict_blob(model)
+    assert load_checkpoint(tmp_path / "none", fresh, fresh_opt) is None
+
+
+async def test_a_bandit_learns_to_say_R(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """Prompt "move:", reward 1 iff the first sampled token is "R": P(R) must rise clearly within 30 steps."""
+    store = LocalStore(tmp_path / "store")
+    acts = TrainerActivities(store)
+    env = ActivityEnvironment()
+    sampler = load_model(tiny_model)
+    prompt_ids = tok("move:", add_special_tokens=False)["input_ids"]
+    r_id = tok.convert_tokens_to_ids("R")
+    gen = torch.Generator().manual_seed(0)
+    groups, group_size = 32, 8
+
+    @torch.no_grad()
+    def p_r() -> float:
+        return float(torch.softmax(sampler(torch.tensor([prompt_ids])).logits[0, -1], -1)[r_id])
+
+    p0 = p_r()
+    for step in range(30):
+        with torch.no_grad():  # one prompt: one forward serves every sample of the step
+            logp = torch.log_softmax(sampler(torch.tensor([prompt_ids])).logits[0, -1], -1)
+        samples = []
+        for g in range(groups):
+            key = turn_key(JOB, f"s{step}-g{g}", 0)
+            toks = torch.multinomial(logp.exp(), group_size, replacement=True, generator=gen).tolist()
+            completions = [
+                {"text": "", "token_ids": [t], "logprobs": [float(logp[t])], "finish_reason": "length"} for t in toks
+            ]
+            record = {"prompt": "move:", "prompt_ids": prompt_ids, "policy_version": step, "policy_version_end": step,
+                      "completions": completions}  # fmt: skip
+            store.put_json(key, record)
+            for i, c in enumerate(record["completions"]):
+                hit = c["token_ids"][0] == r_id
+                samples.append(
+                    SampleRef(trajectory_id=f"s{step}-g{g}-{i}", task="bandit", group_id=f"s{step}-g{g}",
+                              reward=float(hit), success=hit, turn_keys=[key], policy_version_min=step,
+                              policy_version_max=step, completion_index=i)
+                )  # fmt: skip
+        inp = step_input(tiny_model, tmp_path / "run", step, samples, micro_batch_size=256)
+        result = await env.run(acts.train_step, inp)
+        load_blob_into(sampler, store.get(result.weights_key))
+    p30 = p_r()
+    assert p30 > max(3 * p0, 0.2), f"P(R) went from {p0:.4f} to {p30:.4f} in 30 steps"  # measured: 0.003 → ~0.8
+
+
+async def test_the_kl_term_loads_a_frozen_reference_policy(tiny_model: Path, tok, tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    acts = TrainerActivities(store)
+    env = ActivityEnvironment()
+    loss = LossConfig(kl_coef=0.1, entropy_coef=0.01)
+    kls = []
+    for step in range(2):
+        inp = step_input(tiny_model, tmp_path / "run", step, samples, loss=loss)
+        kls.append((await env.run(acts.train_step, inp)).metrics["kl"])
+    assert kls[0] == pytest.approx(0.0, abs=1e-8) and kls[1] > 0.0  # π = π_ref before the first update only
+    assert not any(p.requires_grad for p in acts._jobs[JOB].ref_model.parameters())
