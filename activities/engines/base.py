@@ -7,23 +7,40 @@ sampled), and they stamp every output with the policy version at the start
 and end of the request so weight swaps in the middle of a generation are
 visible downstream.
 
+Weights are swapped in place with `load_weights(path, version)`: the
+trainer publishes the full float32 state dict as one safetensors blob
+(`safetensors.torch.save`, without `lm_head.weight` when the embeddings are
+tied). `check_weights_blob` validates such a blob against the model directory
+from its header alone, before an engine touches its live weights.
+
 This module is light (no torch, no vLLM) so it can be imported anywhere.
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 
 from rollart.infra.config import SamplingParams
 
 __all__ = [
+    "TIED_HEAD",
     "Completion",
     "Engine",
     "EngineDeadError",
     "EngineError",
     "EngineOutput",
+    "EngineRequestError",
+    "WeightsBlobError",
+    "check_weights_blob",
+    "safetensors_header",
 ]
+
+TIED_HEAD = "lm_head.weight"
+"""The one tensor a blob may omit: with tied embeddings it is the embedding matrix itself."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,13 @@ class EngineDeadError(RuntimeError):
     """The engine cannot serve any more requests: restart the worker (or call `start()` on a new engine)."""
 
 
+class WeightsBlobError(ValueError):
+    """A weights blob does not fit the engine's model (missing/extra tensors, wrong shapes, unreadable).
+
+    Raised before any live weight is touched: the engine keeps serving the old version.
+    """
+
+
 class Engine(ABC):
     """An inference engine serving many concurrent `generate` calls from one asyncio loop.
 
@@ -91,6 +115,20 @@ class Engine(ABC):
         engine is gone. Cancelling the awaiting task aborts the request.
         """
 
+    async def load_weights(self, path: Path, version: int) -> None:
+        """Swap in the weights of the safetensors blob at `path` and become policy `version`.
+
+        Generation keeps going around the swap; requests in flight during it
+        are stamped `policy_version < policy_version_end`. A `version` not
+        newer than `policy_version` is a no-op, so replayed or racing
+        updates are harmless. Raises `WeightsBlobError` (engine unchanged)
+        for a blob that does not fit the model, `EngineDeadError` if the
+        swap broke the engine.
+
+        Not abstract so that scripted test engines need not implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot swap weights; use the vllm or hf engine")
+
     @abstractmethod
     async def shutdown(self) -> None:
         """Release the model and any background processes; safe to call twice."""
@@ -98,3 +136,67 @@ class Engine(ABC):
     @abstractmethod
     def tokens_generated(self) -> int:
         """Running count of generated tokens (all completions), for tokens/s metrics."""
+
+
+def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """`name -> (dtype, shape)` of every tensor in a safetensors file, read from its header only.
+
+    Why not `safetensors.safe_open`: this module stays free of torch, and
+    the header (8-byte little-endian length + JSON) is all a check needs.
+    """
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            if size > 100 * 2**20:
+                raise ValueError(f"header of {size} bytes is implausibly large")
+            header = json.loads(f.read(size))
+    except (OSError, struct.error, ValueError) as e:
+        raise WeightsBlobError(f"cannot read a safetensors header from {path}: {e}") from e
+    return {
+        name: (str(meta["dtype"]), tuple(int(d) for d in meta["shape"]))
+        for name, meta in header.items()
+        if name != "__metadata__"
+    }
+
+
+def check_weights_blob(blob: Path, model_dir: Path) -> None:
+    """Raise `WeightsBlobError` unless `blob` holds exactly the model's tensors with the model's shapes.
+
+    The reference is the model directory's own safetensors files. Only
+    `lm_head.weight` may be missing, and only when `tie_word_embeddings` is
+    set (the engine re-ties it). Checking up front matters because a reload
+    that fails half-way leaves vLLM unusable.
+    """
+    model_dir = Path(model_dir)
+    reference: dict[str, tuple[str, tuple[int, ...]]] = {}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise WeightsBlobError(f"no *.safetensors in {model_dir} to check {blob} against")
+    for file in files:
+        reference.update(safetensors_header(file))
+    tied = bool(json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False))
+    got = safetensors_header(blob)
+    optional = {TIED_HEAD} if tied else set()
+    missing = sorted(set(reference) - set(got) - optional)
+    extra = sorted(set(got) - set(reference) - optional)
+    wrong = sorted(n for n in set(got) & set(reference) if got[n][1] != reference[n][1])
+    if tied and TIED_HEAD in got and "model.embed_tokens.weight" in reference:
+        if got[TIED_HEAD][1] != reference["model.embed_tokens.weight"][1]:
+            wrong.append(TIED_HEAD)
+    if missing or extra or wrong:
+        details = "; ".join(
+            part
+            for part in (
+                f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}" if missing else "",
+                f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}" if extra else "",
+                "shape mismatch " + ", ".join(f"{n} {got[n][1]} vs {reference.get(n, ('', '?'))[1]}" for n in wrong[:5])
+                if wrong
+                else "",
+            )
+            if part
+        )
+        raise WeightsBlobError(
+            f"weights blob {blob} does not fit the model in {model_dir}: {details}. "
+            "Publish the full state dict of the same architecture (safetensors.torch.save(model.state_dict()))"
+        )

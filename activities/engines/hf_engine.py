@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from rollart.activities.engines.base import (
+    TIED_HEAD,
     Completion,
     Engine,
     EngineDeadError,
     EngineError,
     EngineOutput,
     EngineRequestError,
+    WeightsBlobError,
+    check_weights_blob,
 )
 from rollart.infra.config import EngineConfig, SamplingParams
 
@@ -155,6 +158,63 @@ class HfEngine(Engine):
             lps = logprobs[i, torch.arange(len(ids)), torch.tensor(ids, dtype=torch.long)].tolist() if ids else []
             completions.append(Completion(ids, lps, text, finish))
         return prompt_ids, completions
+
+    async def load_weights(self, path: Path, version: int) -> None:
+        """Copy the safetensors blob at `path` into the model and become `version`.
+
+        Runs under the request lock, so a swap waits for the current
+        request and no request ever mixes versions here (the HF engine never
+        stamps `policy_version != policy_version_end` from a swap). A
+        `version` not newer than the current one is a no-op.
+        """
+        if self._model is None:
+            raise EngineDeadError("engine not started (or shut down): call `await engine.start()` first")
+        path = Path(path).absolute()
+        async with self._lock:
+            if version <= self.policy_version:
+                log.info("weights v%d not newer than v%d: nothing to load", version, self.policy_version)
+                return
+            t0 = time.perf_counter()
+            task = asyncio.ensure_future(asyncio.to_thread(self._load_weights_sync, path))
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                await asyncio.wait([task])  # keep the lock until the thread has finished writing weights
+                if task.exception() is None:
+                    self.policy_version = version
+                raise
+            self.policy_version = version
+            log.info("HF engine now at policy v%d (swap %.3f s, %s)", version, time.perf_counter() - t0, path)
+
+    def _load_weights_sync(self, path: Path) -> None:
+        """Validate the blob from its header, then copy it in; re-tie so lm_head follows the embedding."""
+        import torch
+        from safetensors.torch import load_file
+
+        check_weights_blob(path, self.model_dir)
+        try:
+            state = load_file(str(path))
+        except Exception as e:  # a valid header over a truncated/corrupt body
+            raise WeightsBlobError(f"cannot read weights from {path}: {type(e).__name__}: {e}") from e
+        try:
+            with torch.no_grad():
+                result = self._model.load_state_dict(state, strict=False)
+        except Exception as e:
+            self._model = None  # partly overwritten: never serve from it
+            raise EngineDeadError(
+                f"loading {path} into the HF model failed half-way ({type(e).__name__}: {e}); restart the engine"
+            ) from e
+        tied = bool(getattr(self._model.config, "tie_word_embeddings", False))
+        missing = [k for k in result.missing_keys if not (tied and k == TIED_HEAD)]
+        if missing or result.unexpected_keys:
+            # check_weights_blob makes this unreachable for a well-formed model dir; say so loudly if not
+            self._model = None
+            raise EngineDeadError(
+                f"{path} only partly fits the HF model (missing={missing}, unexpected={result.unexpected_keys}) "
+                "although its header matched the model dir; restart the engine"
+            )
+        if tied:
+            self._model.tie_weights()
 
     async def shutdown(self) -> None:
         """Drop the model (after the current request); safe to call twice."""

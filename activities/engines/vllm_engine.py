@@ -30,6 +30,7 @@ from rollart.activities.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequestError,
+    check_weights_blob,
 )
 from rollart.infra.config import EngineConfig, SamplingParams
 
@@ -67,6 +68,7 @@ class VllmEngine(Engine):
         self._llm: Any = None
         self._tokens = 0
         self._dead = False
+        self._swap_lock = asyncio.Lock()
 
     @classmethod
     def from_config(cls, model_dir: Path, cfg: EngineConfig) -> VllmEngine:
@@ -105,6 +107,8 @@ class VllmEngine(Engine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
+
         args = AsyncEngineArgs(
             model=str(self.model_dir),
             dtype=self.dtype,
@@ -113,6 +117,7 @@ class VllmEngine(Engine):
             max_num_seqs=self.max_num_seqs,
             seed=self.seed,
             disable_log_stats=True,
+            worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight reload (load_weights)
         )
         try:
             self._llm = AsyncLLM.from_engine_args(args)
@@ -193,13 +198,89 @@ class VllmEngine(Engine):
             policy_version_end=self.policy_version,
         )
 
-    # TODO(weight-swap issue): add `async def update_weights(path, version)`:
-    # `pause_generation(mode="keep")` -> `collective_rpc(<worker_extension method>, args=(path,))`
-    # that calls `model_runner.reload_weights(...)` and re-packs every
-    # VocabParallelEmbedding (`m.quant_method.process_weights_after_loading(m)`,
-    # else the tied lm_head keeps old weights) -> check `reset_prefix_cache()` ->
-    # `resume_generation()` -> `self.policy_version = version`. Needs
-    # `worker_extension_cls=` in AsyncEngineArgs. See DEPENDENCIES.md.
+    async def load_weights(self, path: Path, version: int) -> None:
+        """Swap in the safetensors blob at `path` without restarting vLLM, then become `version`.
+
+        Sequence (vLLM 0.32 `AsyncLLM`), one swap at a time (a lock):
+
+        1. `pause_generation(mode="keep", clear_cache=False)`: in-flight
+           requests are frozen in the scheduler, not aborted, so no rollout
+           is lost; new requests queue.
+        2. `collective_rpc(RELOAD_METHOD, args=(path,))`: the worker
+           extension reloads the weights in place and re-packs the tied
+           embedding / lm_head (see `vllm_extension`).
+        3. `reset_prefix_cache(reset_running_requests=True)`: cached KV
+           blocks were computed by the old weights and must not be reused.
+           A plain `reset_prefix_cache()` refuses while frozen requests hold
+           blocks ("some blocks are not freed yet"); with
+           `reset_running_requests=True` vLLM preempts them, so it succeeds
+           and the frozen requests recompute their KV with the *new* weights
+           on resume (their already sampled tokens and logprobs are kept).
+           Its result is still checked: if it ever refuses, we retry after
+           resuming, then log an error (stale cache is an accuracy problem,
+           not a crash).
+        4. `policy_version = version`, then `resume_generation()`. Setting
+           the version before resuming keeps stamps conservative: any token
+           sampled with the new weights is read after the version changed.
+
+        Requests in flight during the swap mix tokens of both versions and
+        are stamped `(old, new)`. A failed reload leaves vLLM with partly
+        written weights, so the engine is marked dead (`EngineDeadError`).
+        """
+        if self._llm is None:
+            raise EngineDeadError("engine not started: call `await engine.start()` before load_weights")
+        if self._dead or self._llm.errored:
+            self._dead = True
+            raise EngineDeadError("the vLLM engine has died; restart the generation worker")
+        path = Path(path).absolute()
+        async with self._swap_lock:
+            if version <= self.policy_version:
+                log.info("weights v%d not newer than v%d: nothing to load", version, self.policy_version)
+                return
+            await asyncio.to_thread(check_weights_blob, path, self.model_dir)
+            t0 = time.perf_counter()
+            # Shielded: a caller cancelled mid-swap must not leave vLLM paused or half-loaded; the swap
+            # finishes (and keeps the lock) before the cancellation propagates.
+            task = asyncio.ensure_future(self._swap(path, version))
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                await asyncio.wait([task])
+                raise
+            log.info("vLLM engine now at policy v%d (swap %.3f s, %s)", version, time.perf_counter() - t0, path)
+
+    async def _swap(self, path: Path, version: int) -> None:
+        """Pause, reload, clear the prefix cache, resume; any failure marks the engine dead."""
+        from rollart.activities.engines.vllm_extension import RELOAD_METHOD
+
+        llm = self._llm
+        try:
+            await llm.pause_generation(mode="keep", clear_cache=False)
+            counts = await llm.collective_rpc(RELOAD_METHOD, args=(str(path),))
+            cleared = await llm.reset_prefix_cache(reset_running_requests=True)
+            self.policy_version = version
+            await llm.resume_generation()
+        except Exception as e:
+            self._dead = True
+            raise EngineDeadError(
+                f"swapping in weights v{version} from {path} failed, leaving vLLM paused or with partly loaded "
+                f"weights: {type(e).__name__}: {e}; restart the generation worker"
+            ) from e
+        log.debug("reload v%d: %s tensors per worker, prefix cache reset: %s", version, counts, cleared)
+        if not cleared:
+            await self._retry_reset_prefix_cache(version)
+
+    async def _retry_reset_prefix_cache(self, version: int, attempts: int = 20, delay_s: float = 0.05) -> None:
+        """Retry a refused prefix-cache reset after resuming (blocks free up as requests finish)."""
+        for _ in range(attempts):
+            await asyncio.sleep(delay_s)
+            if await self._llm.reset_prefix_cache():
+                return
+        log.error(
+            "could not reset vLLM's prefix cache after loading v%d: prompts sharing a cached prefix may reuse "
+            "KV computed by the old weights until those blocks are evicted",
+            version,
+        )
 
     async def shutdown(self) -> None:
         """Stop the engine (in-flight requests fail) and drop it; safe to call twice."""
