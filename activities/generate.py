@@ -115,9 +115,9 @@ async def _heartbeating() -> AsyncIterator[None]:
     """Heartbeat from a side task: the engine answers only at the end (final-only outputs)."""
 
     async def beat() -> None:
-        while True:
-            activity.heartbeat()
+        while True:  # the first beat after one interval: most generations end sooner, sparing the server an RPC
             await asyncio.sleep(HEARTBEAT_EVERY_S)
+            activity.heartbeat()
 
     task = asyncio.create_task(beat())
     try:

@@ -22,6 +22,7 @@ from temporalio.client import Client, WorkflowHistory
 
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
+from rollart.infra.history import activity_spans, busy_seconds
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.infra.tiny_model import ensure_tiny_model
@@ -40,44 +41,13 @@ def bench_job(home: Path) -> JobSpec:
 
 
 def activity_timings(history: WorkflowHistory) -> list[dict]:
-    """Per activity: type, queue, and the three intervals in ms (wait, own work, return to the workflow)."""
-    events = list(history.events)
-    t = {e.event_id: e.event_time.ToDatetime().timestamp() for e in events}
-    sched: dict[int, tuple[str, str]] = {}
-    out: list[dict] = []
-    started: dict[int, float] = {}
-    pending_return: dict | None = None
-    for e in events:
-        if e.HasField("activity_task_scheduled_event_attributes"):
-            a = e.activity_task_scheduled_event_attributes
-            sched[e.event_id] = (a.activity_type.name, a.task_queue.name)
-            if pending_return is not None:
-                pending_return["return_ms"] = (t[e.event_id] - pending_return.pop("_done")) * 1000
-                pending_return = None
-        elif e.HasField("activity_task_started_event_attributes"):
-            started[e.activity_task_started_event_attributes.scheduled_event_id] = t[e.event_id]
-        elif e.HasField("activity_task_completed_event_attributes"):
-            sid = e.activity_task_completed_event_attributes.scheduled_event_id
-            kind, queue = sched[sid]
-            row = {"type": kind, "queue": queue.split("@")[0] + ("@worker" if "@" in queue else ""),
-                   "wait_ms": (started[sid] - t[sid]) * 1000, "work_ms": (t[e.event_id] - started[sid]) * 1000,
-                   "_done": t[e.event_id], "start": started[sid], "end": t[e.event_id]}  # fmt: skip
-            out.append(row)
-            pending_return = row
-        elif e.HasField("workflow_execution_completed_event_attributes") and pending_return is not None:
-            pending_return["return_ms"] = (t[e.event_id] - pending_return.pop("_done")) * 1000
-            pending_return = None
-    return out
-
-
-def busy_seconds(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of intervals: how long at least one generation was in flight."""
-    total, end = 0.0, float("-inf")
-    for s, e in sorted(intervals):
-        if e > end:
-            total += e - max(s, end)
-            end = e
-    return total
+    """Per activity: type, pool, and the three intervals in ms (wait, own work, return to the workflow)."""
+    return [
+        {"type": a.activity_type, "queue": a.pool + ("@worker" if "@" in a.task_queue else ""),
+         "wait_ms": (a.started - a.scheduled) * 1000, "work_ms": (a.completed - a.started) * 1000,
+         "return_ms": (a.next_command - a.completed) * 1000, "start": a.started, "end": a.completed}
+        for a in activity_spans(history) if a.succeeded and a.next_command
+    ]  # fmt: skip
 
 
 async def one_round(client: Client, stack: LocalStack, job: JobSpec, n: int, seed: int) -> dict:

@@ -24,7 +24,8 @@ from rollart.workers.rollout import plan_trajectories, run_rollout
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.types import TrajectoryInput
 from tests.conftest import REPO, frozenlake_task
-from tests.support.history import activity_runs, payload_sizes
+from rollart.infra.history import activity_spans
+from tests.support.history import payload_sizes
 
 pytestmark = pytest.mark.integration
 
@@ -44,7 +45,7 @@ async def test_sixteen_trajectories_run_on_their_pools(client: Client, stack_job
         assert r is not None and r.reward is not None and 1 <= r.turns <= 6
         history = await client.get_workflow_handle(o.workflow_id).fetch_history()
         histories.append(history)
-        runs = activity_runs(history)
+        runs = activity_spans(history)
         session_queue = f"cpu@{r.env_worker}"
         expected = [("reset", "cpu")] + [("generate", "h800"), ("step", session_queue)] * r.turns
         expected += [("reward", "serverless"), ("close", session_queue)]

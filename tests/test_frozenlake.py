@@ -194,3 +194,15 @@ def test_random_map_is_winnable_by_following_bfs() -> None:
 def test_bad_env_args_raise_value_error_naming_the_arg(args: dict, named: str) -> None:
     with pytest.raises(ValueError, match=named):
         FrozenLake(**args)
+
+
+def test_invalid_action_can_end_the_episode() -> None:
+    env = FrozenLake(invalid_action="end")
+    env.reset(0)
+    out = env.step("xyz")
+    assert out.done and out.reward == 0.0 and out.info["valid"] is False and not out.info["success"]
+    keep = FrozenLake()
+    keep.reset(0)
+    assert not keep.step("xyz").done
+    with pytest.raises(ValueError, match="invalid_action"):
+        FrozenLake(invalid_action="stop")

@@ -107,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_stack_args(s)
     s.set_defaults(func=_cmd_train)
 
+    s = sub.add_parser("plot", help="write learning-curve and rollout-timeline PNGs for a run dir")
+    s.add_argument("run_dir", type=Path, help="a `rollart train` run dir (holds metrics.jsonl)")
+    s.set_defaults(func=_cmd_plot)
+
     s = sub.add_parser("status", help="print a training job's live status (step, ledger, last rewards)")
     s.add_argument("job_id", help="the job id `rollart train` printed (= the TrainingWorkflow's id)")
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
@@ -372,12 +376,29 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str) -> int:
                 f"dropped {row['dropped']}"))  # fmt: skip
 
         result = await follow(handle, writer, on_step)
+    from rollart.workers.plot import plot_run
+    from rollart.workers.timeline import collect_timeline, write_timeline
+
+    print("collecting the rollout timeline from the workflow histories ...")
+    write_timeline(await collect_timeline(client, job_id), run_dir)
+    plots = plot_run(run_dir)
     print(f"done: {result.steps} steps, policy v{result.version}; trajectories started {result.started} = trained "
           f"{result.trained} + dropped {result.dropped} + failed {result.failed} + cancelled in flight "
           f"{result.cancelled_in_flight} + buffered {result.buffered_unused}")  # fmt: skip
     if result.last:
         print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.success_rate:.2f}")
-    print(f"metrics: {writer.path}   plots: rollart plot {run_dir}")
+    print(f"metrics: {writer.path}   plots: {', '.join(str(p) for p in plots)}")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from rollart.workers.plot import plot_run
+
+    try:
+        for path in plot_run(args.run_dir):
+            print(f"wrote {path}")
+    except FileNotFoundError as e:
+        raise _UserError(str(e)) from e
     return 0
 
 

@@ -19,7 +19,8 @@ Up). So ``"xxd"`` is Down, ``"  R,"`` is Right, and the words ``left``,
 ``down``, ``right``, ``up`` work because each starts with its letter; but
 ``"hello"`` is Left (its first such character is ``l``). Text with none of
 those characters is an invalid action: the agent stays put, reward 0,
-``info["valid"] = False``. Moving into the edge of the grid is a valid
+``info["valid"] = False``, and with ``invalid_action="end"`` the episode ends
+there (a no-op by default). Moving into the edge of the grid is a valid
 action that leaves the agent in place.
 
 Maps (env_args): ``maps="standard"`` is the classic 4x4 map whatever the
@@ -128,7 +129,8 @@ class FrozenLake(Env):
     env_args: ``size`` (3..8, default 4), ``maps`` ("standard" | "random",
     default "standard"; "standard" needs size 4), ``p_hole`` (0..0.5, default
     0.2, used by "random"), ``num_maps`` (positive int or None, only with
-    "random": map index = seed % num_maps).
+    "random": map index = seed % num_maps), ``invalid_action`` ("noop" |
+    "end", default "noop": what text with no move does).
     """
 
     def __init__(
@@ -138,10 +140,15 @@ class FrozenLake(Env):
         maps: str = "standard",
         p_hole: float = 0.2,
         num_maps: int | None = None,
+        invalid_action: str = "noop",
         **unknown: Any,
     ) -> None:
         super().__init__(**unknown)
         _validate_args(size, maps, p_hole, num_maps)
+        if invalid_action not in _INVALID_RULES:
+            raise ValueError(f"frozenlake: invalid_action must be one of {', '.join(map(repr, _INVALID_RULES))}, "
+                             f"got {invalid_action!r}")  # fmt: skip
+        self.invalid_action = invalid_action
         self.size = size
         self.maps = maps
         self.p_hole = float(p_hole)
@@ -184,7 +191,7 @@ class FrozenLake(Env):
                 self._position = target
         cell = grid[self._position[0]][self._position[1]]
         success, hole = cell == "G", cell == "H"
-        self._done = success or hole
+        self._done = success or hole or (move is None and self.invalid_action == "end")
         return StepOutcome(
             observation=render(grid, self._position),
             reward=1.0 if success else 0.0,
@@ -197,6 +204,9 @@ class FrozenLake(Env):
                 "action": move,
             },
         )
+
+
+_INVALID_RULES = ("noop", "end")
 
 
 def _validate_args(size: Any, maps: Any, p_hole: Any, num_maps: Any) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from google.protobuf.message import Message
 from temporalio.api.common.v1 import Payload
 from temporalio.client import WorkflowHistory
@@ -30,26 +28,3 @@ def payload_sizes(history: WorkflowHistory) -> list[int]:
     for event in history.events:
         walk(event)
     return sizes
-
-
-@dataclass(frozen=True)
-class ActivityRun:
-    """One activity as the history saw it: its type, the queue it was scheduled on, the worker that ran it."""
-
-    activity_type: str
-    task_queue: str
-    worker_identity: str
-
-
-def activity_runs(history: WorkflowHistory) -> list[ActivityRun]:
-    """Activities in schedule order, with the identity of the worker that started each (last attempt)."""
-    scheduled: dict[int, tuple[str, str]] = {}
-    started: dict[int, str] = {}
-    for e in history.events:
-        if e.HasField("activity_task_scheduled_event_attributes"):
-            a = e.activity_task_scheduled_event_attributes
-            scheduled[e.event_id] = (a.activity_type.name, a.task_queue.name)
-        elif e.HasField("activity_task_started_event_attributes"):
-            a = e.activity_task_started_event_attributes
-            started[a.scheduled_event_id] = a.identity
-    return [ActivityRun(t, q, started.get(eid, "")) for eid, (t, q) in sorted(scheduled.items())]
