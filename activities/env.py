@@ -18,7 +18,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.errors import bad_input, env_broken, unknown_component
-from rollart.activities.types import CloseInput, EnvHandle, ResetInput, StepInput, StepResult
+from rollart.activities.types import (
+    CheckInput,
+    CloseInput,
+    EnvHandle,
+    PromptsInput,
+    ResetInput,
+    StepInput,
+    StepResult,
+)
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
 
 __all__ = ["EnvActivities"]
@@ -49,25 +57,8 @@ class EnvActivities:
     @activity.defn(name="reset")
     async def reset(self, inp: ResetInput) -> EnvHandle:
         """Create an env, reset it from the seed, and keep it here as a session."""
-        try:
-            entry = lookup_env(inp.env)
-        except UnknownComponentError as e:
-            raise unknown_component(str(e)) from e
-        try:
-            env = entry.cls(**inp.env_args)
-        except (TypeError, ValueError) as e:
-            raise bad_input(f"env {inp.env!r} rejected its env_args {inp.env_args!r}: {e}") from e
-        try:
-            observation = await asyncio.wait_for(asyncio.to_thread(env.reset, inp.seed), entry.reset_timeout_s)
-        except asyncio.TimeoutError:
-            raise ApplicationError(
-                f"env {inp.env!r} reset(seed={inp.seed}) took over {entry.reset_timeout_s:g}s", type="EnvResetTimeout"
-            ) from None
-        except Exception as e:  # a fresh env next attempt: retryable
-            raise ApplicationError(f"env {inp.env!r} reset(seed={inp.seed}) raised {type(e).__name__}: {e}",
-                                   type="EnvResetError") from e
-        if not isinstance(observation, str):
-            raise bad_input(f"env {inp.env!r}.reset must return the observation text, got {type(observation).__name__}")
+        entry, env = _build(inp.env, inp.env_args)
+        observation = await _reset(entry, env, inp.seed)
         session_id = f"{inp.trajectory_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = _Session(env=env, entry=entry, trajectory_id=inp.trajectory_id)
         return EnvHandle(
@@ -89,12 +80,7 @@ class EnvActivities:
         except Exception as e:
             session.done = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
-        try:
-            result = StepResult(
-                observation=outcome.observation, reward=outcome.reward, done=outcome.done, info=outcome.info
-            )
-        except (AttributeError, ValueError) as e:
-            raise env_broken(f"env {session.entry.name!r} step returned {outcome!r}, not a StepOutcome: {e}") from e
+        result = _step_result(session.entry, outcome)
         session.done = result.done
         return result
 
@@ -108,6 +94,36 @@ class EnvActivities:
             except Exception:  # the episode is over either way
                 log.exception("env %s close failed for session %s", session.entry.name, inp.session_id)
 
+    @activity.defn(name="prompts")
+    async def prompts(self, inp: PromptsInput) -> list[str]:
+        """Single-turn tasks: each seed's first observation, from a throwaway env (no session kept)."""
+        observations = []
+        for seed in inp.seeds:
+            entry, env = _build(inp.env, inp.env_args)
+            observations.append(await _reset(entry, env, seed))
+            env.close()
+        return observations
+
+    @activity.defn(name="check")
+    async def check(self, inp: CheckInput) -> list[list[StepResult]]:
+        """Single-turn tasks: play each answer as the only step of a fresh env reset from its seed."""
+        if len(inp.seeds) != len(inp.answers):
+            raise bad_input(f"check: {len(inp.seeds)} seeds but {len(inp.answers)} answer lists")
+        results = []
+        for seed, answers in zip(inp.seeds, inp.answers):
+            row = []
+            for answer in answers:
+                entry, env = _build(inp.env, inp.env_args)
+                await _reset(entry, env, seed)
+                try:
+                    outcome = await asyncio.to_thread(env.step, answer)
+                except Exception as e:
+                    raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
+                row.append(_step_result(entry, outcome))
+                env.close()
+            results.append(row)
+        return results
+
     def _session(self, session_id: str) -> _Session:
         try:
             return self._sessions[session_id]
@@ -117,3 +133,39 @@ class EnvActivities:
                 type="SessionLost",
                 non_retryable=True,
             ) from None
+
+
+def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
+    """Look the env up and construct it; unknown names and rejected args are bad input (not retried)."""
+    try:
+        entry = lookup_env(name)
+    except UnknownComponentError as e:
+        raise unknown_component(str(e)) from e
+    try:
+        return entry, entry.cls(**env_args)
+    except (TypeError, ValueError) as e:
+        raise bad_input(f"env {name!r} rejected its env_args {env_args!r}: {e}") from e
+
+
+async def _reset(entry: EnvEntry, env: Any, seed: int) -> str:
+    """env.reset(seed) in a thread under the env's reset timeout; a raising env is retryable (fresh env)."""
+    try:
+        observation = await asyncio.wait_for(asyncio.to_thread(env.reset, seed), entry.reset_timeout_s)
+    except asyncio.TimeoutError:
+        raise ApplicationError(
+            f"env {entry.name!r} reset(seed={seed}) took over {entry.reset_timeout_s:g}s", type="EnvResetTimeout"
+        ) from None
+    except Exception as e:
+        raise ApplicationError(
+            f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}", type="EnvResetError"
+        ) from e
+    if not isinstance(observation, str):
+        raise bad_input(f"env {entry.name!r}.reset must return the observation text, got {type(observation).__name__}")
+    return observation
+
+
+def _step_result(entry: EnvEntry, outcome: Any) -> StepResult:
+    try:
+        return StepResult(observation=outcome.observation, reward=outcome.reward, done=outcome.done, info=outcome.info)
+    except (AttributeError, ValueError) as e:
+        raise env_broken(f"env {entry.name!r} step returned {outcome!r}, not a StepOutcome: {e}") from e

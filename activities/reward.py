@@ -9,7 +9,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.errors import unknown_component
-from rollart.activities.types import RewardInput, RewardResult
+from rollart.activities.types import RewardBatchInput, RewardInput, RewardResult, Transcript
 from rollart.infra.registry import UnknownComponentError, lookup_reward
 
 __all__ = ["RewardActivities", "as_reward_result"]
@@ -21,15 +21,28 @@ class RewardActivities:
     @activity.defn(name="reward")
     async def reward(self, inp: RewardInput) -> RewardResult:
         """Run the named reward function on the transcript."""
+        (result,) = await self._score(inp.reward, [inp.transcript])
+        return result
+
+    @activity.defn(name="reward_batch")
+    async def reward_batch(self, inp: RewardBatchInput) -> list[RewardResult]:
+        """Score many transcripts in one call (single-turn groups: one activity per group, not per sample)."""
+        return await self._score(inp.reward, inp.transcripts)
+
+    async def _score(self, name: str, transcripts: list[Transcript]) -> list[RewardResult]:
         try:
-            entry = lookup_reward(inp.reward)
+            entry = lookup_reward(name)
         except UnknownComponentError as e:
             raise unknown_component(str(e)) from e
+
+        def run_all() -> list[object]:
+            return [entry.fn(t) for t in transcripts]
+
         try:
-            value = await asyncio.to_thread(entry.fn, inp.transcript)
+            values = await asyncio.to_thread(run_all)
         except Exception as e:
-            raise ApplicationError(f"reward {inp.reward!r} raised {type(e).__name__}: {e}", type="RewardError") from e
-        return as_reward_result(value, inp.reward)
+            raise ApplicationError(f"reward {name!r} raised {type(e).__name__}: {e}", type="RewardError") from e
+        return [as_reward_result(v, name) for v in values]
 
 
 def as_reward_result(value: object, name: str) -> RewardResult:

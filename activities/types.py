@@ -17,12 +17,15 @@ from rollart.infra.store import key_word
 
 __all__ = [
     "ActivityName",
+    "CheckInput",
     "CloseInput",
     "Completion",
     "EnvHandle",
     "GenerateInput",
     "GenerateResult",
+    "PromptsInput",
     "ResetInput",
+    "RewardBatchInput",
     "RewardInput",
     "RewardResult",
     "SampleRef",
@@ -45,6 +48,9 @@ class ActivityName(str, Enum):
     CLOSE = "close"
     GENERATE = "generate"
     REWARD = "reward"
+    REWARD_BATCH = "reward_batch"
+    PROMPTS = "prompts"
+    CHECK = "check"
     TRAIN_STEP = "train_step"
 
 
@@ -157,6 +163,30 @@ class RewardInput(_Message):
 
     reward: str
     transcript: Transcript
+
+
+class PromptsInput(_Message):
+    """Single-turn tasks: the first observation of the env for each seed (no session is kept)."""
+
+    env: str
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int]
+
+
+class CheckInput(_Message):
+    """Single-turn tasks: play each answer as the one step of a fresh env reset from its seed."""
+
+    env: str
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int]
+    answers: list[list[str]]  # answers[i]: the completions sampled for seeds[i]
+
+
+class RewardBatchInput(_Message):
+    """Score many finished episodes with the named reward in one call."""
+
+    reward: str
+    transcripts: list[Transcript]
 
 
 class RewardResult(_Message):

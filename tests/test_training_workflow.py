@@ -21,12 +21,15 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from rollart.activities.types import (
+    CheckInput,
     CloseInput,
     Completion,
     EnvHandle,
     GenerateInput,
     GenerateResult,
+    PromptsInput,
     ResetInput,
+    RewardBatchInput,
     RewardInput,
     RewardResult,
     StepInput,
@@ -64,10 +67,10 @@ class World:
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
-        self.log.append(("generate", inp.data_key))
+        self.log.append(("generate", f"{inp.data_key} n={inp.sampling.n}"))
         assert inp.weights is None or self.version >= inp.weights.min_version
         await asyncio.sleep(self.turn_delay_s)
-        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")],
+        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * inp.sampling.n,
                               prompt_tokens=1, policy_version=self.version, policy_version_end=self.version,
                               data_key=inp.data_key)  # fmt: skip
 
@@ -87,6 +90,21 @@ class World:
         self.log.append(("reward", inp.transcript.task))
         return RewardResult(value=1.0, success=True)
 
+    @activity.defn(name="prompts")
+    async def prompts(self, inp: PromptsInput) -> list[str]:
+        self.log.append(("prompts", str(len(inp.seeds))))
+        return [f"{seed}+0=" for seed in inp.seeds]
+
+    @activity.defn(name="check")
+    async def check(self, inp: CheckInput) -> list[list[StepResult]]:
+        self.log.append(("check", str(len(inp.seeds))))
+        return [[StepResult(observation="", reward=1.0, done=True, info={"answer": "R"}) for _ in a] for a in inp.answers]
+
+    @activity.defn(name="reward_batch")
+    async def reward_batch(self, inp: RewardBatchInput) -> list[RewardResult]:
+        self.log.append(("reward_batch", str(len(inp.transcripts))))
+        return [RewardResult(value=1.0, success=True) for _ in inp.transcripts]
+
     @activity.defn(name="train_step")
     async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
         self.log.append(("train_step", str(inp.step)))
@@ -102,10 +120,11 @@ async def world_workers(client: Client, w: World) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
         for queue, kwargs in [
             ("control", {"workflows": ALL_WORKFLOWS}),
-            ("cpu", {"activities": [w.reset]}),
+            ("cpu", {"activities": [w.reset, w.prompts, w.check]}),
             (SESSION_QUEUE, {"activities": [w.step, w.close]}),
             ("h800", {"activities": [w.generate]}),
-            ("serverless", {"activities": [w.reward]}),
+            ("h20", {"activities": [w.generate]}),
+            ("serverless", {"activities": [w.reward, w.reward_batch]}),
             ("trainer", {"activities": [w.train_step]}),
         ]:
             await stack.enter_async_context(Worker(client, task_queue=queue, **kwargs))
@@ -113,7 +132,7 @@ async def world_workers(client: Client, w: World) -> AsyncIterator[None]:
 
 
 def job(**training: object) -> JobSpec:
-    task = frozenlake_task(group_size=2, max_turns=1)
+    task = frozenlake_task(group_size=2, max_turns=2)  # multi-turn: a TrajectoryWorkflow per member
     return JobSpec(name="wf", tasks=[task], training=TrainingConfig(**{"steps": 3, "batch_size": 4, **training}))
 
 
@@ -206,3 +225,26 @@ async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment) -> None:
         result = await asyncio.wait_for(handle.result(), 60)
     assert 2 <= result.version < 1000
     assert_ledger(result)
+
+
+@pytest.mark.parametrize("mode", ["trajectory", "batch"])
+async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: WorkflowEnvironment, mode: str) -> None:
+    """A multitask job: single-turn groups run as one generate with n = group size, plus batched calls."""
+    w = World()
+    math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
+                           max_turns=1, group_size=4)  # fmt: skip
+    spec = job(async_bound=1, steps=3, batch_size=8, rollout_mode=mode)
+    spec = spec.model_copy(update={"tasks": [frozenlake_task(group_size=4, max_turns=2, weight=1.0), math]})
+    result, status = await train(bare_env, w, spec)
+    assert result.version == 3 and status.ledger_balanced
+    math_samples = [x for s in w.steps for x in s.samples if x.task == "math"]
+    assert math_samples, "the weighted draw never picked the single-turn task"
+    assert sorted({x.completion_index for x in math_samples}) == [0, 1, 2, 3]
+    for x in math_samples:  # one generation per group: all members share its turn record
+        assert len(x.turn_keys) == 1 and x.turn_keys[0].endswith("turn-000")
+    math_groups = {x.group_id for x in math_samples}
+    group_generates = [k for kind, k in w.log if kind == "generate" and k.endswith("n=4")]
+    assert len(group_generates) >= len(math_groups)  # one n=4 call per group, not one per member
+    resets = [t for kind, t in w.log if kind == "reset"]
+    assert not any(t.startswith(g) for g in math_groups for t in resets)  # no env session for single-turn
+    assert any(kind == "reward_batch" for kind, _ in w.log)

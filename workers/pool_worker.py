@@ -94,7 +94,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
 
         envs = EnvActivities(worker_id, queue=session_queue(worker_id))
         yield [
-            Worker(client, task_queue=pool.value, activities=[envs.reset], **common),
+            Worker(client, task_queue=pool.value, activities=[envs.reset, envs.prompts, envs.check], **common),
             Worker(client, task_queue=envs.queue, activities=[envs.step, envs.close], **common),
         ]
     elif pool in GENERATION_POOLS:
@@ -121,7 +121,8 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
     elif pool is Pool.SERVERLESS:
         from rollart.activities.reward import RewardActivities
 
-        yield [Worker(client, task_queue=pool.value, activities=[RewardActivities().reward], **common)]
+        rewards = RewardActivities()
+        yield [Worker(client, task_queue=pool.value, activities=[rewards.reward, rewards.reward_batch], **common)]
     elif pool is Pool.TRAINER:
         from rollart.activities.trainer import TrainerActivities
         from rollart.infra.store import open_store

@@ -30,9 +30,11 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra.config import JobSpec, TaskSpec
     from rollart.infra.pools import Pool
     from rollart.workflows.batch_rollout import BatchRolloutInput, BatchRolloutWorkflow
+    from rollart.workflows.group_rollout import GroupRolloutInput, GroupRolloutWorkflow, GroupSeed
     from rollart.workflows.trajectory import TRAJECTORIES_DONE, TrajectoryWorkflow
     from rollart.workflows.training_types import (
         HISTORY_KEPT,
+        InFlight,
         StepRecord,
         TrainingInput,
         TrainingResult,
@@ -63,10 +65,11 @@ class TrainingWorkflow:
     def trajectories_done(self, results: list[TrajectoryResult]) -> None:
         """Finished trajectories report here; one not in flight (a duplicate) is ignored and counted."""
         for r in results:
-            group = self.s.in_flight.pop(r.trajectory_id, None)
-            if group is None:
+            running = self.s.in_flight.pop(r.trajectory_id, None)
+            if running is None:
                 self.s.duplicates_ignored += 1
                 continue
+            group = running.group
             if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
                 self.s.buffer.append(_sample(r))
             else:
@@ -133,9 +136,8 @@ class TrainingWorkflow:
         return (t.async_bound + 1) * t.batch_size
 
     def _next_launch_size(self) -> int:
-        job = self.job
-        if job.training.rollout_mode == "batch":
-            return job.training.batch_size
+        if self.job.training.rollout_mode == "batch":
+            return self.job.training.batch_size
         return self._next_task().group_size
 
     def _can_launch(self) -> bool:
@@ -151,24 +153,43 @@ class TrainingWorkflow:
         return rng.choices(job.tasks, weights=[task.weight for task in job.tasks])[0]
 
     async def _launch(self) -> None:
-        """Start as many groups (or lockstep batches) as admission allows, all in one workflow task."""
-        starts = []
+        """Start as many groups (or lockstep batches) as admission allows, all in one workflow task.
+
+        Multi-turn groups run a TrajectoryWorkflow per member (trajectory mode) or join one lockstep
+        BatchRolloutWorkflow (batch mode); single-turn groups of a task go to one GroupRolloutWorkflow
+        per launch wave, in either mode.
+        """
+        starts: list[Awaitable[object]] = []
         while self._can_launch():
-            if self.job.training.rollout_mode == "batch":
-                starts.append(self._start_batch())
+            wave: list[tuple[str, TaskSpec, int]] = []
+            target = self.job.training.batch_size if self.job.training.rollout_mode == "batch" else 1
+            while sum(task.group_size for _, task, _ in wave) < target or not wave:
+                wave.append(self._new_group())
+            multi = [(g, t, seed) for g, t, seed in wave if t.max_turns > 1]
+            if self.job.training.rollout_mode == "batch" and multi:
+                starts.append(self._start_batch(multi))
             else:
-                starts.extend(self._start_group())
+                for g, t, seed in multi:
+                    starts += self._start_trajectories(g, t, seed)
+            single: dict[str, list[tuple[str, TaskSpec, int]]] = {}
+            for g, t, seed in wave:
+                if t.max_turns == 1:
+                    single.setdefault(t.name, []).append((g, t, seed))
+            starts += [self._start_groups(groups) for groups in single.values()]
         if starts:
             await asyncio.gather(*starts)
 
     def _new_group(self) -> tuple[str, TaskSpec, int]:
-        job_id = self.inp.job_id
         task = self._next_task()
-        group_id = f"{job_id}-g{self.s.next_group:06d}"
+        group_id = f"{self.inp.job_id}-g{self.s.next_group:06d}"
         seed = self.job.training.seed * 1_000_003 + self.s.next_group
         self.s.next_group += 1
         self.s.unfinished[group_id] = task.group_size
         return group_id, task, seed
+
+    def _track(self, trajectory_id: str, group_id: str, workflow_id: str) -> None:
+        self.s.in_flight[trajectory_id] = InFlight(group=group_id, workflow=workflow_id)
+        self.s.started += 1
 
     def _trajectory_input(self, task: TaskSpec, seed: int, group_id: str) -> TrajectoryInput:
         return TrajectoryInput(
@@ -176,13 +197,11 @@ class TrainingWorkflow:
             min_version=self.s.step, report_to=workflow.info().workflow_id,
         )  # fmt: skip
 
-    def _start_group(self) -> list[Awaitable[object]]:
-        group_id, task, seed = self._new_group()
+    def _start_trajectories(self, group_id: str, task: TaskSpec, seed: int) -> list[Awaitable[object]]:
         starts = []
         for m in range(task.group_size):
             tid = f"{group_id}-{m}"
-            self.s.in_flight[tid] = group_id
-            self.s.started += 1
+            self._track(tid, group_id, tid)
             starts.append(
                 workflow.start_child_workflow(
                     TrajectoryWorkflow.run, self._trajectory_input(task, seed, group_id), id=tid,
@@ -192,16 +211,26 @@ class TrainingWorkflow:
             )
         return starts
 
-    def _start_batch(self) -> Awaitable[object]:
-        job = self.job
-        batch_id = f"{self.inp.job_id}-b{self.s.next_group:06d}"
-        trajectories: list[TrajectoryInput] = []
-        while len(trajectories) < job.training.batch_size:
-            group_id, task, seed = self._new_group()
-            trajectories += [self._trajectory_input(task, seed, group_id)] * task.group_size
+    def _start_groups(self, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
+        task = groups[0][1]
+        wid = f"{groups[0][0]}-w"
+        for group_id, _, _ in groups:
+            for m in range(task.group_size):
+                self._track(f"{group_id}-{m}", group_id, wid)
+        inp = GroupRolloutInput(
+            task=task, groups=[GroupSeed(group_id=g, seed=seed) for g, _, seed in groups], job_id=self.inp.job_id,
+            min_version=self.s.step, report_to=workflow.info().workflow_id,
+        )  # fmt: skip
+        return workflow.start_child_workflow(
+            GroupRolloutWorkflow.run, inp, id=wid, task_queue=Pool.CONTROL.value,
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON, search_attributes=self._child_attributes(task),
+        )  # fmt: skip
+
+    def _start_batch(self, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
+        batch_id = f"{groups[0][0]}-b"
+        trajectories = [self._trajectory_input(t, seed, g) for g, t, seed in groups for _ in range(t.group_size)]
         for i, t in enumerate(trajectories):
-            self.s.in_flight[f"{batch_id}-{i:03d}"] = t.group_id
-            self.s.started += 1
+            self._track(f"{batch_id}-{i:03d}", t.group_id, batch_id)
         return workflow.start_child_workflow(
             BatchRolloutWorkflow.run, BatchRolloutInput(trajectories=trajectories, report_to=workflow.info().workflow_id),
             id=batch_id, task_queue=Pool.CONTROL.value, parent_close_policy=workflow.ParentClosePolicy.ABANDON,
@@ -298,10 +327,8 @@ class TrainingWorkflow:
         )  # fmt: skip
 
     def _in_flight_workflows(self) -> list[str]:
-        """Workflow ids behind the in-flight trajectories (a lockstep batch is one workflow)."""
-        if self.job.training.rollout_mode == "batch":
-            return [tid.rsplit("-", 1)[0] for tid in self.s.in_flight]
-        return list(self.s.in_flight)
+        """Workflow ids behind the in-flight trajectories (a lockstep batch or a group wave is one workflow)."""
+        return [x.workflow for x in self.s.in_flight.values()]
 
 
 def _sample(r: TrajectoryResult) -> SampleRef:
@@ -309,6 +336,7 @@ def _sample(r: TrajectoryResult) -> SampleRef:
         trajectory_id=r.trajectory_id, task=r.task, group_id=r.group_id, reward=r.reward or 0.0,
         success=bool(r.success), turn_keys=r.turn_keys, policy_version_min=r.policy_version_min or 0,
         policy_version_max=r.policy_version_max or 0, completion_tokens=r.completion_tokens,
+        completion_index=r.completion_index,
     )  # fmt: skip
 
 

@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollart.activities.types import SampleRef
 from rollart.infra.config import JobSpec
 
-__all__ = ["StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
+__all__ = ["InFlight", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
@@ -35,6 +35,13 @@ class StepRecord(BaseModel):
     train: dict[str, float] = Field(default_factory=dict)
 
 
+class InFlight(BaseModel):
+    """A running trajectory: its GRPO group and the workflow that runs it (a lockstep batch runs many)."""
+
+    group: str
+    workflow: str
+
+
 class TrainingState(BaseModel):
     """Everything the loop needs to go on; carried across continue-as-new.
 
@@ -48,7 +55,7 @@ class TrainingState(BaseModel):
     dropped: int = 0
     failed: int = 0
     duplicates_ignored: int = 0
-    in_flight: dict[str, str] = Field(default_factory=dict)  # trajectory id → group id
+    in_flight: dict[str, InFlight] = Field(default_factory=dict)  # trajectory id → where it runs
     unfinished: dict[str, int] = Field(default_factory=dict)  # group id → members still running
     buffer: list[SampleRef] = Field(default_factory=list)
     ready_groups: list[str] = Field(default_factory=list)  # complete groups, in completion order

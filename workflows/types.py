@@ -48,5 +48,6 @@ class TrajectoryResult(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     turn_keys: list[str] = Field(default_factory=list)
+    completion_index: int = 0  # single-turn groups: which completion of the group's generation is this one
     env_worker: str | None = None
     error: str | None = None

@@ -1,0 +1,129 @@
+"""GroupRolloutWorkflow: single-turn tasks as whole GRPO groups, a few activities for many samples.
+
+A single-turn episode needs no env session: prompts for all seeds come from
+one `prompts` call, each group is one `generate` call with n = group size
+(the engine shares the prompt's prefix), and the answers are checked and
+scored in one `check` and one `reward_batch` call. Multi-turn tasks use
+TrajectoryWorkflow instead (their members diverge after the first action).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    from rollart.activities.types import (
+        ActivityName,
+        CheckInput,
+        GenerateInput,
+        GenerateResult,
+        PromptsInput,
+        RewardBatchInput,
+        RewardResult,
+        StepResult,
+        Transcript,
+        TurnRecord,
+        WeightsRef,
+        turn_key,
+    )
+    from rollart.infra.config import TaskSpec
+    from rollart.infra.pools import Pool
+    from rollart.workflows import policies
+    from rollart.workflows.episode import BAD_INPUT_TYPES, describe, error_type
+    from rollart.workflows.trajectory import report
+    from rollart.workflows.types import TrajectoryResult
+
+__all__ = ["GroupRolloutInput", "GroupRolloutWorkflow", "GroupSeed"]
+
+
+class GroupSeed(BaseModel):
+    """One GRPO group: its id and the env seed all its members share."""
+
+    group_id: str
+    seed: int = Field(ge=0)
+
+
+class GroupRolloutInput(BaseModel):
+    """Groups of one single-turn task; member m of group g reports as trajectory `<g>-<m>`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: TaskSpec
+    groups: list[GroupSeed] = Field(min_length=1)
+    job_id: str = ""
+    min_version: int = Field(0, ge=0)
+    report_to: str | None = None
+
+
+@workflow.defn(name="GroupRolloutWorkflow", failure_exception_types=[ValidationError])
+class GroupRolloutWorkflow:
+    """prompts → generate (n = group size, one call per group, concurrently) → check → reward_batch."""
+
+    @workflow.run
+    async def run(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
+        task = inp.task
+        if task.max_turns != 1:
+            raise ApplicationError(f"task {task.name!r} has max_turns {task.max_turns}; GroupRolloutWorkflow runs "
+                                   "single-turn tasks only", type="InvalidInput", non_retryable=True)  # fmt: skip
+        seeds = [g.seed for g in inp.groups]
+        gens: list[GenerateResult] = []
+        try:
+            prompts: list[str] = await workflow.execute_activity(
+                ActivityName.PROMPTS.value, PromptsInput(env=task.env, env_args=task.env_args, seeds=seeds),
+                task_queue=Pool.CPU.value, result_type=list[str], **policies.RESET.kwargs(),
+            )  # fmt: skip
+            gens = list(await asyncio.gather(*(self._generate(inp, g, p) for g, p in zip(inp.groups, prompts))))
+            answers = [[c.text for c in gen.completions] for gen in gens]
+            steps: list[list[StepResult]] = await workflow.execute_activity(
+                ActivityName.CHECK.value, CheckInput(env=task.env, env_args=task.env_args, seeds=seeds, answers=answers),
+                task_queue=Pool.CPU.value, result_type=list[list[StepResult]], **policies.STEP.kwargs(),
+            )  # fmt: skip
+            transcripts = [
+                Transcript(task=task.name, seed=seed, final_observation=s.observation,
+                           turns=[TurnRecord(observation=prompt, action=text, env_reward=s.reward, done=s.done, info=s.info)])
+                for seed, prompt, texts, row in zip(seeds, prompts, answers, steps) for text, s in zip(texts, row)
+            ]  # fmt: skip
+            scores: list[RewardResult] = await workflow.execute_activity(
+                ActivityName.REWARD_BATCH.value, RewardBatchInput(reward=task.reward, transcripts=transcripts),
+                task_queue=Pool.SERVERLESS.value, result_type=list[RewardResult], **policies.REWARD.kwargs(),
+            )  # fmt: skip
+            results = self._results(inp, gens, scores)
+        except ActivityError as err:
+            if error_type(err) in BAD_INPUT_TYPES:
+                raise ApplicationError(describe(err), type=error_type(err), non_retryable=True) from err
+            results = [
+                TrajectoryResult(trajectory_id=f"{g.group_id}-{m}", task=task.name, seed=g.seed, group_id=g.group_id,
+                                 status="failed", error=describe(err))
+                for g in inp.groups for m in range(task.group_size)
+            ]  # fmt: skip
+        await report(inp.report_to, results)
+        return results
+
+    async def _generate(self, inp: GroupRolloutInput, group: GroupSeed, prompt: str) -> GenerateResult:
+        weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.min_version else None
+        sampling = inp.task.sampling.model_copy(update={"n": inp.task.group_size})
+        return await workflow.execute_activity(
+            ActivityName.GENERATE.value,
+            GenerateInput(prompt=prompt, sampling=sampling, data_key=turn_key(inp.job_id, group.group_id, 0),
+                          weights=weights),  # fmt: skip
+            task_queue=inp.task.generate_pool.value, result_type=GenerateResult, **policies.GENERATE.kwargs(),
+        )  # fmt: skip
+
+    def _results(self, inp: GroupRolloutInput, gens: list[GenerateResult], scores: list[RewardResult]) -> list[TrajectoryResult]:
+        results, k = [], 0
+        for group, gen in zip(inp.groups, gens):
+            for m, c in enumerate(gen.completions):
+                results.append(TrajectoryResult(
+                    trajectory_id=f"{group.group_id}-{m}", task=inp.task.name, seed=group.seed, group_id=group.group_id,
+                    status="completed", reward=scores[k].value, success=scores[k].success, turns=1,
+                    policy_version_min=gen.policy_version, policy_version_max=gen.policy_version_end,
+                    prompt_tokens=gen.prompt_tokens, completion_tokens=c.num_tokens, turn_keys=[gen.data_key],
+                    completion_index=m,
+                ))  # fmt: skip
+                k += 1
+        return results
