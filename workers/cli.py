@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # heavy modules load lazily: `rollart --help` stays instant
     from rollart.workers.pool_worker import WorkerSettings
     from rollart.workers.rollout import RolloutOutcome
 
+from rollart.infra.devserver import DevServerError
+from rollart.workers.local_stack import StackError
+
 __all__ = ["main"]
 
 log = logging.getLogger("rollart")
@@ -39,16 +42,27 @@ def main(argv: list[str] | None = None) -> None:
     )
     for noisy in ("temporalio", "vllm", "httpx"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # SIGTERM (a scheduler, `kill`) stops as Ctrl-C does: the local stack is torn down, never orphaned.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell
+        signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
     try:
         rc = args.func(args)
     except KeyboardInterrupt:
         rc = 130
+    except (DevServerError, StackError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = 1
     except _UserError as e:
         print(f"error: {e}", file=sys.stderr)
         rc = EXIT_BAD_INPUT
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 class _UserError(Exception):
