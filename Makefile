@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	@touch $(STAMP)
 
-# The main job on the embedded default: local Temporal, workers per pool, vLLM on the CPU, tiny model built locally.
+# The main job on the embedded default: train the tiny model (built locally) on FrozenLake with the local
+# Temporal dev server, a worker process per pool, vLLM on the CPU; metrics, checkpoints and plots in runs/.
 run: setup
-	$(VENV)/bin/rollart rollout examples/frozenlake.yaml -n 16
+	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
 # The whole suite: unit tests and integration tests against a real Temporal server, real vLLM.
 test: setup

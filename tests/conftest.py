@@ -56,11 +56,11 @@ def stack_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Job
 
 @pytest.fixture(scope="session")
 def stack(stack_job: JobSpec) -> Iterator[LocalStack]:
-    """A real local stack: dev server + control, cpu, h800 (vLLM) and serverless worker processes."""
+    """A real local stack: dev server + control, cpu, h800 (vLLM), serverless and trainer worker processes."""
     home = stack_job.store.path.parent
     s = LocalStack(
         job=stack_job,
-        pools=[Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS],
+        pools=[Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS, Pool.TRAINER],
         home=home,
         port=free_port(),
         ui_port=free_port(),
