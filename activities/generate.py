@@ -38,11 +38,13 @@ class GenerateActivities:
     generation workers exist.
     """
 
-    def __init__(self, engine: Engine, store: Store, worker_id: str, weights_dir: Path) -> None:
+    def __init__(self, engine: Engine, store: Store, worker_id: str, weights_dir: Path, base_weights: Path) -> None:
         self.engine = engine
         self.store = store
         self.worker_id = worker_id
         self.weights_dir = weights_dir
+        self.base_weights = base_weights  # version 0 of any job: the model dir's own weights
+        self._job: str | None = None  # whose weights the engine holds (None: the model dir's)
         self._loading = asyncio.Lock()
 
     @activity.defn(name="generate")
@@ -71,27 +73,36 @@ class GenerateActivities:
         )
 
 
+    def _current(self, want: WeightsRef) -> bool:
+        if self._job is None and self.engine.policy_version == 0:
+            self._job = want.job_id  # the model dir's weights are version 0 of every job
+        return self._job == want.job_id and self.engine.policy_version >= want.min_version
+
     async def _ensure_version(self, want: WeightsRef) -> None:
-        """Load the job's latest weights if the engine is older than `want.min_version`."""
-        if self.engine.policy_version >= want.min_version:
+        """Load the job's latest weights if the engine holds another job's or an older version."""
+        if self._current(want):
             return
         async with self._loading:
-            if self.engine.policy_version >= want.min_version:
+            if self._current(want):
                 return
+            switching = self._job != want.job_id
             latest = await asyncio.to_thread(latest_weights, self.store, want.job_id)
-            if latest is None or latest.version < want.min_version:
-                have = "none" if latest is None else f"v{latest.version}"
+            version = latest.version if latest else 0
+            if version < want.min_version:
                 raise ApplicationError(
-                    f"job {want.job_id!r} needs policy v{want.min_version} but the store has {have} published",
+                    f"job {want.job_id!r} needs policy v{want.min_version} but the store has v{version} published",
                     type="WeightsNotPublished",
                 )
-            path = self.weights_dir / f"{key_word(want.job_id)}-v{latest.version:06d}.safetensors"
-            blob = await asyncio.to_thread(self.store.get, latest.key)
-            await asyncio.to_thread(path.write_bytes, blob)
+            path = self.base_weights
+            if latest is not None:
+                path = self.weights_dir / f"{key_word(want.job_id)}-v{version:06d}.safetensors"
+                blob = await asyncio.to_thread(self.store.get, latest.key)
+                await asyncio.to_thread(path.write_bytes, blob)
             t0 = time.monotonic()
-            await self.engine.load_weights(path, latest.version)
-            log.info("loaded policy v%d of %s in %.2fs", latest.version, want.job_id, time.monotonic() - t0)
-            for old in self.weights_dir.glob(f"{key_word(want.job_id)}-v*.safetensors"):
+            await self.engine.load_weights(path, version, force=switching)
+            self._job = want.job_id
+            log.info("loaded policy v%d of %s in %.2fs", version, want.job_id, time.monotonic() - t0)
+            for old in self.weights_dir.glob("*.safetensors"):
                 if old != path:
                     old.unlink(missing_ok=True)
 

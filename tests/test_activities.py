@@ -73,10 +73,14 @@ class ScriptedEngine(Engine):
     def tokens_generated(self) -> int:
         return 0
 
+    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
+        self.loads = [*getattr(self, "loads", []), (path.name, version, force)]
+        self.policy_version = version
+
 
 async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    acts = GenerateActivities(ScriptedEngine(), store, "h800-w", tmp_path / "w")
+    acts = GenerateActivities(ScriptedEngine(), store, "h800-w", tmp_path / "w", tmp_path / "base.safetensors")
     result = await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert [c.text for c in result.completions] == ["R"] and result.completions[0].num_tokens == 2
     assert (result.policy_version, result.policy_version_end, result.prompt_tokens) == (3, 4, 3)
@@ -86,7 +90,7 @@ async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
 
 
 async def test_generate_rejected_requests_are_not_retried(tmp_path: Path) -> None:
-    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path / "w")
+    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path / "w", tmp_path / "base.safetensors")
     with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert err.value.type == "RequestRejected" and err.value.non_retryable
@@ -117,3 +121,30 @@ def test_reward_values_are_normalised() -> None:
     for bad in (True, "1", None, float("nan")):
         with pytest.raises(ApplicationError):
             as_reward_result(bad, "r")
+
+
+async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(tmp_path: Path) -> None:
+    from rollart.activities.types import WeightsRef
+    from rollart.infra.weights import publish
+
+    store = LocalStore(tmp_path / "store")
+    engine = ScriptedEngine()
+    acts = GenerateActivities(engine, store, "h800-w", tmp_path / "w", tmp_path / "base.safetensors")
+    (tmp_path / "w").mkdir()
+
+    async def gen(job: str, v: int) -> None:
+        inp = GenerateInput(prompt="p", sampling=SamplingParams(), data_key="k", weights=WeightsRef(job_id=job, min_version=v))
+        await ENV.run(acts.generate, inp)
+
+    await gen("a", 0)  # the model dir's weights are v0 of any job: nothing to load
+    assert getattr(engine, "loads", []) == []
+    publish(store, "a", 1, b"blob-a1")
+    publish(store, "a", 2, b"blob-a2")
+    await gen("a", 1)  # behind: the latest published version is loaded
+    assert engine.loads == [("a-v000002.safetensors", 2, False)]
+    await gen("a", 2)  # current: no load
+    await gen("b", 0)  # another job: its v0 (the base weights), forced although 0 < 2
+    assert engine.loads[-1] == ("base.safetensors", 0, True)
+    with pytest.raises(ApplicationError) as err:
+        await gen("b", 1)  # not published yet: retryable, says what is missing
+    assert err.value.type == "WeightsNotPublished" and not err.value.non_retryable

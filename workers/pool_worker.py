@@ -103,7 +103,8 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
             from rollart.infra.store import open_store
 
             weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
-            gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir)
+            base = settings.model_dir / "model.safetensors"
+            gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
             stats = asyncio.create_task(_log_engine_throughput(engine, pool))
             try:
                 yield [

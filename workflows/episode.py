@@ -73,7 +73,7 @@ class Episode:
     async def generate(self) -> GenerateResult:
         task = self.inp.task
         data_key = turn_key(self.inp.job_id, self.trajectory_id, len(self.turns))
-        weights = WeightsRef(job_id=self.inp.job_id, min_version=self.inp.min_version) if self.inp.min_version else None
+        weights = WeightsRef(job_id=self.inp.job_id, min_version=self.inp.min_version) if self.inp.job_id else None
         gen = await workflow.execute_activity(
             ActivityName.GENERATE.value,
             GenerateInput(prompt=self.observation, sampling=task.sampling, data_key=data_key, weights=weights),

@@ -105,7 +105,7 @@ class GroupRolloutWorkflow:
         return results
 
     async def _generate(self, inp: GroupRolloutInput, group: GroupSeed, prompt: str) -> GenerateResult:
-        weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.min_version else None
+        weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
         sampling = inp.task.sampling.model_copy(update={"n": inp.task.group_size})
         return await workflow.execute_activity(
             ActivityName.GENERATE.value,

@@ -115,13 +115,14 @@ class Engine(ABC):
         engine is gone. Cancelling the awaiting task aborts the request.
         """
 
-    async def load_weights(self, path: Path, version: int) -> None:
+    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
         """Swap in the weights of the safetensors blob at `path` and become policy `version`.
 
         Generation keeps going around the swap; requests in flight during it
         are stamped `policy_version < policy_version_end`. A `version` not
         newer than `policy_version` is a no-op, so replayed or racing
-        updates are harmless. Raises `WeightsBlobError` (engine unchanged)
+        updates are harmless — unless `force` (another job's weights, whose
+        versions count from 0 again). Raises `WeightsBlobError` (engine unchanged)
         for a blob that does not fit the model, `EngineDeadError` if the
         swap broke the engine.
 

@@ -159,7 +159,7 @@ class HfEngine(Engine):
             completions.append(Completion(ids, lps, text, finish))
         return prompt_ids, completions
 
-    async def load_weights(self, path: Path, version: int) -> None:
+    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
         """Copy the safetensors blob at `path` into the model and become `version`.
 
         Runs under the request lock, so a swap waits for the current
@@ -171,7 +171,7 @@ class HfEngine(Engine):
             raise EngineDeadError("engine not started (or shut down): call `await engine.start()` first")
         path = Path(path).absolute()
         async with self._lock:
-            if version <= self.policy_version:
+            if version <= self.policy_version and not force:
                 log.info("weights v%d not newer than v%d: nothing to load", version, self.policy_version)
                 return
             t0 = time.perf_counter()

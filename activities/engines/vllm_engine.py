@@ -198,7 +198,7 @@ class VllmEngine(Engine):
             policy_version_end=self.policy_version,
         )
 
-    async def load_weights(self, path: Path, version: int) -> None:
+    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
         """Swap in the safetensors blob at `path` without restarting vLLM, then become `version`.
 
         Sequence (vLLM 0.32 `AsyncLLM`), one swap at a time (a lock):
@@ -234,7 +234,7 @@ class VllmEngine(Engine):
             raise EngineDeadError("the vLLM engine has died; restart the generation worker")
         path = Path(path).absolute()
         async with self._swap_lock:
-            if version <= self.policy_version:
+            if version <= self.policy_version and not force:
                 log.info("weights v%d not newer than v%d: nothing to load", version, self.policy_version)
                 return
             await asyncio.to_thread(check_weights_blob, path, self.model_dir)
