@@ -14,9 +14,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.activities.types import (
     CheckInput,
@@ -28,6 +25,8 @@ from rollart.activities.types import (
     StepResult,
 )
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 __all__ = ["EnvActivities"]
 

@@ -8,19 +8,17 @@ counts and the policy versions used.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
+from rollart.activities.heartbeat import heartbeating
 from rollart.activities.types import Completion, GenerateInput, GenerateResult, WeightsRef
 from rollart.infra.store import Store, key_word
 from rollart.infra.weights import latest_weights
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 __all__ = ["GenerateActivities", "turn_record"]
 
@@ -53,7 +51,7 @@ class GenerateActivities:
         info = activity.info()
         request_id = f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
         try:
-            async with _heartbeating():
+            async with heartbeating(HEARTBEAT_EVERY_S):
                 if inp.weights is not None:
                     await self._ensure_version(inp.weights)
                 out = await self.engine.generate(inp.prompt, inp.sampling, request_id)
@@ -119,21 +117,3 @@ def turn_record(prompt: str, out: EngineOutput) -> dict:
             for c in out.completions
         ],
     }
-
-
-@contextlib.asynccontextmanager
-async def _heartbeating() -> AsyncIterator[None]:
-    """Heartbeat from a side task: the engine answers only at the end (final-only outputs)."""
-
-    async def beat() -> None:
-        while True:  # the first beat after one interval: most generations end sooner, sparing the server an RPC
-            await asyncio.sleep(HEARTBEAT_EVERY_S)
-            activity.heartbeat()
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -5,12 +5,11 @@ from __future__ import annotations
 import asyncio
 import math
 
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
 from rollart.activities.errors import unknown_component
 from rollart.activities.types import RewardBatchInput, RewardInput, RewardResult, Transcript
 from rollart.infra.registry import UnknownComponentError, lookup_reward
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 __all__ = ["RewardActivities", "as_reward_result"]
 

@@ -10,22 +10,19 @@ torch); workflows call the activity by name with `TrainStepInput`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
-
 from rollart.activities.errors import bad_input
+from rollart.activities.heartbeat import heartbeating
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
 from rollart.activities.rl.batch import InvalidSample, load_sequences, micro_batches
 from rollart.activities.rl.losses import policy_loss, token_logprobs, token_logprobs_and_entropy
@@ -34,6 +31,8 @@ from rollart.activities.types import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
 from rollart.infra.store import Store, StoreKeyError
 from rollart.infra.weights import publish
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 __all__ = ["HEARTBEAT_EVERY_S", "TrainerActivities", "checkpoint_dir", "step_record_path"]
 
@@ -142,7 +141,7 @@ class TrainerActivities:
             recorded = await asyncio.to_thread(_read_record, inp.run_dir, inp.step)
             if recorded is not None:
                 return recorded.model_copy(update={"replayed": True})
-            async with _heartbeating():
+            async with heartbeating(HEARTBEAT_EVERY_S, first_now=True):
                 return await _in_thread(lambda: self._step_sync(inp))
 
     # ---- torch work (runs in a worker thread) -------------------------------------------------
@@ -325,21 +324,3 @@ async def _in_thread(fn: Callable[[], _T]) -> _T:
     except asyncio.CancelledError:
         await asyncio.wait([task])
         raise
-
-
-@contextlib.asynccontextmanager
-async def _heartbeating() -> AsyncIterator[None]:
-    """Heartbeat from the event loop while the torch work runs in its thread."""
-
-    async def beat() -> None:
-        while True:
-            activity.heartbeat()
-            await asyncio.sleep(HEARTBEAT_EVERY_S)
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

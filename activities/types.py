@@ -11,7 +11,6 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from rollart.infra.config import SamplingParams, TrainerConfig
 from rollart.infra.store import key_word
 

@@ -18,8 +18,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import psutil
-from temporalio.client import Client, WorkflowHistory
-
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.history import activity_spans, busy_seconds
@@ -28,6 +26,7 @@ from rollart.infra.temporal import connect
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack, pools_for_job
 from rollart.workers.rollout import plan_trajectories, run_rollout
+from temporalio.client import Client, WorkflowHistory
 
 RESULTS = Path(__file__).parent / "results"
 

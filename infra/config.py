@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from rollart.infra.pools import GENERATION_POOLS, Pool
 
 __all__ = [

@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 
+from rollart.infra.store import Store
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
     ExternalStorage,
@@ -20,8 +21,6 @@ from temporalio.converter import (
     StorageDriverRetrieveContext,
     StorageDriverStoreContext,
 )
-
-from rollart.infra.store import Store
 
 __all__ = ["PAYLOAD_PREFIX", "StorePayloadDriver", "external_storage"]
 

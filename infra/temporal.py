@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
-
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.payload_storage import external_storage
 from rollart.infra.store import open_store
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
 
 __all__ = ["DEFAULT_ADDRESS", "connect", "data_converter", "ui_url"]
 

@@ -8,7 +8,6 @@ model directory, never published.
 from __future__ import annotations
 
 from pydantic import BaseModel
-
 from rollart.infra.store import Store, StoreKeyError, key_word
 
 __all__ = ["PublishedWeights", "latest_key", "latest_weights", "publish", "weights_key"]

@@ -10,14 +10,13 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
-
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import find_temporal_cli, free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect, data_converter
 from rollart.workers.local_stack import LocalStack
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -5,17 +5,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-
 from rollart.activities.engines.base import Completion as EngineCompletion
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.env import EnvActivities
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities, as_reward_result
-from rollart.activities.types import CloseInput, GenerateInput, ResetInput, RewardInput, StepInput, Transcript, TurnRecord
+from rollart.activities.types import (
+    CloseInput,
+    GenerateInput,
+    ResetInput,
+    RewardInput,
+    StepInput,
+    Transcript,
+    TurnRecord,
+)
 from rollart.infra.config import SamplingParams
 from rollart.infra.store import LocalStore
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
 
 ENV = ActivityEnvironment()
 

@@ -7,7 +7,6 @@ import re
 import time
 
 import pytest
-
 from rollart.activities.envs.arithmetic import Arithmetic, is_integer, render
 from rollart.activities.envs.base import Env
 from rollart.activities.rewards.rule_based import exact_match

@@ -11,10 +11,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from rollart.infra.config import load_job
 from rollart.infra.devserver import DevServer, free_port
 from rollart.workers.rollout import plan_trajectories
+
 from tests.conftest import REPO
 
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]

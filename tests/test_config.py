@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.pools import Pool
 

@@ -10,21 +10,21 @@ import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Replayer
-from transformers import AutoTokenizer
-
 from rollart.infra.config import JobSpec
 from rollart.infra.devserver import find_temporal_cli
+from rollart.infra.history import activity_spans
 from rollart.infra.store import LocalStore
 from rollart.infra.temporal import data_converter
 from rollart.workers.local_stack import LocalStack
 from rollart.workers.rollout import plan_trajectories, run_rollout
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.types import TrajectoryInput
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
+from transformers import AutoTokenizer
+
 from tests.conftest import REPO, frozenlake_task
-from rollart.infra.history import activity_spans
 from tests.support.history import payload_sizes
 
 pytestmark = pytest.mark.integration

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-
 from rollart.activities.engines.base import Engine, EngineError, EngineOutput, EngineRequestError
 from rollart.activities.engines.factory import create_engine
 from rollart.infra.config import EngineConfig, SamplingParams

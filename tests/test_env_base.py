@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from rollart.activities.envs.base import Env, StepOutcome
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.envs.frozenlake import (
     STANDARD_MAP,

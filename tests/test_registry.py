@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.activities.rewards.rule_based import exact_match, success
 from rollart.infra.imports import ImportPathError, is_import_path, resolve_import_path

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
 from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import (

@@ -6,15 +6,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rollart.infra.config import StoreConfig
+from rollart.infra.store import LocalStore, StoreKeyError
+from rollart.infra.temporal import data_converter
 from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from rollart.infra.config import StoreConfig
-from rollart.infra.store import LocalStore, StoreKeyError
-from rollart.infra.temporal import data_converter
 from tests.support.history import payload_sizes
 
 

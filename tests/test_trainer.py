@@ -7,16 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
 from rollart.activities.trainer import TrainerActivities, checkpoint_dir, step_record_path
 from rollart.activities.types import SampleRef, TrainStepInput, TrainStepResult, turn_key
 from rollart.infra.config import LossConfig, TrainerConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights, weights_key
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 JOB = "job"
 PROMPTS = ["SFFF\nFHFH\nFFFH\nHFFG\nmove:", "SAFF\nFHFH\nFFFH\nHFFG\nmove:", "SFFF\nAHFH\nFFFH\nHFFG\nmove:"]

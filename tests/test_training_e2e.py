@@ -6,13 +6,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
-
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights
 from rollart.workers.train import MetricsWriter, follow, start_training
 from rollart.workflows.training_types import TrainingResult, TrainingStatus
+from temporalio.client import Client
+
 from tests.conftest import frozenlake_task
 
 pytestmark = pytest.mark.integration

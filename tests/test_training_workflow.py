@@ -14,12 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from temporalio import activity
-from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
-
 from rollart.activities.types import (
     CheckInput,
     CloseInput,
@@ -41,6 +35,12 @@ from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.search_attributes import ensure_registered
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.training_types import TrainingInput, TrainingResult, TrainingStatus
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
 from tests.conftest import frozenlake_task
 
 SESSION_QUEUE = "cpu@stand-in"

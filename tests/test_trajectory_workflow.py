@@ -12,12 +12,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from temporalio import activity
-from temporalio.client import Client, WorkflowFailureError
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
-
 from rollart.activities.errors import env_broken, unknown_component
 from rollart.activities.types import (
     CloseInput,
@@ -34,6 +28,12 @@ from rollart.activities.types import (
 from rollart.infra.config import SamplingParams
 from rollart.workflows import TrajectoryWorkflow
 from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+from temporalio import activity
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
 from tests.conftest import frozenlake_task
 
 SESSION_QUEUE = "cpu@stand-in"

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-
 from rollart.activities.engines.base import Engine, EngineDeadError, EngineOutput, WeightsBlobError, check_weights_blob
 from rollart.activities.engines.factory import create_engine
 from rollart.infra.config import EngineConfig, SamplingParams

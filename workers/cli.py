@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # heavy modules load lazily: `rollart --help` stays instant
     import threading
 
-    from temporalio.client import Client
-
     from rollart.infra.config import JobSpec
     from rollart.workers.pool_worker import WorkerSettings
     from rollart.workers.rollout import RolloutOutcome
+    from temporalio.client import Client
 
 from rollart.infra.devserver import DevServerError
 from rollart.workers.local_stack import StackError
@@ -261,7 +260,6 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rollart.workers.rollout import new_job_id, plan_trajectories, run_rollout
 
     client = await _connect(job)
@@ -298,7 +296,6 @@ async def _connect(job: JobSpec) -> Client:
 def _print_outcomes(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace: str, wall: float) -> None:
     from rich.console import Console
     from rich.table import Table
-
     from rollart.infra.temporal import ui_url
 
     table = Table(title=f"job {job_id}")
@@ -365,7 +362,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rollart.infra.temporal import ui_url
     from rollart.workers.train import MetricsWriter, follow, start_training
 
@@ -421,11 +417,10 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    from temporalio.service import RPCError
-
     from rollart.infra.config import StoreConfig, TemporalConfig
     from rollart.infra.temporal import connect
     from rollart.workers.train import status_of
+    from temporalio.service import RPCError
 
     try:
         client = await connect(TemporalConfig(address=args.temporal_address, namespace=args.namespace), StoreConfig())

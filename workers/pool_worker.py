@@ -24,13 +24,12 @@ from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
-from temporalio.client import Client
-from temporalio.worker import Worker
-
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
 from rollart.infra.temporal import connect
+from temporalio.client import Client
+from temporalio.worker import Worker
 
 __all__ = ["WorkerSettings", "run_worker", "serve"]
 

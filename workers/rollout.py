@@ -10,12 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from temporalio.client import Client, WorkflowFailureError
-
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+from temporalio.client import Client, WorkflowFailureError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "run_rollout"]
 

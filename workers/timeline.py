@@ -11,10 +11,9 @@ import asyncio
 import json
 from pathlib import Path
 
-from temporalio.client import Client
-
 from rollart.infra.history import activity_spans
 from rollart.infra.search_attributes import JOB_ID
+from temporalio.client import Client
 
 __all__ = ["collect_timeline", "write_timeline"]
 

@@ -7,14 +7,13 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
-
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool
 from rollart.workflows.training_types import StepRecord, TrainingInput, TrainingResult, TrainingStatus
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
 
 __all__ = ["MetricsWriter", "follow", "start_training", "status_of"]
 

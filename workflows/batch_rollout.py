@@ -17,7 +17,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
     from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type, reject_multi_sample
     from rollart.workflows.trajectory import report
     from rollart.workflows.types import TrajectoryInput, TrajectoryResult

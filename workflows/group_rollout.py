@@ -16,7 +16,6 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
     from rollart.activities.types import (
         ActivityName,
         CheckInput,

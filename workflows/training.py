@@ -24,14 +24,12 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-
     from rollart.activities.types import ActivityName, SampleRef, TrainStepInput, TrainStepResult
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import JobSpec, TaskSpec
     from rollart.infra.pools import Pool
     from rollart.workflows.batch_rollout import BatchRolloutInput, BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutInput, GroupRolloutWorkflow, GroupSeed
-    from rollart.workflows.trajectory import TRAJECTORIES_DONE, TrajectoryWorkflow
     from rollart.workflows.training_types import (
         HISTORY_KEPT,
         InFlight,
@@ -41,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingState,
         TrainingStatus,
     )
+    from rollart.workflows.trajectory import TRAJECTORIES_DONE, TrajectoryWorkflow
     from rollart.workflows.types import TrajectoryInput, TrajectoryResult
 
 __all__ = ["TrainingWorkflow"]

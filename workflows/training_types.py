@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from rollart.activities.types import SampleRef
 from rollart.infra.config import JobSpec
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
 from rollart.infra.config import TaskSpec
 
 __all__ = ["TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]

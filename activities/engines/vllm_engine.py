@@ -104,10 +104,9 @@ class VllmEngine(Engine):
         self._set_env()
         self._dead = False
         t0 = time.perf_counter()
+        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
-
-        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
 
         args = AsyncEngineArgs(
             model=str(self.model_dir),

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from rollart.activities.types import SampleRef
 from rollart.infra.store import Store, StoreKeyError
 

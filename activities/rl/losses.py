@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-
 from rollart.infra.config import LossConfig
 
 __all__ = [
