@@ -155,3 +155,25 @@ async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(t
     with pytest.raises(ApplicationError) as err:
         await gen("b", 1)  # not published yet: retryable, says what is missing
     assert err.value.type == "WeightsNotPublished" and not err.value.non_retryable
+
+
+def test_progress_rewards_getting_closer_but_less_than_success() -> None:
+    from rollart.activities.envs.frozenlake import FrozenLake
+    from rollart.activities.rewards.rule_based import progress
+
+    def play(actions: str) -> RewardResult:
+        env, turns = FrozenLake(), []
+        obs = env.reset(0)
+        for a in actions:
+            out = env.step(a)
+            turns.append(TurnRecord(observation=obs, action=a, env_reward=out.reward, done=out.done, info=out.info))
+            obs = out.observation
+            if out.done:
+                break
+        return progress(Transcript(task="t", seed=0, turns=turns))
+
+    nowhere, closer, hole, won = play("LL"), play("RRD"), play("DR"), play("RRDDDR")
+    assert won.success and won.value == pytest.approx(1.1)
+    assert not closer.success and 0.1 < closer.value < 1.0
+    assert closer.value > nowhere.value  # 3 of 6 moves covered vs none
+    assert hole.value == pytest.approx(0.1)  # valid moves, but no progress credit after a hole

@@ -123,7 +123,8 @@ def test_invalid_action_is_a_no_op() -> None:
         observation="SAFF\nFHFH\nFFFH\nHFFG\nmove:",
         reward=0.0,
         done=False,
-        info={"valid": False, "success": False, "hole": False, "position": [0, 1], "action": None},
+        info={"valid": False, "success": False, "hole": False, "position": [0, 1], "action": None,
+              "distance": 5, "start_distance": 6},
     )
 
 
@@ -145,7 +146,8 @@ def test_reaching_the_goal_gives_reward_one_and_success() -> None:
     assert all(not o.done and o.reward == 0.0 for o in outs[:-1])
     last = outs[-1]
     assert last.done is True and last.reward == 1.0
-    assert last.info == {"valid": True, "success": True, "hole": False, "position": [3, 3], "action": "R"}
+    assert last.info == {"valid": True, "success": True, "hole": False, "position": [3, 3], "action": "R",
+                         "distance": 0, "start_distance": 6}
     assert last.observation == "SFFF\nFHFH\nFFFH\nHFFA\nmove:"
     json.dumps(last.info)  # info crosses process boundaries as JSON
 

@@ -86,9 +86,11 @@ def parse_action(text: str) -> Action | None:
     return None
 
 
-def shortest_path_length(grid: Sequence[str]) -> int | None:
-    """Fewest moves from ``S`` to ``G`` avoiding holes (BFS), or None if ``G`` is unreachable."""
-    start = _find(grid, "S")
+def shortest_path_length(grid: Sequence[str], start: tuple[int, int] | None = None) -> int | None:
+    """Fewest moves from ``start`` (default ``S``) to ``G`` avoiding holes (BFS), or None if unreachable."""
+    start = start if start is not None else _find(grid, "S")
+    if grid[start[0]][start[1]] == "H":
+        return None
     goal = _find(grid, "G")
     distance = {start: 0}
     queue = deque([start])
@@ -154,6 +156,7 @@ class FrozenLake(Env):
         self.p_hole = float(p_hole)
         self.num_maps = num_maps
         self._grid: tuple[str, ...] | None = None
+        self._start_distance: int | None = None
         self._position = (0, 0)
         self._done = False
 
@@ -177,6 +180,7 @@ class FrozenLake(Env):
         self._grid = self.map_for_seed(seed)
         self._position = _find(self._grid, "S")
         self._done = False
+        self._start_distance = shortest_path_length(self._grid)
         return render(self._grid, self._position)
 
     def step(self, action: str) -> StepOutcome:
@@ -202,6 +206,8 @@ class FrozenLake(Env):
                 "hole": hole,
                 "position": [self._position[0], self._position[1]],
                 "action": move,
+                "distance": shortest_path_length(grid, self._position),  # moves left to G; None in a hole
+                "start_distance": self._start_distance,
             },
         )
 

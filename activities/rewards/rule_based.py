@@ -5,7 +5,7 @@ from __future__ import annotations
 from rollart.activities.types import RewardResult, Transcript
 from rollart.infra.registry import reward
 
-__all__ = ["VALID_ACTION_BONUS", "exact_match", "success"]
+__all__ = ["PROGRESS_WEIGHT", "VALID_ACTION_BONUS", "exact_match", "progress", "success"]
 
 VALID_ACTION_BONUS = 0.1
 """Shaping for `success`: a random policy almost never reaches a goal, so a small reward for
@@ -19,6 +19,27 @@ def success(transcript: Transcript) -> RewardResult:
     valid = [bool(t.info.get("valid", True)) for t in transcript.turns]
     bonus = VALID_ACTION_BONUS * (sum(valid) / len(valid)) if valid else 0.0
     return RewardResult(value=float(reached) + bonus, success=reached)
+
+
+PROGRESS_WEIGHT = 0.4
+"""Shaping for `progress`: the share of the way to the goal covered, for envs that report distances."""
+
+
+@reward("progress")
+def progress(transcript: Transcript) -> RewardResult:
+    """`success`'s reward plus 0.4 × the fraction of the distance to the goal covered (none after a hole).
+
+    For envs that report `info["distance"]` (moves left) and `info["start_distance"]`, such as
+    FrozenLake: a dense signal that tells "closer" from "nowhere" long before any episode succeeds.
+    Reaching the goal is still worth 1 + bonus, more than any progress short of it.
+    """
+    base = success(transcript)
+    if base.success or not transcript.turns:
+        return base
+    last = transcript.turns[-1].info
+    start, left = last.get("start_distance"), last.get("distance")
+    covered = (start - left) / start if start and left is not None else 0.0
+    return RewardResult(value=base.value + PROGRESS_WEIGHT * max(covered, 0.0), success=False)
 
 
 @reward("exact_match")
