@@ -379,11 +379,12 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str) -> int:
 
         def on_step(row: dict) -> None:
             tasks = " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items())) if len(row["task_success"]) > 1 else ""
-            bar.update(task, completed=row["step"] + 1, stats=(
-                f"reward {row['reward_mean']:.3f} success {row['success_rate']:.2f} {tasks} "
-                f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
-                f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s "
-                f"dropped {row['dropped']}"))  # fmt: skip
+            stats = (f"reward {row['reward_mean']:.3f} success {row['success_rate']:.2f} {tasks} "
+                     f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
+                     f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s dropped {row['dropped']}")  # fmt: skip
+            bar.update(task, completed=row["step"] + 1, stats=stats)
+            if not bar.console.is_terminal:  # a log file gets one line per step instead of a bar
+                print(f"step {row['step'] + 1}/{t.steps} {row['elapsed_s']:.0f}s {stats}", flush=True)
 
         result = await follow(handle, writer, on_step)
     from rollart.workers.plot import plot_run
