@@ -103,3 +103,28 @@ def test_worker_joins_a_given_server_and_drains_on_sigterm(tmp_path: Path) -> No
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.mark.integration
+def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path, tiny_model: Path) -> None:
+    base = load_job(REPO / "examples" / "frozenlake.yaml")
+    store = base.store.model_copy(update={"path": tmp_path / "store"})
+    job = base.model_copy(update={"model_dir": tiny_model, "store": store})
+    spec = tmp_path / "job.json"
+    spec.write_text(job.model_dump_json())
+    cmd = [*ROLLART, "train", str(spec), "--steps", "50", "--home", str(tmp_path / "home"), "--run-dir",
+           str(tmp_path / "run"), "--port", str(free_port()), "--ui-port", str(free_port())]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    try:
+        _wait_for_line(proc, "step 2/50", 240)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        assert "interrupted: terminated the job's" in out
+        assert proc.returncode != 0
+        assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 2
+        leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True, text=True)
+        assert leftovers.stdout.strip() == ""  # no worker or server outlives the command
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

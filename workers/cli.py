@@ -348,22 +348,24 @@ def _cmd_train(args: argparse.Namespace) -> int:
     run_dir = (args.run_dir or Path("runs") / job_id).resolve()
     if job.temporal.address:
         ui = args.ui_url or f"http://{job.temporal.address.rsplit(':', 1)[0]}:8233"
-        return asyncio.run(_train(job, job_id, run_dir, ui))
+        return asyncio.run(_train(job, job_id, run_dir, ui, terminate_on_interrupt=False))
     _ensure_default_model(job)
     stack = LocalStack(job=job, pools=pools_for_job(job, training=True), home=_home(args), port=args.port,
                        ui_port=args.ui_port)  # fmt: skip
     print(f"starting the local stack (Temporal on {stack.address}, workers: {', '.join(p.value for p in stack.pools)}) ...")
     with stack:
         job = job.model_copy(update={"temporal": stack.temporal})
-        rc = asyncio.run(_train(job, job_id, run_dir, args.ui_url or stack.ui_url or ""))
+        rc = asyncio.run(_train(job, job_id, run_dir, args.ui_url or stack.ui_url or "", terminate_on_interrupt=True))
         print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
     return rc
 
 
-async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str) -> int:
+async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on_interrupt: bool) -> int:
+    """Start and follow a job. Interrupted: on the local stack the job is terminated (its workers are going
+    away with the stack); on a shared server it keeps running and `rollart status` finds it again."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rollart.infra.temporal import ui_url
-    from rollart.workers.train import MetricsWriter, follow, start_training
+    from rollart.workers.train import MetricsWriter, follow, start_training, terminate_job
 
     client = await _connect(job)
     t = job.training
@@ -386,7 +388,15 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str) -> int:
             if not bar.console.is_terminal:  # a log file gets one line per step instead of a bar
                 print(f"step {row['step'] + 1}/{t.steps} {row['elapsed_s']:.0f}s {stats}", flush=True)
 
-        result = await follow(handle, writer, on_step)
+        try:
+            result = await follow(handle, writer, on_step)
+        except asyncio.CancelledError:
+            if terminate_on_interrupt:
+                n = await terminate_job(client, job_id, "rollart train was interrupted")
+                print(f"interrupted: terminated the job's {n} running workflows")
+            else:
+                print(f"interrupted: job {job_id} keeps running on {job.temporal.address}")
+            raise
     from rollart.workers.plot import plot_run
     from rollart.workers.timeline import collect_timeline, write_timeline
 

@@ -15,7 +15,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
-__all__ = ["MetricsWriter", "follow", "start_training", "status_of"]
+__all__ = ["MetricsWriter", "follow", "start_training", "status_of", "terminate_job"]
 
 
 async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Path) -> WorkflowHandle:
@@ -91,3 +91,15 @@ async def follow(
                 for row in writer.write([result.last], started_at):
                     on_step(row)
             return result
+
+
+async def terminate_job(client: Client, job_id: str, reason: str) -> int:
+    """Terminate a job's training workflow and every trajectory of it still running; returns how many."""
+    n = 0
+    async for wf in client.list_workflows(f'{sa.JOB_ID.name} = "{job_id}" AND ExecutionStatus = "Running"'):
+        try:
+            await client.get_workflow_handle(wf.id, run_id=wf.run_id).terminate(reason=reason)
+            n += 1
+        except RPCError:
+            pass  # it ended meanwhile
+    return n
