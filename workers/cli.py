@@ -388,15 +388,18 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on
             if not bar.console.is_terminal:  # a log file gets one line per step instead of a bar
                 print(f"step {row['step'] + 1}/{t.steps} {row['elapsed_s']:.0f}s {stats}", flush=True)
 
+        interrupted = _cancel_on_signals()
         try:
             result = await follow(handle, writer, on_step)
         except asyncio.CancelledError:
+            if not interrupted.is_set():
+                raise
             if terminate_on_interrupt:
                 n = await terminate_job(client, job_id, "rollart train was interrupted")
-                print(f"interrupted: terminated the job's {n} running workflows")
+                print(f"interrupted: terminated the job's {n} running workflows", flush=True)
             else:
-                print(f"interrupted: job {job_id} keeps running on {job.temporal.address}")
-            raise
+                print(f"interrupted: job {job_id} keeps running on {job.temporal.address}", flush=True)
+            return 130
     from rollart.workers.plot import plot_run
     from rollart.workers.timeline import collect_timeline, write_timeline
 
@@ -421,6 +424,22 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         raise _UserError(str(e)) from e
     return 0
+
+
+def _cancel_on_signals() -> asyncio.Event:
+    """SIGINT/SIGTERM cancel the running task at its current await (never mid-statement); the event says so."""
+    interrupted = asyncio.Event()
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def cancel() -> None:
+        interrupted.set()
+        if task is not None:
+            task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, cancel)
+    return interrupted
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
