@@ -248,3 +248,4 @@ async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: Work
     resets = [t for kind, t in w.log if kind == "reset"]
     assert not any(t.startswith(g) for g in math_groups for t in resets)  # no env session for single-turn
     assert any(kind == "reward_batch" for kind, _ in w.log)
+    assert any(int(n) > 1 for kind, n in w.log if kind == "prompts")  # groups launched together share calls

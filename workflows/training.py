@@ -155,10 +155,12 @@ class TrainingWorkflow:
         """Start as many groups (or lockstep batches) as admission allows, all in one workflow task.
 
         Multi-turn groups run a TrajectoryWorkflow per member (trajectory mode) or join one lockstep
-        BatchRolloutWorkflow (batch mode); single-turn groups of a task go to one GroupRolloutWorkflow
-        per launch wave, in either mode.
+        BatchRolloutWorkflow per batch (batch mode); the single-turn groups of a task launched together
+        share one GroupRolloutWorkflow (one `prompts`, `check` and `reward_batch` call for all), in
+        either mode.
         """
         starts: list[Awaitable[object]] = []
+        single: dict[str, tuple[str, list[tuple[str, TaskSpec, int]]]] = {}  # task → (workflow id, its groups)
         while self._can_launch():
             wave: list[tuple[str, TaskSpec, int]] = []
             target = self.job.training.batch_size if self.job.training.rollout_mode == "batch" else 1
@@ -170,11 +172,13 @@ class TrainingWorkflow:
             else:
                 for g, t, seed in multi:
                     starts += self._start_trajectories(g, t, seed)
-            single: dict[str, list[tuple[str, TaskSpec, int]]] = {}
             for g, t, seed in wave:
                 if t.max_turns == 1:
-                    single.setdefault(t.name, []).append((g, t, seed))
-            starts += [self._start_groups(groups) for groups in single.values()]
+                    wid, groups = single.setdefault(t.name, (f"{g}-w", []))
+                    groups.append((g, t, seed))
+                    for m in range(t.group_size):  # tracked now: admission must see them
+                        self._track(f"{g}-{m}", g, wid)
+        starts += [self._start_groups(wid, groups) for wid, groups in single.values()]
         if starts:
             await asyncio.gather(*starts)
 
@@ -210,12 +214,8 @@ class TrainingWorkflow:
             )
         return starts
 
-    def _start_groups(self, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
+    def _start_groups(self, wid: str, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
         task = groups[0][1]
-        wid = f"{groups[0][0]}-w"
-        for group_id, _, _ in groups:
-            for m in range(task.group_size):
-                self._track(f"{group_id}-{m}", group_id, wid)
         inp = GroupRolloutInput(
             task=task, groups=[GroupSeed(group_id=g, seed=seed) for g, _, seed in groups], job_id=self.inp.job_id,
             min_version=self.s.step, report_to=workflow.info().workflow_id,
