@@ -15,6 +15,7 @@ from rollart.activities.types import (
     GenerateInput,
     ResetInput,
     RewardInput,
+    RewardResult,
     StepInput,
     Transcript,
     TurnRecord,
