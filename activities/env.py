@@ -19,6 +19,9 @@ from rollart.activities.types import (
     CheckInput,
     CloseInput,
     EnvHandle,
+    GroupHandle,
+    GroupResetInput,
+    GroupStepInput,
     PromptsInput,
     ResetInput,
     StepInput,
@@ -35,10 +38,16 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Session:
-    env: Any
+    """One trajectory's env, or a GRPO group's envs (member i is `envs[i]`)."""
+
+    envs: list[Any]
     entry: EnvEntry
-    trajectory_id: str
-    done: bool = False
+    owner: str  # the trajectory or group id
+    done: list[bool]
+
+    @classmethod
+    def of(cls, envs: list[Any], entry: EnvEntry, owner: str) -> _Session:
+        return cls(envs=envs, entry=entry, owner=owner, done=[False] * len(envs))
 
 
 class EnvActivities:
@@ -59,7 +68,7 @@ class EnvActivities:
         entry, env = _build(inp.env, inp.env_args)
         observation = await _reset(entry, env, inp.seed)
         session_id = f"{inp.trajectory_id}/{uuid.uuid4().hex[:8]}"
-        self._sessions[session_id] = _Session(env=env, entry=entry, trajectory_id=inp.trajectory_id)
+        self._sessions[session_id] = _Session.of([env], entry, inp.trajectory_id)
         return EnvHandle(
             session_id=session_id,
             queue=self.queue,
@@ -71,25 +80,51 @@ class EnvActivities:
     @activity.defn(name="step")
     async def step(self, inp: StepInput) -> StepResult:
         """Apply the model's text to the session's env; an env that raises ends the episode (EnvBroken)."""
+        return await self._step(self._session(inp.session_id), 0, inp.action)
+
+    @activity.defn(name="reset_group")
+    async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
+        """Create `size` envs reset from the same seed, kept here as one session (a GRPO group)."""
+        built = [_build(inp.env, inp.env_args) for _ in range(inp.size)]
+        entry = built[0][0]
+        observations = [await _reset(entry, env, inp.seed) for _, env in built]
+        session_id = f"{inp.group_id}/{uuid.uuid4().hex[:8]}"
+        self._sessions[session_id] = _Session.of([env for _, env in built], entry, inp.group_id)
+        return GroupHandle(
+            session_id=session_id,
+            queue=self.queue,
+            worker_id=self.worker_id,
+            observations=observations,
+            step_timeout_s=entry.step_timeout_s,
+        )
+
+    @activity.defn(name="step_group")
+    async def step_group(self, inp: GroupStepInput) -> list[StepResult | None]:
+        """One turn for every member still playing; a member given None is skipped (its result is None)."""
         session = self._session(inp.session_id)
-        if session.done:
-            raise bad_input(f"session {inp.session_id} already ended; a step after done is a caller bug")
+        if len(inp.actions) != len(session.envs):
+            raise bad_input(f"step_group: {len(inp.actions)} actions for a group of {len(session.envs)}")
+        return [None if a is None else await self._step(session, i, a) for i, a in enumerate(inp.actions)]
+
+    async def _step(self, session: _Session, member: int, action: str) -> StepResult:
+        if session.done[member]:
+            raise bad_input(f"session of {session.owner} (member {member}) already ended; a step after done is a caller bug")
         try:
-            outcome = await asyncio.to_thread(session.env.step, inp.action)
+            outcome = await asyncio.to_thread(session.envs[member].step, action)
         except Exception as e:
-            session.done = True
+            session.done[member] = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
         result = _step_result(session.entry, outcome)
-        session.done = result.done
+        session.done[member] = result.done
         return result
 
     @activity.defn(name="close")
     async def close(self, inp: CloseInput) -> None:
         """Drop the session and release its env; closing twice is fine."""
         session = self._sessions.pop(inp.session_id, None)
-        if session is not None:
+        for env in session.envs if session is not None else []:
             try:
-                await asyncio.to_thread(session.env.close)
+                await asyncio.to_thread(env.close)
             except Exception:  # the episode is over either way
                 log.exception("env %s close failed for session %s", session.entry.name, inp.session_id)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.heartbeat import heartbeating
-from rollart.activities.types import Completion, GenerateInput, GenerateResult, WeightsRef
+from rollart.activities.types import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
+from rollart.infra.config import SamplingParams
 from rollart.infra.store import Store, key_word
 from rollart.infra.weights import latest_weights
 from temporalio import activity
@@ -48,16 +49,33 @@ class GenerateActivities:
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         """Sample `sampling.n` completions of `prompt`; heartbeats while the engine works."""
-        info = activity.info()
-        request_id = f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
+        async with heartbeating(HEARTBEAT_EVERY_S):
+            if inp.weights is not None:
+                await self._ensure_version(inp.weights)
+            return await self._sample(inp.prompt, inp.sampling, inp.data_key, _request_id())
+
+    @activity.defn(name="generate_batch")
+    async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
+        """Sample every prompt concurrently (one turn of a whole GRPO group): one activity, one engine batch."""
+        if len(inp.prompts) != len(inp.data_keys):
+            raise ApplicationError(f"generate_batch: {len(inp.prompts)} prompts but {len(inp.data_keys)} data keys",
+                                   type="InvalidInput", non_retryable=True)  # fmt: skip
+        request_id = _request_id()
+        async with heartbeating(HEARTBEAT_EVERY_S):
+            if inp.weights is not None:
+                await self._ensure_version(inp.weights)
+            return list(await asyncio.gather(*(
+                self._sample(prompt, inp.sampling, key, f"{request_id}:{i}")
+                for i, (prompt, key) in enumerate(zip(inp.prompts, inp.data_keys))
+            )))  # fmt: skip
+
+    async def _sample(self, prompt: str, sampling: SamplingParams, data_key: str, request_id: str) -> GenerateResult:
+        """One engine request; its tokens and logprobs go to the store under `data_key`."""
         try:
-            async with heartbeating(HEARTBEAT_EVERY_S):
-                if inp.weights is not None:
-                    await self._ensure_version(inp.weights)
-                out = await self.engine.generate(inp.prompt, inp.sampling, request_id)
+            out = await self.engine.generate(prompt, sampling, request_id)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
             raise ApplicationError(str(e), type="RequestRejected", non_retryable=True) from e
-        await asyncio.to_thread(self.store.put_json, inp.data_key, turn_record(inp.prompt, out))
+        await asyncio.to_thread(self.store.put_json, data_key, turn_record(prompt, out))
         return GenerateResult(
             completions=[
                 Completion(text=c.text, num_tokens=len(c.token_ids), finish_reason=c.finish_reason)
@@ -66,10 +84,9 @@ class GenerateActivities:
             prompt_tokens=len(out.prompt_ids),
             policy_version=out.policy_version,
             policy_version_end=out.policy_version_end,
-            data_key=inp.data_key,
+            data_key=data_key,
             worker_id=self.worker_id,
         )
-
 
     def _current(self, want: WeightsRef) -> bool:
         if self._job is None and self.engine.policy_version == 0:
@@ -103,6 +120,12 @@ class GenerateActivities:
             for old in self.weights_dir.glob("*.safetensors"):
                 if old != path:
                     old.unlink(missing_ok=True)
+
+
+def _request_id() -> str:
+    """Unique per attempt, so a retried activity never collides with its own earlier request."""
+    info = activity.info()
+    return f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
 
 
 def turn_record(prompt: str, out: EngineOutput) -> dict:

@@ -20,7 +20,11 @@ __all__ = [
     "CloseInput",
     "Completion",
     "EnvHandle",
+    "GenerateBatchInput",
     "GenerateInput",
+    "GroupHandle",
+    "GroupResetInput",
+    "GroupStepInput",
     "GenerateResult",
     "PromptsInput",
     "ResetInput",
@@ -50,6 +54,9 @@ class ActivityName(str, Enum):
     REWARD_BATCH = "reward_batch"
     PROMPTS = "prompts"
     CHECK = "check"
+    RESET_GROUP = "reset_group"
+    STEP_GROUP = "step_group"
+    GENERATE_BATCH = "generate_batch"
     TRAIN_STEP = "train_step"
 
 
@@ -98,6 +105,33 @@ class CloseInput(_Message):
     session_id: str
 
 
+class GroupResetInput(_Message):
+    """Create one env session holding `size` copies of an env, all reset from the same seed (a GRPO group)."""
+
+    env: str
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    seed: int
+    size: int = Field(ge=1)
+    group_id: str
+
+
+class GroupHandle(_Message):
+    """A live group session: member i starts from `observations[i]`; `step_group`/`close` go to `queue`."""
+
+    session_id: str
+    queue: str
+    worker_id: str
+    observations: list[str]
+    step_timeout_s: float = 30.0
+
+
+class GroupStepInput(_Message):
+    """One turn of a group: `actions[i]` is member i's text, None for a member whose episode is over."""
+
+    session_id: str
+    actions: list[str | None]
+
+
 class WeightsRef(_Message):
     """Which policy a generation must use at least: the engine loads a newer published version if behind."""
 
@@ -111,6 +145,15 @@ class GenerateInput(_Message):
     prompt: str
     sampling: SamplingParams
     data_key: str
+    weights: WeightsRef | None = None
+
+
+class GenerateBatchInput(_Message):
+    """Several prompts sampled together (one per group member); prompt i's output goes under `data_keys[i]`."""
+
+    prompts: list[str] = Field(min_length=1)
+    sampling: SamplingParams
+    data_keys: list[str] = Field(min_length=1)
     weights: WeightsRef | None = None
 
 

@@ -71,6 +71,17 @@ class TaskSpec(_Strict):
     max_turns: int = Field(8, ge=1, le=1000)
     group_size: int = Field(1, ge=1, le=256)
     weight: float = Field(1.0, gt=0.0)
+    rollout_unit: Literal["trajectory", "group"] = Field(
+        "trajectory",
+        description="multi-turn tasks: `trajectory` runs every episode as its own workflow, advancing on its own; "
+        "`group` plays a GRPO group in lockstep in one env session, one batched activity per turn (8x fewer "
+        "activities for groups of 8; a slow member holds its group back). Single-turn tasks always run as groups.",
+    )
+
+    @property
+    def grouped(self) -> bool:
+        """Whether this task's groups run as GroupRolloutWorkflows (single-turn, or `rollout_unit: group`)."""
+        return self.max_turns == 1 or self.rollout_unit == "group"
 
     @field_validator("generate_pool")
     @classmethod

@@ -13,6 +13,8 @@ from rollart.activities.reward import RewardActivities, as_reward_result
 from rollart.activities.types import (
     CloseInput,
     GenerateInput,
+    GroupResetInput,
+    GroupStepInput,
     ResetInput,
     RewardInput,
     RewardResult,
@@ -42,6 +44,26 @@ async def test_env_session_lifecycle_is_sticky_to_its_worker() -> None:
     with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.step, StepInput(session_id=handle.session_id, action="R"))
     assert err.value.type == "SessionLost" and err.value.non_retryable
+
+
+async def test_group_session_steps_only_the_members_still_playing() -> None:
+    acts = EnvActivities("w1", queue="cpu@w1")
+    handle = await ENV.run(acts.reset_group, GroupResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0,
+                                                             size=3, group_id="g"))  # fmt: skip
+    assert handle.queue == "cpu@w1" and handle.observations == ["AFFF\nFHFH\nFFFH\nHFFG\nmove:"] * 3
+    assert acts.open_sessions == 1  # one session for the whole group
+    steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["R", "D", None]))
+    assert steps[0].observation.startswith("SAFF") and steps[1].observation.startswith("SFFF\nAHFH") and steps[2] is None
+    steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=[None, "R", "R"]))
+    assert steps[0] is None and steps[1].done and not steps[1].info["success"]  # member 1 fell in the hole at (1,1)
+    with pytest.raises(ApplicationError) as err:  # a step after done is a caller bug
+        await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=[None, "R", None]))
+    assert err.value.type == "InvalidInput"
+    with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["R"]))
+    assert err.value.type == "InvalidInput" and "3" in err.value.message
+    await ENV.run(acts.close, CloseInput(session_id=handle.session_id))
+    assert acts.open_sessions == 0
 
 
 async def test_env_errors_are_sorted_into_bad_input_and_broken_env() -> None:

@@ -18,9 +18,10 @@ from tests.conftest import frozenlake_task
 pytestmark = pytest.mark.integration
 
 
-async def run_job(client: Client, base: JobSpec, tmp_path: Path, **training: object) -> tuple[JobSpec, TrainingResult, TrainingStatus, list[dict]]:
+async def run_job(client: Client, base: JobSpec, tmp_path: Path, unit: str = "trajectory",
+                  **training: object) -> tuple[JobSpec, TrainingResult, TrainingStatus, list[dict]]:
     job = base.model_copy(update={
-        "tasks": [frozenlake_task(group_size=4, max_turns=4, env_args={"maps": "standard"})],
+        "tasks": [frozenlake_task(group_size=4, max_turns=4, env_args={"maps": "standard"}, rollout_unit=unit)],
         "training": TrainingConfig(**{"steps": 3, "batch_size": 8, **training}),
     })  # fmt: skip
     job_id = f"e2e-{uuid.uuid4().hex[:8]}"
@@ -31,9 +32,11 @@ async def run_job(client: Client, base: JobSpec, tmp_path: Path, **training: obj
     return job.model_copy(update={"name": job_id}), result, status, rows
 
 
-@pytest.mark.parametrize("bound", [0, 1, 2])
-async def test_training_steps_advance_within_the_bound(client: Client, stack_job: JobSpec, tmp_path: Path, bound: int) -> None:
-    job, result, status, rows = await run_job(client, stack_job, tmp_path, async_bound=bound, continue_as_new_every=1)
+@pytest.mark.parametrize(("bound", "unit"), [(0, "trajectory"), (1, "trajectory"), (2, "trajectory"), (0, "group")])
+async def test_training_steps_advance_within_the_bound(client: Client, stack_job: JobSpec, tmp_path: Path, bound: int,
+                                                        unit: str) -> None:
+    job, result, status, rows = await run_job(client, stack_job, tmp_path, unit, async_bound=bound,
+                                              continue_as_new_every=1)
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2]
     assert status.ledger_balanced and result.started == (
         result.trained + result.dropped + result.failed + result.cancelled_in_flight + result.buffered_unused

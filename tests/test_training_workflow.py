@@ -19,8 +19,12 @@ from rollart.activities.types import (
     CloseInput,
     Completion,
     EnvHandle,
+    GenerateBatchInput,
     GenerateInput,
     GenerateResult,
+    GroupHandle,
+    GroupResetInput,
+    GroupStepInput,
     PromptsInput,
     ResetInput,
     RewardBatchInput,
@@ -57,6 +61,7 @@ class World:
     trained_ids: list[str] = field(default_factory=list)
     steps: list[TrainStepInput] = field(default_factory=list)
     _sessions: dict[str, int] = field(default_factory=dict)
+    _group_turns: dict[str, int] = field(default_factory=dict)
 
     @activity.defn(name="reset")
     async def reset(self, inp: ResetInput) -> EnvHandle:
@@ -70,9 +75,36 @@ class World:
         self.log.append(("generate", f"{inp.data_key} n={inp.sampling.n}"))
         assert inp.weights is None or self.version >= inp.weights.min_version
         await asyncio.sleep(self.turn_delay_s)
-        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * inp.sampling.n,
+        return self._generation(inp.data_key, inp.sampling.n)
+
+    @activity.defn(name="generate_batch")
+    async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
+        self.log.append(("generate_batch", str(len(inp.prompts))))
+        assert inp.weights is None or self.version >= inp.weights.min_version
+        await asyncio.sleep(self.turn_delay_s)
+        return [self._generation(key, inp.sampling.n) for key in inp.data_keys]
+
+    def _generation(self, data_key: str, n: int) -> GenerateResult:
+        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * n,
                               prompt_tokens=1, policy_version=self.version, policy_version_end=self.version,
-                              data_key=inp.data_key)  # fmt: skip
+                              data_key=data_key)  # fmt: skip
+
+    @activity.defn(name="reset_group")
+    async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
+        self.log.append(("reset_group", inp.group_id))
+        sid = f"{inp.group_id}/s"
+        self._sessions[sid] = inp.seed
+        return GroupHandle(session_id=sid, queue=SESSION_QUEUE, worker_id="w", observations=["o"] * inp.size)
+
+    @activity.defn(name="step_group")
+    async def step_group(self, inp: GroupStepInput) -> list[StepResult | None]:
+        """Member i of a group is done after i + 1 turns, so members drop out one by one."""
+        self.log.append(("step_group", f"{inp.session_id} {sum(a is not None for a in inp.actions)}"))
+        if self._sessions[inp.session_id] in self.fail_seeds:
+            raise ApplicationError("env crashed", type="EnvBroken", non_retryable=True)
+        turn = self._group_turns[inp.session_id] = self._group_turns.get(inp.session_id, 0) + 1
+        return [None if a is None else StepResult(observation="o", reward=0.0, done=turn > i)
+                for i, a in enumerate(inp.actions)]  # fmt: skip
 
     @activity.defn(name="step")
     async def step(self, inp: StepInput) -> StepResult:
@@ -120,10 +152,10 @@ async def world_workers(client: Client, w: World) -> AsyncIterator[None]:
     async with contextlib.AsyncExitStack() as stack:
         for queue, kwargs in [
             ("control", {"workflows": ALL_WORKFLOWS}),
-            ("cpu", {"activities": [w.reset, w.prompts, w.check]}),
-            (SESSION_QUEUE, {"activities": [w.step, w.close]}),
-            ("h800", {"activities": [w.generate]}),
-            ("h20", {"activities": [w.generate]}),
+            ("cpu", {"activities": [w.reset, w.reset_group, w.prompts, w.check]}),
+            (SESSION_QUEUE, {"activities": [w.step, w.step_group, w.close]}),
+            ("h800", {"activities": [w.generate, w.generate_batch]}),
+            ("h20", {"activities": [w.generate, w.generate_batch]}),
             ("serverless", {"activities": [w.reward, w.reward_batch]}),
             ("trainer", {"activities": [w.train_step]}),
         ]:
@@ -249,3 +281,24 @@ async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: Work
     assert not any(t.startswith(g) for g in math_groups for t in resets)  # no env session for single-turn
     assert any(kind == "reward_batch" for kind, _ in w.log)
     assert any(int(n) > 1 for kind, n in w.log if kind == "prompts")  # groups launched together share calls
+
+
+async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_env: WorkflowEnvironment) -> None:
+    """rollout_unit group: one reset, one generate_batch and one step_group per turn for the whole group."""
+    w = World(fail_seeds={2})  # the third group's env crashes: all its members fail, masked
+    task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
+    spec = JobSpec(name="wf", tasks=[task], training=TrainingConfig(steps=3, batch_size=8, async_bound=1))
+    result, status = await train(bare_env, w, spec)
+    assert result.version == 3 and status.ledger_balanced and result.failed >= 4
+    assert_ledger(result)
+    assert not any(kind in ("reset", "generate", "step") for kind, _ in w.log)  # no per-member activities
+    assert len(w.trained_ids) == len(set(w.trained_ids))
+    samples = [x for s in w.steps for x in s.samples]
+    assert {len(x.turn_keys) for x in samples} == {1, 2, 3}  # member i plays min(i + 1, max_turns) turns
+    for x in samples:
+        member = int(x.trajectory_id.rsplit("-", 1)[1])
+        assert len(x.turn_keys) == min(member + 1, 3)
+        assert x.turn_keys[-1].endswith(f"turn-{len(x.turn_keys) - 1:03d}") and x.completion_index == 0
+    played = [int(n) for kind, n in w.log if kind == "generate_batch"]
+    assert played and set(played) <= {4, 3, 2}  # members still playing, turn by turn
+    assert played.count(4) >= played.count(3) >= played.count(2) > 0

@@ -93,8 +93,8 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
 
         envs = EnvActivities(worker_id, queue=session_queue(worker_id))
         yield [
-            Worker(client, task_queue=pool.value, activities=[envs.reset, envs.prompts, envs.check], **common),
-            Worker(client, task_queue=envs.queue, activities=[envs.step, envs.close], **common),
+            Worker(client, task_queue=pool.value, activities=[envs.reset, envs.reset_group, envs.prompts, envs.check], **common),
+            Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common),
         ]
     elif pool in GENERATION_POOLS:
         async with _engine(settings) as engine:
@@ -110,7 +110,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
                     Worker(
                         client,
                         task_queue=pool.value,
-                        activities=[gen.generate],
+                        activities=[gen.generate, gen.generate_batch],
                         graceful_shutdown_timeout=timedelta(seconds=60),
                         **common,
                     )

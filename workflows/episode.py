@@ -9,7 +9,6 @@ right policy. `TrajectoryWorkflow` drives one episode turn by turn;
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
@@ -82,33 +81,37 @@ class Episode:
             result_type=GenerateResult,
             **policies.GENERATE.kwargs(),
         )
-        self.gens.append(gen)
         return gen
 
     async def step(self, gen: GenerateResult) -> None:
+        """Play the generation's text as this turn's action (on the worker holding the session)."""
         assert self.handle is not None
-        action = gen.completions[0].text
-        kwargs = policies.STEP.kwargs()
-        kwargs["start_to_close_timeout"] = timedelta(seconds=self.handle.step_timeout_s)
         step = await workflow.execute_activity(
             ActivityName.STEP.value,
-            StepInput(session_id=self.handle.session_id, action=action),
+            StepInput(session_id=self.handle.session_id, action=gen.completions[0].text),
             task_queue=self.handle.queue,
             result_type=StepResult,
-            **kwargs,
+            **policies.STEP.kwargs(timeout_s=self.handle.step_timeout_s),
         )
-        self.turns.append(
-            TurnRecord(observation=self.observation, action=action, env_reward=step.reward, done=step.done, info=step.info)
-        )
+        self.record(gen, step)
+
+    def transcript(self) -> Transcript:
+        """The episode as a reward function sees it."""
+        return Transcript(task=self.inp.task.name, seed=self.inp.seed, turns=self.turns,
+                          final_observation=self.observation)  # fmt: skip
+
+    def record(self, gen: GenerateResult, step: StepResult) -> None:
+        """Book one played turn: the action the model chose and what the env answered."""
+        self.gens.append(gen)
+        self.turns.append(TurnRecord(observation=self.observation, action=gen.completions[0].text,
+                                     env_reward=step.reward, done=step.done, info=step.info))  # fmt: skip
         self.observation = step.observation
         self.done = step.done
 
     async def score(self) -> RewardResult:
-        task = self.inp.task
-        transcript = Transcript(task=task.name, seed=self.inp.seed, turns=self.turns, final_observation=self.observation)
         return await workflow.execute_activity(
             ActivityName.REWARD.value,
-            RewardInput(reward=task.reward, transcript=transcript),
+            RewardInput(reward=self.inp.task.reward, transcript=self.transcript()),
             task_queue=Pool.SERVERLESS.value,
             result_type=RewardResult,
             **policies.REWARD.kwargs(),

@@ -23,9 +23,10 @@ class ActivityPolicy:
     schedule_to_close: timedelta | None = None
     heartbeat: timedelta | None = None
 
-    def kwargs(self) -> dict:
+    def kwargs(self, timeout_s: float | None = None) -> dict:
+        """`timeout_s` overrides start-to-close (an env's own step timeout, say)."""
         return {
-            "start_to_close_timeout": self.start_to_close,
+            "start_to_close_timeout": self.start_to_close if timeout_s is None else timedelta(seconds=timeout_s),
             "schedule_to_close_timeout": self.schedule_to_close,
             "heartbeat_timeout": self.heartbeat,
             "retry_policy": self.retry,

@@ -154,31 +154,33 @@ class TrainingWorkflow:
     async def _launch(self) -> None:
         """Start as many groups (or lockstep batches) as admission allows, all in one workflow task.
 
-        Multi-turn groups run a TrajectoryWorkflow per member (trajectory mode) or join one lockstep
-        BatchRolloutWorkflow per batch (batch mode); the single-turn groups of a task launched together
-        share one GroupRolloutWorkflow (one `prompts`, `check` and `reward_batch` call for all), in
-        either mode.
+        Multi-turn groups run a TrajectoryWorkflow per member (trajectory mode), or, with
+        `rollout_unit: group`, play inside a GroupRolloutWorkflow; in batch mode they join one lockstep
+        BatchRolloutWorkflow per batch. The grouped groups of a task launched together share one
+        GroupRolloutWorkflow (single-turn: one `prompts`, `check` and `reward_batch` call for all;
+        multi-turn: each group plays on its own and reports when done).
         """
         starts: list[Awaitable[object]] = []
-        single: dict[str, tuple[str, list[tuple[str, TaskSpec, int]]]] = {}  # task → (workflow id, its groups)
+        grouped: dict[str, tuple[str, list[tuple[str, TaskSpec, int]]]] = {}  # task → (workflow id, its groups)
+        batch_mode = self.job.training.rollout_mode == "batch"
         while self._can_launch():
             wave: list[tuple[str, TaskSpec, int]] = []
-            target = self.job.training.batch_size if self.job.training.rollout_mode == "batch" else 1
+            target = self.job.training.batch_size if batch_mode else 1
             while sum(task.group_size for _, task, _ in wave) < target or not wave:
                 wave.append(self._new_group())
-            multi = [(g, t, seed) for g, t, seed in wave if t.max_turns > 1]
-            if self.job.training.rollout_mode == "batch" and multi:
-                starts.append(self._start_batch(multi))
+            lockstep = [(g, t, seed) for g, t, seed in wave if t.max_turns > 1 and (batch_mode or not t.grouped)]
+            if batch_mode and lockstep:
+                starts.append(self._start_batch(lockstep))
             else:
-                for g, t, seed in multi:
+                for g, t, seed in lockstep:
                     starts += self._start_trajectories(g, t, seed)
             for g, t, seed in wave:
-                if t.max_turns == 1:
-                    wid, groups = single.setdefault(t.name, (f"{g}-w", []))
+                if (g, t, seed) not in lockstep:
+                    wid, groups = grouped.setdefault(t.name, (f"{g}-w", []))
                     groups.append((g, t, seed))
                     for m in range(t.group_size):  # tracked now: admission must see them
                         self._track(f"{g}-{m}", g, wid)
-        starts += [self._start_groups(wid, groups) for wid, groups in single.values()]
+        starts += [self._start_groups(wid, groups) for wid, groups in grouped.values()]
         if starts:
             await asyncio.gather(*starts)
 

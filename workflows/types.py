@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rollart.infra.config import TaskSpec
 
-__all__ = ["TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]
+__all__ = ["GroupRolloutInput", "GroupSeed", "TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]
 
 TrajectoryStatus = Literal["completed", "failed"]
 
@@ -50,3 +50,22 @@ class TrajectoryResult(BaseModel):
     completion_index: int = 0  # single-turn groups: which completion of the group's generation is this one
     env_worker: str | None = None
     error: str | None = None
+
+
+class GroupSeed(BaseModel):
+    """One GRPO group: its id and the env seed all its members share."""
+
+    group_id: str
+    seed: int = Field(ge=0)
+
+
+class GroupRolloutInput(BaseModel):
+    """GRPO groups of one task, rolled out group by group; member m of group g reports as trajectory `<g>-<m>`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    task: TaskSpec
+    groups: list[GroupSeed] = Field(min_length=1)
+    job_id: str = ""
+    min_version: int = Field(0, ge=0)
+    report_to: str | None = None

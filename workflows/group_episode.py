@@ -1,0 +1,124 @@
+"""One multi-turn GRPO group played in lockstep: a session of `group_size` envs, a batched turn at a time.
+
+Each member is an `Episode` (its turns, generations, observation); the group
+holds one env session for all of them and calls `generate_batch` and
+`step_group` once per turn for the members still playing. Same results as the
+members' own TrajectoryWorkflows would report, in ~8x fewer activities.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from rollart.activities.types import (
+        ActivityName,
+        EnvHandle,
+        GenerateBatchInput,
+        GenerateResult,
+        GroupHandle,
+        GroupResetInput,
+        GroupStepInput,
+        RewardBatchInput,
+        RewardResult,
+        StepResult,
+        WeightsRef,
+        turn_key,
+    )
+    from rollart.infra.pools import Pool
+    from rollart.workflows import policies
+    from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type
+    from rollart.workflows.trajectory import report
+    from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+
+__all__ = ["GroupEpisode"]
+
+
+class GroupEpisode:
+    """The members of one group and the one env session they share."""
+
+    def __init__(self, inp: GroupRolloutInput, group: GroupSeed) -> None:
+        self.inp = inp
+        self.group = group
+        self.handle: GroupHandle | None = None
+        member = TrajectoryInput(task=inp.task, seed=group.seed, job_id=inp.job_id, group_id=group.group_id,
+                                 min_version=inp.min_version)  # fmt: skip
+        self.members = [Episode(inp=member, trajectory_id=f"{group.group_id}-{m}") for m in range(inp.task.group_size)]
+
+    async def play(self) -> list[TrajectoryResult]:
+        """reset_group → (generate_batch → step_group)* → reward_batch → close; reports the group when done.
+
+        Any activity that still fails after its retries fails the whole group (masked from
+        training, never scored); bad input fails the workflow.
+        """
+        try:
+            await self._reset()
+            while playing := [ep for ep in self.members if not ep.over]:
+                await self._turn(playing)
+            scores = await self._score()
+            results = [ep.result(status="completed", reward=s.value, success=s.success)
+                       for ep, s in zip(self.members, scores)]  # fmt: skip
+        except ActivityError as err:
+            if error_type(err) in BAD_INPUT_TYPES:
+                raise ApplicationError(describe(err), type=error_type(err), non_retryable=True) from err
+            workflow.logger.warning("group %s failed: %s", self.group.group_id, describe(err))
+            results = [ep.result(status="failed", error=describe(err)) for ep in self.members]
+        finally:
+            await self._close()
+        await report(self.inp.report_to, results)
+        return results
+
+    async def _reset(self) -> None:
+        task = self.inp.task
+        self.handle = await workflow.execute_activity(
+            ActivityName.RESET_GROUP.value,
+            GroupResetInput(env=task.env, env_args=task.env_args, seed=self.group.seed, size=task.group_size,
+                            group_id=self.group.group_id),  # fmt: skip
+            task_queue=Pool.CPU.value,
+            result_type=GroupHandle,
+            **policies.RESET.kwargs(),
+        )
+        for ep, observation in zip(self.members, self.handle.observations):
+            ep.observation = observation  # members share the session: each names it for its result
+            ep.handle = EnvHandle(session_id=self.handle.session_id, queue=self.handle.queue,
+                                  worker_id=self.handle.worker_id, observation=observation)  # fmt: skip
+
+    async def _turn(self, playing: list[Episode]) -> None:
+        assert self.handle is not None
+        task, inp = self.inp.task, self.inp
+        weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
+        gens: list[GenerateResult] = await workflow.execute_activity(
+            ActivityName.GENERATE_BATCH.value,
+            GenerateBatchInput(prompts=[ep.observation for ep in playing], sampling=task.sampling, weights=weights,
+                               data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing]),
+            task_queue=task.generate_pool.value,
+            result_type=list[GenerateResult],
+            **policies.GENERATE.kwargs(),
+        )  # fmt: skip
+        by_member = dict(zip((ep.trajectory_id for ep in playing), gens))
+        actions = [by_member[ep.trajectory_id].completions[0].text if ep.trajectory_id in by_member else None
+                   for ep in self.members]  # fmt: skip
+        steps: list[StepResult | None] = await workflow.execute_activity(
+            ActivityName.STEP_GROUP.value,
+            GroupStepInput(session_id=self.handle.session_id, actions=actions),
+            task_queue=self.handle.queue,
+            result_type=list[StepResult | None],
+            **policies.STEP.kwargs(timeout_s=self.handle.step_timeout_s * len(playing)),
+        )
+        for ep, step in zip(self.members, steps):
+            if ep.trajectory_id in by_member and step is not None:
+                ep.record(by_member[ep.trajectory_id], step)
+
+    async def _score(self) -> list[RewardResult]:
+        return await workflow.execute_activity(
+            ActivityName.REWARD_BATCH.value,
+            RewardBatchInput(reward=self.inp.task.reward, transcripts=[ep.transcript() for ep in self.members]),
+            task_queue=Pool.SERVERLESS.value,
+            result_type=list[RewardResult],
+            **policies.REWARD.kwargs(),
+        )
+
+    async def _close(self) -> None:
+        """Release the shared session (through any member: they all name it)."""
+        await self.members[0].close()
