@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from tests.conftest import REPO
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"]])
+@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"], ["train"], ["status"], ["plot"]])
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
@@ -128,3 +129,33 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _fake_run(run_dir: Path, success: list[float]) -> Path:
+    run_dir.mkdir(parents=True)
+    rows = [{"step": i, "elapsed_s": 3.0 * (i + 1), "reward_mean": s, "success_rate": s, "task_success": {"t": s},
+             "staleness_mean": 1.0, "dropped": 0, "failed": 0} for i, s in enumerate(success)]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_plot_one_run_and_compare_several(tmp_path: Path) -> None:
+    a = _fake_run(tmp_path / "a", [0.0, 0.1, 0.5, 0.9])
+    b = _fake_run(tmp_path / "b", [0.0, 0.0, 0.2, 0.4])
+    one = subprocess.run([*ROLLART, "plot", str(a)], capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0 and (a / "learning.png").read_bytes()[:4] == b"\x89PNG"
+    out = tmp_path / "cmp.png"
+    two = subprocess.run([*ROLLART, "plot", str(a), str(b), "--labels", "bound 0,bound 1", "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert two.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", two.stderr
+    bad = subprocess.run([*ROLLART, "plot", str(a), str(b), "--labels", "only-one"], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert bad.returncode != 0 and "2 run dirs" in bad.stderr
+    missing = subprocess.run([*ROLLART, "plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode != 0 and "metrics.jsonl" in missing.stderr
+
+
+def test_moving_mean_is_a_trailing_window() -> None:
+    from rollart.workers.plot import _moving_mean
+
+    assert _moving_mean([0.0, 1.0, 1.0, 0.0], 2) == [0.0, 0.5, 1.0, 0.5]

@@ -120,8 +120,12 @@ def _parser() -> argparse.ArgumentParser:
     _add_stack_args(s)
     s.set_defaults(func=_cmd_train)
 
-    s = sub.add_parser("plot", help="write learning-curve and rollout-timeline PNGs for a run dir")
-    s.add_argument("run_dir", type=Path, help="a `rollart train` run dir (holds metrics.jsonl)")
+    s = sub.add_parser("plot", help="write learning-curve and rollout-timeline PNGs for a run dir, or compare runs")
+    s.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
+                   help="a `rollart train` run dir (holds metrics.jsonl); several: one comparison plot")
+    s.add_argument("--out", type=Path, help="comparison PNG (default: compare.png in the first run dir)")
+    s.add_argument("--labels", help="comma-separated legend labels for the compared runs (default: dir names)")
+    s.add_argument("--smooth", type=int, default=5, help="moving-average window in steps for compared curves")
     s.set_defaults(func=_cmd_plot)
 
     s = sub.add_parser("status", help="print a training job's live status (step, ledger, last rewards)")
@@ -416,13 +420,21 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from rollart.workers.plot import plot_run
+    from rollart.workers.plot import compare_runs, plot_run
 
+    labels = args.labels.split(",") if args.labels else [d.name for d in args.run_dirs]
+    if len(labels) != len(args.run_dirs):
+        raise _UserError(f"--labels has {len(labels)} labels for {len(args.run_dirs)} run dirs")
     try:
-        for path in plot_run(args.run_dir):
-            print(f"wrote {path}")
+        if len(args.run_dirs) == 1:
+            paths = plot_run(args.run_dirs[0])
+        else:
+            out = args.out or args.run_dirs[0] / "compare.png"
+            paths = [compare_runs(args.run_dirs, labels, out, smooth=args.smooth)]
     except FileNotFoundError as e:
         raise _UserError(str(e)) from e
+    for path in paths:
+        print(f"wrote {path}")
     return 0
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rollart.infra.history import busy_seconds
 
-__all__ = ["plot_run"]
+__all__ = ["compare_runs", "plot_run"]
 
 POOL_ORDER = ["cpu", "h800", "h20", "serverless", "trainer"]
 
@@ -31,6 +31,41 @@ def plot_run(run_dir: Path) -> list[Path]:
     if timeline:
         written.append(_plot_timeline(timeline, run_dir / "timeline.png"))
     return written
+
+
+def compare_runs(run_dirs: list[Path], labels: list[str], out: Path, smooth: int = 5) -> Path:
+    """One PNG: success (moving average over `smooth` steps) of several runs vs step and vs wall time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    for i, (run_dir, label) in enumerate(zip(run_dirs, labels)):
+        rows = _read_jsonl(run_dir / "metrics.jsonl")
+        if not rows:
+            raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?")
+        success = _moving_mean([r["success_rate"] for r in rows], smooth)
+        axes[0].plot([r["step"] for r in rows], success, color=f"C{i}", label=label)
+        axes[1].plot([r["elapsed_s"] / 60 for r in rows], success, color=f"C{i}", label=label)
+    for ax, xlabel in ((axes[0], "train step"), (axes[1], "wall time (min)")):
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"success rate ({smooth}-step mean)")
+    axes[0].legend(loc="upper left")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _moving_mean(values: list[float], window: int) -> list[float]:
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
 
 
 def _plot_learning(rows: list[dict], out: Path) -> Path:

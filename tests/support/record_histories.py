@@ -1,0 +1,65 @@
+"""Record the replay fixtures of the group and training workflows: `python -m tests.support.record_histories`.
+
+Runs a short mixed job (a multi-turn task with `rollout_unit: group` and a
+single-turn task) on a dev server with the stand-in activities of
+test_training_workflow, then writes the histories that test_replay replays
+against today's workflow code. Re-record only for an intended, versioned
+change of a workflow's command sequence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.devserver import find_temporal_cli
+from rollart.infra.search_attributes import ensure_registered
+from rollart.workflows.training_types import TrainingInput, TrainingResult
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import frozenlake_task
+from tests.test_training_workflow import World, world_workers
+
+HISTORIES = Path(__file__).resolve().parent.parent / "histories"
+
+
+async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
+    return (await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()).to_json()
+
+
+async def main() -> None:
+    env = await WorkflowEnvironment.start_local(dev_server_existing_path=find_temporal_cli(), ui=False,
+                                                data_converter=pydantic_data_converter)  # fmt: skip
+    try:
+        await ensure_registered(env.client)
+        math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
+                               max_turns=1, group_size=4, weight=1.0)  # fmt: skip
+        lake = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group", weight=1.0)
+        spec = JobSpec(name="rec", tasks=[lake, math],
+                       training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2))
+        job_id = f"rec-{uuid.uuid4().hex[:6]}"
+        async with world_workers(env.client, World(fail_seeds={1})):
+            handle = await env.client.start_workflow(
+                "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
+                task_queue="control", result_type=TrainingResult,
+            )  # fmt: skip
+            await handle.result()
+        first_run = handle.first_execution_run_id
+        HISTORIES.mkdir(exist_ok=True)
+        (HISTORIES / "training-continued-as-new.json").write_text(await _history_json(env.client, job_id, first_run))
+        kinds = {"group-multi-turn": "frozenlake", "group-single-turn": "math"}
+        async for wf in env.client.list_workflows(f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}" AND ExecutionStatus="Completed"'):
+            kind = next((k for k, task in kinds.items() if wf.search_attributes.get("RollartTask") == [task]), None)
+            if kind and not (HISTORIES / f"{kind}.json").exists():
+                (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
+        print("wrote", sorted(p.name for p in HISTORIES.glob("*.json")))
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
