@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from rollart.infra.k8s_config import KubernetesConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool
 
 __all__ = [
@@ -175,6 +176,7 @@ class JobSpec(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    kubernetes: KubernetesConfig | None = Field(None, description="cluster layout for `rollart k8s render`/`apply`")
 
     @model_validator(mode="after")
     def _unique_task_names(self) -> JobSpec:
@@ -182,6 +184,13 @@ class JobSpec(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"task names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _pools_have_workers(self) -> JobSpec:
+        problems = self.kubernetes.unserved(self.tasks) if self.kubernetes is not None else []
+        if problems:
+            raise ValueError("kubernetes: " + "; ".join(problems))
         return self
 
     def task(self, name: str) -> TaskSpec:
