@@ -1,4 +1,4 @@
-"""The `rollart` command line: init-model, worker, up, rollout. Every command has --help."""
+"""The `rollart` command line: init-model, worker, up, rollout, train, status, plot, k8s. Every command has --help."""
 
 from __future__ import annotations
 
@@ -133,7 +133,28 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
     s.add_argument("--namespace", default="default", help="Temporal namespace")
     s.set_defaults(func=_cmd_status)
+
+    k8s = sub.add_parser("k8s", help="render or apply Kubernetes manifests for a job (a Deployment per pool)")
+    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
+    s = k8s_sub.add_parser("render", help="write the job's manifests to a directory, one YAML file per object")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON); its `kubernetes` section is optional")
+    s.add_argument("-o", "--out", type=Path, required=True, help="directory to write the manifests to")
+    _add_k8s_args(s)
+    s.set_defaults(func=_cmd_k8s_render)
+    s = k8s_sub.add_parser("apply", help="server-side dry-run every object, then apply them (current kubeconfig)")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON); its `kubernetes` section is optional")
+    s.add_argument("--dry-run", action="store_true", help="only the server-side dry-run; change nothing")
+    s.add_argument("--context", help="kubeconfig context (default: the current one)")
+    _add_k8s_args(s)
+    s.set_defaults(func=_cmd_k8s_apply)
     return p
+
+
+def _add_k8s_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--image", help="container image with rollart installed (overrides kubernetes.image)")
+    s.add_argument("--temporal-address", metavar="HOST:PORT",
+                   help="Temporal frontend as the pods see it (overrides kubernetes.temporal_address)")
+    s.add_argument("--hpa", action="store_true", help="scale serverless with a CPU HPA instead of KEDA")
 
 
 def _add_temporal_args(s: argparse.ArgumentParser) -> None:
@@ -478,6 +499,50 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
               f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}")  # fmt: skip
     return 0
+
+
+# ---------------------------------------------------------------- k8s
+
+
+def _cmd_k8s_render(args: argparse.Namespace) -> int:
+    from rollart.infra.k8s import write_manifests
+
+    manifests = _k8s_manifests(args)
+    for path in write_manifests(manifests, args.out):
+        print(f"wrote {path}")
+    print(f"inspect them, then `kubectl apply -f {args.out}` or `rollart k8s apply {args.job}`")
+    return 0
+
+
+def _cmd_k8s_apply(args: argparse.Namespace) -> int:
+    from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
+
+    manifests = _k8s_manifests(args)
+    try:
+        report = apply_manifests(connect(args.context), manifests, dry_run_only=args.dry_run)
+    except ApplyError as e:
+        raise _UserError(str(e)) from e
+    for line in report.lines:
+        print(line)
+    print("applied." if report.applied else "dry run only: nothing was changed.")
+    return 0
+
+
+def _k8s_manifests(args: argparse.Namespace) -> list[dict]:
+    from rollart.infra.k8s import K8sRenderError, render
+    from rollart.infra.k8s_config import KubernetesConfig
+
+    job = _load_job(args.job, argparse.Namespace())
+    cfg = job.kubernetes or KubernetesConfig()
+    updates: dict[str, object] = {k: v for k, v in {"image": args.image, "temporal_address": args.temporal_address}.items() if v}
+    if args.hpa:
+        updates["serverless"] = cfg.serverless.model_copy(update={"keda": False})
+    try:
+        if updates:
+            job = job.model_copy(update={"kubernetes": KubernetesConfig.model_validate({**dict(cfg), **updates})})
+        return render(job)
+    except (K8sRenderError, ValueError) as e:
+        raise _UserError(f"{args.job}: {e}") from e
 
 
 # ---------------------------------------------------------------- shared

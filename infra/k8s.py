@@ -1,0 +1,306 @@
+"""Kubernetes manifests for a job: one Deployment per pool, pinned to its GPU product, and the serverless autoscaler.
+
+Pure functions from a validated `JobSpec` to plain dicts (one small function per kind), so the
+output can be inspected, validated and diffed before anything touches a cluster; `k8s_apply`
+sends them. What gets rendered:
+
+- a Namespace and a ConfigMap holding the job spec as the pods see it (the cluster's Temporal
+  address, the store on the shared volume), mounted at `/etc/rollart/job.yaml` in every pod;
+- PersistentVolumeClaims: the shared store (every worker) and the trainer's run dir;
+- a Deployment per pool with workers, running `rollart worker --pool P --job ... --temporal-address A`,
+  GPU pools with a node selector on the GPU product and the GPU taint tolerated;
+- for `serverless`: a KEDA `ScaledObject` on the pool's Temporal queue backlog, or a CPU-based
+  HorizontalPodAutoscaler where KEDA is absent (`kubernetes.serverless.keda: false`);
+- the trainer as a single replica with the `Recreate` strategy (never two trainers at once).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rollart.infra.config import JobSpec
+from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
+from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
+
+__all__ = [
+    "JOB_MOUNT",
+    "K8sRenderError",
+    "app_name",
+    "cluster_job",
+    "job_configmap",
+    "namespace_manifest",
+    "pool_deployment",
+    "render",
+    "resolved_pools",
+    "scaled_object",
+    "serverless_hpa",
+    "temporal_address",
+    "volume_claim",
+    "write_manifests",
+]
+
+JOB_MOUNT = "/etc/rollart"
+"""Where the job ConfigMap is mounted; the spec itself is `JOB_MOUNT/job.yaml`."""
+
+Manifest = dict[str, Any]
+
+_LOCAL_HOSTS = ("127.", "localhost", "0.0.0.0", "[::1]", "::1")
+_GENERATION_GRACE_S = 90  # generation workers drain for up to 60 s (graceful_shutdown_timeout) before exiting
+
+
+class K8sRenderError(ValueError):
+    """The job cannot be laid out on a cluster as configured; the message says what to change."""
+
+
+def render(job: JobSpec) -> list[Manifest]:
+    """Every object of the job's deployment, in the order they should be applied."""
+    cfg = job.kubernetes or KubernetesConfig()
+    problems = cfg.unserved(job.tasks)
+    if problems:
+        raise K8sRenderError("kubernetes: " + "; ".join(problems))
+    app = app_name(job)
+    address = temporal_address(job)
+    spec_yaml = _job_yaml(cluster_job(job))
+    manifests = [namespace_manifest(cfg), job_configmap(app, cfg, spec_yaml)]
+    if job.store.kind == "local":
+        manifests.append(volume_claim(f"{app}-store", app, cfg, cfg.store_volume))
+    pools = resolved_pools(job)
+    if pools[Pool.TRAINER].replicas:
+        manifests.append(volume_claim(f"{app}-runs", app, cfg, cfg.runs_volume))
+    digest = hashlib.sha256(spec_yaml.encode()).hexdigest()[:16]
+    for pool in WORKER_POOLS:
+        resolved = pools[pool]
+        if resolved.replicas:
+            manifests.append(pool_deployment(job, resolved, address, digest))
+    if pools[Pool.SERVERLESS].replicas:
+        scaler = scaled_object if cfg.serverless.keda else serverless_hpa
+        manifests.append(scaler(app, cfg, address, job.temporal.namespace))
+    return manifests
+
+
+def resolved_pools(job: JobSpec) -> dict[Pool, ResolvedPool]:
+    """Each pool's concrete settings; generation pools no task uses get 0 replicas unless the job says otherwise."""
+    cfg = job.kubernetes or KubernetesConfig()
+    used = {t.generate_pool for t in job.tasks}
+    return {pool: cfg.resolve_pool(pool, used) for pool in Pool}
+
+
+def app_name(job: JobSpec) -> str:
+    """Prefix of every object's name: `kubernetes.name`, else the job name made DNS-safe."""
+    cfg = job.kubernetes or KubernetesConfig()
+    if cfg.name:
+        return cfg.name
+    name = re.sub(r"[^a-z0-9-]+", "-", job.name.lower()).strip("-")[:40].strip("-")
+    return name or "rollart"
+
+
+def temporal_address(job: JobSpec) -> str:
+    """The Temporal frontend the pods dial: `kubernetes.temporal_address`, `temporal.address`, or the Helm default."""
+    cfg = job.kubernetes or KubernetesConfig()
+    address = cfg.temporal_address or job.temporal.address or DEFAULT_TEMPORAL_ADDRESS
+    if address.startswith(_LOCAL_HOSTS):
+        source = "kubernetes.temporal_address" if cfg.temporal_address else "temporal.address"
+        raise K8sRenderError(
+            f"Temporal address {address!r} (from {source}) is the local machine, which pods cannot reach: set "
+            "kubernetes.temporal_address (or pass --temporal-address) to the cluster's Temporal frontend, "
+            f"e.g. {DEFAULT_TEMPORAL_ADDRESS}"
+        )
+    return address
+
+
+def cluster_job(job: JobSpec) -> JobSpec:
+    """The job as the pods read it: the cluster's Temporal address, a local store on the shared volume."""
+    cfg = job.kubernetes or KubernetesConfig()
+    updates: dict[str, Any] = {
+        "temporal": job.temporal.model_copy(update={"address": temporal_address(job)}),
+        "kubernetes": None,
+    }
+    if job.store.kind == "local":
+        updates["store"] = job.store.model_copy(update={"path": Path(cfg.store_mount)})
+    return job.model_copy(update=updates)
+
+
+def namespace_manifest(cfg: KubernetesConfig) -> Manifest:
+    """The namespace every other object lives in."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": cfg.namespace}}
+
+
+def job_configmap(app: str, cfg: KubernetesConfig, spec_yaml: str) -> Manifest:
+    """The job spec, mounted read-only into every pod: one source of truth for all workers."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(f"{app}-job", app, cfg),
+        "data": {"job.yaml": spec_yaml},
+    }
+
+
+def volume_claim(name: str, app: str, cfg: KubernetesConfig, volume: Any) -> Manifest:
+    """A PersistentVolumeClaim; the store's must be ReadWriteMany when workers run on several nodes."""
+    spec: dict[str, Any] = {"accessModes": [volume.access_mode], "resources": {"requests": {"storage": volume.size}}}
+    if volume.storage_class:
+        spec["storageClassName"] = volume.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(name, app, cfg), "spec": spec}
+
+
+def pool_deployment(job: JobSpec, pool: ResolvedPool, address: str, job_digest: str) -> Manifest:
+    """One pool's workers: `rollart worker --pool P` on nodes of the pool's kind, with its resources."""
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    name = f"{app}-{pool.pool.value}"
+    labels = _labels(app, pool.pool)
+    spec: dict[str, Any] = {}
+    if pool.pool is Pool.TRAINER:  # one process owns model + optimizer: stop the old one before the new starts
+        spec["replicas"] = 1
+        spec["strategy"] = {"type": "Recreate"}
+    elif pool.pool is not Pool.SERVERLESS:  # serverless replicas belong to its autoscaler
+        spec["replicas"] = pool.replicas
+    if pool.pool in GENERATION_POOLS:  # GPUs are scarce: replace in place rather than surge
+        spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    spec["selector"] = {"matchLabels": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}}
+    spec["template"] = {
+        "metadata": {"labels": labels, "annotations": {"rollart.dev/job-sha256": job_digest}},
+        "spec": _pod_spec(job, cfg, app, pool, address),
+    }
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, app, cfg, pool.pool), "spec": spec}
+
+
+def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str) -> Manifest:
+    """KEDA (v2.17+) scales the serverless Deployment on its Temporal activity backlog, down to 0 when idle."""
+    s = cfg.serverless
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": _meta(f"{app}-{Pool.SERVERLESS.value}", app, cfg, Pool.SERVERLESS),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{app}-{Pool.SERVERLESS.value}"},
+            "minReplicaCount": s.min_replicas,
+            "maxReplicaCount": s.max_replicas,
+            "pollingInterval": s.polling_interval_s,
+            "cooldownPeriod": s.cooldown_period_s,
+            "triggers": [
+                {
+                    "type": "temporal",
+                    "metadata": {
+                        "endpoint": address,
+                        "namespace": temporal_namespace,
+                        "taskQueue": Pool.SERVERLESS.value,
+                        "queueTypes": "activity",
+                        "targetQueueSize": str(s.target_queue_size),
+                        "activationTargetQueueSize": str(s.activation_queue_size),
+                    },
+                }
+            ],
+        },
+    }
+
+
+def serverless_hpa(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str) -> Manifest:
+    """Without KEDA: a plain HPA on CPU utilisation (reward work is CPU work). It cannot scale to 0."""
+    s = cfg.serverless
+    name = f"{app}-{Pool.SERVERLESS.value}"
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(name, app, cfg, Pool.SERVERLESS),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": max(1, s.min_replicas),
+            "maxReplicas": s.max_replicas,
+            "metrics": [
+                {
+                    "type": "Resource",
+                    "resource": {
+                        "name": "cpu",
+                        "target": {"type": "Utilization", "averageUtilization": s.cpu_utilization_percent},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def write_manifests(manifests: list[Manifest], out_dir: Path) -> list[Path]:
+    """One YAML file per object, numbered in apply order (`kubectl apply -f DIR` takes them in that order)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, m in enumerate(manifests):
+        path = out_dir / f"{i:02d}-{m['kind'].lower()}-{m['metadata']['name']}.yaml"
+        path.write_text(yaml.dump(m, Dumper=_Dumper, sort_keys=False))
+        paths.append(path)
+    return paths
+
+
+# ---------------------------------------------------------------- helpers
+
+
+class _Dumper(yaml.SafeDumper):
+    """Safe YAML with multi-line strings (the job spec in the ConfigMap) as readable `|` blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def _job_yaml(job: JobSpec) -> str:
+    return yaml.safe_dump(job.model_dump(mode="json", exclude={"kubernetes"}), sort_keys=False)
+
+
+def _labels(app: str, pool: Pool | None = None) -> dict[str, str]:
+    labels = {"app.kubernetes.io/name": "rollart", "app.kubernetes.io/instance": app,
+              "app.kubernetes.io/managed-by": "rollart"}  # fmt: skip
+    if pool is not None:
+        labels["app.kubernetes.io/component"] = pool.value
+    return labels
+
+
+def _meta(name: str, app: str, cfg: KubernetesConfig, pool: Pool | None = None) -> dict[str, Any]:
+    return {"name": name, "namespace": cfg.namespace, "labels": _labels(app, pool)}
+
+
+def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool, address: str) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
+    limits: dict[str, Any] = {"memory": pool.memory}
+    if pool.gpus:
+        requests[cfg.gpu_resource] = pool.gpus
+        limits[cfg.gpu_resource] = pool.gpus
+    mounts = [{"name": "job", "mountPath": JOB_MOUNT, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "job", "configMap": {"name": f"{app}-job"}}]
+    if job.store.kind == "local":
+        mounts.append({"name": "store", "mountPath": cfg.store_mount})
+        volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": f"{app}-store"}})
+    if pool.pool is Pool.TRAINER:
+        mounts.append({"name": "runs", "mountPath": cfg.runs_mount})
+        volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": f"{app}-runs"}})
+    if pool.gpus:  # torch/vLLM workers share tensors through /dev/shm; the container default (64 MiB) is too small
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    container = {
+        "name": "worker",
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["rollart", "worker", "--pool", pool.pool.value, "--job", f"{JOB_MOUNT}/job.yaml",
+                    "--temporal-address", address],  # fmt: skip
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": requests, "limits": limits},
+        "volumeMounts": mounts,
+    }
+    spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    node_selector = dict(pool.node_selector)
+    if pool.gpu_product and pool.gpus:  # `gpus: 0` runs the pool on any node (e.g. CPU emulation)
+        node_selector = {cfg.gpu_product_label: pool.gpu_product, **node_selector}
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    if pool.tolerations:
+        spec["tolerations"] = [t.manifest() for t in pool.tolerations]
+    if pool.pool in GENERATION_POOLS:
+        spec["terminationGracePeriodSeconds"] = _GENERATION_GRACE_S
+    return spec
