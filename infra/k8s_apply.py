@@ -54,10 +54,11 @@ def connect(context: str | None = None) -> Cluster:
             config.load_incluster_config()
             api = client.ApiClient()
         else:
-            api = config.new_client_from_config(context=context)
+            # KUBECONFIG read now, not at import (the client reads it once when first imported)
+            api = config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"), context=context)
     except (ConfigException, OSError) as e:
         raise ApplyError(
-            f"no Kubernetes cluster configured: {e}. Point KUBECONFIG (or ~/.kube/config) at the cluster, "
+            f"no Kubernetes cluster configured: {str(e).rstrip('.')}. Point KUBECONFIG (or ~/.kube/config) at the cluster, "
             "or use `rollart k8s render` and apply the files with your own tooling"
         ) from e
     api.configuration.retries = 1

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from rollart.infra.pools import GENERATION_POOLS, Pool
+from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
 if TYPE_CHECKING:
     from rollart.infra.config import TaskSpec
@@ -165,7 +165,7 @@ class KubernetesConfig(_Strict):
     @classmethod
     def _known_pools(cls, pools: object) -> object:
         if isinstance(pools, dict):
-            valid = [p.value for p in Pool]
+            valid = [p.value for p in WORKER_POOLS]  # every pool, in the order the README lists them
             unknown = [str(k) for k in pools if str(k) not in valid]
             if unknown:
                 raise ValueError(f"unknown pool {', '.join(map(repr, unknown))}; pools are: {', '.join(valid)}")

@@ -21,7 +21,8 @@ from tests.conftest import REPO
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"], ["train"], ["status"], ["plot"]])
+@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"], ["train"], ["status"], ["plot"],
+                                     ["k8s"], ["k8s", "render"], ["k8s", "apply"]])
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")

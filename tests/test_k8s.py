@@ -1,0 +1,410 @@
+"""Kubernetes manifests: valid for a pinned Kubernetes, matching the job's pools and queues; apply's order.
+
+Core objects are checked with kubernetes-validate against the schemas it ships for Kubernetes
+1.30 (offline); the KEDA ScaledObject, a CRD, is checked structurally. There is no cluster here:
+`apply_manifests` runs against a fake dynamic client that records calls (its logic only — a real
+API server's dry-run is not exercised), while `connect` and the CLI are run for real against a
+missing kubeconfig and an unreachable API server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes.client import ApiException
+from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError, api_exception
+from rollart.infra.config import JobSpec, JobSpecError, load_job
+from rollart.infra.devserver import free_port
+from rollart.infra.k8s import K8sRenderError, Manifest, render
+from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
+from rollart.infra.k8s_config import KubernetesConfig
+from rollart.infra.pools import Pool
+
+from tests.conftest import REPO
+
+K8S_VERSION = "1.30.0"
+ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
+EXAMPLES = {name: REPO / "examples" / f"{name}.yaml" for name in ("frozenlake", "multitask")}
+
+
+def by_kind(manifests: list[Manifest], kind: str) -> dict[str, Manifest]:
+    return {m["metadata"]["name"]: m for m in manifests if m["kind"] == kind}
+
+
+def deployments_by_pool(manifests: list[Manifest]) -> dict[str, Manifest]:
+    return {m["metadata"]["labels"]["app.kubernetes.io/component"]: m for m in by_kind(manifests, "Deployment").values()}
+
+
+def pod(deployment: Manifest) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def with_kubernetes(job: JobSpec, section: dict[str, Any]) -> JobSpec:
+    return JobSpec.model_validate({**job.model_dump(mode="json"), "kubernetes": section})
+
+
+def write_job(tmp_path: Path, base: Path, section: dict[str, Any]) -> Path:
+    raw = yaml.safe_load(base.read_text())
+    raw["kubernetes"] = section
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# ---------------------------------------------------------------- schema validity
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES))
+@pytest.mark.parametrize("keda", [True, False])
+def test_every_core_manifest_validates_against_kubernetes_1_30(example: str, keda: bool) -> None:
+    job = with_kubernetes(load_job(EXAMPLES[example]), {"serverless": {"keda": keda}})
+    manifests = render(job)
+    kinds = {m["kind"] for m in manifests}
+    assert {"Namespace", "ConfigMap", "PersistentVolumeClaim", "Deployment"} <= kinds
+    assert ("ScaledObject" in kinds) is keda and ("HorizontalPodAutoscaler" in kinds) is not keda
+    for m in manifests:
+        if m["apiVersion"].startswith("keda.sh/"):
+            continue  # a CRD: checked structurally below
+        kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+
+
+def test_the_validator_rejects_a_broken_deployment() -> None:
+    """Guards the test above against a validator that accepts anything."""
+    deployment = next(iter(by_kind(render(load_job(EXAMPLES["frozenlake"])), "Deployment").values()))
+    broken = json.loads(json.dumps(deployment))
+    broken["spec"]["replica"] = broken["spec"].pop("replicas")  # a typo: strict validation must catch it
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, K8S_VERSION, strict=True)
+
+
+# ---------------------------------------------------------------- pools, queues, node selectors
+
+
+def test_each_pool_deployment_runs_its_pool_on_its_gpu_product() -> None:
+    job = load_job(EXAMPLES["multitask"])
+    deployments = deployments_by_pool(render(job))
+    assert set(deployments) == {"control", "cpu", "h800", "h20", "serverless", "trainer"}
+    for pool, d in deployments.items():
+        command = pod(d)["containers"][0]["command"]
+        assert command[:2] == ["rollart", "worker"]
+        assert command[command.index("--pool") + 1] == pool == d["metadata"]["name"].rsplit("-", 1)[1]
+        assert command[command.index("--job") + 1] == "/etc/rollart/job.yaml"
+        assert command[command.index("--temporal-address") + 1] == "temporal-frontend.temporal.svc.cluster.local:7233"
+    selectors = {pool: pod(d).get("nodeSelector", {}) for pool, d in deployments.items()}
+    assert selectors["h800"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    assert selectors["h20"] == {"nvidia.com/gpu.product": "NVIDIA-H20"}
+    assert selectors["trainer"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    assert selectors["cpu"] == selectors["control"] == selectors["serverless"] == {}  # env pool: any CPU node
+    for pool in ("h800", "h20", "trainer"):
+        resources = pod(deployments[pool])["containers"][0]["resources"]
+        assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == 1
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(deployments[pool])["tolerations"]
+    for pool in ("cpu", "control", "serverless"):
+        assert "nvidia.com/gpu" not in pod(deployments[pool])["containers"][0]["resources"]["requests"]
+    # every task's generate_pool has workers, and the job's queues are exactly the pools' names
+    assert {t.generate_pool.value for t in job.tasks} == {"h800", "h20"} <= set(deployments)
+
+
+def test_a_generation_pool_no_task_uses_is_left_out() -> None:
+    deployments = deployments_by_pool(render(load_job(EXAMPLES["frozenlake"])))  # frozenlake generates on h800 only
+    assert "h800" in deployments and "h20" not in deployments
+
+
+def test_gpu_product_label_resources_and_tolerations_are_overridable() -> None:
+    section = {
+        "image": "registry.example/rollart:1.2",
+        "gpu_product_label": "cloud.example/accelerator",
+        "pools": {
+            "h800": {"gpu_product": "NVIDIA-H800-80GB-HBM3", "gpus": 2, "cpu": "16", "memory": "128Gi", "replicas": 3,
+                     "node_selector": {"pool": "prefill"},
+                     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}]},
+            "cpu": {"replicas": 4, "node_selector": {"node.kubernetes.io/instance-type": "c7.4xlarge"}},
+            "trainer": {"replicas": 0},
+        },
+    }
+    manifests = render(with_kubernetes(load_job(EXAMPLES["frozenlake"]), section))
+    deployments = deployments_by_pool(manifests)
+    h800 = deployments["h800"]
+    assert h800["spec"]["replicas"] == 3
+    assert pod(h800)["nodeSelector"] == {"cloud.example/accelerator": "NVIDIA-H800-80GB-HBM3", "pool": "prefill"}
+    assert pod(h800)["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}]
+    container = pod(h800)["containers"][0]
+    assert container["image"] == "registry.example/rollart:1.2"
+    assert container["resources"]["requests"] == {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": 2}
+    assert deployments["cpu"]["spec"]["replicas"] == 4
+    assert pod(deployments["cpu"])["nodeSelector"] == {"node.kubernetes.io/instance-type": "c7.4xlarge"}
+    assert "trainer" not in deployments and not any(n.endswith("-runs") for n in by_kind(manifests, "PersistentVolumeClaim"))
+    for m in manifests:
+        if not m["apiVersion"].startswith("keda.sh/"):
+            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+
+
+def test_a_gpu_pool_without_gpus_may_run_on_any_node() -> None:
+    job = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"pools": {"h800": {"gpus": 0}}})
+    h800 = pod(deployments_by_pool(render(job))["h800"])
+    assert "nodeSelector" not in h800 and "nvidia.com/gpu" not in h800["containers"][0]["resources"]["requests"]
+
+
+def test_the_trainer_is_one_replica_that_never_overlaps_with_its_run_dir_volume() -> None:
+    manifests = render(load_job(EXAMPLES["frozenlake"]))
+    trainer = deployments_by_pool(manifests)["trainer"]
+    assert trainer["spec"]["replicas"] == 1 and trainer["spec"]["strategy"] == {"type": "Recreate"}
+    mounts = {m["name"]: m["mountPath"] for m in pod(trainer)["containers"][0]["volumeMounts"]}
+    assert mounts["runs"] == "/var/lib/rollart/runs" and mounts["store"] == "/var/lib/rollart/store"
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod(trainer)["volumes"] if "persistentVolumeClaim" in v}
+    assert set(claims.values()) <= set(by_kind(manifests, "PersistentVolumeClaim"))
+    assert by_kind(manifests, "PersistentVolumeClaim")[claims["runs"]]["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert by_kind(manifests, "PersistentVolumeClaim")[claims["store"]]["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_the_configmap_holds_the_job_as_the_pods_see_it(tmp_path: Path) -> None:
+    job = with_kubernetes(load_job(EXAMPLES["multitask"]), {"temporal_address": "temporal.prod.svc:7233"})
+    manifests = render(job)
+    (configmap,) = by_kind(manifests, "ConfigMap").values()
+    path = tmp_path / "job.yaml"
+    path.write_text(configmap["data"]["job.yaml"])
+    in_pod = load_job(path)  # what `rollart worker --job /etc/rollart/job.yaml` reads
+    assert in_pod.temporal.address == "temporal.prod.svc:7233"
+    assert in_pod.store.path == Path("/var/lib/rollart/store")
+    assert in_pod.tasks == job.tasks and in_pod.engine == job.engine and in_pod.kubernetes is None
+    for d in by_kind(manifests, "Deployment").values():
+        assert {"name": "job", "configMap": {"name": configmap["metadata"]["name"]}} in pod(d)["volumes"]
+
+
+# ---------------------------------------------------------------- serverless autoscaling
+
+
+def test_keda_scales_the_serverless_deployment_on_its_temporal_backlog() -> None:
+    section = {"temporal_address": "temporal.prod.svc:7233",
+               "serverless": {"min_replicas": 1, "max_replicas": 32, "target_queue_size": 5}}  # fmt: skip
+    job = with_kubernetes(load_job(EXAMPLES["multitask"]), section)
+    manifests = render(job)
+    (so,) = by_kind(manifests, "ScaledObject").values()
+    assert so["apiVersion"] == "keda.sh/v1alpha1" and so["metadata"]["namespace"] == "rollart"
+    spec = so["spec"]
+    target = spec["scaleTargetRef"]
+    assert target["kind"] == "Deployment" and target["name"] in by_kind(manifests, "Deployment")
+    assert deployments_by_pool(manifests)["serverless"]["metadata"]["name"] == target["name"]
+    assert "replicas" not in by_kind(manifests, "Deployment")[target["name"]]["spec"]  # KEDA owns the count
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (1, 32)
+    (trigger,) = spec["triggers"]
+    assert trigger["type"] == "temporal"
+    meta = trigger["metadata"]
+    assert meta["taskQueue"] == Pool.SERVERLESS.value and meta["queueTypes"] == "activity"
+    assert meta["endpoint"] == "temporal.prod.svc:7233" and meta["namespace"] == job.temporal.namespace
+    assert meta["targetQueueSize"] == "5" and meta["activationTargetQueueSize"] == "0"
+    assert all(isinstance(v, str) for v in meta.values())  # KEDA's trigger metadata is map[string]string
+    assert set(spec) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval",
+                         "cooldownPeriod", "triggers", "advanced", "fallback", "idleReplicaCount"}  # fmt: skip
+
+
+def test_without_keda_a_cpu_hpa_scales_serverless_from_at_least_one() -> None:
+    job = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"serverless": {"keda": False, "max_replicas": 6}})
+    manifests = render(job)
+    assert not by_kind(manifests, "ScaledObject")
+    (hpa,) = by_kind(manifests, "HorizontalPodAutoscaler").values()
+    assert hpa["spec"]["scaleTargetRef"]["name"] == deployments_by_pool(manifests)["serverless"]["metadata"]["name"]
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (1, 6)  # an HPA cannot scale to 0
+    assert hpa["spec"]["metrics"][0]["resource"]["name"] == "cpu"
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ({"pools": {"a100": {"replicas": 1}}}, ["kubernetes.pools", "unknown pool 'a100'", "pools are: control, cpu, h800, h20, serverless, trainer"]),
+        ({"pools": {"h20": {"replicas": 0}}}, ["task 'arithmetic'", "its generation", "pool 'h20'", "kubernetes.pools.h20.replicas is 0"]),
+        ({"pools": {"serverless": {"replicas": 0}}}, ["task 'arithmetic'", "its reward 'exact_match'", "pool 'serverless'",
+                                                      "task 'frozenlake'", "its reward 'success'"]),
+        ({"pools": {"cpu": {"replicas": 0}}}, ["task 'frozenlake'", "its env 'frozenlake'", "pool 'cpu'"]),
+        ({"pools": {"control": {"replicas": 0}}}, ["control pool runs every workflow"]),
+        ({"pools": {"trainer": {"replicas": 2}}}, ["pools.trainer.replicas is 2", "one process"]),
+        ({"pools": {"h800": {"memory": "lots"}}}, ["kubernetes.pools.h800.memory", "not a Kubernetes quantity: 'lots'"]),
+        ({"namespace": "My_NS"}, ["kubernetes.namespace", "not a usable Kubernetes name"]),
+        ({"serverless": {"min_replicas": 5, "max_replicas": 2}}, ["kubernetes.serverless", "exceeds max_replicas"]),
+        ({"pools": {"h800": {"gpu": 1}}}, ["kubernetes.pools.h800.gpu", "Extra inputs are not permitted"]),
+    ],
+)
+def test_bad_kubernetes_sections_fail_on_load_naming_file_and_field(tmp_path: Path, section: dict, expected: list[str]) -> None:
+    path = write_job(tmp_path, EXAMPLES["multitask"], section)
+    with pytest.raises(JobSpecError) as err:
+        load_job(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: invalid job spec")
+    for fragment in expected:
+        assert fragment in message, message
+
+
+def test_a_local_temporal_address_is_refused_for_pods() -> None:
+    job = load_job(EXAMPLES["frozenlake"], {"temporal": {"address": "127.0.0.1:7233"}})
+    with pytest.raises(K8sRenderError, match=r"127\.0\.0\.1:7233.*temporal\.address.*--temporal-address"):
+        render(job)
+
+
+def test_render_checks_pools_even_for_jobs_built_without_validation() -> None:
+    job = load_job(EXAMPLES["multitask"])
+    job = job.model_copy(update={"kubernetes": KubernetesConfig.model_validate({"pools": {"h20": {"replicas": 0}}})})
+    with pytest.raises(K8sRenderError, match="task 'arithmetic'.*pool 'h20'"):
+        render(job)
+
+
+# ---------------------------------------------------------------- the CLI
+
+
+def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
+    out = tmp_path / "manifests"
+    done = subprocess.run([*ROLLART, "k8s", "render", str(EXAMPLES["multitask"]), "-o", str(out), "--hpa",
+                           "--image", "registry.example/rollart:2", "--temporal-address", "t.example:7233"],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    files = sorted(out.glob("*.yaml"))
+    assert files and done.stdout.count("wrote ") == len(files)
+    manifests = [yaml.safe_load(f.read_text()) for f in files]
+    assert [m["kind"] for m in manifests][:2] == ["Namespace", "ConfigMap"]  # numbered in apply order
+    assert manifests[-1]["kind"] == "HorizontalPodAutoscaler"
+    for m in manifests:
+        kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+    for d in (m for m in manifests if m["kind"] == "Deployment"):
+        container = pod(d)["containers"][0]
+        assert container["image"] == "registry.example/rollart:2"
+        assert container["command"][-2:] == ["--temporal-address", "t.example:7233"]
+
+
+def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
+    path = write_job(tmp_path, EXAMPLES["multitask"], {"pools": {"h20": {"replicas": 0}}})
+    done = subprocess.run([*ROLLART, "k8s", "render", str(path), "-o", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and "task 'arithmetic'" in done.stderr and "'h20'" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_apply_without_a_cluster_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env["KUBECONFIG"] = str(tmp_path / "missing-kubeconfig")
+    done = subprocess.run([*ROLLART, "k8s", "apply", str(EXAMPLES["frozenlake"]), "--dry-run"],
+                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "error: no Kubernetes cluster configured" in done.stderr and "KUBECONFIG" in done.stderr
+
+
+def test_connect_to_an_unreachable_api_server_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    port = free_port()
+    kubeconfig = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "clusters": [{"name": "nowhere", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "me", "user": {"token": "x"}}],
+        "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "me"}}],
+    }  # fmt: skip
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ApplyError, match=rf"cannot reach the Kubernetes API at http://127\.0\.0\.1:{port}"):
+        connect()
+
+
+# ---------------------------------------------------------------- apply (against a fake dynamic client)
+
+
+class FakeResource:
+    def __init__(self, kind: str, existing: set[str]) -> None:
+        self.kind = kind
+        self.existing = existing
+
+    def get(self, name: str) -> dict:
+        if name not in self.existing:
+            raise api_exception(ApiException(status=404, reason="Not Found"))
+        return {"metadata": {"name": name}}
+
+
+class FakeCluster:
+    """Records server-side apply calls; `reject` maps `Kind/name` to the message its dry-run fails with."""
+
+    def __init__(self, crds: bool = True, reject: dict[str, str] | None = None, namespaces: set[str] | None = None) -> None:
+        self.crds = crds
+        self.reject = reject or {}
+        self.namespaces = namespaces if namespaces is not None else set()
+        self.calls: list[tuple[str, str, bool]] = []
+        self.resources = self
+
+    def get(self, api_version: str, kind: str) -> FakeResource:  # resources.get
+        if api_version.startswith("keda.sh/") and not self.crds:
+            raise ResourceNotFoundError(f"No matches found for {{'api_version': {api_version!r}, 'kind': {kind!r}}}")
+        return FakeResource(kind, self.namespaces)
+
+    def server_side_apply(self, resource: FakeResource, body: Any = None, name: str | None = None,
+                          namespace: str | None = None, force_conflicts: bool | None = None, **kwargs: Any) -> dict:  # fmt: skip
+        assert kwargs["field_manager"] == "rollart" and force_conflicts is True
+        dry = kwargs.get("dry_run") == "All"
+        ref = f"{resource.kind}/{name}"
+        self.calls.append((ref, "dry-run" if dry else "apply", namespace))
+        if ref in self.reject:
+            e = ApiException(status=422, reason="Unprocessable Entity")
+            e.body, e.headers = json.dumps({"message": self.reject[ref]}), {"Content-Type": "application/json"}
+            raise api_exception(e)
+        if resource.kind == "Namespace" and not dry:
+            self.namespaces.add(name)
+        return body
+
+
+@pytest.fixture()
+def manifests() -> list[Manifest]:
+    return render(load_job(EXAMPLES["multitask"]))
+
+
+def test_apply_dry_runs_every_object_before_changing_anything(manifests: list[Manifest]) -> None:
+    cluster = FakeCluster()
+    report = apply_manifests(cluster, manifests)
+    assert report.applied
+    refs = [f"{m['kind']}/{m['metadata']['name']}" for m in manifests]
+    assert cluster.calls[:2] == [(refs[0], "dry-run", None), (refs[0], "apply", None)]  # the namespace first
+    rest = cluster.calls[2:]
+    assert [c[1] for c in rest] == ["dry-run"] * (len(refs) - 1) + ["apply"] * (len(refs) - 1)
+    assert [c[0] for c in rest] == refs[1:] * 2 and all(c[2] == "rollart" for c in rest)
+    assert report.lines == [f"{r}: applied" for r in refs]
+
+
+def test_a_rejected_dry_run_changes_nothing_and_names_the_object(manifests: list[Manifest]) -> None:
+    cluster = FakeCluster(namespaces={"rollart"}, reject={"Deployment/multitask-h20": "exceeded quota: gpu"})
+    with pytest.raises(ApplyError, match=r"nothing was changed\):\n  Deployment/multitask-h20: exceeded quota: gpu"):
+        apply_manifests(cluster, manifests)
+    assert not [c for c in cluster.calls if c[1] == "apply" and not c[0].startswith("Namespace/")]
+
+
+def test_dry_run_only_changes_nothing(manifests: list[Manifest]) -> None:
+    cluster = FakeCluster(namespaces={"rollart"})
+    report = apply_manifests(cluster, manifests, dry_run_only=True)
+    assert not report.applied and {c[1] for c in cluster.calls} == {"dry-run"}
+    assert len(report.lines) == len(manifests) and all(line.endswith("dry-run ok") for line in report.lines)
+
+
+def test_dry_run_into_a_namespace_not_yet_created_skips_its_objects(manifests: list[Manifest]) -> None:
+    cluster = FakeCluster(namespaces=set())
+    report = apply_manifests(cluster, manifests, dry_run_only=True)
+    assert report.lines[0] == "Namespace/rollart: dry-run ok"
+    assert all("skipped (namespace 'rollart' does not exist yet" in line for line in report.lines[1:])
+    assert cluster.calls == [("Namespace/rollart", "dry-run", None)]
+
+
+def test_a_cluster_without_keda_gets_told_to_install_it_or_use_the_hpa(manifests: list[Manifest]) -> None:
+    cluster = FakeCluster(crds=False)
+    with pytest.raises(ApplyError, match=r"KEDA is not installed.*keda: false \(or pass --hpa\)"):
+        apply_manifests(cluster, manifests)
+    assert cluster.calls == []  # checked before anything is sent
+
+
+def test_not_found_is_what_the_fake_raises_for_a_missing_namespace() -> None:
+    """Keeps the fake honest: the dynamic client maps a 404 to NotFoundError, which apply relies on."""
+    with pytest.raises(NotFoundError):
+        FakeResource("Namespace", set()).get(name="absent")
