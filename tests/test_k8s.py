@@ -153,7 +153,7 @@ def test_a_gpu_pool_without_gpus_may_run_on_any_node() -> None:
     assert "nodeSelector" not in h800 and "nvidia.com/gpu" not in h800["containers"][0]["resources"]["requests"]
 
 
-def test_the_trainer_is_one_replica_that_never_overlaps_with_its_run_dir_volume() -> None:
+def test_the_trainer_is_one_replica_recreated_with_its_run_dir_volume() -> None:
     manifests = render(load_job(EXAMPLES["frozenlake"]))
     trainer = deployments_by_pool(manifests)["trainer"]
     assert trainer["spec"]["replicas"] == 1 and trainer["spec"]["strategy"] == {"type": "Recreate"}
@@ -408,3 +408,18 @@ def test_not_found_is_what_the_fake_raises_for_a_missing_namespace() -> None:
     """Keeps the fake honest: the dynamic client maps a 404 to NotFoundError, which apply relies on."""
     with pytest.raises(NotFoundError):
         FakeResource("Namespace", set()).get(name="absent")
+
+
+def test_the_readme_example_section_renders() -> None:
+    """The README's `kubernetes:` example is a valid section: documentation that cannot rot silently."""
+    readme = (REPO / "README.md").read_text()
+    deploying = readme.split("## Deploying on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in deploying.split("```yaml\n")[1:] if b.startswith("kubernetes:")).split("```", 1)[0]
+    section = yaml.safe_load(block)["kubernetes"]
+    manifests = render(with_kubernetes(load_job(EXAMPLES["multitask"]), section))
+    deployments = deployments_by_pool(manifests)
+    assert deployments["h20"]["spec"]["replicas"] == 8 and deployments["h800"]["spec"]["replicas"] == 4
+    assert all(m["metadata"]["namespace"] == "rl-team" for m in manifests if m["kind"] != "Namespace")
+    for m in manifests:
+        if not m["apiVersion"].startswith("keda.sh/"):
+            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
