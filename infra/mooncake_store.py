@@ -137,6 +137,12 @@ class MooncakeStore(Store):
             raise StoreError(f"cannot remove {key!r} from Mooncake yet: a reader holds a lease on it (try again later)")
         raise self._error(rc, key, "removing")
 
+    def remove_now(self, key: str) -> None:
+        """Remove `key` even if a reader's lease (10 s after each read) holds it: only when no read can be in flight."""
+        rc = self._client.remove(check_key(key), True)
+        if rc not in (0, _OBJECT_NOT_FOUND):
+            raise self._error(rc, key, "removing")
+
     def exists(self, key: str) -> bool:
         check_key(key)
         rc = self._client.is_exist(key)

@@ -21,6 +21,8 @@ __all__ = ["PublishedWeights", "fetch_latest", "latest_key", "latest_weights", "
 
 log = logging.getLogger(__name__)
 
+_SWEEP = 8
+
 
 class PublishedWeights(BaseModel):
     """What `latest` points at."""
@@ -43,17 +45,18 @@ def publish(store: Store, job_id: str, version: int, blob: bytes | memoryview, k
     """Write the blob (pinned), then move `latest` to it, then drop versions ≤ `version − keep`.
 
     Readers never see a pointer to a missing blob. A removal that fails (a
-    reader holds the object right now) is retried at the next publish: up to
-    `keep` versions further back are tried each time.
+    reader read it in the last seconds: Mooncake leases an object for 10 s
+    after each read) is retried at the next publishes: the `_SWEEP` versions
+    before the kept ones are tried each time (one cheap call each).
     """
     ref = PublishedWeights(version=version, key=weights_key(job_id, version))
     store.put(ref.key, blob, pinned=True)
     store.put(latest_key(job_id), ref.model_dump_json().encode(), pinned=True)
-    for old in range(version - keep, max(0, version - 2 * keep), -1):
+    for old in range(version - keep, max(0, version - keep - _SWEEP), -1):
         try:
             store.delete(weights_key(job_id, old))
         except StoreError as e:
-            log.info("weights v%d of %s not removed yet: %s", old, job_id, e)
+            log.debug("weights v%d of %s not removed yet: %s", old, job_id, e)
     return ref
 
 
