@@ -144,3 +144,25 @@ def test_master_killed_with_local_fallback_loses_nothing(fresh_mooncake: Mooncak
     with pytest.raises(StoreKeyError, match="neither in"):
         mirrored.get("t/never")
     store.close()
+
+
+def test_config_rejects_a_bad_master_address() -> None:
+    from rollart.infra.config import JobSpec, format_validation_error
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate({"tasks": [{"name": "a", "env": "x", "reward": "y"}],
+                                "store": {"kind": "mooncake", "mooncake": {"master": "no-port"}}})  # fmt: skip
+    assert "store.mooncake.master" in format_validation_error(err.value, "job.yaml")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--store-master", "not an address"], "--store-master: expected HOST:PORT"),
+    ([], "the job's store is Mooncake but no master is given: pass --store-master"),
+])  # fmt: skip
+def test_worker_needs_a_valid_master_for_a_mooncake_job(tmp_path: Path, extra: list[str], message: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("tasks: [{name: a, env: frozenlake, reward: success}]\nstore: {kind: mooncake}\n")
+    out = subprocess.run([sys.executable, "-m", "rollart.workers.cli", "worker", "--pool", "cpu", "--job", str(job),
+                          *extra], capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    assert out.returncode == 2 and message in out.stderr, out.stderr

@@ -84,7 +84,7 @@ async def test_mooncake_training_matches_local(mc_stack: LocalStack, mc_client: 
 
 async def test_master_killed_mid_run_falls_back_to_local(mc_stack: LocalStack, mc_client: Client,
                                                          tmp_path: Path) -> None:
-    """`fallback: local`: the master dies after the first step; the run finishes, no trajectory lost or failed."""
+    """`fallback: local`: the master dies after the first step; every step trains a full batch, none fails."""
     assert mc_stack.mooncake is not None
 
     async def kill_after_first_step() -> None:
@@ -98,7 +98,8 @@ async def test_master_killed_mid_run_falls_back_to_local(mc_stack: LocalStack, m
     _, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path, async_bound=1, steps=4)
     assert killer.done() and mc_stack.mooncake.master_proc.poll() is not None, "the master was not killed mid-run"
     assert result.version == 4 and [r.step for r in status.history] == [0, 1, 2, 3]
-    assert status.ledger_balanced and result.failed == 0
-    assert result.started == result.trained + result.dropped + result.cancelled_in_flight + result.buffered_unused
+    assert status.ledger_balanced
+    # no trajectory failed while the job ran (those still in flight when it ends are cancelled, whatever the store)
+    assert [r.failed for r in status.history] == [0, 0, 0, 0] and [r.samples for r in status.history] == [8] * 4
     on_policy = [r for r in status.history if r.staleness_max == 0]
     assert all(r.train["logprob_diff_behav"] < 1e-4 for r in on_policy)  # weights came from the local copy
