@@ -108,7 +108,7 @@ class GenerateActivities:
             if version < want.min_version:
                 raise ApplicationError(
                     f"job {want.job_id!r} needs policy v{want.min_version} but the store has v{version} published "
-                    f"({self.store!r}; if its master restarted, the trainer's next publish restores it)",
+                    f"({self.store!r}; weights lost with a Mooncake master are gone unless store.fallback is local)",
                     type="WeightsNotPublished",
                 )
             path = self.base_weights

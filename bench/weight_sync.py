@@ -193,9 +193,10 @@ def build_model(out: Path, tiny: Path, hidden: int, layers: int, inter: int) -> 
 
     if (out / "config.json").is_file():
         return out
-    cfg = AutoConfig.from_pretrained(tiny)
-    cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size = hidden, layers, inter
-    cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim = hidden // 64, max(1, hidden // 256), 64
+    base = AutoConfig.from_pretrained(tiny).to_dict()
+    base.update(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter, num_attention_heads=hidden // 64,
+                num_key_value_heads=max(1, hidden // 256), head_dim=64, layer_types=["full_attention"] * layers)
+    cfg = type(AutoConfig.from_pretrained(tiny)).from_dict(base)
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).to(torch.float32).save_pretrained(out, safe_serialization=True)
     for f in tiny.iterdir():
@@ -237,8 +238,8 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
                             for p in trainer.parameters():
                                 p.add_(1e-4)
                         version += 1
-                        blob = state_dict_blob(trainer)
                         t0 = time.perf_counter()
+                        blob = state_dict_blob(trainer)  # what the trainer's publish does: serialise, then put
                         publish(store, f"swap-{label}", version, blob)
                         t1 = time.perf_counter()
                         path = home / "swap.safetensors"
