@@ -166,3 +166,31 @@ def test_worker_needs_a_valid_master_for_a_mooncake_job(tmp_path: Path, extra: l
     out = subprocess.run([sys.executable, "-m", "rollart.workers.cli", "worker", "--pool", "cpu", "--job", str(job),
                           *extra], capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
     assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+async def test_temporal_payloads_over_the_threshold_go_through_mooncake(mooncake: MooncakeService) -> None:
+    """Temporal's external storage on Mooncake: 3 MiB through an activity and a workflow result, history stays small."""
+    from rollart.infra.devserver import find_temporal_cli
+    from rollart.infra.temporal import data_converter
+    from temporalio.client import Client
+    from temporalio.testing import WorkflowEnvironment
+    from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+
+    from tests.support.history import payload_sizes
+    from tests.test_store import BlobWorkflow, make_blob
+
+    cfg = mooncake.config.model_copy(update={"payload_threshold_bytes": 64 * 1024})
+    async with await WorkflowEnvironment.start_local(
+        dev_server_existing_path=find_temporal_cli(), data_converter=data_converter(cfg), ui=False
+    ) as env:
+        client: Client = env.client
+        queue = f"mc-blob-{uuid.uuid4().hex[:6]}"
+        async with Worker(client, task_queue=queue, workflows=[BlobWorkflow], activities=[make_blob],
+                          workflow_runner=UnsandboxedWorkflowRunner()):  # fmt: skip
+            handle = await client.start_workflow(BlobWorkflow.run, 3 * 1024, id=queue, task_queue=queue)
+            assert await handle.result() == "x" * (3 * 1024 * 1024) + "!"
+            history = await handle.fetch_history()
+    assert max(payload_sizes(history)) < cfg.payload_threshold_bytes
+    store = open_store(cfg)
+    assert isinstance(store, MooncakeStore)  # fallback none: the round trip above went through Mooncake only
+    assert not cfg.path.exists()  # and nothing landed in the local directory
