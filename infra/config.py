@@ -140,7 +140,8 @@ class StoreConfig(_Strict):
 
     def with_master(self, address: str) -> StoreConfig:
         """This config pointed at the Mooncake master `address` (HOST:PORT)."""
-        return StoreConfig.model_validate({**self.model_dump(), "mooncake": {**self.mooncake.model_dump(), "master": address}})
+        mooncake = {**self.mooncake.model_dump(), "master": address}
+        return StoreConfig.model_validate({**self.model_dump(), "mooncake": mooncake})
 
 
 class EngineConfig(_Strict):

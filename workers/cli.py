@@ -226,7 +226,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     with stack:
         print(f"ready. Temporal UI: {stack.ui_url}   server: {stack.address}   logs: {stack.home / 'logs'}")
         if stack.mooncake:
-            print(f"Mooncake master: {stack.mooncake.address} (workers elsewhere: --store-master {stack.mooncake.address})")
+            master = stack.mooncake.address
+            print(f"Mooncake master: {master} (workers on other machines: --store-master {master})")
         for name, pid in stack.worker_pids().items():
             print(f"  worker {name:<14} pid {pid}")
         print("Ctrl-C stops everything.")
