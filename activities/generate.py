@@ -17,7 +17,7 @@ from rollart.activities.heartbeat import heartbeating
 from rollart.activities.types import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
 from rollart.infra.config import SamplingParams
 from rollart.infra.store import Store, key_word
-from rollart.infra.weights import latest_weights
+from rollart.infra.weights import fetch_latest
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -101,22 +101,25 @@ class GenerateActivities:
             if self._current(want):
                 return
             switching = self._job != want.job_id
-            latest = await asyncio.to_thread(latest_weights, self.store, want.job_id)
+            t0 = time.monotonic()
+            incoming = self.weights_dir / f"{key_word(want.job_id)}-incoming.safetensors"
+            latest = await asyncio.to_thread(fetch_latest, self.store, want.job_id, incoming)
             version = latest.version if latest else 0
             if version < want.min_version:
                 raise ApplicationError(
-                    f"job {want.job_id!r} needs policy v{want.min_version} but the store has v{version} published",
+                    f"job {want.job_id!r} needs policy v{want.min_version} but the store has v{version} published "
+                    f"({self.store!r}; weights lost with a Mooncake master are gone unless store.fallback is local)",
                     type="WeightsNotPublished",
                 )
             path = self.base_weights
             if latest is not None:
                 path = self.weights_dir / f"{key_word(want.job_id)}-v{version:06d}.safetensors"
-                blob = await asyncio.to_thread(self.store.get, latest.key)
-                await asyncio.to_thread(path.write_bytes, blob)
-            t0 = time.monotonic()
+                incoming.replace(path)
+            t1 = time.monotonic()
             await self.engine.load_weights(path, version, force=switching)
             self._job = want.job_id
-            log.info("loaded policy v%d of %s in %.2fs", version, want.job_id, time.monotonic() - t0)
+            log.info("loaded policy v%d of %s in %.2fs (pull %.2fs, engine reload %.2fs)", version, want.job_id,
+                     time.monotonic() - t0, t1 - t0, time.monotonic() - t1)  # fmt: skip
             for old in self.weights_dir.glob("*.safetensors"):
                 if old != path:
                     old.unlink(missing_ok=True)

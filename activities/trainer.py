@@ -119,8 +119,9 @@ class TrainerActivities:
     such small matrices), and one thread leaves a core for the event loop.
     """
 
-    def __init__(self, store: Store, *, torch_threads: int | None = 1) -> None:
+    def __init__(self, store: Store, *, torch_threads: int | None = 1, keep_weight_versions: int = 2) -> None:
         self.store = store
+        self.keep_weight_versions = keep_weight_versions
         self.torch_threads = torch_threads
         self._jobs: dict[str, _JobState] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -234,7 +235,9 @@ class TrainerActivities:
             else:
                 log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
             state.optimizer.zero_grad(set_to_none=True)
-            ref = publish(self.store, inp.job_id, inp.step + 1, state_dict_blob(state.model))
+            t_pub = time.perf_counter()
+            ref = publish(self.store, inp.job_id, inp.step + 1, state_dict_blob(state.model), self.keep_weight_versions)
+            publish_s = time.perf_counter() - t_pub
             if (inp.step + 1) % cfg.checkpoint_every == 0:
                 save_checkpoint(checkpoint_dir(inp.run_dir), state.model, state.optimizer, inp.step)
             staleness = [inp.step - s.policy_version_min for s in inp.samples]
@@ -251,6 +254,7 @@ class TrainerActivities:
                 staleness_mean=sum(staleness) / len(staleness),
                 staleness_max=float(max(staleness)),
                 train_s=time.perf_counter() - t0,
+                publish_s=publish_s,
             )
             result = TrainStepResult(step=inp.step, version=inp.step + 1, weights_key=ref.key, metrics=metrics)
             _write_record(inp.run_dir, result)

@@ -9,6 +9,7 @@ import sys
 
 BENCHMARKS = {
     "rollout": "bench.rollout",
+    "weight_sync": "bench.weight_sync",
 }
 
 

@@ -1,23 +1,41 @@
-"""The payload store: where bulk data (token ids, logprobs, large payloads) lives, named by key.
+"""The payload store: where bulk data (token ids, logprobs, large payloads, weights) lives, named by key.
 
 Workflows carry keys, never the data. `LocalStore` is a directory shared by
-every worker on the machine (or a shared filesystem); a Mooncake-backed store
-implements the same interface.
+every worker on the machine (or a shared filesystem); `MooncakeStore`
+(infra/mooncake_store.py) implements the same interface on Mooncake Store, and
+`MirroredStore` puts a durable local copy behind it (the `fallback: local`
+policy). `open_store` builds what a job's `store:` section asks for.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 import tempfile
+import threading
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
 from rollart.infra.config import StoreConfig
 
-__all__ = ["LocalStore", "Store", "StoreError", "StoreKeyError", "key_word", "open_store"]
+__all__ = [
+    "LocalStore",
+    "MirroredStore",
+    "Store",
+    "StoreError",
+    "StoreKeyError",
+    "StoreUnavailable",
+    "check_key",
+    "key_word",
+    "open_store",
+]
+
+log = logging.getLogger(__name__)
 
 _KEY = re.compile(r"^[A-Za-z0-9_.=@-]+(/[A-Za-z0-9_.=@-]+)*$")
 
@@ -38,12 +56,26 @@ class StoreKeyError(StoreError, KeyError):
         return str(self.args[0]) if self.args else "missing key"
 
 
+class StoreUnavailable(StoreError):
+    """The store's service cannot be reached (e.g. the Mooncake master is down): nothing can be said of the key."""
+
+
+def check_key(key: str) -> str:
+    """`key` if it is slash-separated words of [A-Za-z0-9_.=@-]; ValueError otherwise."""
+    if not _KEY.match(key) or any(part in (".", "..") for part in key.split("/")):
+        raise ValueError(f"invalid store key {key!r}: use slash-separated words of [A-Za-z0-9_.=@-]")
+    return key
+
+
 class Store(ABC):
     """Key → bytes. Keys are slash-separated words; writes are atomic; a missing key raises."""
 
     @abstractmethod
-    def put(self, key: str, data: bytes) -> None:
-        """Write (or overwrite) `key`; readers never see a partial value."""
+    def put(self, key: str, data: bytes | bytearray | memoryview, *, pinned: bool = False) -> None:
+        """Write (or overwrite) `key`; readers never see a partial value.
+
+        `pinned`: a cache must not evict it (published weights); it stays until deleted.
+        """
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -56,6 +88,15 @@ class Store(ABC):
     @abstractmethod
     def exists(self, key: str) -> bool:
         """Whether `key` is present."""
+
+    def read_to_file(self, key: str, path: Path) -> int:
+        """Write the value of `key` to the file `path` (for weights an engine loads from disk); returns its size."""
+        data = self.get(key)
+        Path(path).write_bytes(data)
+        return len(data)
+
+    def close(self) -> None:
+        """Release connections; the default holds none."""
 
     def put_json(self, key: str, obj: Any) -> None:
         """Store a JSON-serialisable object (compact encoding)."""
@@ -72,7 +113,7 @@ class LocalStore(Store):
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes | bytearray | memoryview, *, pinned: bool = False) -> None:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -90,6 +131,13 @@ class LocalStore(Store):
         except FileNotFoundError:
             raise StoreKeyError(f"key {key!r} is not in the local store at {self.root}") from None
 
+    def read_to_file(self, key: str, path: Path) -> int:
+        try:
+            shutil.copyfile(self._path(key), path)
+        except FileNotFoundError:
+            raise StoreKeyError(f"key {key!r} is not in the local store at {self.root}") from None
+        return Path(path).stat().st_size
+
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)
 
@@ -97,16 +145,111 @@ class LocalStore(Store):
         return self._path(key).is_file()
 
     def _path(self, key: str) -> Path:
-        if not _KEY.match(key) or any(part in (".", "..") for part in key.split("/")):
-            raise ValueError(f"invalid store key {key!r}: use slash-separated words of [A-Za-z0-9_.=@-]")
-        return self.root / key
+        return self.root / check_key(key)
 
     def __repr__(self) -> str:
         return f"LocalStore({str(self.root)!r})"
 
 
+class MirroredStore(Store):
+    """Mooncake as a cache in front of a durable local store: the `fallback: local` policy.
+
+    Writes go to both (local first, so an acknowledged write survives the
+    master); reads try the cache, then the local copy. Why both: Mooncake keeps
+    objects in memory that other processes lend, and its master holds the only
+    index; when it dies every key it knew is gone, and a trajectory whose turn
+    records were only there would be lost. When the cache is unreachable it is
+    skipped for `retry_after_s` (not paid as a timeout per call), then tried again.
+    """
+
+    def __init__(self, cache: Store, backing: Store, retry_after_s: float = 10.0) -> None:
+        self.cache = cache
+        self.backing = backing
+        self.retry_after_s = retry_after_s
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+
+    def put(self, key: str, data: bytes | bytearray | memoryview, *, pinned: bool = False) -> None:
+        self.backing.put(key, data, pinned=pinned)
+        self._try_cache(lambda: self.cache.put(key, data, pinned=pinned), key)
+
+    def get(self, key: str) -> bytes:
+        if self._cache_up():
+            try:
+                return self.cache.get(key)
+            except StoreKeyError:
+                pass
+            except StoreError as e:
+                self._mark_down(e)
+        try:
+            return self.backing.get(key)
+        except StoreKeyError:
+            raise StoreKeyError(
+                f"key {key!r} is neither in {self.cache!r} nor in {self.backing!r}: it was never written "
+                "(or was deleted); check the producer's logs"
+            ) from None
+
+    def read_to_file(self, key: str, path: Path) -> int:
+        if self._cache_up():
+            try:
+                return self.cache.read_to_file(key, path)
+            except StoreKeyError:
+                pass
+            except StoreError as e:
+                self._mark_down(e)
+        return self.backing.read_to_file(key, path)
+
+    def delete(self, key: str) -> None:
+        self._try_cache(lambda: self.cache.delete(key), key)
+        self.backing.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self.backing.exists(key)  # every acknowledged write is there
+
+    def close(self) -> None:
+        self.cache.close()
+        self.backing.close()
+
+    def _cache_up(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _mark_down(self, e: StoreError) -> None:
+        with self._lock:
+            if self._cache_up():
+                log.warning("store: %s; using the local store for %gs before trying again", e, self.retry_after_s)
+            self._down_until = time.monotonic() + self.retry_after_s
+
+    def _try_cache(self, op: Any, key: str) -> None:
+        if not self._cache_up():
+            return
+        try:
+            op()
+        except StoreUnavailable as e:
+            self._mark_down(e)
+        except StoreError as e:  # e.g. the cache is full: the local copy serves this key
+            log.warning("store: %s; %r stays only in the local store", e, key)
+
+    def __repr__(self) -> str:
+        return f"MirroredStore(cache={self.cache!r}, backing={self.backing!r})"
+
+
+_OPEN: dict[StoreConfig, Store] = {}
+_OPEN_LOCK = threading.Lock()
+
+
 def open_store(cfg: StoreConfig) -> Store:
-    """The store a job's config names."""
+    """The store a job's config names. One Mooncake client per process and config (it owns listeners and threads)."""
     if cfg.kind == "local":
         return LocalStore(cfg.path)
-    raise ValueError(f"unknown store kind {cfg.kind!r}")
+    if cfg.kind != "mooncake":
+        raise ValueError(f"unknown store kind {cfg.kind!r}")
+    with _OPEN_LOCK:
+        store = _OPEN.get(cfg)
+        if store is None:
+            from rollart.infra.mooncake_store import MooncakeStore
+
+            store = MooncakeStore.connect(cfg.mooncake)
+            if cfg.fallback == "local":
+                store = MirroredStore(store, LocalStore(cfg.path), retry_after_s=cfg.mooncake.retry_after_s)
+            _OPEN[cfg] = store
+        return store

@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--model-dir", type=Path, help="model for generation pools (default: the job's, or the tiny model)")
     s.add_argument("--engine", choices=["vllm", "hf"], help="inference engine for generation pools (default vllm)")
     s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
+    s.add_argument("--store-master", metavar="HOST:PORT",
+                   help="Mooncake master to use (sets store.kind: mooncake; its keeper holds the data)")
     s.add_argument("--settings-file", type=Path, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_worker)
 
@@ -214,8 +216,19 @@ def _worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSet
         updates["model_dir"] = args.model_dir
     if args.engine:
         updates["engine"] = base.engine.model_copy(update={"kind": args.engine})
+    store = base.store
     if args.store_path:
-        updates["store"] = base.store.model_copy(update={"path": args.store_path})
+        store = store.model_copy(update={"path": args.store_path})
+    if args.store_master:
+        try:
+            store = store.model_copy(update={"kind": "mooncake"}).with_master(args.store_master)
+        except ValueError as e:
+            raise _UserError(f"--store-master: expected HOST:PORT, got {args.store_master!r}") from e
+    if store.kind == "mooncake" and not store.mooncake.master:
+        raise _UserError("the job's store is Mooncake but no master is given: pass --store-master HOST:PORT "
+                         "(the address `rollart up` prints, or your cluster's mooncake_master)")
+    if store is not base.store:
+        updates["store"] = store
     return base.model_copy(update=updates)
 
 
@@ -237,6 +250,9 @@ def _cmd_up(args: argparse.Namespace) -> int:
     print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")
     with stack:
         print(f"ready. Temporal UI: {stack.ui_url}   server: {stack.address}   logs: {stack.home / 'logs'}")
+        if stack.mooncake:
+            master = stack.mooncake.address
+            print(f"Mooncake master: {master} (workers on other machines: --store-master {master})")
         for name, pid in stack.worker_pids().items():
             print(f"  worker {name:<14} pid {pid}")
         print("Ctrl-C stops everything.")
@@ -277,7 +293,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     print(f"starting the local stack (Temporal on {stack.address}, workers: "
           f"{', '.join(p.value for p in stack.pools)}) ...")
     with stack:
-        job = job.model_copy(update={"temporal": stack.temporal})
+        job = job.model_copy(update={"temporal": stack.temporal, "store": stack.store})
         rc = asyncio.run(_rollout(job, args, args.ui_url or stack.ui_url or ""))
         print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
     return rc
@@ -379,7 +395,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
                        ui_port=args.ui_port)  # fmt: skip
     print(f"starting the local stack (Temporal on {stack.address}, workers: {', '.join(p.value for p in stack.pools)}) ...")
     with stack:
-        job = job.model_copy(update={"temporal": stack.temporal})
+        job = job.model_copy(update={"temporal": stack.temporal, "store": stack.store})
         rc = asyncio.run(_train(job, job_id, run_dir, args.ui_url or stack.ui_url or "", terminate_on_interrupt=True))
         print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
     return rc

@@ -3,6 +3,9 @@
 Used by `rollart up` (until Ctrl-C) and by `rollart rollout` when no server
 is given. Workers are separate processes, exactly as on a cluster; each gets
 its settings as a JSON file and signals readiness by writing a ready file.
+With `store: {kind: mooncake}` and no master address, the stack also starts a
+Mooncake master and store keeper (infra/mooncake_service.py) and points every
+worker at them; they stop after the workers.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from rollart.infra.config import DEFAULT_HOME, JobSpec, TemporalConfig
+from rollart.infra.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.devserver import DevServer
 from rollart.infra.pools import WORKER_POOLS, Pool
 from rollart.infra.search_attributes import dev_server_flags
 from rollart.workers.pool_worker import WorkerSettings
+
+if TYPE_CHECKING:
+    from rollart.infra.mooncake_service import MooncakeService
 
 __all__ = ["LocalStack", "StackError", "pools_for_job"]
 
@@ -55,6 +62,7 @@ class LocalStack:
     port: int = 7233
     ui_port: int | None = 8233
     server: DevServer | None = field(default=None, init=False)
+    mooncake: MooncakeService | None = field(default=None, init=False)
     _workers: list[_WorkerProc] = field(default_factory=list, init=False)
 
     @property
@@ -69,6 +77,11 @@ class LocalStack:
     def temporal(self) -> TemporalConfig:
         """The job's Temporal section pointed at this stack's server."""
         return self.job.temporal.model_copy(update={"address": self.address})
+
+    @property
+    def store(self) -> StoreConfig:
+        """The job's store section, pointed at this stack's Mooncake master when it started one."""
+        return self.mooncake.config if self.mooncake else self.job.store
 
     def worker_pids(self) -> dict[str, int]:
         return {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
@@ -86,6 +99,11 @@ class LocalStack:
             search_attributes=dev_server_flags(),
         ).start()
         try:
+            store = self.job.store
+            if store.kind == "mooncake" and store.mooncake.master is None:
+                from rollart.infra.mooncake_service import MooncakeService
+
+                self.mooncake = MooncakeService(store, log_dir=logs).start()
             for pool in self.pools:
                 self._spawn(pool, logs)
             self._wait_ready(timeout_s)
@@ -108,6 +126,8 @@ class LocalStack:
                 w.proc.kill()
                 w.proc.wait()
         self._workers.clear()
+        if self.mooncake:
+            self.mooncake.stop()
         if self.server:
             self.server.stop()
 
@@ -118,7 +138,7 @@ class LocalStack:
         name = f"{pool.value}-{n}"
         ready = run / f"{name}.ready"
         ready.unlink(missing_ok=True)
-        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, ready_file=ready)
+        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, store=self.store, ready_file=ready)
         settings_file = run / f"{name}.json"
         settings_file.write_text(settings.model_dump_json(indent=2))
         log_file = logs / f"worker-{name}.log"

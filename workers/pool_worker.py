@@ -127,7 +127,8 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         from rollart.activities.trainer import TrainerActivities
         from rollart.infra.store import open_store
 
-        trainer = TrainerActivities(open_store(settings.store))
+        keep = settings.store.keep_weight_versions
+        trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep)
         # one step at a time: the model and optimizer are this process's state
         yield [Worker(client, task_queue=pool.value, activities=[trainer.train_step], identity=worker_id,
                       max_concurrent_activities=1)]  # fmt: skip

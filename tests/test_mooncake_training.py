@@ -1,0 +1,105 @@
+"""Training with `store: mooncake` on the real local stack: same outcome as `local`; the master killed mid-run.
+
+The stack starts its own `mooncake_master` and store keeper on free loopback
+ports (stopped by PID with the stack). Weights reach vLLM through Mooncake
+bit-exactly: on-policy steps see the trainer's logprobs equal the engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from rollart.infra.config import JobSpec, MooncakeConfig, StoreConfig
+from rollart.infra.devserver import free_port
+from rollart.infra.mooncake_store import MooncakeStore
+from rollart.infra.pools import Pool
+from rollart.infra.store import MirroredStore, open_store
+from rollart.infra.temporal import connect
+from rollart.infra.weights import latest_weights, weights_key
+from rollart.workers.local_stack import LocalStack
+from rollart.workflows.training_types import TrainingResult
+from temporalio.client import Client
+
+from tests.test_training_e2e import run_job
+
+pytestmark = pytest.mark.integration
+
+POOLS = [Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS, Pool.TRAINER]
+
+
+def _stack(job: JobSpec, home: Path) -> LocalStack:
+    return LocalStack(job=job, pools=POOLS, home=home, port=free_port(), ui_port=None)
+
+
+@pytest.fixture(scope="module")
+def mc_job(stack_job: JobSpec, tmp_path_factory: pytest.TempPathFactory) -> JobSpec:
+    home = tmp_path_factory.mktemp("mcstack")
+    store = StoreConfig(kind="mooncake", path=home / "store", fallback="local",
+                        mooncake=MooncakeConfig(keeper_segment_mib=256, retry_after_s=2.0))  # fmt: skip
+    return stack_job.model_copy(update={"store": store})
+
+
+@pytest.fixture(scope="module")
+def mc_stack(mc_job: JobSpec) -> Iterator[LocalStack]:
+    s = _stack(mc_job, mc_job.store.path.parent)
+    s.start(timeout_s=300)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+async def mc_client(mc_stack: LocalStack) -> AsyncIterator[Client]:
+    yield await connect(mc_stack.temporal, mc_stack.store)
+
+
+def _counts(r: TrainingResult) -> tuple[int, ...]:
+    return (r.steps, r.version, r.started, r.trained, r.dropped, r.failed)
+
+
+async def test_mooncake_training_matches_local(mc_stack: LocalStack, mc_client: Client, mc_job: JobSpec,
+                                               stack_job: JobSpec, tmp_path: Path) -> None:
+    """Bound 0 (deterministic admission): the same versions and trajectory counts with either store."""
+    job, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path / "mc", async_bound=0)
+    assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2] and status.ledger_balanced
+    assert all(r.train["logprob_diff_behav"] < 1e-4 for r in status.history)  # weights arrived bit-exact
+    assert all("publish_s" in r.train for r in status.history)
+    store = open_store(mc_stack.store)
+    assert isinstance(store, MirroredStore) and isinstance(store.cache, MooncakeStore)
+    ref = latest_weights(store.cache, job.name)  # served by Mooncake itself, not the fallback
+    assert ref is not None and ref.version == 3
+    assert store.cache.exists(weights_key(job.name, 3)) and not store.cache.exists(weights_key(job.name, 1))
+
+    local_home = tmp_path / "local"
+    with _stack(stack_job.model_copy(update={"store": StoreConfig(path=local_home / "store")}), local_home) as local:
+        client = await connect(local.temporal, local.store)
+        _, local_result, local_status, _ = await run_job(client, local.job, tmp_path / "local", async_bound=0)
+    assert _counts(local_result) == _counts(result)
+    assert [(r.step, r.version, r.samples) for r in local_status.history] == [
+        (r.step, r.version, r.samples) for r in status.history
+    ]
+
+
+async def test_master_killed_mid_run_falls_back_to_local(mc_stack: LocalStack, mc_client: Client,
+                                                         tmp_path: Path) -> None:
+    """`fallback: local`: the master dies after the first step; every step trains a full batch, none fails."""
+    assert mc_stack.mooncake is not None
+
+    async def kill_after_first_step() -> None:
+        run_dir = next(iter(tmp_path.glob("e2e-*")), None)
+        while run_dir is None or not (run_dir / "metrics.jsonl").is_file():
+            await asyncio.sleep(0.2)
+            run_dir = next(iter(tmp_path.glob("e2e-*")), None)
+        mc_stack.mooncake.kill_master()
+
+    killer = asyncio.create_task(kill_after_first_step())
+    _, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path, async_bound=1, steps=4)
+    assert killer.done() and mc_stack.mooncake.master_proc.poll() is not None, "the master was not killed mid-run"
+    assert result.version == 4 and [r.step for r in status.history] == [0, 1, 2, 3]
+    assert status.ledger_balanced
+    # no trajectory failed while the job ran (those still in flight when it ends are cancelled, whatever the store)
+    assert [r.failed for r in status.history] == [0, 0, 0, 0] and [r.samples for r in status.history] == [8] * 4
+    on_policy = [r for r in status.history if r.staleness_max == 0]
+    assert all(r.train["logprob_diff_behav"] < 1e-4 for r in on_policy)  # weights came from the local copy
