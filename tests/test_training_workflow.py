@@ -302,3 +302,12 @@ async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_en
     played = [int(n) for kind, n in w.log if kind == "generate_batch"]
     assert played and set(played) <= {4, 3, 2}  # members still playing, turn by turn
     assert played.count(4) >= played.count(3) >= played.count(2) > 0
+
+
+async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(bare_env: WorkflowEnvironment) -> None:
+    """Slow turns and bound 2 leave trajectories in flight at the last step; their cancellation is no failure."""
+    w = World(turn_delay_s=0.3)
+    result, status = await train(bare_env, w, job(async_bound=2, steps=2))
+    assert result.version == 2 and status.ledger_balanced
+    assert result.cancelled_in_flight > 0 and result.failed == 0
+    assert_ledger(result)

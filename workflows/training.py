@@ -56,13 +56,20 @@ class TrainingWorkflow:
         self.inp = inp
         self.job = inp.job
         self.s = inp.state or TrainingState()
+        self.finishing = False
         self.done = False
 
     # ------------------------------------------------------------ control surface
 
     @workflow.signal(name=TRAJECTORIES_DONE)
     def trajectories_done(self, results: list[TrajectoryResult]) -> None:
-        """Finished trajectories report here; one not in flight (a duplicate) is ignored and counted."""
+        """Finished trajectories report here; one not in flight (a duplicate) is ignored and counted.
+
+        Once the job is finishing, reports are left alone: what was in flight when the last step
+        ended is counted as cancelled, not as failed, whatever its cancellation reports.
+        """
+        if self.finishing:
+            return
         for r in results:
             running = self.s.in_flight.pop(r.trajectory_id, None)
             if running is None:
@@ -313,6 +320,7 @@ class TrainingWorkflow:
 
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
+        self.finishing = True
         in_flight = sorted(set(self._in_flight_workflows()))
         for wid in in_flight:
             try:
