@@ -102,7 +102,7 @@ class EnvActivities:
     async def _reset_envs(self, name: str, env_args: dict[str, Any], options: EnvOptions | None, seed: int,
                           n: int) -> tuple[EnvEntry, list[tuple[Any, str]]]:  # fmt: skip
         """n envs reset from `seed`: through the pre-reset pool when the task has one, else n plain resets."""
-        entry, _ = _build(name, env_args)  # bad names and args fail here, before any reset starts
+        entry = _lookup(name)  # an unknown name fails here, before any reset starts
         timeout = (options.reset_timeout_s if options else None) or entry.reset_timeout_s
         size = options.reset_pool_size if options else 0
 
@@ -286,12 +286,16 @@ class EnvActivities:
             ) from None
 
 
-def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
-    """Look the env up and construct it; unknown names and rejected args are bad input (not retried)."""
+def _lookup(name: str) -> EnvEntry:
     try:
-        entry = lookup_env(name)
+        return lookup_env(name)
     except UnknownComponentError as e:
         raise unknown_component(str(e)) from e
+
+
+def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
+    """Look the env up and construct it; unknown names and rejected args are bad input (not retried)."""
+    entry = _lookup(name)
     try:
         return entry, entry.cls(**env_args)
     except (TypeError, ValueError) as e:

@@ -117,6 +117,30 @@ async def _trained_ids(client: Client, handle: WorkflowHandle) -> list[str]:
     return ids
 
 
+async def _resumed_after(client: Client, job_id: str, kill_wall: float) -> list[float]:
+    """Seconds from the kill until each piece of interrupted work resumed, from every workflow of the job.
+
+    Interrupted work shows in histories as an activity attempt > 1 started after the kill (a retry on
+    another worker) or a `restore` that completed after it (a session moved to another env worker).
+    """
+    delays: list[float] = []
+    async for wf in client.list_workflows(f'RollartJobId="{job_id}" OR WorkflowId="{job_id}"'):
+        history = await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        restores: set[int] = set()
+        for ev in history.events:
+            t = ev.event_time.seconds + ev.event_time.nanos / 1e9
+            if ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                if ev.activity_task_scheduled_event_attributes.activity_type.name == "restore":
+                    restores.add(ev.event_id)
+            elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                if ev.activity_task_started_event_attributes.attempt > 1 and t > kill_wall:
+                    delays.append(t - kill_wall)
+            elif ev.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+                if ev.activity_task_completed_event_attributes.scheduled_event_id in restores and t > kill_wall:
+                    delays.append(t - kill_wall)
+    return delays
+
+
 def _report(row: dict) -> None:
     path = os.environ.get("ROLLART_CHAOS_REPORT")
     if path:
@@ -133,12 +157,13 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
     t_step1 = await _wait_step(handle, 1)
     t_step2 = await _wait_step(handle, 2)
     normal_step_s = t_step2 - t_step1
+    kill_wall = time.time()
     if victim == "server":
         t_kill = time.monotonic()
         chaos_stack.restart_server(down_s=2.0)
     elif victim == "trainer":
         await _train_step_running(handle)
-        t_kill = time.monotonic()
+        t_kill, kill_wall = time.monotonic(), time.time()
         chaos_stack.kill_worker(chaos_stack.live_workers(Pool.TRAINER)[0])
         chaos_stack.add_worker(Pool.TRAINER)  # the replacement resumes from the checkpoint and step records
     else:
@@ -157,6 +182,9 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
     if victim == "cpu":
         assert status.restores >= 1, "no session was restored after its env worker died"
+    resumed = await _resumed_after(chaos_client, job_id, kill_wall)
     _report({"victim": victim, "run_s": round(time.monotonic() - t0, 1), "normal_step_s": round(normal_step_s, 2),
-             "kill_to_next_step_s": round(t_next - t_kill, 2), "started": result.started, "trained": result.trained,
-             "failed": result.failed, "dropped": result.dropped, "restores": status.restores})  # fmt: skip
+             "kill_to_next_step_s": round(t_next - t_kill, 2), "interrupted_resumed": len(resumed),
+             "resumed_max_s": round(max(resumed, default=0.0), 2), "started": result.started,
+             "trained": result.trained, "failed": result.failed, "dropped": result.dropped,
+             "restores": status.restores})  # fmt: skip

@@ -12,7 +12,7 @@ from rollart.activities.env import EnvActivities
 from rollart.activities.env_pool import ResetPool
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, sample_latency
 from rollart.activities.envs.frozenlake import FrozenLake
-from rollart.activities.types import EnvOptions, GroupResetInput, ResetInput, RestoreInput, StepInput
+from rollart.activities.types import EnvOptions, GroupResetInput, GroupStepInput, ResetInput, RestoreInput, StepInput
 from rollart.infra.config import FaultModel, LatencyModel
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -151,8 +151,6 @@ async def test_restore_of_a_diverging_env_fails_without_retry() -> None:
 async def test_restore_rebuilds_a_whole_group() -> None:
     acts = EnvActivities("w", queue="cpu@w")
     g = await ENV.run(acts.reset_group, GroupResetInput(env="frozenlake", env_args=LAKE, seed=0, size=2, group_id="g"))
-    from rollart.activities.types import GroupStepInput
-
     steps = await ENV.run(acts.step_group, GroupStepInput(session_id=g.session_id, actions=["R", "D"]))
     moved = await ENV.run(acts.restore, RestoreInput(env="frozenlake", env_args=LAKE, seed=0, owner_id="g",
                                                      actions=[["R"], ["D"]],
