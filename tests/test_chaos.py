@@ -46,7 +46,7 @@ STEPS = 5
 def chaos_stack(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[LocalStack]:
     home = tmp_path_factory.mktemp("chaos")
     task = frozenlake_task(
-        group_size=2, max_turns=4, env_args={"maps": "standard"}, reset_pool_size=2,
+        group_size=2, max_turns=4, env_args={"maps": "standard"}, reset_pool_size=2, sampling={"max_tokens": 8},
         faults={"reset_latency": {"median_s": 0.02, "p99_s": 0.5}, "step_latency": {"median_s": 0.02, "p99_s": 0.2},
                 "reset_failure_p": 0.05},
     )  # fmt: skip

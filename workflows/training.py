@@ -57,12 +57,15 @@ class TrainingWorkflow:
         self.job = inp.job
         self.s = inp.state or TrainingState()
         self.done = False
+        self._finishing = False
 
     # ------------------------------------------------------------ control surface
 
     @workflow.signal(name=TRAJECTORIES_DONE)
     def trajectories_done(self, results: list[TrajectoryResult]) -> None:
         """Finished trajectories report here; one not in flight (a duplicate) is ignored and counted."""
+        if self._finishing:  # the loop is over: what still reports was cancelled by `_finish` (cancelled_in_flight)
+            return
         for r in results:
             running = self.s.in_flight.pop(r.trajectory_id, None)
             if running is None:
@@ -320,6 +323,7 @@ class TrainingWorkflow:
 
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
+        self._finishing = True
         in_flight = sorted(set(self._in_flight_workflows()))
         for wid in in_flight:
             try:
