@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-__all__ = ["ActivityPolicy", "CLOSE", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
+__all__ = ["ActivityPolicy", "CHECK", "CLOSE", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
 
 NEVER_RETRY = ("InvalidInput", "UnknownComponent", "EnvBroken", "RequestRejected", "SessionLost", "ReplayMismatch")
 """Error types no retry can fix: bad input, unknown names, an env that raised mid-episode, a request the
@@ -69,6 +69,14 @@ STEP = ActivityPolicy(
     start_to_close=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=3),
     schedule_to_start=STICKY_START,
+    retry=_retry(attempts=3),
+)
+
+CHECK = ActivityPolicy(
+    # Single-turn answers checked on fresh envs from the shared cpu queue (no session): any worker may retry,
+    # so no schedule-to-start limit — a busy shared queue is not a dead worker.
+    start_to_close=timedelta(seconds=60),
+    schedule_to_close=timedelta(minutes=3),
     retry=_retry(attempts=3),
 )
 
