@@ -115,7 +115,15 @@ class EnvActivities:
                 raise
 
         if size == 0:
-            return entry, [await reset_one() for _ in range(n)]
+            ready: list[tuple[Any, str]] = []
+            try:
+                for _ in range(n):
+                    ready.append(await reset_one())
+            except BaseException:
+                for env, _ in ready:  # a group whose last member failed to reset: release the others
+                    env.close()
+                raise
+            return entry, ready
         key = (name, json.dumps(env_args, sort_keys=True, default=str), options, seed)
         return entry, await self.pool.take(key, n, size, reset_one)
 
