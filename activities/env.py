@@ -3,30 +3,43 @@
 `reset` is polled from the shared "cpu" queue by every env worker; the session
 it creates stays in the process that created it, and the handle it returns
 names this worker's private queue so every later `step` and `close` of the
-episode comes back here (sticky routing).
+episode comes back here (sticky routing). If this worker dies, `restore` (on
+the shared queue) rebuilds a session elsewhere from the seed and the recorded
+actions. Env calls run in this worker's own thread pool (slow or sleeping envs
+must not starve the default executor), a task's `faults` wrap its envs, and
+its `reset_pool_size` turns on hedged resets with spares (`ResetPool`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from rollart.activities.env_pool import ResetPool
+from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.activities.types import (
     CheckInput,
     CloseInput,
     EnvHandle,
+    EnvOptions,
     GroupHandle,
     GroupResetInput,
     GroupStepInput,
     PromptsInput,
     ResetInput,
+    RestoreInput,
     StepInput,
     StepResult,
 )
+from rollart.infra.config import FaultModel
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -34,6 +47,11 @@ from temporalio.exceptions import ApplicationError
 __all__ = ["EnvActivities"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+REPLAY_STEP_TRIES = 3
+"""A restore's replay retries a transient (injected) step fault this many times before giving up."""
 
 
 @dataclass
@@ -53,20 +71,83 @@ class _Session:
 class EnvActivities:
     """Holds this worker's env sessions; its bound methods are the registered activities."""
 
-    def __init__(self, worker_id: str, queue: str) -> None:
+    def __init__(self, worker_id: str, queue: str, env_threads: int = 64) -> None:
         self.worker_id = worker_id
         self.queue = queue
         self._sessions: dict[str, _Session] = {}
+        self._executor = ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="env")
+        self._injectors: dict[FaultModel, FaultInjector] = {}
+        self.pool = ResetPool()
 
     @property
     def open_sessions(self) -> int:
         return len(self._sessions)
 
+    def shutdown(self) -> None:
+        """Stop the env threads (sleeping envs are not waited for)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def _build(self, name: str, env_args: dict[str, Any], options: EnvOptions | None) -> tuple[EnvEntry, Any]:
+        entry, env = _build(name, env_args)
+        if options is not None and options.faults is not None:
+            injector = self._injectors.get(options.faults)
+            if injector is None:
+                injector = self._injectors[options.faults] = FaultInjector(options.faults, salt=self.worker_id)
+            env = FaultyEnv(env, injector)
+        return entry, env
+
+    async def _reset_envs(self, name: str, env_args: dict[str, Any], options: EnvOptions | None, seed: int,
+                          n: int) -> tuple[EnvEntry, list[tuple[Any, str]]]:  # fmt: skip
+        """n envs reset from `seed`: through the pre-reset pool when the task has one, else n plain resets."""
+        entry = _lookup(name)  # an unknown name fails here, before any reset starts
+        timeout = (options.reset_timeout_s if options else None) or entry.reset_timeout_s
+        size = options.reset_pool_size if options else 0
+
+        async def reset_one() -> tuple[Any, str]:
+            _, env = self._build(name, env_args, options)
+            try:
+                return env, await self._reset(entry, env, seed, timeout)
+            except BaseException:
+                env.close()
+                raise
+
+        if size == 0:
+            ready: list[tuple[Any, str]] = []
+            try:
+                for _ in range(n):
+                    ready.append(await reset_one())
+            except BaseException:
+                for env, _ in ready:  # a group whose last member failed to reset: release the others
+                    env.close()
+                raise
+            return entry, ready
+        key = (name, json.dumps(env_args, sort_keys=True, default=str), options, seed)
+        return entry, await self.pool.take(key, n, size, reset_one)
+
+    async def _reset(self, entry: EnvEntry, env: Any, seed: int, timeout_s: float | None = None) -> str:
+        """env.reset(seed) in a thread under the reset timeout; a raising env is retryable (fresh env)."""
+        timeout_s = timeout_s or entry.reset_timeout_s
+        try:
+            observation = await asyncio.wait_for(self._call(env.reset, seed), timeout_s)
+        except asyncio.TimeoutError:
+            raise ApplicationError(
+                f"env {entry.name!r} reset(seed={seed}) took over {timeout_s:g}s", type="EnvResetTimeout"
+            ) from None
+        except Exception as e:
+            raise ApplicationError(
+                f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}", type="EnvResetError"
+            ) from e
+        if not isinstance(observation, str):
+            raise bad_input(f"env {entry.name!r}.reset must return the observation text, got {type(observation).__name__}")
+        return observation
+
     @activity.defn(name="reset")
     async def reset(self, inp: ResetInput) -> EnvHandle:
         """Create an env, reset it from the seed, and keep it here as a session."""
-        entry, env = _build(inp.env, inp.env_args)
-        observation = await _reset(entry, env, inp.seed)
+        entry, [(env, observation)] = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, 1)
         session_id = f"{inp.trajectory_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = _Session.of([env], entry, inp.trajectory_id)
         return EnvHandle(
@@ -85,18 +166,60 @@ class EnvActivities:
     @activity.defn(name="reset_group")
     async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
         """Create `size` envs reset from the same seed, kept here as one session (a GRPO group)."""
-        built = [_build(inp.env, inp.env_args) for _ in range(inp.size)]
-        entry = built[0][0]
-        observations = [await _reset(entry, env, inp.seed) for _, env in built]
+        entry, ready = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, inp.size)
         session_id = f"{inp.group_id}/{uuid.uuid4().hex[:8]}"
-        self._sessions[session_id] = _Session.of([env for _, env in built], entry, inp.group_id)
+        self._sessions[session_id] = _Session.of([env for env, _ in ready], entry, inp.group_id)
         return GroupHandle(
             session_id=session_id,
             queue=self.queue,
             worker_id=self.worker_id,
-            observations=observations,
+            observations=[observation for _, observation in ready],
             step_timeout_s=entry.step_timeout_s,
         )
+
+    @activity.defn(name="restore")
+    async def restore(self, inp: RestoreInput) -> GroupHandle:
+        """Rebuild a lost session here: reset each member from the seed, replay its actions, check where it ends.
+
+        A member whose replay does not end on the observation it last saw means the env is not
+        deterministic in (seed, actions): `ReplayMismatch`, not retried — the trajectory fails (infra).
+        """
+        if len(inp.actions) != len(inp.observations):
+            raise bad_input(f"restore: {len(inp.actions)} action lists but {len(inp.observations)} observations")
+        entry, ready = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, len(inp.actions))
+        session = _Session.of([env for env, _ in ready], entry, inp.owner_id)
+        try:
+            for member, ((_, observation), actions, expected) in enumerate(zip(ready, inp.actions, inp.observations)):
+                for turn, action in enumerate(actions):
+                    observation = (await self._replay_step(session, member, action)).observation
+                    if session.done[member] and turn < len(actions) - 1:
+                        raise _mismatch(inp, member, f"episode ended at turn {turn} of {len(actions)} on replay")
+                if observation != expected:
+                    raise _mismatch(inp, member, f"replay ends on {observation[:60]!r}, the episode saw {expected[:60]!r}")
+        except BaseException:
+            for env in session.envs:
+                env.close()
+            raise
+        session_id = f"{inp.owner_id}/{uuid.uuid4().hex[:8]}"
+        self._sessions[session_id] = session
+        activity.logger.info("restored %s on %s (%d members, %d actions replayed)", inp.owner_id, self.worker_id,
+                             len(inp.actions), sum(map(len, inp.actions)))  # fmt: skip
+        return GroupHandle(
+            session_id=session_id,
+            queue=self.queue,
+            worker_id=self.worker_id,
+            observations=list(inp.observations),
+            step_timeout_s=entry.step_timeout_s,
+        )
+
+    async def _replay_step(self, session: _Session, member: int, action: str) -> StepResult:
+        for attempt in range(REPLAY_STEP_TRIES):
+            try:
+                return await self._step(session, member, action)
+            except ApplicationError as e:
+                if e.type != "EnvStepTransient" or attempt == REPLAY_STEP_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     @activity.defn(name="step_group")
     async def step_group(self, inp: GroupStepInput) -> list[StepResult | None]:
@@ -110,7 +233,9 @@ class EnvActivities:
         if session.done[member]:
             raise bad_input(f"session of {session.owner} (member {member}) already ended; a step after done is a caller bug")
         try:
-            outcome = await asyncio.to_thread(session.envs[member].step, action)
+            outcome = await self._call(session.envs[member].step, action)
+        except TransientStepFault as e:  # raised before the env was touched: its state is intact, retry is safe
+            raise ApplicationError(f"env {session.entry.name!r} step: {e}", type="EnvStepTransient") from e
         except Exception as e:
             session.done[member] = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
@@ -124,7 +249,7 @@ class EnvActivities:
         session = self._sessions.pop(inp.session_id, None)
         for env in session.envs if session is not None else []:
             try:
-                await asyncio.to_thread(env.close)
+                await self._call(env.close)
             except Exception:  # the episode is over either way
                 log.exception("env %s close failed for session %s", session.entry.name, inp.session_id)
 
@@ -133,8 +258,8 @@ class EnvActivities:
         """Single-turn tasks: each seed's first observation, from a throwaway env (no session kept)."""
         observations = []
         for seed in inp.seeds:
-            entry, env = _build(inp.env, inp.env_args)
-            observations.append(await _reset(entry, env, seed))
+            entry, env = self._build(inp.env, inp.env_args, None)
+            observations.append(await self._reset(entry, env, seed))
             env.close()
         return observations
 
@@ -147,10 +272,10 @@ class EnvActivities:
         for seed, answers in zip(inp.seeds, inp.answers):
             row = []
             for answer in answers:
-                entry, env = _build(inp.env, inp.env_args)
-                await _reset(entry, env, seed)
+                entry, env = self._build(inp.env, inp.env_args, None)
+                await self._reset(entry, env, seed)
                 try:
-                    outcome = await asyncio.to_thread(env.step, answer)
+                    outcome = await self._call(env.step, answer)
                 except Exception as e:
                     raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
                 row.append(_step_result(entry, outcome))
@@ -169,33 +294,29 @@ class EnvActivities:
             ) from None
 
 
-def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
-    """Look the env up and construct it; unknown names and rejected args are bad input (not retried)."""
+def _lookup(name: str) -> EnvEntry:
     try:
-        entry = lookup_env(name)
+        return lookup_env(name)
     except UnknownComponentError as e:
         raise unknown_component(str(e)) from e
+
+
+def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
+    """Look the env up and construct it; unknown names and rejected args are bad input (not retried)."""
+    entry = _lookup(name)
     try:
         return entry, entry.cls(**env_args)
     except (TypeError, ValueError) as e:
         raise bad_input(f"env {name!r} rejected its env_args {env_args!r}: {e}") from e
 
 
-async def _reset(entry: EnvEntry, env: Any, seed: int) -> str:
-    """env.reset(seed) in a thread under the env's reset timeout; a raising env is retryable (fresh env)."""
-    try:
-        observation = await asyncio.wait_for(asyncio.to_thread(env.reset, seed), entry.reset_timeout_s)
-    except asyncio.TimeoutError:
-        raise ApplicationError(
-            f"env {entry.name!r} reset(seed={seed}) took over {entry.reset_timeout_s:g}s", type="EnvResetTimeout"
-        ) from None
-    except Exception as e:
-        raise ApplicationError(
-            f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}", type="EnvResetError"
-        ) from e
-    if not isinstance(observation, str):
-        raise bad_input(f"env {entry.name!r}.reset must return the observation text, got {type(observation).__name__}")
-    return observation
+def _mismatch(inp: RestoreInput, member: int, why: str) -> ApplicationError:
+    return ApplicationError(
+        f"cannot restore {inp.owner_id} (member {member}) from seed {inp.seed}: {why}; env {inp.env!r} is not "
+        "deterministic in (seed, actions), so its episode cannot move to another worker",
+        type="ReplayMismatch",
+        non_retryable=True,
+    )
 
 
 def _step_result(entry: EnvEntry, outcome: Any) -> StepResult:

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from rollart.infra.config import SamplingParams, TrainerConfig
+from rollart.infra.config import FaultModel, SamplingParams, TaskSpec, TrainerConfig
 from rollart.infra.store import key_word
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "CloseInput",
     "Completion",
     "EnvHandle",
+    "EnvOptions",
     "GenerateBatchInput",
     "GenerateInput",
     "GroupHandle",
@@ -28,6 +29,7 @@ __all__ = [
     "GenerateResult",
     "PromptsInput",
     "ResetInput",
+    "RestoreInput",
     "RewardBatchInput",
     "RewardInput",
     "RewardResult",
@@ -58,10 +60,26 @@ class ActivityName(str, Enum):
     STEP_GROUP = "step_group"
     GENERATE_BATCH = "generate_batch"
     TRAIN_STEP = "train_step"
+    RESTORE = "restore"
 
 
 class _Message(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+
+class EnvOptions(_Message):
+    """How a task's envs are run on the cpu workers: injected faults, the pre-reset pool, the reset timeout."""
+
+    faults: FaultModel | None = None
+    reset_pool_size: int = Field(0, ge=0)
+    reset_timeout_s: float | None = Field(None, gt=0.0)
+
+    @classmethod
+    def of(cls, task: TaskSpec) -> EnvOptions | None:
+        """The task's options, or None when it uses none (old inputs carry none either)."""
+        if task.faults is None and task.reset_pool_size == 0 and task.reset_timeout_s is None:
+            return None
+        return cls(faults=task.faults, reset_pool_size=task.reset_pool_size, reset_timeout_s=task.reset_timeout_s)
 
 
 class ResetInput(_Message):
@@ -71,6 +89,24 @@ class ResetInput(_Message):
     env_args: dict[str, Any] = Field(default_factory=dict)
     seed: int
     trajectory_id: str
+    options: EnvOptions | None = None
+
+
+class RestoreInput(_Message):
+    """Re-create a lost session on this worker: reset from `seed`, replay each member's recorded actions.
+
+    `actions[i]` are member i's actions so far and `observations[i]` the observation it last saw;
+    a replay that does not end on that observation means the env is not deterministic (fails, not retried).
+    One member for a trajectory, `group_size` for a lockstep group.
+    """
+
+    env: str
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    seed: int
+    owner_id: str
+    actions: list[list[str]] = Field(min_length=1)
+    observations: list[str] = Field(min_length=1)
+    options: EnvOptions | None = None
 
 
 class EnvHandle(_Message):
@@ -113,6 +149,7 @@ class GroupResetInput(_Message):
     seed: int
     size: int = Field(ge=1)
     group_id: str
+    options: EnvOptions | None = None
 
 
 class GroupHandle(_Message):

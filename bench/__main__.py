@@ -8,6 +8,7 @@ import os
 import sys
 
 BENCHMARKS = {
+    "resets": "bench.resets",
     "rollout": "bench.rollout",
     "weight_sync": "bench.weight_sync",
 }

@@ -22,7 +22,9 @@ from rollart.infra.pools import GENERATION_POOLS, Pool
 __all__ = [
     "DEFAULT_HOME",
     "EngineConfig",
+    "FaultModel",
     "JobSpec",
+    "LatencyModel",
     "JobSpecError",
     "LossConfig",
     "MooncakeConfig",
@@ -57,6 +59,38 @@ class SamplingParams(_Strict):
     stop: list[str] = Field(default_factory=list)
 
 
+class LatencyModel(_Strict):
+    """A lognormal latency given by its median and its 99th percentile (a long tail: p99 ≫ median).
+
+    ln(latency) ~ Normal(ln(median), σ) with σ = ln(p99 / median) / 2.3263 (the normal's 0.99 quantile).
+    """
+
+    median_s: float = Field(0.0, ge=0.0)
+    p99_s: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _p99_above_median(self) -> LatencyModel:
+        if self.p99_s < self.median_s:
+            raise ValueError(f"p99_s ({self.p99_s:g}) must be at least median_s ({self.median_s:g})")
+        return self
+
+
+class FaultModel(_Strict):
+    """Injected env latency and failures (tests, benchmarks, chaos runs): any env can run under it.
+
+    `reset_failure_p` / `step_failure_p`: probability that a reset / step raises instead of running.
+    An injected step failure happens before the env is touched, so it is transient (retried); an
+    injected reset failure is an env reset that raised (retried with a fresh env). `seed` makes the
+    draws reproducible per worker process.
+    """
+
+    reset_latency: LatencyModel = Field(default_factory=LatencyModel)
+    step_latency: LatencyModel = Field(default_factory=LatencyModel)
+    reset_failure_p: float = Field(0.0, ge=0.0, le=1.0)
+    step_failure_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int = 0
+
+
 class TaskSpec(_Strict):
     """One task of a job: which env and reward, where it generates, how it samples.
 
@@ -78,6 +112,17 @@ class TaskSpec(_Strict):
         description="multi-turn tasks: `trajectory` runs every episode as its own workflow, advancing on its own; "
         "`group` plays a GRPO group in lockstep in one env session, one batched activity per turn (8x fewer "
         "activities for groups of 8; a slow member holds its group back). Single-turn tasks always run as groups.",
+    )
+
+    faults: FaultModel | None = Field(None, description="inject env latency and failures (see FaultModel)")
+    reset_pool_size: int = Field(
+        0, ge=0, le=64,
+        description="pre-reset envs each cpu worker keeps per (env, args, seed): a reset takes a ready one at once; "
+        "otherwise it starts max(1, size) resets of the seed at once (hedged), answers with the first to succeed and "
+        "keeps the others for the next reset of that seed (the other members of a GRPO group). 0: one reset, no pool.",
+    )  # fmt: skip
+    reset_timeout_s: float | None = Field(
+        None, gt=0.0, description="per-reset timeout on the worker (default: the env's declared reset_timeout)"
     )
 
     @property

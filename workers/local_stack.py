@@ -86,6 +86,36 @@ class LocalStack:
     def worker_pids(self) -> dict[str, int]:
         return {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
 
+    def live_workers(self, pool: Pool) -> list[int]:
+        """PIDs of the running worker processes of `pool`, oldest first."""
+        return [w.proc.pid for w in self._workers if w.pool is pool and w.proc.poll() is None]
+
+    def add_worker(self, pool: Pool, timeout_s: float = 300.0) -> int:
+        """Start one more worker process for `pool` (it polls the same queue) and wait until it is ready."""
+        w = self._spawn(pool, self.home / "logs")
+        self._wait_ready(timeout_s, [w])
+        return w.proc.pid
+
+    def kill_worker(self, pid: int) -> None:
+        """SIGKILL one of this stack's worker processes (chaos): no drain, its in-flight work is simply lost."""
+        w = next((w for w in self._workers if w.proc.pid == pid), None)
+        if w is None:
+            raise ValueError(f"pid {pid} is not a worker of this stack: {self.worker_pids()}")
+        w.proc.send_signal(signal.SIGKILL)
+        w.proc.wait()
+        log.info("killed %s worker (pid %d)", w.pool.value, pid)
+
+    def restart_server(self, down_s: float = 0.0) -> None:
+        """Stop the Temporal dev server, stay down `down_s`, start it again on the same database file.
+
+        Workers keep running and reconnect by themselves; every workflow resumes from its history.
+        """
+        if self.server is None:
+            raise StackError("the stack has no server to restart; call start() first")
+        self.server.stop()
+        time.sleep(down_s)
+        self.server.start()
+
     def start(self, timeout_s: float = 300.0) -> LocalStack:
         """Start the server, then the workers; wait for all of them. Cleans up on failure."""
         logs = self.home / "logs"
@@ -131,7 +161,7 @@ class LocalStack:
         if self.server:
             self.server.stop()
 
-    def _spawn(self, pool: Pool, logs: Path) -> None:
+    def _spawn(self, pool: Pool, logs: Path) -> _WorkerProc:
         run = self.home / "run"
         run.mkdir(parents=True, exist_ok=True)
         n = sum(1 for w in self._workers if w.pool is pool)
@@ -146,12 +176,14 @@ class LocalStack:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with open(log_file, "ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._workers.append(_WorkerProc(pool=pool, proc=proc, log_file=log_file, ready_file=ready))
+        w = _WorkerProc(pool=pool, proc=proc, log_file=log_file, ready_file=ready)
+        self._workers.append(w)
         log.info("started %s worker (pid %d), log: %s", pool.value, proc.pid, log_file)
+        return w
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def _wait_ready(self, timeout_s: float, workers: list[_WorkerProc] | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        pending = list(self._workers)
+        pending = list(self._workers if workers is None else workers)
         while pending:
             for w in list(pending):
                 if w.ready_file.exists():

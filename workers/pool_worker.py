@@ -2,7 +2,7 @@
 
 - control: the workflows (orchestration only; kept apart from engines so a
   restarting engine never stalls workflow progress)
-- cpu: `reset` on the shared queue, `step`/`close` on this process's own queue
+- cpu: `reset`, `restore` on the shared queue, `step`/`close` on this process's own queue
 - h20 / h800: `generate` on one inference engine, batched continuously
 - serverless: `reward`
 """
@@ -92,10 +92,14 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         from rollart.activities.env import EnvActivities
 
         envs = EnvActivities(worker_id, queue=session_queue(worker_id))
-        yield [
-            Worker(client, task_queue=pool.value, activities=[envs.reset, envs.reset_group, envs.prompts, envs.check], **common),
-            Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common),
-        ]
+        shared = [envs.reset, envs.reset_group, envs.restore, envs.prompts, envs.check]
+        try:
+            yield [
+                Worker(client, task_queue=pool.value, activities=shared, **common),
+                Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common),
+            ]
+        finally:
+            envs.shutdown()
     elif pool in GENERATION_POOLS:
         async with _engine(settings) as engine:
             from rollart.activities.generate import GenerateActivities

@@ -20,9 +20,12 @@ with workflow.unsafe.imports_passed_through():
         ActivityName,
         CloseInput,
         EnvHandle,
+        EnvOptions,
         GenerateInput,
         GenerateResult,
+        GroupHandle,
         ResetInput,
+        RestoreInput,
         RewardInput,
         RewardResult,
         StepInput,
@@ -36,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows import policies
     from rollart.workflows.types import TrajectoryInput, TrajectoryResult
 
-__all__ = ["BAD_INPUT_TYPES", "Episode", "describe", "error_type", "reject_multi_sample"]
+__all__ = ["BAD_INPUT_TYPES", "Episode", "describe", "error_type", "reject_multi_sample", "restore", "session_lost"]
 
 BAD_INPUT_TYPES = ("InvalidInput", "UnknownComponent")
 """Activity errors that mean the workflow's input is wrong: they fail the workflow, not just the episode."""
@@ -53,6 +56,7 @@ class Episode:
     turns: list[TurnRecord] = field(default_factory=list)
     gens: list[GenerateResult] = field(default_factory=list)
     done: bool = False
+    restores: int = 0
 
     @property
     def over(self) -> bool:
@@ -63,7 +67,8 @@ class Episode:
         task = self.inp.task
         self.handle = await workflow.execute_activity(
             ActivityName.RESET.value,
-            ResetInput(env=task.env, env_args=task.env_args, seed=self.inp.seed, trajectory_id=self.trajectory_id),
+            ResetInput(env=task.env, env_args=task.env_args, seed=self.inp.seed, trajectory_id=self.trajectory_id,
+                       options=EnvOptions.of(task)),  # fmt: skip
             task_queue=Pool.CPU.value,
             result_type=EnvHandle,
             **policies.RESET.kwargs(),
@@ -84,15 +89,31 @@ class Episode:
         return gen
 
     async def step(self, gen: GenerateResult) -> None:
-        """Play the generation's text as this turn's action (on the worker holding the session)."""
+        """Play the generation's text as this turn's action (on the worker holding the session).
+
+        If that worker is gone, the session is restored on another one (same seed, recorded actions
+        replayed, last observation checked) and the step is played there: sticky-session failover.
+        """
         assert self.handle is not None
-        step = await workflow.execute_activity(
-            ActivityName.STEP.value,
-            StepInput(session_id=self.handle.session_id, action=gen.completions[0].text),
-            task_queue=self.handle.queue,
-            result_type=StepResult,
-            **policies.STEP.kwargs(timeout_s=self.handle.step_timeout_s),
-        )
+        while True:
+            try:
+                step = await workflow.execute_activity(
+                    ActivityName.STEP.value,
+                    StepInput(session_id=self.handle.session_id, action=gen.completions[0].text),
+                    task_queue=self.handle.queue,
+                    result_type=StepResult,
+                    **policies.STEP.kwargs(timeout_s=self.handle.step_timeout_s),
+                )
+                break
+            except ActivityError as err:
+                if not session_lost(err) or self.restores >= policies.MAX_RESTORES:
+                    raise
+                workflow.logger.warning("trajectory %s: %s; restoring its env elsewhere", self.trajectory_id,
+                                        describe(err))  # fmt: skip
+                self.restores += 1
+                handle = await restore(self.inp, self.trajectory_id, [self])
+                self.handle = EnvHandle(session_id=handle.session_id, queue=handle.queue, worker_id=handle.worker_id,
+                                        observation=self.observation, step_timeout_s=handle.step_timeout_s)  # fmt: skip
         self.record(gen, step)
 
     def transcript(self) -> Transcript:
@@ -146,6 +167,7 @@ class Episode:
             completion_tokens=sum(c.num_tokens for g in self.gens for c in g.completions),
             turn_keys=[g.data_key for g in self.gens],
             env_worker=self.handle.worker_id if self.handle else None,
+            restores=self.restores,
             **outcome,
         )
 
@@ -159,6 +181,29 @@ def reject_multi_sample(inp: TrajectoryInput) -> None:
             type="InvalidInput",
             non_retryable=True,
         )
+
+
+def session_lost(err: ActivityError) -> bool:
+    """Whether a sticky call failed because the env worker holding the session is gone (not the env itself).
+
+    SessionLost: the worker answered but has no such session (restarted). A timeout: the worker never
+    picked the call up (schedule-to-start on its private queue) or died while running it.
+    """
+    return error_type(err) == "SessionLost" or isinstance(err.cause, TemporalTimeoutError)
+
+
+async def restore(inp: TrajectoryInput, owner_id: str, members: list[Episode]) -> GroupHandle:
+    """Rebuild the session of `members` (one trajectory, or a lockstep group) on a live env worker."""
+    task = inp.task
+    return await workflow.execute_activity(
+        ActivityName.RESTORE.value,
+        RestoreInput(env=task.env, env_args=task.env_args, seed=inp.seed, owner_id=owner_id,
+                     actions=[[t.action for t in ep.turns] for ep in members],
+                     observations=[ep.observation for ep in members], options=EnvOptions.of(task)),  # fmt: skip
+        task_queue=Pool.CPU.value,
+        result_type=GroupHandle,
+        **policies.RESTORE.kwargs(),
+    )
 
 
 def error_type(err: ActivityError) -> str | None:

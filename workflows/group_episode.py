@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.activities.types import (
         ActivityName,
         EnvHandle,
+        EnvOptions,
         GenerateBatchInput,
         GenerateResult,
         GroupHandle,
@@ -28,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.infra.pools import Pool
     from rollart.workflows import policies
-    from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type
+    from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type, restore, session_lost
     from rollart.workflows.trajectory import report
     from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 
@@ -74,15 +75,21 @@ class GroupEpisode:
         self.handle = await workflow.execute_activity(
             ActivityName.RESET_GROUP.value,
             GroupResetInput(env=task.env, env_args=task.env_args, seed=self.group.seed, size=task.group_size,
-                            group_id=self.group.group_id),  # fmt: skip
+                            group_id=self.group.group_id, options=EnvOptions.of(task)),  # fmt: skip
             task_queue=Pool.CPU.value,
             result_type=GroupHandle,
             **policies.RESET.kwargs(),
         )
         for ep, observation in zip(self.members, self.handle.observations):
-            ep.observation = observation  # members share the session: each names it for its result
+            ep.observation = observation
+        self._share_handle()
+
+    def _share_handle(self) -> None:
+        """Members share the session: each names it for its result."""
+        assert self.handle is not None
+        for ep in self.members:
             ep.handle = EnvHandle(session_id=self.handle.session_id, queue=self.handle.queue,
-                                  worker_id=self.handle.worker_id, observation=observation)  # fmt: skip
+                                  worker_id=self.handle.worker_id, observation=ep.observation)  # fmt: skip
 
     async def _turn(self, playing: list[Episode]) -> None:
         assert self.handle is not None
@@ -99,16 +106,34 @@ class GroupEpisode:
         by_member = dict(zip((ep.trajectory_id for ep in playing), gens))
         actions = [by_member[ep.trajectory_id].completions[0].text if ep.trajectory_id in by_member else None
                    for ep in self.members]  # fmt: skip
-        steps: list[StepResult | None] = await workflow.execute_activity(
-            ActivityName.STEP_GROUP.value,
-            GroupStepInput(session_id=self.handle.session_id, actions=actions),
-            task_queue=self.handle.queue,
-            result_type=list[StepResult | None],
-            **policies.STEP.kwargs(timeout_s=self.handle.step_timeout_s * len(playing)),
-        )
+        steps = await self._step_group(actions, len(playing))
         for ep, step in zip(self.members, steps):
             if ep.trajectory_id in by_member and step is not None:
                 ep.record(by_member[ep.trajectory_id], step)
+
+    async def _step_group(self, actions: list[str | None], playing: int) -> list[StepResult | None]:
+        """One step_group; if the group's env worker is gone, restore all members elsewhere and play it there."""
+        restores = 0
+        while True:
+            assert self.handle is not None
+            try:
+                return await workflow.execute_activity(
+                    ActivityName.STEP_GROUP.value,
+                    GroupStepInput(session_id=self.handle.session_id, actions=actions),
+                    task_queue=self.handle.queue,
+                    result_type=list[StepResult | None],
+                    **policies.STEP.kwargs(timeout_s=self.handle.step_timeout_s * playing),
+                )
+            except ActivityError as err:
+                if not session_lost(err) or restores >= policies.MAX_RESTORES:
+                    raise
+                workflow.logger.warning("group %s: %s; restoring its envs elsewhere", self.group.group_id,
+                                        describe(err))  # fmt: skip
+                restores += 1
+                for ep in self.members:
+                    ep.restores += 1
+                self.handle = await restore(self.members[0].inp, self.group.group_id, self.members)
+                self._share_handle()
 
     async def _score(self) -> list[RewardResult]:
         return await workflow.execute_activity(

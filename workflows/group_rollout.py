@@ -78,7 +78,7 @@ class GroupRolloutWorkflow:
             answers = [[c.text for c in gen.completions] for gen in gens]
             steps: list[list[StepResult]] = await workflow.execute_activity(
                 ActivityName.CHECK.value, CheckInput(env=task.env, env_args=task.env_args, seeds=seeds, answers=answers),
-                task_queue=Pool.CPU.value, result_type=list[list[StepResult]], **policies.STEP.kwargs(),
+                task_queue=Pool.CPU.value, result_type=list[list[StepResult]], **policies.CHECK.kwargs(),
             )  # fmt: skip
             transcripts = [
                 Transcript(task=task.name, seed=seed, final_observation=s.observation,

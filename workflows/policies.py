@@ -7,11 +7,21 @@ from datetime import timedelta
 
 from temporalio.common import RetryPolicy
 
-__all__ = ["ActivityPolicy", "CLOSE", "GENERATE", "RESET", "REWARD", "STEP"]
+__all__ = ["ActivityPolicy", "CHECK", "CLOSE", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
 
-NEVER_RETRY = ("InvalidInput", "UnknownComponent", "EnvBroken", "RequestRejected", "SessionLost")
+NEVER_RETRY = ("InvalidInput", "UnknownComponent", "EnvBroken", "RequestRejected", "SessionLost", "ReplayMismatch")
 """Error types no retry can fix: bad input, unknown names, an env that raised mid-episode, a request the
-engine refuses, a session whose worker is gone."""
+engine refuses, a session whose worker is gone, a session that cannot be rebuilt by replay."""
+
+STICKY_START = timedelta(seconds=10)
+"""How long a step/close may wait on an env worker's private queue before its worker is taken for dead.
+
+Only that worker polls the queue, so a task not picked up within this time means the worker is gone (or
+hopelessly overloaded): the episode then restores its session on another worker. Schedule-to-start
+timeouts are never retried by Temporal, so this is also the detection time."""
+
+MAX_RESTORES = 3
+"""How many times one episode may move its session to another worker before it ends failed (infra)."""
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,7 @@ class ActivityPolicy:
     retry: RetryPolicy
     schedule_to_close: timedelta | None = None
     heartbeat: timedelta | None = None
+    schedule_to_start: timedelta | None = None
 
     def kwargs(self, timeout_s: float | None = None) -> dict:
         """`timeout_s` overrides start-to-close (an env's own step timeout, say)."""
@@ -30,6 +41,7 @@ class ActivityPolicy:
             "schedule_to_close_timeout": self.schedule_to_close,
             "heartbeat_timeout": self.heartbeat,
             "retry_policy": self.retry,
+            **({"schedule_to_start_timeout": self.schedule_to_start} if self.schedule_to_start else {}),
         }
 
 
@@ -51,7 +63,18 @@ RESET = ActivityPolicy(
 
 STEP = ActivityPolicy(
     # Sticky: the session lives in one process. An env that raised is half-mutated, so it is not
-    # retried (EnvBroken); a worker that vanished shows as a timeout and is retried until schedule_to_close.
+    # retried (EnvBroken); a transient fault before the env was touched is. A worker that died mid-step
+    # shows as a start-to-close timeout, one that is gone as a schedule-to-start timeout on its private
+    # queue: either way the episode restores its session elsewhere (`RESTORE`).
+    start_to_close=timedelta(seconds=60),
+    schedule_to_close=timedelta(minutes=3),
+    schedule_to_start=STICKY_START,
+    retry=_retry(attempts=3),
+)
+
+CHECK = ActivityPolicy(
+    # Single-turn answers checked on fresh envs from the shared cpu queue (no session): any worker may retry,
+    # so no schedule-to-start limit — a busy shared queue is not a dead worker.
     start_to_close=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=3),
     retry=_retry(attempts=3),
@@ -60,7 +83,16 @@ STEP = ActivityPolicy(
 CLOSE = ActivityPolicy(
     start_to_close=timedelta(seconds=30),
     schedule_to_close=timedelta(minutes=1),
+    schedule_to_start=STICKY_START,
     retry=_retry(attempts=2),
+)
+
+RESTORE = ActivityPolicy(
+    # Rebuild a lost session on any live env worker: reset from the seed, replay the recorded actions.
+    # Retried like a reset (each attempt starts from scratch); a replay that diverges is not retried.
+    start_to_close=timedelta(seconds=180),
+    schedule_to_close=timedelta(minutes=10),
+    retry=_retry(attempts=4),
 )
 
 GENERATE = ActivityPolicy(
@@ -76,4 +108,13 @@ REWARD = ActivityPolicy(
     start_to_close=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=10),
     retry=_retry(attempts=3),
+)
+
+TRAIN_STEP = ActivityPolicy(
+    # One step at a time on the trainer's process; it heartbeats every 5 s, so a killed trainer is
+    # noticed in 20 s and a replacement retries the (idempotent) step from the last checkpoint.
+    start_to_close=timedelta(minutes=30),
+    heartbeat=timedelta(seconds=20),
+    retry=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
+                      non_retryable_error_types=["InvalidInput"]),
 )

@@ -16,7 +16,6 @@ import asyncio
 import random
 import statistics
 from collections.abc import Awaitable
-from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
@@ -28,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import JobSpec, TaskSpec
     from rollart.infra.pools import Pool
+    from rollart.workflows import policies
     from rollart.workflows.batch_rollout import BatchRolloutInput, BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutInput, GroupRolloutWorkflow, GroupSeed
     from rollart.workflows.training_types import (
@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["TrainingWorkflow"]
 
-TRAIN_STEP_TIMEOUT = timedelta(minutes=30)
+TRAIN_STEP_TIMEOUT = policies.TRAIN_STEP.start_to_close
 
 
 @workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
@@ -76,6 +76,7 @@ class TrainingWorkflow:
                 self.s.duplicates_ignored += 1
                 continue
             group = running.group
+            self.s.restores += r.restores
             if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
                 self.s.buffer.append(_sample(r))
             else:
@@ -111,6 +112,7 @@ class TrainingWorkflow:
             in_flight=len(self.s.in_flight), buffered=len(self.s.buffer),
             paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
             ledger_balanced=self.s.ledger_balanced, history=self.s.history, started_at=self.s.started_at,
+            restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored,
         )  # fmt: skip
 
     # ------------------------------------------------------------ the loop
@@ -122,10 +124,13 @@ class TrainingWorkflow:
         _check_groups_fit(inp.job)
         t = inp.job.training
         steps_this_run = 0
+        # Wake up for stale ready groups too: when they fill the buffer, nothing else would ever wake the loop.
+        wake_on_stale = workflow.patched("wake-on-stale-groups")
         while self.s.step < t.steps and not self.s.stop_requested:
             await self._launch()
             await workflow.wait_condition(
                 lambda: self._batch_ready() or self._can_launch() or self._stalled() or self.s.stop_requested
+                or (wake_on_stale and self._stale_ready())
             )
             self._drop_stale()
             if self._batch_ready() or self._stalled():
@@ -258,6 +263,9 @@ class TrainingWorkflow:
         bound = self.job.training.async_bound
         return any(self.s.step - x.policy_version_min > bound for x in self.s.buffer if x.group_id == group_id)
 
+    def _stale_ready(self) -> bool:
+        return any(self._is_stale(g) for g in self.s.ready_groups)
+
     def _drop_stale(self) -> None:
         """Ready groups too old for the current step can never become admissible: drop and count them."""
         for group in [g for g in self.s.ready_groups if self._is_stale(g)]:
@@ -294,8 +302,7 @@ class TrainingWorkflow:
                            run_dir=inp.run_dir, trainer=inp.job.trainer),  # fmt: skip
             task_queue=Pool.TRAINER.value,
             result_type=TrainStepResult,
-            start_to_close_timeout=TRAIN_STEP_TIMEOUT,
-            heartbeat_timeout=timedelta(seconds=60),
+            **policies.TRAIN_STEP.kwargs(),
         )
         self.s.step = result.version
         self.s.trained += len(batch)

@@ -54,6 +54,7 @@ class TrainingState(BaseModel):
     dropped: int = 0
     failed: int = 0
     duplicates_ignored: int = 0
+    restores: int = 0  # env sessions moved to another worker because theirs died (trajectories not lost)
     in_flight: dict[str, InFlight] = Field(default_factory=dict)  # trajectory id → where it runs
     unfinished: dict[str, int] = Field(default_factory=dict)  # group id → members still running
     buffer: list[SampleRef] = Field(default_factory=list)
@@ -99,6 +100,8 @@ class TrainingStatus(BaseModel):
     done: bool
     ledger_balanced: bool
     started_at: float = 0.0
+    restores: int = 0
+    duplicates_ignored: int = 0
     history: list[StepRecord] = Field(default_factory=list)
 
 

@@ -50,6 +50,7 @@ class TrajectoryResult(BaseModel):
     completion_index: int = 0  # single-turn groups: which completion of the group's generation is this one
     env_worker: str | None = None
     error: str | None = None
+    restores: int = 0  # times the env session moved to another worker (its worker died): replayed, not lost
 
 
 class GroupSeed(BaseModel):
