@@ -3,6 +3,8 @@
 Used by `rollart up` (until Ctrl-C) and by `rollart rollout` when no server
 is given. Workers are separate processes, exactly as on a cluster; each gets
 its settings as a JSON file and signals readiness by writing a ready file.
+The elastic "serverless" pool is run by an autoscaler (between the job's
+`pools.serverless.min_workers` and `max_workers`) unless `autoscale=False`.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollart.infra.config import DEFAULT_HOME, JobSpec, TemporalConfig
+from rollart.infra.config import DEFAULT_HOME, ELASTIC_POOLS, JobSpec, TemporalConfig
 from rollart.infra.devserver import DevServer
 from rollart.infra.pools import WORKER_POOLS, Pool
 from rollart.infra.search_attributes import dev_server_flags
+from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
 from rollart.workers.pool_worker import WorkerSettings
 
 __all__ = ["LocalStack", "StackError", "pools_for_job"]
@@ -54,8 +57,10 @@ class LocalStack:
     home: Path = DEFAULT_HOME
     port: int = 7233
     ui_port: int | None = 8233
+    autoscale: bool = True
     server: DevServer | None = field(default=None, init=False)
     _workers: list[_WorkerProc] = field(default_factory=list, init=False)
+    _scalers: list[Autoscaler] = field(default_factory=list, init=False)
 
     @property
     def address(self) -> str:
@@ -71,7 +76,14 @@ class LocalStack:
         return self.job.temporal.model_copy(update={"address": self.address})
 
     def worker_pids(self) -> dict[str, int]:
-        return {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
+        pids = {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
+        for scaler in self._scalers:
+            pids |= {f"{scaler.queue}#{i} (elastic)": pid for i, pid in enumerate(scaler.procs.pids())}
+        return pids
+
+    def autoscaler(self, pool: Pool = Pool.SERVERLESS) -> Autoscaler | None:
+        """The autoscaler running `pool`'s workers, if any."""
+        return next((s for s in self._scalers if s.queue == pool.value), None)
 
     def start(self, timeout_s: float = 300.0) -> LocalStack:
         """Start the server, then the workers; wait for all of them. Cleans up on failure."""
@@ -87,7 +99,12 @@ class LocalStack:
         ).start()
         try:
             for pool in self.pools:
+                if self.autoscale and pool in ELASTIC_POOLS:
+                    continue
                 self._spawn(pool, logs)
+            for pool in self.pools:
+                if self.autoscale and pool in ELASTIC_POOLS:
+                    self._start_autoscaler(pool, timeout_s)
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
@@ -96,6 +113,9 @@ class LocalStack:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM every worker (they drain in-flight work), then the server; SIGKILL stragglers."""
+        for scaler in self._scalers:
+            scaler.stop_thread(timeout_s)
+        self._scalers.clear()
         for w in self._workers:
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
@@ -110,6 +130,16 @@ class LocalStack:
         self._workers.clear()
         if self.server:
             self.server.stop()
+
+    def _start_autoscaler(self, pool: Pool, timeout_s: float) -> None:
+        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal)
+        scaler = Autoscaler(cfg=self.job.elastic(pool), procs=WorkerProcesses(settings, self.home))
+        self._scalers.append(scaler)
+        try:
+            scaler.start_in_thread(ready_timeout_s=timeout_s)
+        except RuntimeError as e:
+            raise StackError(f"{pool.value} pool: {e}") from e
+        log.info("autoscaling %s: %d..%d workers", pool.value, scaler.cfg.min_workers, scaler.cfg.max_workers)
 
     def _spawn(self, pool: Pool, logs: Path) -> None:
         run = self.home / "run"
