@@ -237,8 +237,9 @@ def _check_reward_fn(obj: Any, name: str) -> None:
     if inspect.isclass(obj):
         scores = any("__call__" in vars(k) for k in obj.__mro__[:-1])
         if not callable(getattr(obj, "from_args", None)) or not scores:
-            raise TypeError(f"reward {name!r} ({_qualname(obj)}) is a class: a reward model needs a classmethod "
-                            "from_args(**reward_args) that loads it and __call__(transcript) that scores")  # fmt: skip
+            raise TypeError(f"reward {name!r} ({_qualname(obj)}) must be a function taking a Transcript, or a "
+                            "reward-model class with a classmethod from_args(**reward_args) that loads it and "
+                            "__call__(transcript) that scores")  # fmt: skip
         return
     if not callable(obj):
         raise TypeError(f"reward {name!r} must be a function taking a Transcript, got {obj!r}")

@@ -21,10 +21,25 @@ from tests.conftest import REPO
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"], ["train"], ["status"], ["plot"]])
+@pytest.mark.parametrize(
+    "command", [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"]]
+)
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pool", "gpu"], "unknown pool 'gpu'; pools are h20, h800, cpu, serverless, trainer, control"),
+        (["--pool", "h800"], "'h800' has a fixed set of workers (`rollart worker --pool h800`); only serverless autoscales"),
+        (["--min", "3", "--max", "2"], "min_workers (3) exceeds max_workers (2)"),
+    ],
+)
+def test_autoscale_rejects_bad_pools_and_bounds(args: list[str], message: str) -> None:
+    done = subprocess.run([*ROLLART, "autoscale", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 def test_init_model_builds_once(tmp_path: Path) -> None:

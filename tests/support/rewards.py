@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from rollart.activities.types import RewardResult, Transcript
+from rollart.infra.registry import reward
 
 
 def slow(transcript: Transcript) -> RewardResult:
@@ -30,3 +31,9 @@ class CountingModel:
 
     def __call__(self, transcript: Transcript) -> Any:
         return self.bias + len(transcript.turns)
+
+
+@reward("beside_generation_for_test", serverless=False)
+def beside_generation(transcript: Transcript) -> float:
+    """Declared serverless=False: it may only run colocated with generation."""
+    return 0.0
