@@ -9,6 +9,7 @@ import sys
 
 BENCHMARKS = {
     "rollout": "bench.rollout",
+    "reward_service": "bench.reward_service",
 }
 
 
