@@ -150,8 +150,7 @@ async def run_mode(stack: LocalStack, job: JobSpec, n: int, repeats: int, pinned
 def measure(mode: str, home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -> dict:
     job = bench_job(home, mode, reward_args)
     ensure_tiny_model(job.model_dir)
-    stack = LocalStack(job=job, pools=[p for p in pools_for_job(job) if mode == "serverless" or p is not Pool.SERVERLESS],
-                       home=home / mode, port=free_port(), ui_port=None)  # fmt: skip
+    stack = LocalStack(job=job, pools=pools_for_job(job), home=home / mode, port=free_port(), ui_port=None)
     affinity = os.sched_getaffinity(0)
     try:
         with stack:

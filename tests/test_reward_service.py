@@ -86,6 +86,14 @@ def test_a_reward_on_a_pool_without_workers_is_a_clear_error() -> None:
     assert job.elastic(Pool.SERVERLESS).max_workers == 0 and job.colocates_rewards(Pool.H800)
 
 
+def test_only_jobs_with_serverless_rewards_need_the_serverless_pool() -> None:
+    from rollart.workers.local_stack import pools_for_job
+
+    assert Pool.SERVERLESS in pools_for_job(JobSpec(tasks=[frozenlake_task()]))
+    colocated = JobSpec(tasks=[frozenlake_task(reward_placement="colocated")])
+    assert pools_for_job(colocated) == [Pool.CONTROL, Pool.CPU, Pool.H800]
+
+
 def test_worker_settings_follow_the_placement() -> None:
     job = JobSpec(tasks=[frozenlake_task(reward_placement="colocated", generate_pool="h20")],
                   pools={"serverless": ElasticPoolConfig(max_concurrent_activities=3)})  # fmt: skip
@@ -238,3 +246,13 @@ def test_default_stack_job_autoscales_serverless_between_1_and_4(tmp_path: Path)
     assert (cfg.min_workers, cfg.max_workers) == (1, 4) and cfg.per_worker == cfg.max_concurrent_activities
     with pytest.raises(ValueError, match="not elastic"):
         job.elastic(Pool.CPU)
+
+
+def test_reward_model_example_checks() -> None:
+    from rollart.infra.config import load_job
+
+    from tests.conftest import REPO
+
+    job = load_job(REPO / "examples" / "reward_model.yaml")
+    check_job_components(job)
+    assert job.tasks[0].reward_queue == "serverless" and job.elastic(Pool.SERVERLESS).min_workers == 0

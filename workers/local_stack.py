@@ -35,9 +35,13 @@ class StackError(RuntimeError):
 
 
 def pools_for_job(job: JobSpec, training: bool = False) -> list[Pool]:
-    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless (+ trainer)."""
+    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless (+ trainer).
+
+    Serverless only when some task's reward runs there (not every reward is `colocated`).
+    """
     gen = sorted({t.generate_pool for t in job.tasks}, key=lambda p: p.value)
-    return [Pool.CONTROL, Pool.CPU, *gen, Pool.SERVERLESS, *([Pool.TRAINER] if training else [])]
+    serverless = [Pool.SERVERLESS] if any(t.reward_queue == Pool.SERVERLESS.value for t in job.tasks) else []
+    return [Pool.CONTROL, Pool.CPU, *gen, *serverless, *([Pool.TRAINER] if training else [])]
 
 
 @dataclass
