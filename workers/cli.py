@@ -1,4 +1,4 @@
-"""The `rollart` command line: init-model, worker, autoscale, up, rollout, train. Every command has --help."""
+"""The `rollart` command line: init-model, worker, up, rollout. Every command has --help."""
 
 from __future__ import annotations
 
