@@ -167,6 +167,23 @@ def measure(mode: str, home: Path, n: int, repeats: int, reward_args: dict, pinn
             "reward_queues": rounds[0]["reward_queues"]}  # fmt: skip
 
 
+def calibrate(reward_args: dict) -> float:
+    """Milliseconds of one forward pass of the reward model over an 8-turn FrozenLake transcript (median of 7)."""
+    from rollart.activities.rewards.model_based import RewardModel
+    from rollart.activities.types import Transcript, TurnRecord
+
+    grid = "SFFF\nFHFH\nFFFH\nHFFG\nmove:"
+    t = Transcript(task="frozenlake", seed=0, turns=[TurnRecord(observation=grid, action="R")] * 8)
+    model = RewardModel.from_args(**reward_args)
+    model(t)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        model(t)
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench reward_service", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -175,13 +192,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--hidden", type=int, default=128, help="reward model width (default 128)")
     parser.add_argument("--layers", type=int, default=2, help="reward model layers (default 2)")
-    parser.add_argument("--passes", type=int, default=2, help="forward passes per scored trajectory (default 2)")
+    parser.add_argument("--reward-ms", type=float, default=400.0,
+                        help="calibrate forward passes so one scored trajectory costs about this much CPU time, "
+                        "measured here before the stacks start (default 400)")
+    parser.add_argument("--passes", type=int, help="forward passes per scored trajectory (overrides --reward-ms)")
     parser.add_argument("--no-pin", dest="pin", action="store_false",
                         help="let every process use both cores (default: generation alone on core 1)")
     args = parser.parse_args(argv)
     n, repeats = (16, 1) if args.quick else (args.n, args.repeats)
     pinned = args.pin and len(os.sched_getaffinity(0)) >= 2
-    reward_args = {"hidden": args.hidden, "layers": args.layers, "passes": args.passes}
+    reward_args: dict = {"hidden": args.hidden, "layers": args.layers, "passes": 1}
+    one_pass_ms = calibrate(reward_args)
+    passes = args.passes or max(1, round(args.reward_ms / one_pass_ms))
+    reward_args["passes"] = passes
+    print(f"reward model: one forward pass over a FrozenLake transcript {one_pass_ms:.0f} ms here; {passes} passes "
+          f"per scored trajectory (~{passes * one_pass_ms:.0f} ms)", flush=True)  # fmt: skip
     home = RESULTS / ".reward-service-stack"
     modes = [measure(m, home, n, repeats, reward_args, pinned) for m in MODES]
     report(modes, n, repeats, reward_args, pinned)
