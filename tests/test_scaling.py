@@ -1,11 +1,18 @@
-"""The autoscaler's decision as a pure function: sequences of backlogs in, worker counts out."""
+"""The autoscaler's decision as a pure function (sequences of backlogs in, worker counts out), and its bookkeeping."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
+from rollart.infra.backlog import QueueStats
 from rollart.infra.config import ElasticPoolConfig
+from rollart.infra.pools import Pool
+from rollart.workers import autoscaler as mod
+from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleState, decide, recommend
 
 CFG = ElasticPoolConfig(min_workers=0, max_workers=4, max_concurrent_activities=2, scale_up_cooldown_s=6,
@@ -89,3 +96,43 @@ def test_random_backlogs_respect_bounds_and_cooldowns(seed: int) -> None:
         elif state.target < before:
             assert now - last_change >= cfg.scale_down_cooldown_s  # never down right after a change
             last_change = now
+
+
+def test_autoscaler_keeps_the_processes_at_the_target_and_replaces_the_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`observe` + `reconcile` with stand-in processes (`sleep`), no server: start, replace, drain."""
+
+    def fake_spawn(settings: WorkerSettings, name: str, home: Path) -> mod.WorkerProcess:
+        ready = tmp_path / f"{name}.ready"
+        ready.write_text(name)
+        proc = subprocess.Popen(["sleep", "60"])
+        return mod.WorkerProcess(name=name, proc=proc, log_file=tmp_path / "log", ready_file=ready,
+                                 started_at=time.monotonic())  # fmt: skip
+
+    monkeypatch.setattr(mod, "spawn_worker", fake_spawn)
+    cfg = ElasticPoolConfig(min_workers=1, max_workers=3, max_concurrent_activities=2, scale_up_cooldown_s=0,
+                            scale_down_cooldown_s=0)  # fmt: skip
+    scaler = mod.Autoscaler(cfg=cfg, procs=mod.WorkerProcesses(WorkerSettings(pool=Pool.SERVERLESS), tmp_path))
+    scaler._state = ScaleState.initial(cfg, now=0.0)
+    try:
+        scaler.reconcile()
+        assert len(scaler.procs.serving) == 1  # min
+        scaler.observe(QueueStats(backlog=9, backlog_age_s=1.0, add_rate=3.0, dispatch_rate=0.0), now=1.0)
+        scaler.reconcile()
+        assert len(scaler.procs.serving) == 3  # 1 + ceil(9/2) = 6, capped at max
+        victim = scaler.procs.serving[0]
+        victim.proc.kill()
+        victim.proc.wait()
+        scaler.reconcile()
+        assert len(scaler.procs.serving) == 3 and victim not in scaler.procs.serving  # replaced at once
+        assert any(e.kind == "exit" and e.pid == victim.pid and "died" in e.detail for e in scaler.events)
+        scaler.observe(QueueStats(backlog=0, backlog_age_s=0.0, add_rate=0.0, dispatch_rate=0.0), now=2.0)
+        scaler.reconcile()
+        assert len(scaler.procs.serving) == 1 and len(scaler.procs.draining) == 2  # SIGTERM sent: draining
+        for w in scaler.procs.draining:
+            w.proc.wait(5)
+        scaler.reconcile()
+        assert scaler.procs.draining == [] and sum(e.kind == "exit" and "drained" in e.detail for e in scaler.events) == 2
+    finally:
+        scaler.procs.stop_all(timeout_s=5)
