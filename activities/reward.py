@@ -76,7 +76,7 @@ class RewardActivities:
             if key not in self._scorers:
                 try:
                     entry.check_args(args)
-                except (TypeError, ValueError) as e:
+                except (TypeError, ValueError, LookupError) as e:  # LookupError: an unknown `base` reward, say
                     raise bad_input(f"reward {entry.name!r}: bad reward_args: {e}") from e
                 activity.logger.info("loading reward model %r with %s", entry.name, args)
                 self._scorers[key] = await asyncio.to_thread(entry.load, args)

@@ -162,6 +162,9 @@ async def test_bad_reward_args_fail_without_retry() -> None:
         await ENV.run(acts.reward, RewardInput(reward="reward_model", transcript=won(), reward_args={"layers": 0}))
     assert err.value.type == "InvalidInput" and err.value.non_retryable and "layers" in err.value.message
     with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.reward, RewardInput(reward="reward_model", transcript=won(), reward_args={"base": "nope"}))
+    assert err.value.type == "InvalidInput" and "unknown reward 'nope'" in err.value.message
+    with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.reward, RewardInput(reward="success", transcript=won(), reward_args={"x": 1}))
     assert err.value.type == "InvalidInput" and "takes no reward_args" in err.value.message
 
