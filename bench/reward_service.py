@@ -1,8 +1,9 @@
 """Reward-as-a-Service: the same rollout load with a reward model, colocated with generation vs serverless.
 
-Each mode starts its own local stack (dev server + a worker process per pool, vLLM on the CPU)
-and runs N FrozenLake trajectories R times, every one scored by the `reward_model` reward (a
-byte-level transformer whose forward passes cost real CPU time):
+One local stack (dev server + a worker process per pool, vLLM on the CPU) runs N FrozenLake
+trajectories per round, colocated and serverless rounds alternating R times, every trajectory
+scored by the `reward_model` reward (a byte-level transformer whose forward passes cost real
+CPU time; `--reward-ms` sets how much):
 
 - colocated: `reward_placement: colocated`, the reward runs on the h800 worker beside the
   vLLM engine and competes with it (the monolithic baseline);
@@ -44,15 +45,21 @@ PAPER = {"colocated_rollout_s": 158.0, "serverless_rollout_s": 77.0, "gpu_util_c
          "gpu_util_serverless": 0.88}  # fmt: skip
 
 
-def bench_job(home: Path, mode: str, reward_args: dict) -> JobSpec:
-    """The default example's task (standard 4x4 map, ≤ 8 turns, groups of 8) scored by the reward model."""
-    task = TaskSpec(name="frozenlake", env="frozenlake", env_args={"maps": "standard"}, reward="reward_model",
-                    reward_args=reward_args, reward_placement=mode, generate_pool=Pool.H800, max_turns=8,
-                    group_size=8)  # fmt: skip
+def bench_job(home: Path, reward_args: dict) -> JobSpec:
+    """The default example's task (standard 4x4 map, ≤ 8 turns, groups of 8) scored by the reward model, twice:
+    one task per placement, so both modes run on one stack (the h800 worker serves the colocated rewards)."""
+    tasks = [TaskSpec(name=mode, env="frozenlake", env_args={"maps": "standard"}, reward="reward_model",
+                      reward_args=reward_args, reward_placement=mode, generate_pool=Pool.H800, max_turns=8,
+                      group_size=8) for mode in MODES]  # fmt: skip
     pools = {"serverless": ElasticPoolConfig(min_workers=1, max_workers=2, max_concurrent_activities=2,
                                              scale_up_cooldown_s=6, scale_down_cooldown_s=30)}  # fmt: skip
-    return JobSpec(name=f"bench-reward-{mode}", model_dir=home / "model", tasks=[task], pools=pools,
+    return JobSpec(name="bench-reward", model_dir=home / "model", tasks=tasks, pools=pools,
                    engine=EngineConfig(max_model_len=256), store=StoreConfig(path=home / "store"))  # fmt: skip
+
+
+def one_task(job: JobSpec, mode: str) -> JobSpec:
+    """The job with only `mode`'s task: what one round rolls out."""
+    return job.model_copy(update={"tasks": [job.task(mode)]})
 
 
 def _threads(pid: int) -> list[int]:
@@ -127,6 +134,7 @@ async def one_round(client: Client, stack: LocalStack, job: JobSpec, n: int, see
         "trajectories_per_s": len(outcomes) / wall,
         "engine_busy_fraction": busy_seconds(gens) / wall,
         "tokens_per_s": sum(o.result.completion_tokens for o in done if o.result) / wall,
+        "generate_work_ms": statistics.median(r["work_ms"] for r in rows if r["type"] == "generate"),
         "reward_work_ms": statistics.median(r["work_ms"] for r in rewards) if rewards else float("nan"),
         "reward_wait_ms": statistics.median(r["wait_ms"] for r in rewards) if rewards else float("nan"),
         "reward_queues": sorted({r["queue"] for r in rewards}),
@@ -134,37 +142,46 @@ async def one_round(client: Client, stack: LocalStack, job: JobSpec, n: int, see
     }
 
 
-async def run_mode(stack: LocalStack, job: JobSpec, n: int, repeats: int, pinned: bool) -> list[dict]:
+async def run_rounds(stack: LocalStack, job: JobSpec, n: int, repeats: int, pinned: bool) -> dict[str, list[dict]]:
+    """Warm both modes up, then alternate colocated and serverless rounds (drift on a shared machine hits both)."""
     client = await connect(stack.temporal, job.store)
     if pinned:
         pin_stack(stack)
-    await one_round(client, stack, job, 8, seed=999)  # warm-up: kernels compile, the reward model loads
-    rounds = []
+    for mode in MODES:  # kernels compile, each placement loads its reward model
+        await one_round(client, stack, one_task(job, mode), 8, seed=999)
+    rounds: dict[str, list[dict]] = {m: [] for m in MODES}
     for i in range(repeats):
-        if pinned:
-            pin_stack(stack)  # workers the autoscaler started since
-        rounds.append(await one_round(client, stack, job, n, seed=i))
+        for mode in MODES:
+            if pinned:
+                pin_stack(stack)  # workers the autoscaler started since
+            await asyncio.sleep(2.0)  # let the previous round's stragglers settle
+            rounds[mode].append(await one_round(client, stack, one_task(job, mode), n, seed=i))
     return rounds
 
 
-def measure(mode: str, home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -> dict:
-    job = bench_job(home, mode, reward_args)
+def measure(home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -> list[dict]:
+    job = bench_job(home, reward_args)
     ensure_tiny_model(job.model_dir)
-    stack = LocalStack(job=job, pools=pools_for_job(job), home=home / mode, port=free_port(), ui_port=None)
+    stack = LocalStack(job=job, pools=pools_for_job(job), home=home, port=free_port(), ui_port=None)
     affinity = os.sched_getaffinity(0)
     try:
         with stack:
-            rounds = asyncio.run(run_mode(stack, job, n, repeats, pinned))
+            rounds = asyncio.run(run_rounds(stack, job, n, repeats, pinned))
             scaler = stack.autoscaler()
-            events = [{"t": e.at, "kind": e.kind, "detail": e.detail} for e in scaler.events] if scaler else []
+            t0 = scaler.events[0].at if scaler and scaler.events else 0.0
+            events = [{"t": e.at - t0, "kind": e.kind, "detail": e.detail} for e in scaler.events] if scaler else []
     finally:
         pin([os.getpid()], affinity)
     keys = ("wall_s", "mean_rollout_s", "trajectories_per_s", "engine_busy_fraction", "tokens_per_s",
-            "reward_work_ms", "reward_wait_ms")  # fmt: skip
-    med = {k: statistics.median(r[k] for r in rounds) for k in keys}
-    cpu = {k: statistics.median(r["cpu_share"].get(k, 0.0) for r in rounds) for k in rounds[0]["cpu_share"]}
-    return {"name": mode, **med, "rounds": rounds, "cpu_cores": cpu, "autoscaler_events": events,
-            "reward_queues": rounds[0]["reward_queues"]}  # fmt: skip
+            "generate_work_ms", "reward_work_ms", "reward_wait_ms")  # fmt: skip
+    modes = []
+    for mode in MODES:
+        rs = rounds[mode]
+        med = {k: statistics.median(r[k] for r in rs) for k in keys}
+        cpu = {k: statistics.median(r["cpu_share"].get(k, 0.0) for r in rs) for k in rs[0]["cpu_share"]}
+        modes.append({"name": mode, **med, "rounds": rs, "cpu_cores": cpu, "reward_queues": rs[0]["reward_queues"],
+                      "autoscaler_events": events if mode == "serverless" else []})  # fmt: skip
+    return modes
 
 
 def calibrate(reward_args: dict) -> float:
@@ -187,9 +204,9 @@ def calibrate(reward_args: dict) -> float:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench reward_service", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="16 trajectories, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="16 trajectories, 1 round per mode")
     parser.add_argument("-n", type=int, default=64, help="trajectories per repeat (default 64)")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="alternating rounds per mode (default 3)")
     parser.add_argument("--hidden", type=int, default=128, help="reward model width (default 128)")
     parser.add_argument("--layers", type=int, default=2, help="reward model layers (default 2)")
     parser.add_argument("--reward-ms", type=float, default=400.0,
@@ -208,7 +225,7 @@ def main(argv: list[str]) -> int:
     print(f"reward model: one forward pass over a FrozenLake transcript {one_pass_ms:.0f} ms here; {passes} passes "
           f"per scored trajectory (~{passes * one_pass_ms:.0f} ms)", flush=True)  # fmt: skip
     home = RESULTS / ".reward-service-stack"
-    modes = [measure(m, home, n, repeats, reward_args, pinned) for m in MODES]
+    modes = measure(home, n, repeats, reward_args, pinned)
     report(modes, n, repeats, reward_args, pinned)
     return 0
 
@@ -221,13 +238,15 @@ def report(modes: list[dict], n: int, repeats: int, reward_args: dict, pinned: b
     print(f"\nreward_service: {n} FrozenLake trajectories (standard 4x4, ≤ 8 turns) x {repeats} repeats, medians; "
           f"reward_model {reward_args}; {'generation pinned to its own core' if pinned else 'all processes on all cores'}")  # fmt: skip
     print(f"\n  {'mode':<12}{'wall s':>8}{'mean rollout s':>16}{'traj/s':>8}{'engine busy':>13}{'tokens/s':>10}"
-          f"{'reward work ms':>16}{'reward wait ms':>16}{'speedup':>9}")  # fmt: skip
+          f"{'generate ms':>13}{'reward work ms':>16}{'reward wait ms':>16}{'speedup':>9}")  # fmt: skip
     for m in modes:
         print(f"  {m['name']:<12}{m['wall_s']:>8.1f}{m['mean_rollout_s']:>16.2f}{m['trajectories_per_s']:>8.2f}"
-              f"{m['engine_busy_fraction']:>12.0%}{m['tokens_per_s']:>10.0f}{m['reward_work_ms']:>16.0f}"
-              f"{m['reward_wait_ms']:>16.0f}{m['speedup_vs_baseline']:>8.2f}x")  # fmt: skip
+              f"{m['engine_busy_fraction']:>12.0%}{m['tokens_per_s']:>10.0f}{m['generate_work_ms']:>13.0f}"
+              f"{m['reward_work_ms']:>16.0f}{m['reward_wait_ms']:>16.0f}{m['speedup_vs_baseline']:>8.2f}x")  # fmt: skip
+    pairs = [c["wall_s"] / s["wall_s"] for c, s in zip(modes[0]["rounds"], modes[-1]["rounds"])]
+    print("  colocated / serverless wall time, round by round: " + ", ".join(f"{p:.2f}" for p in pairs))
     s = modes[-1]
-    print(f"\n  serverless / colocated mean rollout time: {s['rollout_time_ratio']:.2f} "
+    print(f"  serverless / colocated mean rollout time: {s['rollout_time_ratio']:.2f} "
           f"(paper: {PAPER['serverless_rollout_s']:.0f} s / {PAPER['colocated_rollout_s']:.0f} s = "
           f"{PAPER['serverless_rollout_s'] / PAPER['colocated_rollout_s']:.2f}; GPU utilisation "
           f"{PAPER['gpu_util_colocated']:.0%} → {PAPER['gpu_util_serverless']:.0%})")  # fmt: skip
