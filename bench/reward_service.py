@@ -84,22 +84,27 @@ def pin(pids: list[int], cores: set[int]) -> None:
                     pass
 
 
-def cpu_seconds(stack: LocalStack) -> dict[str, float]:
-    """CPU seconds (user + system) used so far per pool (elastic workers summed) and by the server."""
-    pids = {name.split("#")[0]: [] for name in stack.worker_pids()}
-    for name, pid in stack.worker_pids().items():
-        pids[name.split("#")[0]].append(pid)
+def cpu_seconds(stack: LocalStack) -> dict[tuple[str, int], float]:
+    """CPU seconds (user + system) used so far per process (with its children), keyed by (pool, pid)."""
+    pids = [(name.split("#")[0], pid) for name, pid in stack.worker_pids().items()]
     if stack.server and stack.server.pid:
-        pids["temporal-server"] = [stack.server.pid]
-    used: dict[str, float] = {}
-    for name, group in pids.items():
-        for pid in group:
-            try:
-                p = psutil.Process(pid)
-                used[name] = used.get(name, 0.0) + sum(sum(q.cpu_times()[:2]) for q in [p, *p.children(recursive=True)])
-            except psutil.NoSuchProcess:  # an elastic worker that drained and exited
-                pass
+        pids.append(("temporal-server", stack.server.pid))
+    used: dict[tuple[str, int], float] = {}
+    for key in pids:
+        try:
+            p = psutil.Process(key[1])
+            used[key] = sum(sum(q.cpu_times()[:2]) for q in [p, *p.children(recursive=True)])
+        except psutil.NoSuchProcess:  # an elastic worker that drained and exited
+            pass
     return used
+
+
+def cpu_share(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], wall: float) -> dict[str, float]:
+    """Cores used per pool over a round; an elastic worker that exited during it is not counted (a lower bound)."""
+    share: dict[str, float] = {}
+    for (pool, pid), t in after.items():
+        share[pool] = share.get(pool, 0.0) + (t - before.get((pool, pid), 0.0)) / wall
+    return share
 
 
 def pin_stack(stack: LocalStack) -> None:
@@ -138,7 +143,7 @@ async def one_round(client: Client, stack: LocalStack, job: JobSpec, n: int, see
         "reward_work_ms": statistics.median(r["work_ms"] for r in rewards) if rewards else float("nan"),
         "reward_wait_ms": statistics.median(r["wait_ms"] for r in rewards) if rewards else float("nan"),
         "reward_queues": sorted({r["queue"] for r in rewards}),
-        "cpu_share": {k: (cpu1.get(k, 0.0) - cpu0.get(k, 0.0)) / wall for k in cpu1},
+        "cpu_share": cpu_share(cpu0, cpu1, wall),
     }
 
 
