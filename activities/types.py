@@ -238,10 +238,11 @@ class Transcript(_Message):
 
 
 class RewardInput(_Message):
-    """Score one finished episode with the named reward."""
+    """Score one finished episode with the named reward (`reward_args`: a reward model's settings)."""
 
     reward: str
     transcript: Transcript
+    reward_args: dict[str, Any] = Field(default_factory=dict)
 
 
 class PromptsInput(_Message):
@@ -266,6 +267,7 @@ class RewardBatchInput(_Message):
 
     reward: str
     transcripts: list[Transcript]
+    reward_args: dict[str, Any] = Field(default_factory=dict)
 
 
 class RewardResult(_Message):

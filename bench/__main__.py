@@ -11,6 +11,7 @@ BENCHMARKS = {
     "resets": "bench.resets",
     "rollout": "bench.rollout",
     "weight_sync": "bench.weight_sync",
+    "reward_service": "bench.reward_service",
 }
 
 

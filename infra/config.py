@@ -21,6 +21,8 @@ from rollart.infra.pools import GENERATION_POOLS, Pool
 
 __all__ = [
     "DEFAULT_HOME",
+    "ELASTIC_POOLS",
+    "ElasticPoolConfig",
     "EngineConfig",
     "FaultModel",
     "JobSpec",
@@ -28,6 +30,7 @@ __all__ = [
     "JobSpecError",
     "LossConfig",
     "MooncakeConfig",
+    "RewardPlacement",
     "SamplingParams",
     "StoreConfig",
     "TaskSpec",
@@ -46,6 +49,13 @@ class _Strict(BaseModel):
     """Base for spec sections: unknown keys are errors (a typo must not be silently ignored)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+RewardPlacement = Literal["serverless", "colocated"]
+"""Where a task's reward runs: on the elastic "serverless" pool, or on the worker of its generation pool."""
+
+ELASTIC_POOLS: tuple[Pool, ...] = (Pool.SERVERLESS,)
+"""Pools whose workers are stateless and may be started and stopped with their backlog."""
 
 
 class SamplingParams(_Strict):
@@ -95,13 +105,19 @@ class TaskSpec(_Strict):
     """One task of a job: which env and reward, where it generates, how it samples.
 
     `env` and `reward` are registered names (`frozenlake`) or import paths of a
-    user's own (`mypkg.envs:Maze`).
+    user's own (`mypkg.envs:Maze`). `reward_placement` says where the reward runs:
+    `serverless` (the elastic pool, the default) or `colocated` (on the worker of
+    `generate_pool`, competing with generation: the monolithic baseline).
     """
 
     name: str = Field(min_length=1)
     env: str = Field(min_length=1)
     reward: str = Field(min_length=1)
     env_args: dict[str, Any] = Field(default_factory=dict)
+    reward_args: dict[str, Any] = Field(
+        default_factory=dict, description="arguments of a reward model's `from_args` (function rewards take none)"
+    )
+    reward_placement: RewardPlacement = "serverless"
     generate_pool: Pool = Pool.H800
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     max_turns: int = Field(8, ge=1, le=1000)
@@ -129,6 +145,12 @@ class TaskSpec(_Strict):
     def grouped(self) -> bool:
         """Whether this task's groups run as GroupRolloutWorkflows (single-turn, or `rollout_unit: group`)."""
         return self.max_turns == 1 or self.rollout_unit == "group"
+
+    @property
+    def reward_queue(self) -> str:
+        """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated."""
+        pool = self.generate_pool if self.reward_placement == "colocated" else Pool.SERVERLESS
+        return pool.value
 
     @field_validator("generate_pool")
     @classmethod
@@ -246,6 +268,42 @@ class TrainingConfig(_Strict):
     seed: int = 0
 
 
+class ElasticPoolConfig(_Strict):
+    """How an elastic pool's workers scale with its queue's backlog (the local autoscaler, `rollart autoscale`).
+
+    A worker takes at most `max_concurrent_activities` at once, so work beyond what the
+    workers hold waits in the queue, where Temporal counts it: the backlog. The target is
+    `workers + ceil(backlog / backlog_per_worker)` while there is a backlog, kept while work
+    still arrives, and `min_workers` once the queue is idle, within [min_workers, max_workers].
+    Scale-up waits `scale_up_cooldown_s` after the last one (the backlog count refreshes every
+    ~5 s); scale-down happens only when every target seen in the last `scale_down_cooldown_s`
+    was lower (no flapping).
+    """
+
+    min_workers: int = Field(1, ge=0)
+    max_workers: int = Field(4, ge=0)
+    max_concurrent_activities: int = Field(16, ge=1)
+    backlog_per_worker: int | None = Field(None, ge=1, description="default: max_concurrent_activities")
+    scale_up_cooldown_s: float = Field(6.0, ge=0.0)
+    scale_down_cooldown_s: float = Field(30.0, ge=0.0)
+    poll_interval_s: float = Field(2.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ElasticPoolConfig:
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) exceeds max_workers ({self.max_workers})")
+        return self
+
+    @property
+    def per_worker(self) -> int:
+        """Backlog one more worker is expected to absorb."""
+        return self.backlog_per_worker or self.max_concurrent_activities
+
+
+def _default_pools() -> dict[str, ElasticPoolConfig]:
+    return {Pool.SERVERLESS.value: ElasticPoolConfig()}
+
+
 class JobSpec(_Strict):
     """A whole job. The model dir is built on first use when it is the default tiny model."""
 
@@ -258,6 +316,20 @@ class JobSpec(_Strict):
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
     kubernetes: KubernetesConfig | None = Field(None, description="cluster layout for `rollart k8s render`/`apply`")
+    pools: dict[str, ElasticPoolConfig] = Field(
+        default_factory=_default_pools, description="scaling of the elastic pools, by pool name (serverless)"
+    )
+
+    @field_validator("pools")
+    @classmethod
+    def _known_elastic_pools(cls, pools: dict[str, ElasticPoolConfig]) -> dict[str, ElasticPoolConfig]:
+        elastic = ", ".join(p.value for p in ELASTIC_POOLS)
+        for name in pools:
+            if name not in {p.value for p in Pool}:
+                raise ValueError(f"unknown pool {name!r}; pools are: {', '.join(p.value for p in Pool)}")
+            if Pool(name) not in ELASTIC_POOLS:
+                raise ValueError(f"pool {name!r} has a fixed set of workers; only {elastic} scales (pools.{name})")
+        return {**_default_pools(), **pools}
 
     @model_validator(mode="after")
     def _unique_task_names(self) -> JobSpec:
@@ -273,6 +345,28 @@ class JobSpec(_Strict):
         if problems:
             raise ValueError("kubernetes: " + "; ".join(problems))
         return self
+
+    @model_validator(mode="after")
+    def _rewards_have_workers(self) -> JobSpec:
+        for i, t in enumerate(self.tasks):
+            scaling = self.pools.get(t.reward_queue)
+            if scaling is not None and scaling.max_workers == 0:
+                raise ValueError(
+                    f"tasks.{i} ({t.name}) places its reward on pool {t.reward_queue!r}, but pools.{t.reward_queue}"
+                    f".max_workers is 0, so no worker would ever run it; raise max_workers or set "
+                    "reward_placement: colocated"
+                )
+        return self
+
+    def elastic(self, pool: Pool) -> ElasticPoolConfig:
+        """The scaling of an elastic pool (its defaults when the job does not set it)."""
+        if pool not in ELASTIC_POOLS:
+            raise ValueError(f"pool {pool.value!r} is not elastic; only {', '.join(p.value for p in ELASTIC_POOLS)} scales")
+        return self.pools.get(pool.value, ElasticPoolConfig())
+
+    def colocates_rewards(self, pool: Pool) -> bool:
+        """Whether some task runs its reward on `pool`'s generation workers (`reward_placement: colocated`)."""
+        return any(t.reward_placement == "colocated" and t.generate_pool is pool for t in self.tasks)
 
     def task(self, name: str) -> TaskSpec:
         """The task called `name`, or a KeyError listing the ones there are."""

@@ -208,7 +208,7 @@ class KubernetesConfig(_Strict):
         """Every place the job routes work to a pool this deployment gives no worker, as readable problems.
 
         Workflows run on `control`; a task's env on `cpu`, its generation on its `generate_pool`, its
-        reward on `serverless` (the queues the workflows route to).
+        reward on `serverless` or, colocated, on its generation pool (the queues the workflows route to).
         """
         used = {t.generate_pool for t in tasks}
         replicas = {p: self.resolve_pool(p, used).replicas for p in Pool}
@@ -217,7 +217,7 @@ class KubernetesConfig(_Strict):
             problems.append("pools.control.replicas is 0, but the control pool runs every workflow: give it at least 1")
         for t in tasks:
             needs = [("its env", t.env, Pool.CPU), ("its generation", None, t.generate_pool),
-                     ("its reward", t.reward, Pool.SERVERLESS)]  # fmt: skip
+                     ("its reward", t.reward, Pool(t.reward_queue))]  # fmt: skip
             for what, component, pool in needs:
                 if replicas[pool] == 0:
                     named = f" {component!r}" if component else ""

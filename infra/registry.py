@@ -1,7 +1,9 @@
 """The affinity registry: `@env` and `@reward` declare where work runs, checked when declared.
 
 A job names envs and rewards either by their registered name (`frozenlake`)
-or by import path (`mypkg.envs:Maze`). Built-ins are registered when their
+or by import path (`mypkg.envs:Maze`). A reward is a function of the
+transcript, or a reward *model*: a class whose `from_args(**reward_args)`
+loads it (once per worker, lazily) and whose instances score a transcript. Built-ins are registered when their
 modules are imported; `lookup_env` / `lookup_reward` import them on demand so
 a worker process needs no setup step.
 """
@@ -51,15 +53,46 @@ class EnvEntry:
 
 @dataclass(frozen=True)
 class RewardEntry:
-    """A declared reward function: stateless, so it may run anywhere; `serverless` says where it should."""
+    """A declared reward: a function, or a model class (`from_args` loads it, instances score).
+
+    `serverless=True` means it may run on the elastic "serverless" pool; `False` means it must
+    run on the generation pool's worker (`reward_placement: colocated`), e.g. because it needs
+    that worker's accelerator.
+    """
 
     name: str
     fn: Callable[..., Any]
     serverless: bool = True
 
     @property
-    def pool(self) -> Pool:
-        return Pool.SERVERLESS if self.serverless else Pool.CPU
+    def pool(self) -> Pool | None:
+        """The pool it runs on by default: "serverless", or None (the task's generation pool)."""
+        return Pool.SERVERLESS if self.serverless else None
+
+    @property
+    def is_model(self) -> bool:
+        """A class loaded once per worker with the task's `reward_args`, rather than a plain function."""
+        return inspect.isclass(self.fn)
+
+    def check_args(self, args: dict[str, Any]) -> None:
+        """Reject reward_args a function cannot take or the model's `check_args` refuses (cheap: loads nothing)."""
+        if not self.is_model:
+            if args:
+                raise TypeError(f"reward {self.name!r} is a function of the transcript and takes no reward_args "
+                                f"(got {', '.join(sorted(args))})")  # fmt: skip
+            return
+        check = getattr(self.fn, "check_args", None)
+        if callable(check):
+            check(args)
+        else:
+            inspect.signature(self.fn.from_args).bind(**args)
+
+    def load(self, args: dict[str, Any]) -> Callable[[Any], Any]:
+        """The scorer to call with each transcript: the function itself, or the model `from_args` builds."""
+        if not self.is_model:
+            self.check_args(args)
+            return self.fn
+        return self.fn.from_args(**args)
 
 
 class Registry:
@@ -160,7 +193,11 @@ def env(
 
 
 def reward(name: str, *, serverless: bool = True) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """Declare a reward function under `name`; `serverless=True` routes it to the elastic "serverless" pool."""
+    """Declare a reward function or reward-model class under `name`.
+
+    `serverless=True`: it may run on the elastic "serverless" pool (where tasks send rewards by
+    default); `False`: only on the generation pool's worker (`reward_placement: colocated`).
+    """
 
     def declare(fn: Callable[..., T]) -> Callable[..., T]:
         entry = RewardEntry(name=name, fn=fn, serverless=serverless)
@@ -197,7 +234,14 @@ def _check_env_class(obj: Any, name: str) -> None:
 
 
 def _check_reward_fn(obj: Any, name: str) -> None:
-    if not callable(obj) or inspect.isclass(obj):
+    if inspect.isclass(obj):
+        scores = any("__call__" in vars(k) for k in obj.__mro__[:-1])
+        if not callable(getattr(obj, "from_args", None)) or not scores:
+            raise TypeError(f"reward {name!r} ({_qualname(obj)}) must be a function taking a Transcript, or a "
+                            "reward-model class with a classmethod from_args(**reward_args) that loads it and "
+                            "__call__(transcript) that scores")  # fmt: skip
+        return
+    if not callable(obj):
         raise TypeError(f"reward {name!r} must be a function taking a Transcript, got {obj!r}")
     params = [p for p in inspect.signature(obj).parameters.values() if p.default is inspect.Parameter.empty]
     if len(params) != 1:

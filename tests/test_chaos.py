@@ -54,7 +54,7 @@ def chaos_stack(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> I
                   store=StoreConfig(path=home / "store"),
                   training=TrainingConfig(steps=STEPS, batch_size=8, async_bound=1))  # fmt: skip
     pools = [Pool.CONTROL, *TWO_EACH, *TWO_EACH, Pool.TRAINER]
-    stack = LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None)
+    stack = LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None, autoscale=False)
     stack.start(timeout_s=300)
     yield stack
     stack.stop()

@@ -21,11 +21,27 @@ from tests.conftest import REPO
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["init-model"], ["worker"], ["up"], ["rollout"], ["train"], ["status"], ["plot"],
-                                     ["k8s"], ["k8s", "render"], ["k8s", "apply"]])
+@pytest.mark.parametrize(
+    "command",
+    [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"], ["k8s"],
+     ["k8s", "render"], ["k8s", "apply"]],
+)
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pool", "gpu"], "unknown pool 'gpu'; pools are h20, h800, cpu, serverless, trainer, control"),
+        (["--pool", "h800"], "'h800' has a fixed set of workers (`rollart worker --pool h800`); only serverless autoscales"),
+        (["--min", "3", "--max", "2"], "min_workers (3) exceeds max_workers (2)"),
+    ],
+)
+def test_autoscale_rejects_bad_pools_and_bounds(args: list[str], message: str) -> None:
+    done = subprocess.run([*ROLLART, "autoscale", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 def test_init_model_builds_once(tmp_path: Path) -> None:
@@ -76,6 +92,7 @@ def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert any(f"Temporal UI: http://127.0.0.1:{ui}" in line for line in lines)
         pids = [int(line.split("pid")[1]) for line in lines if line.strip().startswith("worker ")]
         assert len(pids) == 3
+        assert any("serverless#0 (elastic)" in line for line in lines)  # the autoscaler runs the serverless pool
         with urllib.request.urlopen(f"http://127.0.0.1:{ui}/api/v1/namespaces/default/workflows", timeout=10) as r:
             assert r.status == 200
         proc.send_signal(signal.SIGINT)

@@ -96,6 +96,26 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--settings-file", type=Path, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_worker)
 
+    s = sub.add_parser("autoscale", help="scale an elastic pool's local worker processes with its queue's backlog",
+                       description="Read the pool's activity backlog from Temporal every few seconds and start or "
+                       "stop local `rollart worker` processes between --min and --max (SIGTERM: they drain first). "
+                       "Decisions are logged. Defaults come from the job's pools.<pool> section.")
+    s.add_argument("--pool", default="serverless", help="the elastic pool to scale (default serverless)")
+    s.add_argument("--job", type=Path, help="job spec to take the store, Temporal and scaling settings from")
+    _add_temporal_args(s)
+    s.add_argument("--min", type=int, dest="min_workers", help="fewest workers, may be 0 (default: the job's, else 1)")
+    s.add_argument("--max", type=int, dest="max_workers", help="most workers (default: the job's, else 4)")
+    s.add_argument("--concurrency", type=int, dest="max_concurrent_activities",
+                   help="activities one worker runs at once (default 16)")
+    s.add_argument("--backlog-per-worker", type=int, help="backlog that asks for one more worker (default: --concurrency)")
+    s.add_argument("--scale-up-cooldown", type=float, dest="scale_up_cooldown_s", help="seconds between scale-ups (default 6)")
+    s.add_argument("--scale-down-cooldown", type=float, dest="scale_down_cooldown_s",
+                   help="seconds the queue must want fewer workers before they stop (default 30)")
+    s.add_argument("--poll-interval", type=float, dest="poll_interval_s", help="seconds between backlog reads (default 2)")
+    s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
+    s.add_argument("--home", type=Path, help="where worker settings and logs go (default .rollart)")
+    s.set_defaults(func=_cmd_autoscale)
+
     s = sub.add_parser("up", help="start the local Temporal dev server and one worker per pool; Ctrl-C stops all")
     s.add_argument("--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)")
     s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless,trainer)")
@@ -232,6 +252,53 @@ def _worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSet
     return base.model_copy(update=updates)
 
 
+# ---------------------------------------------------------------- autoscale
+
+
+_SCALING_FLAGS = ("min_workers", "max_workers", "max_concurrent_activities", "backlog_per_worker",
+                  "scale_up_cooldown_s", "scale_down_cooldown_s", "poll_interval_s")  # fmt: skip
+
+
+def _cmd_autoscale(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+    from rollart.infra.config import ELASTIC_POOLS, ElasticPoolConfig, format_validation_error
+    from rollart.infra.pools import Pool
+    from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
+
+    elastic = ", ".join(p.value for p in ELASTIC_POOLS)
+    if args.pool not in {p.value for p in Pool}:
+        raise _UserError(f"--pool: unknown pool {args.pool!r}; pools are {', '.join(p.value for p in Pool)}")
+    pool = Pool(args.pool)
+    if pool not in ELASTIC_POOLS:
+        raise _UserError(f"--pool: {pool.value!r} has a fixed set of workers (`rollart worker --pool {pool.value}`); "
+                         f"only {elastic} autoscales")  # fmt: skip
+    job = _load_job(args.job, args) if args.job else None
+    base = job.elastic(pool) if job else ElasticPoolConfig()
+    flags = {k: getattr(args, k) for k in _SCALING_FLAGS if getattr(args, k) is not None}
+    try:
+        cfg = ElasticPoolConfig.model_validate({**base.model_dump(), **flags})
+    except ValidationError as e:
+        raise _UserError(format_validation_error(e, "autoscale options").replace("invalid job spec", "invalid")) from e
+    args.pool, args.model_dir, args.engine = pool.value, None, None
+    settings = _worker_settings(args, job).model_copy(update={"max_concurrent_activities": cfg.max_concurrent_activities})
+    scaler = Autoscaler(cfg=cfg, procs=WorkerProcesses(settings, _home(args)))
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await scaler.run(stop)
+
+    print(f"autoscaling {pool.value} on {settings.temporal.address or '127.0.0.1:7233'}: {cfg.min_workers}..{cfg.max_workers} "
+          f"workers; logs in {_home(args) / 'logs'}; Ctrl-C stops them", flush=True)  # fmt: skip
+    try:
+        asyncio.run(run())
+    except ConnectionError as e:
+        raise _UserError(str(e)) from e
+    return 0
+
+
 # ---------------------------------------------------------------- up
 
 
@@ -245,6 +312,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise _UserError(f"--pools: {e}") from e
     _ensure_default_model(job)
+    unserved = sorted({t.reward_queue for t in job.tasks} - {p.value for p in pools})
+    if unserved:
+        print(f"warning: the job's rewards run on {', '.join(unserved)}, which --pools does not start here; "
+              "run those workers elsewhere (or `rollart autoscale`), or rewards will wait", file=sys.stderr)  # fmt: skip
     stack = LocalStack(job=job, pools=pools, home=_home(args), port=args.port, ui_port=args.ui_port)
     stop = _stop_on_signals()
     print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")

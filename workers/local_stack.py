@@ -6,6 +6,8 @@ its settings as a JSON file and signals readiness by writing a ready file.
 With `store: {kind: mooncake}` and no master address, the stack also starts a
 Mooncake master and store keeper (infra/mooncake_service.py) and points every
 worker at them; they stop after the workers.
+The elastic "serverless" pool is run by an autoscaler (between the job's
+`pools.serverless.min_workers` and `max_workers`) unless `autoscale=False`.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollart.infra.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
+from rollart.infra.config import DEFAULT_HOME, ELASTIC_POOLS, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.devserver import DevServer
 from rollart.infra.pools import WORKER_POOLS, Pool
 from rollart.infra.search_attributes import dev_server_flags
+from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
 from rollart.workers.pool_worker import WorkerSettings
 
 if TYPE_CHECKING:
@@ -39,9 +42,13 @@ class StackError(RuntimeError):
 
 
 def pools_for_job(job: JobSpec, training: bool = False) -> list[Pool]:
-    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless (+ trainer)."""
+    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless (+ trainer).
+
+    Serverless only when some task's reward runs there (not every reward is `colocated`).
+    """
     gen = sorted({t.generate_pool for t in job.tasks}, key=lambda p: p.value)
-    return [Pool.CONTROL, Pool.CPU, *gen, Pool.SERVERLESS, *([Pool.TRAINER] if training else [])]
+    serverless = [Pool.SERVERLESS] if any(t.reward_queue == Pool.SERVERLESS.value for t in job.tasks) else []
+    return [Pool.CONTROL, Pool.CPU, *gen, *serverless, *([Pool.TRAINER] if training else [])]
 
 
 @dataclass
@@ -61,9 +68,11 @@ class LocalStack:
     home: Path = DEFAULT_HOME
     port: int = 7233
     ui_port: int | None = 8233
+    autoscale: bool = True
     server: DevServer | None = field(default=None, init=False)
     mooncake: MooncakeService | None = field(default=None, init=False)
     _workers: list[_WorkerProc] = field(default_factory=list, init=False)
+    _scalers: list[Autoscaler] = field(default_factory=list, init=False)
 
     @property
     def address(self) -> str:
@@ -84,7 +93,14 @@ class LocalStack:
         return self.mooncake.config if self.mooncake else self.job.store
 
     def worker_pids(self) -> dict[str, int]:
-        return {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
+        pids = {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
+        for scaler in self._scalers:
+            pids |= {f"{scaler.queue}#{i} (elastic)": pid for i, pid in enumerate(scaler.procs.pids())}
+        return pids
+
+    def autoscaler(self, pool: Pool = Pool.SERVERLESS) -> Autoscaler | None:
+        """The autoscaler running `pool`'s workers, if any."""
+        return next((s for s in self._scalers if s.queue == pool.value), None)
 
     def live_workers(self, pool: Pool) -> list[int]:
         """PIDs of the running worker processes of `pool`, oldest first."""
@@ -135,7 +151,12 @@ class LocalStack:
 
                 self.mooncake = MooncakeService(store, log_dir=logs).start()
             for pool in self.pools:
+                if self.autoscale and pool in ELASTIC_POOLS:
+                    continue
                 self._spawn(pool, logs)
+            for pool in self.pools:
+                if self.autoscale and pool in ELASTIC_POOLS:
+                    self._start_autoscaler(pool, timeout_s)
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
@@ -144,6 +165,9 @@ class LocalStack:
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """SIGTERM every worker (they drain in-flight work), then the server; SIGKILL stragglers."""
+        for scaler in self._scalers:
+            scaler.stop_thread(timeout_s)
+        self._scalers.clear()
         for w in self._workers:
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
@@ -160,6 +184,16 @@ class LocalStack:
             self.mooncake.stop()
         if self.server:
             self.server.stop()
+
+    def _start_autoscaler(self, pool: Pool, timeout_s: float) -> None:
+        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, store=self.store)
+        scaler = Autoscaler(cfg=self.job.elastic(pool), procs=WorkerProcesses(settings, self.home))
+        self._scalers.append(scaler)
+        try:
+            scaler.start_in_thread(ready_timeout_s=timeout_s)
+        except RuntimeError as e:
+            raise StackError(f"{pool.value} pool: {e}") from e
+        log.info("autoscaling %s: %d..%d workers", pool.value, scaler.cfg.min_workers, scaler.cfg.max_workers)
 
     def _spawn(self, pool: Pool, logs: Path) -> _WorkerProc:
         run = self.home / "run"

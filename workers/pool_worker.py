@@ -3,8 +3,10 @@
 - control: the workflows (orchestration only; kept apart from engines so a
   restarting engine never stalls workflow progress)
 - cpu: `reset`, `restore` on the shared queue, `step`/`close` on this process's own queue
-- h20 / h800: `generate` on one inference engine, batched continuously
-- serverless: `reward`
+- h20 / h800: `generate` on one inference engine, batched continuously (and
+  `reward` too when the job colocates rewards with generation)
+- serverless: `reward`, a bounded number at a time so that excess work shows as
+  backlog for the autoscaler
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 from rollart.activities.engines.base import Engine
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
+from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
 from rollart.infra.temporal import connect
 from temporalio.client import Client
@@ -47,12 +49,19 @@ class WorkerSettings(BaseModel):
     model_dir: Path = JobSpec.model_fields["model_dir"].default
     engine: EngineConfig = EngineConfig()
     max_concurrent_activities: int = 256
+    serve_rewards: bool = False
+    """Generation pools: also register the reward activities (`reward_placement: colocated`)."""
     ready_file: Path | None = None
 
     @classmethod
     def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
         """The settings a job implies for a worker of `pool`."""
-        base = {"pool": pool, "temporal": job.temporal, "store": job.store, "model_dir": job.model_dir, "engine": job.engine}
+        base: dict[str, object] = {"pool": pool, "temporal": job.temporal, "store": job.store,
+                                   "model_dir": job.model_dir, "engine": job.engine}  # fmt: skip
+        if pool in ELASTIC_POOLS:
+            base["max_concurrent_activities"] = job.elastic(pool).max_concurrent_activities
+        if pool in GENERATION_POOLS:
+            base["serve_rewards"] = job.colocates_rewards(pool)
         return cls(**{**base, **overrides})
 
 
@@ -109,12 +118,18 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
             base = settings.model_dir / "model.safetensors"
             gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
             stats = asyncio.create_task(_log_engine_throughput(engine, pool))
+            activities = [gen.generate, gen.generate_batch]
+            if settings.serve_rewards:  # colocated: rewards compete with generation in this process
+                from rollart.activities.reward import RewardActivities
+
+                rewards = RewardActivities()
+                activities += [rewards.reward, rewards.reward_batch]
             try:
                 yield [
                     Worker(
                         client,
                         task_queue=pool.value,
-                        activities=[gen.generate, gen.generate_batch],
+                        activities=activities,
                         graceful_shutdown_timeout=timedelta(seconds=60),
                         **common,
                     )
@@ -126,7 +141,9 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         from rollart.activities.reward import RewardActivities
 
         rewards = RewardActivities()
-        yield [Worker(client, task_queue=pool.value, activities=[rewards.reward, rewards.reward_batch], **common)]
+        # a worker stopped by the autoscaler (SIGTERM) finishes the rewards it holds before it exits
+        yield [Worker(client, task_queue=pool.value, activities=[rewards.reward, rewards.reward_batch],
+                      graceful_shutdown_timeout=timedelta(seconds=60), **common)]  # fmt: skip
     elif pool is Pool.TRAINER:
         from rollart.activities.trainer import TrainerActivities
         from rollart.infra.store import open_store

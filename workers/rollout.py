@@ -45,7 +45,7 @@ def new_job_id(job: JobSpec) -> str:
 
 
 def check_job_components(job: JobSpec) -> None:
-    """Resolve every task's env and reward, and build each env once with its env_args."""
+    """Resolve every task's env and reward, build each env once with its env_args, check the reward_args."""
     problems = []
     for i, task in enumerate(job.tasks):
         try:
@@ -54,7 +54,11 @@ def check_job_components(job: JobSpec) -> None:
         except Exception as e:
             problems.append(f"tasks.{i} ({task.name}): env: {e}")
         try:
-            lookup_reward(task.reward)
+            entry = lookup_reward(task.reward)
+            entry.check_args(task.reward_args)
+            if task.reward_placement == "serverless" and not entry.serverless:
+                raise ValueError(f"{task.reward!r} is declared serverless=False (it must run beside generation); "
+                                 "set reward_placement: colocated")  # fmt: skip
         except Exception as e:
             problems.append(f"tasks.{i} ({task.name}): reward: {e}")
     if problems:

@@ -132,8 +132,8 @@ class Episode:
     async def score(self) -> RewardResult:
         return await workflow.execute_activity(
             ActivityName.REWARD.value,
-            RewardInput(reward=self.inp.task.reward, transcript=self.transcript()),
-            task_queue=Pool.SERVERLESS.value,
+            RewardInput(reward=self.inp.task.reward, transcript=self.transcript(), reward_args=self.inp.task.reward_args),
+            task_queue=self.inp.task.reward_queue,  # "serverless", or the generation pool when colocated
             result_type=RewardResult,
             **policies.REWARD.kwargs(),
         )

@@ -138,8 +138,9 @@ class GroupEpisode:
     async def _score(self) -> list[RewardResult]:
         return await workflow.execute_activity(
             ActivityName.REWARD_BATCH.value,
-            RewardBatchInput(reward=self.inp.task.reward, transcripts=[ep.transcript() for ep in self.members]),
-            task_queue=Pool.SERVERLESS.value,
+            RewardBatchInput(reward=self.inp.task.reward, transcripts=[ep.transcript() for ep in self.members],
+                             reward_args=self.inp.task.reward_args),  # fmt: skip
+            task_queue=self.inp.task.reward_queue,  # "serverless", or the generation pool when colocated
             result_type=list[RewardResult],
             **policies.REWARD.kwargs(),
         )

@@ -86,8 +86,9 @@ class GroupRolloutWorkflow:
                 for seed, prompt, texts, row in zip(seeds, prompts, answers, steps) for text, s in zip(texts, row)
             ]  # fmt: skip
             scores: list[RewardResult] = await workflow.execute_activity(
-                ActivityName.REWARD_BATCH.value, RewardBatchInput(reward=task.reward, transcripts=transcripts),
-                task_queue=Pool.SERVERLESS.value, result_type=list[RewardResult], **policies.REWARD.kwargs(),
+                ActivityName.REWARD_BATCH.value,
+                RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args),
+                task_queue=task.reward_queue, result_type=list[RewardResult], **policies.REWARD.kwargs(),
             )  # fmt: skip
             results = self._results(inp, gens, scores)
         except ActivityError as err:

@@ -104,8 +104,10 @@ GENERATE = ActivityPolicy(
 )
 
 REWARD = ActivityPolicy(
-    # Stateless: any worker of the pool may retry it.
+    # Stateless: any worker of the pool may retry it. Heartbeats (every 2 s while scoring) notice a
+    # worker that died mid-call in 10 s, e.g. one the autoscaler lost, and another worker retries.
     start_to_close=timedelta(seconds=60),
+    heartbeat=timedelta(seconds=10),
     schedule_to_close=timedelta(minutes=10),
     retry=_retry(attempts=3),
 )

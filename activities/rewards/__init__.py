@@ -1,5 +1,5 @@
-"""Built-in reward functions; importing this package registers them."""
+"""Built-in rewards; importing this package registers them (the model's torch code loads only when used)."""
 
-from rollart.activities.rewards import rule_based
+from rollart.activities.rewards import model_based, rule_based
 
-__all__ = ["rule_based"]
+__all__ = ["model_based", "rule_based"]
