@@ -1,0 +1,94 @@
+"""End to end: time to N training steps of the multi-task job, synchronous baselines against RollArt's modes.
+
+Four modes of the same job (FrozenLake on h800 + arithmetic on h20, the env
+latency model of bench/workload.py) on one local stack, repeats interleaved
+(mode 1, 2, 3, 4, then again) so machine noise hits every mode alike:
+
+- `batch b0`: lockstep rollout, async bound 0 — synchronous, veRL-style (the baseline);
+- `batch b1`: lockstep rollout, bound 1 — one-step off-policy (the next batch rolls out while one trains);
+- `traj b1`, `traj b2`: trajectory-level asynchrony, bounds 1 and 2 — RollArt.
+
+FrozenLake runs with `rollout_unit: trajectory` in every mode (one env session
+and one activity per reset/generate/step per episode): lockstep vs async is
+the only difference. Arithmetic (single-turn) runs as whole groups in every mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
+from bench.training_run import POOLS_REPORTED, measure_job, stack_for
+from bench.workload import LATENCY, USE_FAULT_MODEL, multitask_job
+from rollart.infra.temporal import connect
+from rollart.workers.local_stack import pools_for_job
+
+MODES: dict[str, tuple[str, int]] = {
+    "batch b0 (sync)": ("batch", 0),
+    "batch b1": ("batch", 1),
+    "traj b1": ("trajectory", 1),
+    "traj b2": ("trajectory", 2),
+}
+BASELINE = "batch b0 (sync)"
+HOME = RESULTS / ".stack-end_to_end"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench end_to_end", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--quick", action="store_true", help="4 steps x 1 repeat (< 5 min)")
+    parser.add_argument("--steps", type=int, default=10, help="training steps per run (default 10)")
+    parser.add_argument("--repeats", type=int, default=3, help="repeats per mode (default 3)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args(argv)
+    steps, repeats = (4, 1) if args.quick else (args.steps, args.repeats)
+    job = multitask_job(HOME, steps, batch_size=args.batch_size)
+    stack = stack_for(job, HOME, pools_for_job(job, training=True))
+    print(f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
+          flush=True)  # fmt: skip
+    with stack:
+        runs = asyncio.run(_run(stack, steps, repeats, args.batch_size))
+    rows = summarize(runs, BASELINE)
+    report(rows, steps, repeats, args.batch_size)
+    return 0
+
+
+async def _run(stack, steps: int, repeats: int, batch_size: int) -> dict[str, list[dict]]:
+    client = await connect(stack.temporal, stack.store)
+    warm = multitask_job(HOME, 2, batch_size=batch_size)
+    await measure_job(client, warm, "warmup", HOME / "runs")  # first requests compile kernels, trainer warms up
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    for r in range(repeats):
+        for name, (mode, bound) in MODES.items():
+            job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=batch_size)
+            m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs")
+            runs[name].append(m)
+            print(f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
+                  f"gen busy {m['busy_generation']:.0%}", flush=True)  # fmt: skip
+    return runs
+
+
+COLUMNS = [("name", "mode", ""), ("wall_s", "wall s", ".1f"), ("speedup_vs_baseline", "vs sync", ".2f"),
+           ("trajectories_per_s", "traj/s", ".1f"), ("busy_generation", "gen busy", ".0%"),
+           *[(f"busy_{p}", f"{p} busy", ".0%") for p in POOLS_REPORTED], ("dropped", "dropped", ".0f"),
+           ("reset_max_s", "reset max s", ".2f")]  # fmt: skip
+
+
+def report(rows: list[dict], steps: int, repeats: int, batch_size: int) -> None:
+    how = "the fault model (TaskSpec.faults)" if USE_FAULT_MODEL else "bench.workload:SlowFrozenLake"
+    print(f"\nend_to_end: {steps} training steps of the multi-task job (FrozenLake h800 + arithmetic h20), batch "
+          f"{batch_size}, medians of {repeats} repeat(s)")  # fmt: skip
+    print(f"  env latency ({how}): reset median {LATENCY['reset_median_s']} s / p99 {LATENCY['reset_p99_s']} s, "
+          f"step median {LATENCY['step_median_s']} s / p99 {LATENCY['step_p99_s']} s")  # fmt: skip
+    print(format_table(rows, COLUMNS))
+    print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
+    print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
+    path = write_results("end_to_end", rows, steps=steps, repeats=repeats, batch_size=batch_size,
+                         latency=LATENCY, latency_via=how, baseline=BASELINE, paper_speedup=[1.35, 2.05])  # fmt: skip
+    png = plot_modes("end_to_end", rows, f"end_to_end: {steps} steps, multi-task job, batch {batch_size}",
+                     extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
+    print(f"\n  written: {path}, {png}")
+
+
+__all__ = ["MODES", "main"]
