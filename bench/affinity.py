@@ -58,7 +58,7 @@ async def _run(stack, home, job, steps, repeats, name, single, batch_size) -> li
     await measure_job(client, multitask_job(home, 2, batch_size=batch_size, single_pool=single), "warmup", home / "runs")
     out = []
     for r in range(repeats):
-        m = await measure_job(client, job, f"affinity-{'single' if single else 'split'}-r{r}", home / "runs")
+        m = await measure_job(client, job, f"affinity-{'single' if single else 'split'}-r{r}", home / "runs", stack=stack)
         out.append(m)
         print(f"  repeat {r + 1}/{repeats} {name:<22} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
               f"per generation worker busy: " + ", ".join(f"{v:.0%}" for v in m["busy_per_gen_worker"].values()),

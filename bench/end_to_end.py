@@ -62,7 +62,7 @@ async def _run(stack, steps: int, repeats: int, batch_size: int) -> dict[str, li
     for r in range(repeats):
         for name, (mode, bound) in MODES.items():
             job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=batch_size)
-            m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs")
+            m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs", stack=stack)
             runs[name].append(m)
             print(f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
                   f"gen busy {m['busy_generation']:.0%}", flush=True)  # fmt: skip
@@ -73,6 +73,11 @@ COLUMNS = [("name", "mode", ""), ("wall_s", "wall s", ".1f"), ("speedup_vs_basel
            ("trajectories_per_s", "traj/s", ".1f"), ("busy_generation", "gen busy", ".0%"),
            *[(f"busy_{p}", f"{p} busy", ".0%") for p in POOLS_REPORTED], ("dropped", "dropped", ".0f"),
            ("reset_max_s", "reset max s", ".2f")]  # fmt: skip
+PROFILE = [("name", "mode", ""), ("activities", "activities", ".0f"), ("wait_ms_p50", "wait ms", ".0f"),
+           ("return_ms_p50", "return ms", ".0f"), ("generate_p50_s", "generate p50 s", ".3f"),
+           ("cores_temporal-server", "server cores", ".2f"), ("cores_control", "control cores", ".2f"),
+           ("cores_cpu", "cpu cores", ".2f"), ("cores_h800", "h800 cores", ".2f"), ("cores_h20", "h20 cores", ".2f"),
+           ("cores_trainer", "trainer cores", ".2f")]  # fmt: skip
 
 
 def report(rows: list[dict], steps: int, repeats: int, batch_size: int) -> None:
@@ -82,6 +87,9 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int) -> None:
     print(f"  env latency ({how}): reset median {LATENCY['reset_median_s']} s / p99 {LATENCY['reset_p99_s']} s, "
           f"step median {LATENCY['step_median_s']} s / p99 {LATENCY['step_p99_s']} s")  # fmt: skip
     print(format_table(rows, COLUMNS))
+    print("\n  where the time goes (medians): activities run, Temporal's queue wait and workflow-task return per")
+    print("  activity, the median generate call, and CPU cores used by each process group (of 2, incl. children)")
+    print(format_table(rows, PROFILE))
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
     path = write_results("end_to_end", rows, steps=steps, repeats=repeats, batch_size=batch_size,

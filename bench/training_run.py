@@ -41,13 +41,20 @@ def stack_for(job: JobSpec, home: Path, pools: list[Pool]) -> LocalStack:
     return LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None)
 
 
-async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path) -> dict[str, Any]:
-    """Run `job` to its last step; wall time, trajectories/s and per-pool busy fractions from its timeline."""
+async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path,
+                      stack: LocalStack | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run `job` to its last step; wall time, trajectories/s and per-pool busy fractions from its timeline,
+    Temporal's share per activity (median queue wait, workflow-task return) and, given the stack, the CPU
+    cores its server and workers used."""
+    from bench.rollout import cpu_seconds
+
     job_id = f"bench-{label}-{uuid.uuid4().hex[:6]}"
+    cpu0 = cpu_seconds(stack) if stack else {}
     t0 = time.monotonic()
     handle = await start_training(client, job, job_id, run_root / job_id)
     result = await handle.result()
     wall = time.monotonic() - t0
+    cpu1 = cpu_seconds(stack) if stack else {}
     timeline = await job_timeline(client, job_id)
     finished = result.trained + result.dropped + result.failed + result.buffered_unused
     out: dict[str, Any] = {
@@ -72,6 +79,14 @@ async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path) 
     gen_s = sorted(r["end"] - r["start"] for r in timeline if r["pool"] in ("h800", "h20"))
     if gen_s:
         out["generate_p50_s"] = gen_s[len(gen_s) // 2]
+    waits = sorted(r["start"] - r["scheduled"] for r in timeline)
+    returns = sorted(r["next"] - r["end"] for r in timeline if r["next"])
+    if waits:
+        out["wait_ms_p50"] = 1000 * waits[len(waits) // 2]
+    if returns:
+        out["return_ms_p50"] = 1000 * returns[len(returns) // 2]
+    for name in cpu0:  # "control#0", "temporal-server", ...: cores used over the run
+        out[f"cores_{name.split('#')[0]}"] = out.get(f"cores_{name.split('#')[0]}", 0.0) + (cpu1[name] - cpu0[name]) / wall
     resets = sorted(r["end"] - r["start"] for r in timeline if r["activity"] == "reset")
     if resets:
         out["reset_p50_s"] = resets[len(resets) // 2]
@@ -88,6 +103,6 @@ async def job_timeline(client: Client, job_id: str, concurrency: int = 16) -> li
         async with gate:
             history = await client.get_workflow_handle(wid, run_id=run_id).fetch_history()
         return [{"pool": a.pool, "activity": a.activity_type, "worker": a.worker_identity, "start": a.started,
-                 "end": a.completed} for a in activity_spans(history) if a.started and a.completed]  # fmt: skip
+                 "end": a.completed, "scheduled": a.scheduled, "next": a.next_command} for a in activity_spans(history) if a.started and a.completed]  # fmt: skip
 
     return [row for chunk in await asyncio.gather(*(spans(w, r) for w, r in ids)) for row in chunk]
