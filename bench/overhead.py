@@ -133,7 +133,7 @@ async def _temporal_round(client, job: JobSpec, n: int, seed: int) -> dict:
         "wait_ms": statistics.median(r["wait_ms"] for r in rows),
         "return_ms": statistics.median(r["return_ms"] for r in rows),
         "work_ms": statistics.median(r["work_ms"] for r in rows),
-        "overhead_share": sum(overhead_ms) / max(1e-9, sum(o.wall_s for o in outcomes)),
+        "overhead_share": sum(overhead_ms) / 1000 / max(1e-9, sum(o.wall_s for o in outcomes)),
     }  # fmt: skip
 
 
