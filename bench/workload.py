@@ -105,8 +105,8 @@ def frozenlake_task(latency: dict[str, float] = LATENCY, pool: Pool = Pool.H800,
 
 ARITHMETIC_GROUP = 8
 """examples/multitask.yaml has groups of 16; 8 here, as FrozenLake's, so that a lockstep wave (whole groups up to
-the batch size) fills a batch exactly. With 16 a wave can overshoot to 72, and on main the 8 left over go
-stale under bound 0 with nothing left to wake the training loop (batch mode stalls; fixed on the faults branch)."""
+the batch size) fills a batch exactly. With 16 a wave can overshoot to 72, and before the faults merge the 8 left over went
+stale under bound 0 with nothing left to wake the training loop (batch mode stalled; the faults merge fixed the wake-up)."""
 
 
 def arithmetic_task(pool: Pool = Pool.H20) -> TaskSpec:
