@@ -13,10 +13,8 @@ The elastic "serverless" pool is run by an autoscaler (between the job's
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +24,7 @@ from rollart.infra.config import DEFAULT_HOME, ELASTIC_POOLS, JobSpec, StoreConf
 from rollart.infra.devserver import DevServer
 from rollart.infra.pools import WORKER_POOLS, Pool
 from rollart.infra.search_attributes import dev_server_flags
-from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
+from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
 from rollart.workers.pool_worker import WorkerSettings
 
 if TYPE_CHECKING:
@@ -196,23 +194,12 @@ class LocalStack:
         log.info("autoscaling %s: %d..%d workers", pool.value, scaler.cfg.min_workers, scaler.cfg.max_workers)
 
     def _spawn(self, pool: Pool, logs: Path) -> _WorkerProc:
-        run = self.home / "run"
-        run.mkdir(parents=True, exist_ok=True)
         n = sum(1 for w in self._workers if w.pool is pool)
-        name = f"{pool.value}-{n}"
-        ready = run / f"{name}.ready"
-        ready.unlink(missing_ok=True)
-        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, store=self.store, ready_file=ready)
-        settings_file = run / f"{name}.json"
-        settings_file.write_text(settings.model_dump_json(indent=2))
-        log_file = logs / f"worker-{name}.log"
-        cmd = [sys.executable, "-m", "rollart.workers.cli", "worker", "--settings-file", str(settings_file)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(log_file, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        w = _WorkerProc(pool=pool, proc=proc, log_file=log_file, ready_file=ready)
+        settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, store=self.store)
+        p = spawn_worker(settings, f"{pool.value}-{n}", logs.parent)
+        w = _WorkerProc(pool=pool, proc=p.proc, log_file=p.log_file, ready_file=p.ready_file)
         self._workers.append(w)
-        log.info("started %s worker (pid %d), log: %s", pool.value, proc.pid, log_file)
+        log.info("started %s worker (pid %d), log: %s", pool.value, p.proc.pid, p.log_file)
         return w
 
     def _wait_ready(self, timeout_s: float, workers: list[_WorkerProc] | None = None) -> None:
