@@ -24,7 +24,7 @@ ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 @pytest.mark.parametrize(
     "command",
     [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"], ["k8s"],
-     ["k8s", "render"], ["k8s", "apply"]],
+     ["k8s", "render"], ["k8s", "apply"], ["eval"]],
 )
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
@@ -177,3 +177,21 @@ def test_moving_mean_is_a_trailing_window() -> None:
     from rollart.workers.plot import _moving_mean
 
     assert _moving_mean([0.0, 1.0, 1.0, 0.0], 2) == [0.0, 0.5, 1.0, 0.5]
+
+
+def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: Path, tiny_model: Path) -> None:
+    spec = {"name": "ev", "model_dir": str(tiny_model), "store": {"path": str(tmp_path / "store")},
+            "engine": {"kind": "hf", "max_model_len": 128},
+            "tasks": [{"name": "lake", "env": "frozenlake", "reward": "success", "max_turns": 3,
+                       "env_args": {"maps": "standard"}, "sampling": {"max_tokens": 1}}]}  # fmt: skip
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(spec))
+    done = subprocess.run([*ROLLART, "eval", str(job), "-n", "3"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("lake"))
+    assert row[1:3] == ["0", "3"] and 0.0 <= float(row[3]) <= 1.0  # version 0, 3 episodes
+    missing = subprocess.run([*ROLLART, "eval", str(job), "--job-id", "nope", "-n", "1"], capture_output=True,
+                             text=True, timeout=300)  # fmt: skip
+    assert missing.returncode != 0 and "'nope' has published no weights" in missing.stderr
+    bad = subprocess.run([*ROLLART, "eval", str(job), "--task", "x"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "no task 'x'" in bad.stderr

@@ -150,6 +150,15 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--smooth", type=int, default=5, help="moving-average window in steps for compared curves")
     s.set_defaults(func=_cmd_plot)
 
+    s = sub.add_parser("eval", help="a policy version's greedy success rate on held-out seeds (no Temporal needed)")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON): its tasks, model dir and store")
+    s.add_argument("--job-id", help="the training job whose published weights to load (default: the untrained model)")
+    s.add_argument("--version", type=int, help="policy version to load (default: the job's latest)")
+    s.add_argument("--task", action="append", help="task name(s) to evaluate (default: every task)")
+    s.add_argument("-n", "--episodes", type=int, default=200, help="held-out episodes per task (default 200)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); the task's own to compare")
+    s.set_defaults(func=_cmd_eval)
+
     s = sub.add_parser("status", help="print a training job's live status (step, ledger, last rewards)")
     s.add_argument("job_id", help="the job id `rollart train` printed (= the TrainingWorkflow's id)")
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
@@ -560,6 +569,28 @@ def _cancel_on_signals() -> asyncio.Event:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, cancel)
     return interrupted
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from rollart.infra.tiny_model import ensure_tiny_model
+    from rollart.workers.evaluate import evaluate
+
+    job = _load_job(args.job, argparse.Namespace())
+    if args.episodes < 1:
+        raise _UserError(f"--episodes must be at least 1, got {args.episodes}")
+    try:
+        tasks = [job.task(name) for name in args.task] if args.task else job.tasks
+    except KeyError as e:
+        raise _UserError(str(e.args[0])) from e
+    ensure_tiny_model(job.model_dir)
+    print(f"{'task':<16} {'version':>7} {'episodes':>8} {'success':>8} {'reward':>8}  (temperature {args.temperature:g})")
+    for task in tasks:
+        try:
+            r = asyncio.run(evaluate(job, task, args.job_id, args.version, args.episodes, args.temperature))
+        except ValueError as e:
+            raise _UserError(str(e)) from e
+        print(f"{r.task:<16} {r.version:>7} {r.episodes:>8} {r.success_rate:>8.3f} {r.reward_mean:>8.3f}")
+    return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
