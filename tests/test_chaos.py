@@ -180,8 +180,8 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
         result.trained + result.dropped + result.failed + result.cancelled_in_flight + result.buffered_unused
     )
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
-    if victim == "cpu":
-        assert status.restores >= 1, "no session was restored after its env worker died"
+    if victim == "cpu":  # sessions the dead worker held (if any: timing decides) were restored, none failed
+        assert result.failed == 0, f"{result.failed} trajectories failed after their env worker died"
     resumed = await _resumed_after(chaos_client, job_id, kill_wall)
     _report({"victim": victim, "run_s": round(time.monotonic() - t0, 1), "normal_step_s": round(normal_step_s, 2),
              "kill_to_next_step_s": round(t_next - t_kill, 2), "interrupted_resumed": len(resumed),
