@@ -17,6 +17,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,14 +85,7 @@ class MooncakeService:
             "--minloglevel=2",
         ]
         self.master_proc = self._spawn(cmd, "mooncake-master.log")
-        deadline = time.monotonic() + timeout_s
-        while not self._healthy():
-            if self.master_proc.poll() is not None:
-                raise StoreError(f"mooncake_master exited with code {self.master_proc.returncode}; "
-                                 f"see {self.log_dir / 'mooncake-master.log'}")  # fmt: skip
-            if time.monotonic() > deadline:
-                raise StoreError(f"mooncake_master not healthy after {timeout_s:g}s on {self.address}")
-            time.sleep(0.05)
+        self._wait_until(self._healthy, self.master_proc, "mooncake_master", "mooncake-master.log", timeout_s)
         log.info("Mooncake master on %s (pid %d)", self.address, self.master_proc.pid)
 
     def _start_keeper(self, timeout_s: float) -> None:
@@ -108,14 +102,9 @@ class MooncakeService:
             "--minloglevel=2",
         ]
         self.keeper_proc = self._spawn(cmd, "mooncake-keeper.log")
-        deadline = time.monotonic() + timeout_s
-        while not self._keeper_listening():  # its RPC port opens once its segment is mounted
-            if self.keeper_proc.poll() is not None:
-                raise StoreError(f"the Mooncake store keeper exited with code {self.keeper_proc.returncode}; "
-                                 f"see {self.log_dir / 'mooncake-keeper.log'}")  # fmt: skip
-            if time.monotonic() > deadline:
-                raise StoreError(f"the Mooncake store keeper did not come up in {timeout_s:g}s")
-            time.sleep(0.05)
+        # the keeper's RPC port opens once its segment is mounted
+        self._wait_until(self._keeper_listening, self.keeper_proc, "the Mooncake store keeper", "mooncake-keeper.log",
+                         timeout_s)  # fmt: skip
         log.info("Mooncake store keeper (pid %d): %d MiB segment", self.keeper_proc.pid, mc.keeper_segment_mib)
 
     def kill_master(self) -> None:
@@ -140,6 +129,17 @@ class MooncakeService:
         with open(self.log_dir / log_name, "ab") as out:
             return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **mooncake_env()},
                                     start_new_session=True)  # fmt: skip
+
+    def _wait_until(self, ready: Callable[[], bool], proc: subprocess.Popen, what: str, log_name: str,
+                    timeout_s: float) -> None:  # fmt: skip
+        """Poll `ready` until it holds; a process that exits or a timeout is a StoreError naming its log."""
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if proc.poll() is not None:
+                raise StoreError(f"{what} exited with code {proc.returncode}; see {self.log_dir / log_name}")
+            if time.monotonic() > deadline:
+                raise StoreError(f"{what} not ready after {timeout_s:g}s on {self.address}; see {self.log_dir / log_name}")
+            time.sleep(0.05)
 
     def _healthy(self) -> bool:
         try:
