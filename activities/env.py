@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rollart.activities.env_pool import ResetPool
@@ -62,6 +62,8 @@ class _Session:
     entry: EnvEntry
     owner: str  # the trajectory or group id
     done: list[bool]
+    turn: tuple[str, dict[int, StepResult]] = field(default_factory=lambda: ("", {}))
+    """(the step_group call in progress, the members it has stepped): what a retry of that call must not redo."""
 
     @classmethod
     def of(cls, envs: list[Any], entry: EnvEntry, owner: str) -> _Session:
@@ -114,15 +116,13 @@ class EnvActivities:
                 env.close()
                 raise
 
-        if size == 0:
-            ready: list[tuple[Any, str]] = []
-            try:
-                for _ in range(n):
-                    ready.append(await reset_one())
-            except BaseException:
-                for env, _ in ready:  # a group whose last member failed to reset: release the others
+        if size == 0:  # the members' resets at once (remote sandboxes reset in parallel); any failure fails all
+            outcomes = await asyncio.gather(*(reset_one() for _ in range(n)), return_exceptions=True)
+            ready = [out for out in outcomes if not isinstance(out, BaseException)]
+            if len(ready) < n:
+                for env, _ in ready:  # a group with a member that failed to reset: release the others
                     env.close()
-                raise
+                raise next(out for out in outcomes if isinstance(out, BaseException))
             return entry, ready
         key = (name, json.dumps(env_args, sort_keys=True, default=str), options, seed)
         return entry, await self.pool.take(key, n, size, reset_one)
@@ -223,11 +223,27 @@ class EnvActivities:
 
     @activity.defn(name="step_group")
     async def step_group(self, inp: GroupStepInput) -> list[StepResult | None]:
-        """One turn for every member still playing; a member given None is skipped (its result is None)."""
+        """One turn for every member still playing, all at once; a member given None is skipped (result None).
+
+        Members step concurrently (remote sandboxes step in parallel). If one raises a transient fault the
+        activity is retried; members that already stepped in this call keep their result, not a second step.
+        """
         session = self._session(inp.session_id)
         if len(inp.actions) != len(session.envs):
             raise bad_input(f"step_group: {len(inp.actions)} actions for a group of {len(session.envs)}")
-        return [None if a is None else await self._step(session, i, a) for i, a in enumerate(inp.actions)]
+        info = activity.info()
+        call = f"{info.workflow_run_id}/{info.activity_id}"  # the same on every retry of this call
+        if info.attempt == 1 or session.turn[0] != call:
+            session.turn = (call, {})
+        stepped = session.turn[1]
+
+        async def step_once(member: int, action: str | None) -> StepResult | None:
+            """A retry of this call (another member failed) must not step a member twice: reuse its result."""
+            if action is not None and member not in stepped:
+                stepped[member] = await self._step(session, member, action)
+            return stepped.get(member)
+
+        return list(await asyncio.gather(*(step_once(i, a) for i, a in enumerate(inp.actions))))
 
     async def _step(self, session: _Session, member: int, action: str) -> StepResult:
         if session.done[member]:

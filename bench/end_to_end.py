@@ -8,9 +8,12 @@ latency model of bench/workload.py) on one local stack, repeats interleaved
 - `batch b1`: lockstep rollout, bound 1 — one-step off-policy (the next batch rolls out while one trains);
 - `traj b1`, `traj b2`: trajectory-level asynchrony, bounds 1 and 2 — RollArt.
 
-FrozenLake runs with `rollout_unit: trajectory` in every mode (one env session
-and one activity per reset/generate/step per episode): lockstep vs async is
-the only difference. Arithmetic (single-turn) runs as whole groups in every mode.
+FrozenLake runs with the same `rollout_unit` in every mode, so lockstep vs async
+is the only difference: `group` by default (a group's 8 members in one env
+session; batch mode: every group's phase before any group's next; trajectory
+mode: each group on its own), or `--unit trajectory` (an activity per episode
+and phase; batch mode: BatchRolloutWorkflow). Arithmetic (single-turn) runs as
+whole groups in every mode.
 """
 
 from __future__ import annotations
@@ -41,27 +44,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--steps", type=int, default=10, help="training steps per run (default 10)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats per mode (default 3)")
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--unit", choices=["group", "trajectory"], default="group",
+                        help="FrozenLake's rollout_unit in every mode (default group)")
     args = parser.parse_args(argv)
     steps, repeats = (4, 1) if args.quick else (args.steps, args.repeats)
-    job = multitask_job(HOME, steps, batch_size=args.batch_size)
+    job = multitask_job(HOME, steps, batch_size=args.batch_size, rollout_unit=args.unit)
     stack = stack_for(job, HOME, pools_for_job(job, training=True))
     print(f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
           flush=True)  # fmt: skip
     with stack:
-        runs = asyncio.run(_run(stack, steps, repeats, args.batch_size))
+        runs = asyncio.run(_run(stack, steps, repeats, args.batch_size, args.unit))
     rows = summarize(runs, BASELINE)
-    report(rows, steps, repeats, args.batch_size)
+    report(rows, steps, repeats, args.batch_size, args.unit)
     return 0
 
 
-async def _run(stack, steps: int, repeats: int, batch_size: int) -> dict[str, list[dict]]:
+async def _run(stack, steps: int, repeats: int, batch_size: int, unit: str) -> dict[str, list[dict]]:
     client = await connect(stack.temporal, stack.store)
-    warm = multitask_job(HOME, 2, batch_size=batch_size)
+    warm = multitask_job(HOME, 2, batch_size=batch_size, rollout_unit=unit)
     await measure_job(client, warm, "warmup", HOME / "runs")  # first requests compile kernels, trainer warms up
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(repeats):
         for name, (mode, bound) in MODES.items():
-            job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=batch_size)
+            job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=batch_size,
+                                rollout_unit=unit)  # fmt: skip
             m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs", stack=stack)
             runs[name].append(m)
             print(f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
@@ -80,10 +86,10 @@ PROFILE = [("name", "mode", ""), ("activities", "activities", ".0f"), ("wait_ms_
            ("cores_trainer", "trainer cores", ".2f")]  # fmt: skip
 
 
-def report(rows: list[dict], steps: int, repeats: int, batch_size: int) -> None:
+def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: str) -> None:
     how = "the fault model (TaskSpec.faults)" if USE_FAULT_MODEL else "bench.workload:SlowFrozenLake"
     print(f"\nend_to_end: {steps} training steps of the multi-task job (FrozenLake h800 + arithmetic h20), batch "
-          f"{batch_size}, medians of {repeats} repeat(s)")  # fmt: skip
+          f"{batch_size}, FrozenLake rollout_unit {unit}, medians of {repeats} repeat(s)")  # fmt: skip
     print(f"  env latency ({how}): reset median {LATENCY['reset_median_s']} s / p99 {LATENCY['reset_p99_s']} s, "
           f"step median {LATENCY['step_median_s']} s / p99 {LATENCY['step_p99_s']} s")  # fmt: skip
     print(format_table(rows, COLUMNS))
@@ -93,7 +99,8 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int) -> None:
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
     path = write_results("end_to_end", rows, steps=steps, repeats=repeats, batch_size=batch_size,
-                         latency=LATENCY, latency_via=how, baseline=BASELINE, paper_speedup=[1.35, 2.05])  # fmt: skip
+                         latency=LATENCY, latency_via=how, baseline=BASELINE, paper_speedup=[1.35, 2.05],
+                         rollout_unit=unit)  # fmt: skip
     png = plot_modes("end_to_end", rows, f"end_to_end: {steps} steps, multi-task job, batch {batch_size}",
                      extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
     print(f"\n  written: {path}, {png}")

@@ -93,7 +93,8 @@ def plot_modes(name: str, rows: Sequence[dict[str, Any]], title: str, directory:
     ax = axes[0][0]
     bars = ax.bar(names, [r["wall_s"] for r in rows], color="#4C72B0")
     for bar, r in zip(bars, rows):
-        ax.annotate(f"{r['speedup_vs_baseline']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+        ratio = r.get("speedup_vs_baseline")
+        ax.annotate(f"{ratio:.2f}x" if _numeric(ratio) else "-", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize=9)  # fmt: skip
     ax.set_ylabel("wall s (median)")
     ax.set_title("wall time, ratio vs baseline")

@@ -20,6 +20,8 @@ import time
 import uuid
 from pathlib import Path
 
+from bench.report import RESULTS
+
 from rollart.infra.config import FaultModel, JobSpec, LatencyModel, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.pools import Pool
@@ -31,7 +33,6 @@ from temporalio.worker import Worker
 
 from bench.reset_workflow import ResetBenchInput, ResetBenchResult, ResetBenchWorkflow
 
-RESULTS = Path(__file__).parent / "results"
 FAULTS = FaultModel(reset_latency=LatencyModel(median_s=0.05, p99_s=1.0), reset_failure_p=0.05, seed=0)
 
 

@@ -37,9 +37,9 @@ from rollart.workers.local_stack import LocalStack, pools_for_job
 from rollart.workers.rollout import plan_trajectories, run_rollout
 from temporalio.client import Client
 
+from bench.report import RESULTS, plot_modes
 from bench.rollout import activity_timings
 
-RESULTS = Path(__file__).parent / "results"
 MODES = ("colocated", "serverless")
 PAPER = {"colocated_rollout_s": 158.0, "serverless_rollout_s": 77.0, "gpu_util_colocated": 0.06,
          "gpu_util_serverless": 0.88}  # fmt: skip
@@ -265,4 +265,6 @@ def report(modes: list[dict], n: int, repeats: int, reward_args: dict, pinned: b
     out = {"n": n, "repeats": repeats, "reward_args": reward_args, "pinned": pinned, "paper": PAPER,
            "modes": [{k: v for k, v in m.items() if k != "rounds"} | {"rounds": m["rounds"]} for m in modes]}  # fmt: skip
     (RESULTS / "reward_service.json").write_text(json.dumps(out, indent=2))
-    print(f"\n  written: {RESULTS / 'reward_service.json'}")
+    png = plot_modes("reward_service", modes, f"reward_service: {n} trajectories, rewards colocated vs serverless",
+                     extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
+    print(f"\n  written: {RESULTS / 'reward_service.json'}, {png}")

@@ -17,6 +17,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from bench.report import RESULTS
+
 import psutil
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
@@ -28,7 +30,6 @@ from rollart.workers.local_stack import LocalStack, pools_for_job
 from rollart.workers.rollout import plan_trajectories, run_rollout
 from temporalio.client import Client, WorkflowHistory
 
-RESULTS = Path(__file__).parent / "results"
 
 
 def bench_job(home: Path) -> JobSpec:

@@ -87,7 +87,7 @@ async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path,
         out["return_ms_p50"] = 1000 * returns[len(returns) // 2]
     for name in cpu0:  # "control#0", "temporal-server", ...: cores used over the run
         out[f"cores_{name.split('#')[0]}"] = out.get(f"cores_{name.split('#')[0]}", 0.0) + (cpu1[name] - cpu0[name]) / wall
-    resets = sorted(r["end"] - r["start"] for r in timeline if r["activity"] == "reset")
+    resets = sorted(r["end"] - r["start"] for r in timeline if r["activity"] in ("reset", "reset_group"))
     if resets:
         out["reset_p50_s"] = resets[len(resets) // 2]
         out["reset_max_s"] = resets[-1]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import shutil
 import socket
@@ -33,7 +32,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
+from bench.report import RESULTS, plot_modes, write_results
+
 GB = 1e9
 
 # name → (hidden, layers, intermediate, vocab): fp32 state dicts of the stated size (tied embeddings)
@@ -308,8 +308,27 @@ def main(argv: list[str]) -> int:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     print_tables(transfer, swap)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / "weight_sync.json"
-    out.write_text(json.dumps({"transfer": transfer, "swap": swap, "time": time.time()}, indent=1))
-    print(f"\nwritten {out}")
+    rows = as_modes(transfer, swap)
+    out = write_results("weight_sync", rows, transfer=transfer, swap=swap, time=time.time(), baseline=BASELINE)
+    written = [out]
+    if rows:
+        written.append(plot_modes("weight_sync", rows, "weight_sync: publish + pull (transfer) and end-to-end swaps"))
+    print(f"\nwritten {', '.join(map(str, written))}")
     return 0
+
+
+BASELINE = "local file"
+"""Each size's transfer (and each model's swap) is compared with the local file's at that size."""
+
+
+def as_modes(transfer: list[dict], swap: list[dict]) -> list[dict]:
+    """The `modes` of the results file: one per (size, backend) transfer and per (model, store) swap, `wall_s` the
+    publish + pull (swap: publish → first request on the new version), ratio vs the local file at that size."""
+    rows = [{"name": f"{r['size']} {r['backend']}", "group": r["size"], "backend": r["backend"],
+             "wall_s": r["publish_s"] + r["pull_s"]} for r in transfer]  # fmt: skip
+    rows += [{"name": f"swap {r['model']} {r['store']}", "group": f"swap {r['model']}", "backend": r["store"],
+              "wall_s": r["total_s"]} for r in swap]  # fmt: skip
+    for row in rows:
+        base = next((b["wall_s"] for b in rows if b["group"] == row["group"] and b["backend"] == BASELINE), None)
+        row["speedup_vs_baseline"] = base / row["wall_s"] if base and row["wall_s"] > 0 else None
+    return rows

@@ -90,11 +90,11 @@ FROZENLAKE_ARGS: dict[str, Any] = {"maps": "standard", "invalid_action": "end"}
 
 
 def frozenlake_task(latency: dict[str, float] = LATENCY, pool: Pool = Pool.H800, max_turns: int = 8,
-                    env_args: dict[str, Any] | None = None) -> TaskSpec:  # fmt: skip
-    """FrozenLake (standard 4x4, groups of 8, one-token moves), env latency injected; `rollout_unit: trajectory`."""
+                    env_args: dict[str, Any] | None = None, rollout_unit: str = "trajectory") -> TaskSpec:  # fmt: skip
+    """FrozenLake (standard 4x4, groups of 8, one-token moves), env latency injected."""
     args = dict(FROZENLAKE_ARGS if env_args is None else env_args)
     common = dict(name="frozenlake", reward="success", generate_pool=pool, max_turns=max_turns, group_size=8,
-                  weight=0.5, rollout_unit="trajectory",
+                  weight=0.5, rollout_unit=rollout_unit,
                   sampling={"temperature": 1.0, "top_k": 0, "max_tokens": 1})  # fmt: skip
     if USE_FAULT_MODEL:
         faults = {"reset_latency": {"median_s": latency["reset_median_s"], "p99_s": latency["reset_p99_s"]},
@@ -118,10 +118,14 @@ def arithmetic_task(pool: Pool = Pool.H20) -> TaskSpec:
 
 
 def multitask_job(home: Path, steps: int, *, rollout_mode: str = "trajectory", async_bound: int = 1,
-                  batch_size: int = 64, single_pool: Pool | None = None,
-                  latency: dict[str, float] = LATENCY) -> JobSpec:  # fmt: skip
-    """examples/multitask.yaml's job on the tiny model, with env latency; `single_pool` routes both tasks there."""
-    tasks = [frozenlake_task(latency, pool=single_pool or Pool.H800), arithmetic_task(pool=single_pool or Pool.H20)]
+                  batch_size: int = 64, single_pool: Pool | None = None, latency: dict[str, float] = LATENCY,
+                  rollout_unit: str = "group") -> JobSpec:  # fmt: skip
+    """examples/multitask.yaml's job on the tiny model, with env latency; `single_pool` routes both tasks there.
+
+    `rollout_unit` is FrozenLake's: `group` (the default, as in examples/frozenlake.yaml: a group's members play
+    in one env session, one generate_batch and one step_group per turn) or `trajectory` (an episode each)."""
+    tasks = [frozenlake_task(latency, pool=single_pool or Pool.H800, rollout_unit=rollout_unit),
+             arithmetic_task(pool=single_pool or Pool.H20)]
     training = TrainingConfig(steps=steps, batch_size=batch_size, async_bound=async_bound,
                               rollout_mode=rollout_mode, continue_as_new_every=1000)  # fmt: skip
     return JobSpec(name="bench", model_dir=home / "model", tasks=tasks, training=training,

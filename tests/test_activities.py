@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,37 @@ async def test_group_session_steps_only_the_members_still_playing() -> None:
     assert err.value.type == "InvalidInput" and "3" in err.value.message
     await ENV.run(acts.close, CloseInput(session_id=handle.session_id))
     assert acts.open_sessions == 0
+
+
+async def test_group_members_reset_and_step_concurrently() -> None:
+    """Each member's reset and step waits for the others to be in the same call: sequential calls would deadlock."""
+    acts = EnvActivities("w1", queue="cpu@w1")
+    handle = await ENV.run(acts.reset_group, GroupResetInput(env="tests.support.envs:RendezvousEnv",
+                                                             env_args={"members": 4}, seed=0, size=4, group_id="g"))  # fmt: skip
+    assert handle.observations == ["ready"] * 4
+    steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["a", "b", "c", "d"]))
+    assert [s.observation for s in steps] == ["stepped"] * 4
+
+
+async def test_a_retried_group_step_does_not_step_a_member_twice() -> None:
+    """A transient fault in one member fails the call; its retry (same activity, next attempt) steps only the rest."""
+    from tests.support.envs import FlakyStepEnv
+
+    acts = EnvActivities("w1", queue="cpu@w1")
+    FlakyStepEnv.instances.clear()
+    handle = await ENV.run(acts.reset_group, GroupResetInput(env="tests.support.envs:FlakyStepEnv", seed=0, size=3,
+                                                             group_id="g"))  # fmt: skip
+    FlakyStepEnv.failures = {2: 1}  # the last member: the others have stepped when it fails
+    first, retry = ActivityEnvironment(), ActivityEnvironment()
+    retry.info = dataclasses.replace(first.info, attempt=2)
+    with pytest.raises(ApplicationError) as err:
+        await first.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["a", "b", "c"]))
+    assert err.value.type == "EnvStepTransient"
+    steps = await retry.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["a", "b", "c"]))
+    assert [env.steps for env in FlakyStepEnv.instances] == [1, 1, 1]
+    assert [s.observation for s in steps] == ["step 1"] * 3
+    steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["a", None, "c"]))
+    assert [env.steps for env in FlakyStepEnv.instances] == [2, 1, 2] and steps[1] is None  # the next turn steps again
 
 
 async def test_env_errors_are_sorted_into_bad_input_and_broken_env() -> None:

@@ -32,11 +32,13 @@ async def run_job(client: Client, base: JobSpec, tmp_path: Path, unit: str = "tr
     return job.model_copy(update={"name": job_id}), result, status, rows
 
 
-@pytest.mark.parametrize(("bound", "unit"), [(0, "trajectory"), (1, "trajectory"), (2, "trajectory"), (0, "group")])
+@pytest.mark.parametrize(("bound", "unit", "mode"), [(0, "trajectory", "trajectory"), (1, "trajectory", "trajectory"),
+                                                     (2, "trajectory", "trajectory"), (0, "group", "trajectory"),
+                                                     (0, "group", "batch")])  # fmt: skip
 async def test_training_steps_advance_within_the_bound(client: Client, stack_job: JobSpec, tmp_path: Path, bound: int,
-                                                        unit: str) -> None:
+                                                        unit: str, mode: str) -> None:  # fmt: skip
     job, result, status, rows = await run_job(client, stack_job, tmp_path, unit, async_bound=bound,
-                                              continue_as_new_every=1)
+                                              continue_as_new_every=1, rollout_mode=mode)
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2]
     assert status.ledger_balanced and result.started == (
         result.trained + result.dropped + result.failed + result.cancelled_in_flight + result.buffered_unused

@@ -57,11 +57,13 @@ class World:
     version: int = 0
     fail_seeds: set[int] = field(default_factory=set)
     turn_delay_s: float = 0.0
+    held_group: str | None = None  # this group's first generate_batch waits for another group's step_group
     log: list[tuple[str, str]] = field(default_factory=list)  # (activity, trajectory or step)
     trained_ids: list[str] = field(default_factory=list)
     steps: list[TrainStepInput] = field(default_factory=list)
     _sessions: dict[str, int] = field(default_factory=dict)
     _group_turns: dict[str, int] = field(default_factory=dict)
+    _other_group_stepped: asyncio.Event = field(default_factory=asyncio.Event)
 
     @activity.defn(name="reset")
     async def reset(self, inp: ResetInput) -> EnvHandle:
@@ -82,6 +84,10 @@ class World:
         self.log.append(("generate_batch", str(len(inp.prompts))))
         assert inp.weights is None or self.version >= inp.weights.min_version
         await asyncio.sleep(self.turn_delay_s)
+        if self.held_group and f"{self.held_group}-" in inp.data_keys[0] and "turn-000" in inp.data_keys[0]:
+            with contextlib.suppress(asyncio.TimeoutError):  # lockstep: no other group steps before this returns
+                await asyncio.wait_for(self._other_group_stepped.wait(), 3)
+            self.log.append(("held", "released" if self._other_group_stepped.is_set() else "timed out"))
         return [self._generation(key, inp.sampling.n) for key in inp.data_keys]
 
     def _generation(self, data_key: str, n: int) -> GenerateResult:
@@ -100,6 +106,8 @@ class World:
     async def step_group(self, inp: GroupStepInput) -> list[StepResult | None]:
         """Member i of a group is done after i + 1 turns, so members drop out one by one."""
         self.log.append(("step_group", f"{inp.session_id} {sum(a is not None for a in inp.actions)}"))
+        if self.held_group and f"{self.held_group}/" not in inp.session_id:
+            self._other_group_stepped.set()
         if self._sessions[inp.session_id] in self.fail_seeds:
             raise ApplicationError("env crashed", type="EnvBroken", non_retryable=True)
         turn = self._group_turns[inp.session_id] = self._group_turns.get(inp.session_id, 0) + 1
@@ -302,6 +310,26 @@ async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_en
     played = [int(n) for kind, n in w.log if kind == "generate_batch"]
     assert played and set(played) <= {4, 3, 2}  # members still playing, turn by turn
     assert played.count(4) >= played.count(3) >= played.count(2) > 0
+
+
+@pytest.mark.parametrize("mode", ["batch", "trajectory"])
+async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(bare_env: WorkflowEnvironment,
+                                                                             mode: str) -> None:  # fmt: skip
+    """Batch mode, rollout_unit group: every group's generations before any group's step (the baseline's barrier);
+    trajectory mode: a group steps while another still waits for its answer."""
+    task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
+    spec = JobSpec(name="wf", tasks=[task], training=TrainingConfig(steps=2, batch_size=8, async_bound=0,
+                                                                    rollout_mode=mode))  # fmt: skip
+    w = World(held_group="-g000000", fail_seeds={3})  # the first group is held; g000003 crashes: masked
+    result, status = await train(bare_env, w, spec)
+    assert result.version == 2 and status.ledger_balanced and result.failed == 4
+    assert_ledger(result)
+    assert not any(kind in ("reset", "generate", "step") for kind, _ in w.log)  # group activities only
+    assert ("held", "timed out" if mode == "batch" else "released") in w.log
+    if mode == "batch":
+        kinds = [k for k, _ in w.log if k in ("reset_group", "generate_batch", "step_group", "reward_batch")]
+        first_batch = kinds[: kinds.index("reward_batch") + 2]
+        assert first_batch == ["reset_group"] * 2 + (["generate_batch"] * 2 + ["step_group"] * 2) * 3 + ["reward_batch"] * 2
 
 
 async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(bare_env: WorkflowEnvironment) -> None:

@@ -8,6 +8,9 @@ members' own TrajectoryWorkflows would report, in ~8x fewer activities.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar
+
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
@@ -35,6 +38,8 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["GroupEpisode"]
 
+T = TypeVar("T")
+
 
 class GroupEpisode:
     """The members of one group and the one env session they share."""
@@ -43,6 +48,8 @@ class GroupEpisode:
         self.inp = inp
         self.group = group
         self.handle: GroupHandle | None = None
+        self.error: str | None = None  # why the group failed, once it has
+        self._generated: dict[str, GenerateResult] = {}  # this turn's generations, by member
         member = TrajectoryInput(task=inp.task, seed=group.seed, job_id=inp.job_id, group_id=group.group_id,
                                  min_version=inp.min_version)  # fmt: skip
         self.members = [Episode(inp=member, trajectory_id=f"{group.group_id}-{m}") for m in range(inp.task.group_size)]
@@ -54,21 +61,56 @@ class GroupEpisode:
         training, never scored); bad input fails the workflow.
         """
         try:
-            await self._reset()
-            while playing := [ep for ep in self.members if not ep.over]:
-                await self._turn(playing)
-            scores = await self._score()
+            await self.start()
+            while self.playing:
+                await self.generate()
+                await self.step()
+        except BaseException:
+            await self.close()
+            raise
+        return await self.finish()
+
+    @property
+    def playing(self) -> bool:
+        """Members still to play a turn, and no failure so far."""
+        return self.error is None and any(not ep.over for ep in self.members)
+
+    async def start(self) -> None:
+        """The group's env session (`reset_group`): one phase of `play`, callable on its own for lockstep batches."""
+        await self._guard(self._reset())
+
+    async def generate(self) -> None:
+        """One `generate_batch` for the members still playing (kept for `step`)."""
+        await self._guard(self._generate())
+
+    async def step(self) -> None:
+        """One `step_group` with the generated actions; each member records its turn."""
+        await self._guard(self._step())
+
+    async def finish(self) -> list[TrajectoryResult]:
+        """Score (unless failed), close the session, report the group's results and return them."""
+        try:
+            scores = await self._guard(self._score()) if self.error is None else None
+        finally:
+            await self.close()
+        if scores is None:
+            results = [ep.result(status="failed", error=self.error) for ep in self.members]
+        else:
             results = [ep.result(status="completed", reward=s.value, success=s.success)
                        for ep, s in zip(self.members, scores)]  # fmt: skip
+        await report(self.inp.report_to, results)
+        return results
+
+    async def _guard(self, phase: Awaitable[T]) -> T | None:
+        """Run a phase; an activity that failed after its retries fails the group, bad input the workflow."""
+        try:
+            return await phase
         except ActivityError as err:
             if error_type(err) in BAD_INPUT_TYPES:
                 raise ApplicationError(describe(err), type=error_type(err), non_retryable=True) from err
             workflow.logger.warning("group %s failed: %s", self.group.group_id, describe(err))
-            results = [ep.result(status="failed", error=describe(err)) for ep in self.members]
-        finally:
-            await self._close()
-        await report(self.inp.report_to, results)
-        return results
+            self.error = describe(err)
+            return None
 
     async def _reset(self) -> None:
         task = self.inp.task
@@ -91,9 +133,9 @@ class GroupEpisode:
             ep.handle = EnvHandle(session_id=self.handle.session_id, queue=self.handle.queue,
                                   worker_id=self.handle.worker_id, observation=ep.observation)  # fmt: skip
 
-    async def _turn(self, playing: list[Episode]) -> None:
-        assert self.handle is not None
+    async def _generate(self) -> None:
         task, inp = self.inp.task, self.inp
+        playing = [ep for ep in self.members if not ep.over]
         weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
         gens: list[GenerateResult] = await workflow.execute_activity(
             ActivityName.GENERATE_BATCH.value,
@@ -103,10 +145,13 @@ class GroupEpisode:
             result_type=list[GenerateResult],
             **policies.GENERATE.kwargs(),
         )  # fmt: skip
-        by_member = dict(zip((ep.trajectory_id for ep in playing), gens))
+        self._generated = dict(zip((ep.trajectory_id for ep in playing), gens))
+
+    async def _step(self) -> None:
+        by_member, self._generated = self._generated, {}
         actions = [by_member[ep.trajectory_id].completions[0].text if ep.trajectory_id in by_member else None
                    for ep in self.members]  # fmt: skip
-        steps = await self._step_group(actions, len(playing))
+        steps = await self._step_group(actions, len(by_member))
         for ep, step in zip(self.members, steps):
             if ep.trajectory_id in by_member and step is not None:
                 ep.record(by_member[ep.trajectory_id], step)
@@ -145,6 +190,6 @@ class GroupEpisode:
             **policies.REWARD.kwargs(),
         )
 
-    async def _close(self) -> None:
+    async def close(self) -> None:
         """Release the shared session (through any member: they all name it)."""
         await self.members[0].close()

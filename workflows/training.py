@@ -167,8 +167,8 @@ class TrainingWorkflow:
         """Start as many groups (or lockstep batches) as admission allows, all in one workflow task.
 
         Multi-turn groups run a TrajectoryWorkflow per member (trajectory mode), or, with
-        `rollout_unit: group`, play inside a GroupRolloutWorkflow; in batch mode they join one lockstep
-        BatchRolloutWorkflow per batch. The grouped groups of a task launched together share one
+        `rollout_unit: group`, play inside a GroupRolloutWorkflow; in batch mode per-episode tasks join one
+        lockstep BatchRolloutWorkflow per batch, and grouped ones play their groups phase by phase (`lockstep`). The grouped groups of a task launched together share one
         GroupRolloutWorkflow (single-turn: one `prompts`, `check` and `reward_batch` call for all;
         multi-turn: each group plays on its own and reports when done).
         """
@@ -180,14 +180,17 @@ class TrainingWorkflow:
             target = self.job.training.batch_size if batch_mode else 1
             while sum(task.group_size for _, task, _ in wave) < target or not wave:
                 wave.append(self._new_group())
-            lockstep = [(g, t, seed) for g, t, seed in wave if t.max_turns > 1 and (batch_mode or not t.grouped)]
-            if batch_mode and lockstep:
-                starts.append(self._start_batch(lockstep))
+            # batch mode: grouped multi-turn tasks play as lockstep groups (older runs: in the per-episode batch)
+            grouped_batch = batch_mode and workflow.patched("batch-lockstep-groups")
+            episodes = [(g, t, seed) for g, t, seed in wave
+                        if t.max_turns > 1 and (not t.grouped or (batch_mode and not grouped_batch))]  # fmt: skip
+            if batch_mode and episodes:
+                starts.append(self._start_batch(episodes))
             else:
-                for g, t, seed in lockstep:
+                for g, t, seed in episodes:
                     starts += self._start_trajectories(g, t, seed)
             for g, t, seed in wave:
-                if (g, t, seed) not in lockstep:
+                if (g, t, seed) not in episodes:
                     wid, groups = grouped.setdefault(t.name, (f"{g}-w", []))
                     groups.append((g, t, seed))
                     for m in range(t.group_size):  # tracked now: admission must see them
@@ -233,6 +236,7 @@ class TrainingWorkflow:
         inp = GroupRolloutInput(
             task=task, groups=[GroupSeed(group_id=g, seed=seed) for g, _, seed in groups], job_id=self.inp.job_id,
             min_version=self.s.step, report_to=workflow.info().workflow_id,
+            lockstep=self.job.training.rollout_mode == "batch",
         )  # fmt: skip
         return workflow.start_child_workflow(
             GroupRolloutWorkflow.run, inp, id=wid, task_queue=Pool.CONTROL.value,

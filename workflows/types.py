@@ -70,3 +70,6 @@ class GroupRolloutInput(BaseModel):
     job_id: str = ""
     min_version: int = Field(0, ge=0)
     report_to: str | None = None
+    lockstep: bool = False
+    """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
+    reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from rollart.activities.envs.base import Env, StepOutcome
+from rollart.activities.envs.faults import TransientStepFault
 
 
 class BrokenStepEnv(Env):
@@ -32,3 +34,46 @@ class BigObservationEnv(Env):
 
     def step(self, action: str) -> StepOutcome:
         return StepOutcome(observation="done", reward=0.0, done=True, info={"valid": True, "success": False})
+
+
+class RendezvousEnv(Env):
+    """Each reset and step waits until `members` envs are in the same call at once: it passes only when a
+    group's members are reset and stepped concurrently, and raises BrokenBarrierError when they are not."""
+
+    _barriers: dict[int, threading.Barrier] = {}
+
+    def __init__(self, members: int = 2, **env_args: Any) -> None:
+        super().__init__(**env_args)
+        self.barrier = self._barriers.setdefault(members, threading.Barrier(members, timeout=5))
+
+    def reset(self, seed: int) -> str:
+        self.barrier.wait()
+        return "ready"
+
+    def step(self, action: str) -> StepOutcome:
+        self.barrier.wait()
+        return StepOutcome(observation="stepped", reward=0.0, done=False, info={"valid": True})
+
+
+class FlakyStepEnv(Env):
+    """Counts its steps; the i-th instance built raises a transient fault (before touching the env) on its next
+    `failures[i]` steps."""
+
+    failures: dict[int, int] = {}
+    instances: list[FlakyStepEnv] = []
+
+    def __init__(self, **env_args: Any) -> None:
+        super().__init__(**env_args)
+        self.steps = 0
+        self.index = len(FlakyStepEnv.instances)
+        FlakyStepEnv.instances.append(self)
+
+    def reset(self, seed: int) -> str:
+        return "ready"
+
+    def step(self, action: str) -> StepOutcome:
+        if FlakyStepEnv.failures.get(self.index, 0) > 0:
+            FlakyStepEnv.failures[self.index] -= 1
+            raise TransientStepFault("flaky sandbox")
+        self.steps += 1
+        return StepOutcome(observation=f"step {self.steps}", reward=0.0, done=False, info={"valid": True})
