@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
+import json
 import os
 import sys
 import time
@@ -17,48 +17,57 @@ BENCHMARKS = {
     "resets": "bench.resets",
     "rollout": "bench.rollout",
     "weight_sync": "bench.weight_sync",
-    "reward_service": "bench.reward_service",  # listed only where its module exists (import guarded)
+    "reward_service": "bench.reward_service",
 }
 ALL = ["end_to_end", "affinity", "overhead", "weight_sync", "reward_service"]
 """What `all` runs, in order (`rollout` is the older single-mode throughput probe: run it by name)."""
 
 
-def available() -> dict[str, str]:
-    """The benchmarks whose module is present (reward_service came from another branch)."""
-    return {k: m for k, m in BENCHMARKS.items() if importlib.util.find_spec(m) is not None}
-
-
 def main() -> None:
-    found = available()
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("name", choices=[*sorted(found), "all"], help="which benchmark, or all of them")
+    parser.add_argument("name", choices=[*sorted(BENCHMARKS), "all"], help="which benchmark, or all of them")
     args, rest = parser.parse_known_args()
     if args.name == "all":
-        rc = run_all([n for n in ALL if n in found], rest)
+        rc = run_all(ALL, rest)
     else:
-        rc = importlib.import_module(found[args.name]).main(rest)
+        rc = importlib.import_module(BENCHMARKS[args.name]).main(rest)
     sys.stdout.flush()
     os._exit(rc)  # dodge the SDK's known crash at interpreter exit
 
 
 def run_all(names: list[str], rest: list[str]) -> int:
-    """Each benchmark in its own process (each starts and stops its own stack); `rest` (e.g. --quick) to all."""
+    """Each benchmark in its own process (each starts and stops its own stack); `rest` (e.g. --quick) to all.
+    Ends with every benchmark's modes side by side: wall time and ratio to its baseline."""
     import subprocess
 
-    missing = [n for n in ALL if n not in names]
-    if missing:
-        print(f"all: skipping {', '.join(missing)} (module not present on this branch)", flush=True)
-    failed = []
+    failed, took = [], {}
     for name in names:
         print(f"\n===== {name} {' '.join(rest)} =====", flush=True)
         t0 = time.monotonic()
         rc = subprocess.call([sys.executable, "-m", "bench", name, *rest])
-        print(f"===== {name}: rc {rc}, {time.monotonic() - t0:.0f} s =====", flush=True)
+        took[name] = time.monotonic() - t0
+        print(f"===== {name}: rc {rc}, {took[name]:.0f} s =====", flush=True)
         if rc:
             failed.append(name)
+    print(summary([n for n in names if n not in failed], took))
     if failed:
         print(f"all: failed: {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def summary(names: list[str], took: dict[str, float]) -> str:
+    """One line per mode of each benchmark's results file: median wall and ratio to that benchmark's baseline."""
+    from bench.report import RESULTS, format_table
+
+    rows = []
+    for name in names:
+        modes = json.loads((RESULTS / f"{name}.json").read_text()).get("modes", [])
+        for i, m in enumerate(modes):
+            rows.append({"mode": f"{name}: {m['name']}", "wall_s": m.get("wall_s"), "ratio": m.get("speedup_vs_baseline"),
+                         "took": took[name] if i == 0 else None})  # fmt: skip
+    table = format_table(rows, [("mode", "benchmark: mode", ""), ("wall_s", "wall s", ".3g"),
+                                ("ratio", "vs baseline", ".2f"), ("took", "bench took s", ".0f")])  # fmt: skip
+    return f"\n===== all: every mode against its benchmark's baseline (bench/results/NAME.json) =====\n{table}"
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import asyncio
 
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
 from bench.training_run import POOLS_REPORTED, measure_job, stack_for
-from bench.workload import LATENCY, USE_FAULT_MODEL, multitask_job
+from bench.workload import LATENCY, multitask_job
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import pools_for_job
 
@@ -40,14 +40,14 @@ HOME = RESULTS / ".stack-end_to_end"
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench end_to_end", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--quick", action="store_true", help="4 steps x 1 repeat (< 5 min)")
-    parser.add_argument("--steps", type=int, default=10, help="training steps per run (default 10)")
+    parser.add_argument("--quick", action="store_true", help="6 steps x 2 repeats (~2 min here)")
+    parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats per mode (default 3)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--unit", choices=["group", "trajectory"], default="group",
                         help="FrozenLake's rollout_unit in every mode (default group)")
     args = parser.parse_args(argv)
-    steps, repeats = (4, 1) if args.quick else (args.steps, args.repeats)
+    steps, repeats = (6, 2) if args.quick else (args.steps, args.repeats)
     job = multitask_job(HOME, steps, batch_size=args.batch_size, rollout_unit=args.unit)
     stack = stack_for(job, HOME, pools_for_job(job, training=True))
     print(f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
@@ -87,10 +87,9 @@ PROFILE = [("name", "mode", ""), ("activities", "activities", ".0f"), ("wait_ms_
 
 
 def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: str) -> None:
-    how = "the fault model (TaskSpec.faults)" if USE_FAULT_MODEL else "bench.workload:SlowFrozenLake"
     print(f"\nend_to_end: {steps} training steps of the multi-task job (FrozenLake h800 + arithmetic h20), batch "
           f"{batch_size}, FrozenLake rollout_unit {unit}, medians of {repeats} repeat(s)")  # fmt: skip
-    print(f"  env latency ({how}): reset median {LATENCY['reset_median_s']} s / p99 {LATENCY['reset_p99_s']} s, "
+    print(f"  env latency (the fault model, TaskSpec.faults): reset median {LATENCY['reset_median_s']} s / p99 {LATENCY['reset_p99_s']} s, "
           f"step median {LATENCY['step_median_s']} s / p99 {LATENCY['step_p99_s']} s")  # fmt: skip
     print(format_table(rows, COLUMNS))
     print("\n  where the time goes (medians): activities run, Temporal's queue wait and workflow-task return per")
@@ -99,7 +98,7 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
     path = write_results("end_to_end", rows, steps=steps, repeats=repeats, batch_size=batch_size,
-                         latency=LATENCY, latency_via=how, baseline=BASELINE, paper_speedup=[1.35, 2.05],
+                         latency=LATENCY, baseline=BASELINE, paper_speedup=[1.35, 2.05],
                          rollout_unit=unit)  # fmt: skip
     png = plot_modes("end_to_end", rows, f"end_to_end: {steps} steps, multi-task job, batch {batch_size}",
                      extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
-import random
 
 import pytest
+from bench.__main__ import summary
 from bench.report import format_table, plot_modes, summarize, write_results
-from bench.workload import LATENCY, lognormal
+from bench.weight_sync import as_modes
+from bench.workload import LATENCY, multitask_job
+from rollart.infra.pools import Pool
 
 
 def test_summarize_takes_medians_and_ratios_against_the_baseline() -> None:
@@ -46,9 +47,36 @@ def test_table_json_and_png(tmp_path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_lognormal_latency_has_the_stated_median_and_p99() -> None:
-    rng = random.Random(1)
-    draws = sorted(lognormal(LATENCY["reset_median_s"], LATENCY["reset_p99_s"], rng) for _ in range(20000))
-    assert draws[len(draws) // 2] == pytest.approx(LATENCY["reset_median_s"], rel=0.05)
-    assert draws[int(0.99 * len(draws))] == pytest.approx(LATENCY["reset_p99_s"], rel=0.15)
-    assert lognormal(0.0, 0.0, rng) == 0.0 and not math.isnan(lognormal(0.1, 0.1, rng))
+def test_the_workload_injects_its_latency_through_the_fault_model(tmp_path) -> None:
+    job = multitask_job(tmp_path, 3)
+    frozenlake, arithmetic = job.tasks
+    assert frozenlake.faults is not None and arithmetic.faults is None
+    assert (frozenlake.faults.reset_latency.median_s, frozenlake.faults.reset_latency.p99_s) == (
+        LATENCY["reset_median_s"], LATENCY["reset_p99_s"])  # fmt: skip
+    assert frozenlake.rollout_unit == "group" and frozenlake.grouped
+    assert multitask_job(tmp_path, 3, rollout_unit="trajectory").tasks[0].rollout_unit == "trajectory"
+    assert {t.generate_pool.value for t in multitask_job(tmp_path, 3, single_pool=Pool.H800).tasks} == {"h800"}
+
+
+def test_weight_sync_modes_compare_each_size_with_the_local_file() -> None:
+    transfer = [{"size": "2.5M", "backend": b, "publish_s": p, "pull_s": q}
+                for b, p, q in [("mooncake", 0.02, 0.02), ("local file", 0.01, 0.01), ("socket", 0.01, 0.03)]]  # fmt: skip
+    swap = [{"model": "tiny", "store": "mooncake", "total_s": 0.3}, {"model": "tiny", "store": "local file", "total_s": 0.24}]
+    rows = {r["name"]: r for r in as_modes(transfer, swap)}
+    assert rows["2.5M mooncake"]["wall_s"] == pytest.approx(0.04)
+    assert rows["2.5M mooncake"]["speedup_vs_baseline"] == pytest.approx(0.5)
+    assert rows["2.5M socket"]["speedup_vs_baseline"] == pytest.approx(0.5)
+    assert rows["swap tiny mooncake"]["speedup_vs_baseline"] == pytest.approx(0.8)
+    assert rows["2.5M local file"]["speedup_vs_baseline"] == 1.0
+
+
+def test_all_ends_with_every_mode_against_its_baseline(tmp_path, monkeypatch) -> None:
+    import bench.report
+
+    monkeypatch.setattr(bench.report, "RESULTS", tmp_path)
+    write_results("end_to_end", summarize({"sync": [{"wall_s": 20.0}], "async": [{"wall_s": 8.0}]}, "sync"), tmp_path)
+    write_results("affinity", summarize({"one": [{"wall_s": 6.0}], "two": [{"wall_s": 5.0}]}, "one"), tmp_path)
+    lines = summary(["end_to_end", "affinity"], {"end_to_end": 61.0, "affinity": 90.0}).splitlines()
+    assert any("end_to_end: async" in line and "2.50" in line for line in lines)
+    assert any("affinity: one" in line and "1.00" in line and "90" in line for line in lines)
+    assert any("affinity: two" in line and "1.20" in line for line in lines)
