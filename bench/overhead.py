@@ -3,14 +3,19 @@
 Both paths run the *same activity code* — `EnvActivities` (reset / step / close on
 FrozenLake sessions), `GenerateActivities` (a vLLM AsyncLLM engine, in-process,
 writing each turn's tokens to the store) and `RewardActivities` — on the same N
-trajectories (same tasks and seeds, all started at once):
+trajectories (all started at once), in two units:
 
-- `temporal`: one `TrajectoryWorkflow` per trajectory on the full local stack
-  (dev server, a worker process each for control, cpu, h800, serverless);
-- `asyncio`: one coroutine per trajectory doing reset → (generate → step)* →
-  reward → close, each call run through temporalio's `ActivityEnvironment` (the
-  activity context the code expects, no server) — no queues, no histories, no
-  payload conversion, no processes.
+- episodes — `temporal`: one `TrajectoryWorkflow` per trajectory on the full
+  local stack (dev server, a worker process each for control, cpu, h800,
+  serverless); `asyncio`: one coroutine per trajectory doing reset → (generate →
+  step)* → reward → close;
+- groups of 8 — `temporal`: one `GroupRolloutWorkflow` per group; `asyncio`: one
+  coroutine per group doing reset_group → (generate_batch → step_group)* →
+  reward_batch → close.
+
+The asyncio path runs each call through temporalio's `ActivityEnvironment` (the
+activity context the code expects, no server) — no queues, no histories, no
+payload conversion, no processes.
 
 At the env latency model of bench/workload.py and at zero env latency. Reports
 wall time, trajectory time (median start → result), and Temporal's overhead per
@@ -37,8 +42,13 @@ from bench.training_run import stack_for
 from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
 from rollart.activities.types import (
     CloseInput,
+    EnvOptions,
+    GenerateBatchInput,
     GenerateInput,
+    GroupResetInput,
+    GroupStepInput,
     ResetInput,
+    RewardBatchInput,
     RewardInput,
     StepInput,
     Transcript,
@@ -46,11 +56,11 @@ from rollart.activities.types import (
     WeightsRef,
     turn_key,
 )
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.workers.rollout import plan_trajectories, run_rollout
-from rollart.workflows.types import TrajectoryInput
+from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 
 HOME = RESULTS / ".stack-overhead"
 MAX_TURNS = 8
@@ -83,17 +93,26 @@ def main(argv: list[str]) -> int:
     print("overhead: plain asyncio path (engine in this process) ...", flush=True)
     runs.update(asyncio.run(_plain(job, n, repeats)))
     rows = []
-    for lat in LATENCIES:
-        pair = {f"asyncio, {lat}": runs[f"asyncio, {lat}"], f"temporal, {lat}": runs[f"temporal, {lat}"]}
-        rows += summarize(pair, f"asyncio, {lat}")
-    for lat in LATENCIES:  # extra trajectory time over the plain loop, per activity of a trajectory
-        plain = next(r for r in rows if r["name"] == f"asyncio, {lat}")
-        temporal = next(r for r in rows if r["name"] == f"temporal, {lat}")
-        extra = temporal["trajectory_s"] - plain["trajectory_s"]
-        temporal["extra_ms_per_activity"] = 1000 * extra / temporal["activities_per_trajectory"]
-        temporal["extra_share"] = extra / temporal["trajectory_s"]
+    for unit in UNITS:
+        for lat in LATENCIES:
+            plain, temporal = mode("asyncio", unit, lat), mode("temporal", unit, lat)
+            pair = summarize({plain: runs[plain], temporal: runs[temporal]}, plain)
+            extra = pair[1]["trajectory_s"] - pair[0]["trajectory_s"]  # per activity of a trajectory:
+            pair[1]["extra_ms_per_activity"] = 1000 * extra / pair[1]["activities_per_trajectory"]
+            pair[1]["extra_share"] = extra / pair[1]["trajectory_s"]
+            rows += pair
     report(rows, n, repeats)
     return 0
+
+
+UNITS = {"episodes": "trajectory", "groups": "group"}
+"""How a trajectory's calls are made: an activity per episode and phase (TrajectoryWorkflow), or per group of 8
+and phase (GroupRolloutWorkflow: reset_group, generate_batch and step_group per turn, reward_batch)."""
+
+
+def mode(path: str, unit: str, latency: str) -> str:
+    """A row's name: `temporal, groups, latency model`."""
+    return f"{path}, {unit}, {latency}"
 
 
 # ---------------------------------------------------------------- Temporal path
@@ -104,11 +123,13 @@ async def _temporal(stack, n: int, repeats: int) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     await _temporal_round(client, overhead_job(NO_LATENCY), 8, seed=999)  # warm-up: kernels compile
     for r in range(repeats):
-        for lat, latency in LATENCIES.items():
-            m = await _temporal_round(client, overhead_job(latency), n, seed=r)
-            out.setdefault(f"temporal, {lat}", []).append(m)
-            print(f"  repeat {r + 1}/{repeats} temporal, {lat:<14} {m['wall_s']:6.2f} s  trajectory "
-                  f"{m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
+        for unit in UNITS:
+            for lat, latency in LATENCIES.items():
+                run = _temporal_round if unit == "episodes" else _temporal_groups_round
+                m = await run(client, overhead_job(latency), n, seed=r)
+                out.setdefault(mode("temporal", unit, lat), []).append(m)
+                print(f"  repeat {r + 1}/{repeats} {mode('temporal', unit, lat):<34} {m['wall_s']:6.2f} s  trajectory "
+                      f"{m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
     return out
 
 
@@ -121,19 +142,52 @@ async def _temporal_round(client, job: JobSpec, n: int, seed: int) -> dict:
     rows = []
     for o in outcomes:
         rows += activity_timings(await client.get_workflow_handle(o.workflow_id).fetch_history())
+    walls = [o.wall_s for o in outcomes]
+    return _temporal_measures(wall, walls, [o.result for o in outcomes if o.result], rows,
+                              completed=sum(o.status == "completed" for o in outcomes), workflow_walls=walls)  # fmt: skip
+
+
+async def _temporal_groups_round(client, job: JobSpec, n: int, seed: int) -> dict:
+    """n // 8 groups, a GroupRolloutWorkflow each, all started at once; every member's time is its group's."""
+    task = job.tasks[0].model_copy(update={"rollout_unit": "group"})
+    job_id = f"overhead-g{seed}-{uuid.uuid4().hex[:6]}"
+    groups = [GroupSeed(group_id=f"{job_id}-g{g:04d}", seed=seed * 100_003 + g) for g in range(max(1, n // task.group_size))]
+
+    async def one(group: GroupSeed) -> tuple[str, float, list[TrajectoryResult]]:
+        t = time.monotonic()
+        handle = await client.start_workflow("GroupRolloutWorkflow", GroupRolloutInput(task=task, groups=[group], job_id=job_id),
+                                             id=group.group_id, task_queue=Pool.CONTROL.value,
+                                             result_type=list[TrajectoryResult])  # fmt: skip
+        results = await handle.result()
+        return group.group_id, time.monotonic() - t, results
+
+    t0 = time.monotonic()
+    outcomes = await asyncio.gather(*(one(g) for g in groups))
+    wall = time.monotonic() - t0
+    rows = []
+    for wid, _, _ in outcomes:
+        rows += activity_timings(await client.get_workflow_handle(wid).fetch_history())
+    results = [r for _, _, rs in outcomes for r in rs]
+    walls = [w for _, w, rs in outcomes for _ in rs]
+    return _temporal_measures(wall, walls, results, rows, completed=sum(r.status == "completed" for r in results),
+                              workflow_walls=[w for _, w, _ in outcomes])  # fmt: skip
+
+
+def _temporal_measures(wall: float, walls: list[float], results: list[TrajectoryResult], rows: list[dict],
+                       completed: int, workflow_walls: list[float]) -> dict:  # fmt: skip
+    """Wall, trajectory time (`walls`: one per trajectory) and Temporal's overhead per activity (queue wait +
+    workflow-task return), and its share: the sum over the workflows' own times (`workflow_walls`: a group's
+    activities serve all its members, so a group counts once)."""
     overhead_ms = [r["wait_ms"] + r["return_ms"] for r in rows]
-    per_traj = len(rows) / max(1, len(outcomes))
-    traj_s = statistics.median(o.wall_s for o in outcomes)
-    overhead_med = statistics.median(overhead_ms)
     return {
-        "wall_s": wall, "trajectory_s": traj_s, "trajectories_per_s": len(outcomes) / wall,
-        "completed": sum(o.status == "completed" for o in outcomes), "activities_per_trajectory": per_traj,
-        "turns": statistics.fmean(o.result.turns for o in outcomes if o.result),
-        "overhead_ms_per_activity": overhead_med,
+        "wall_s": wall, "trajectory_s": statistics.median(walls), "trajectories_per_s": len(walls) / wall,
+        "completed": completed, "activities_per_trajectory": len(rows) / max(1, len(walls)),
+        "turns": statistics.fmean(r.turns for r in results) if results else 0.0,
+        "overhead_ms_per_activity": statistics.median(overhead_ms),
         "wait_ms": statistics.median(r["wait_ms"] for r in rows),
         "return_ms": statistics.median(r["return_ms"] for r in rows),
         "work_ms": statistics.median(r["work_ms"] for r in rows),
-        "overhead_share": sum(overhead_ms) / 1000 / max(1e-9, sum(o.wall_s for o in outcomes)),
+        "overhead_share": sum(overhead_ms) / 1000 / max(1e-9, sum(workflow_walls)),
     }  # fmt: skip
 
 
@@ -165,11 +219,13 @@ async def _plain(job: JobSpec, n: int, repeats: int) -> dict[str, list[dict]]:
         await _plain_round(envs, gen, rewards, overhead_job(NO_LATENCY), 8, seed=999)  # warm-up
         out: dict[str, list[dict]] = {}
         for r in range(repeats):
-            for lat, latency in LATENCIES.items():
-                m = await _plain_round(envs, gen, rewards, overhead_job(latency), n, seed=r)
-                out.setdefault(f"asyncio, {lat}", []).append(m)
-                print(f"  repeat {r + 1}/{repeats} asyncio, {lat:<14} {m['wall_s']:6.2f} s  trajectory "
-                      f"{m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
+            for unit in UNITS:
+                for lat, latency in LATENCIES.items():
+                    run = _plain_round if unit == "episodes" else _plain_groups_round
+                    m = await run(envs, gen, rewards, overhead_job(latency), n, seed=r)
+                    out.setdefault(mode("asyncio", unit, lat), []).append(m)
+                    print(f"  repeat {r + 1}/{repeats} {mode('asyncio', unit, lat):<34} {m['wall_s']:6.2f} s  "
+                          f"trajectory {m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
         return out
     finally:
         await engine.shutdown()
@@ -194,7 +250,8 @@ async def _plain_trajectory(envs, gen, rewards, inp: TrajectoryInput, tid: str) 
     """TrajectoryWorkflow's sequence, as plain awaits: reset → (generate → step)* → reward → close."""
     t0 = time.monotonic()
     task = inp.task
-    handle = await _call(envs.reset, ResetInput(env=task.env, env_args=task.env_args, seed=inp.seed, trajectory_id=tid))
+    handle = await _call(envs.reset, ResetInput(env=task.env, env_args=task.env_args, seed=inp.seed, trajectory_id=tid,
+                                                options=EnvOptions.of(task)))  # the latency model, as Episode.reset sends it
     observation, turns, done, calls = handle.observation, [], False, 1
     while not done and len(turns) < task.max_turns:
         g = await _call(gen.generate, GenerateInput(prompt=observation, sampling=task.sampling,
@@ -210,9 +267,53 @@ async def _plain_trajectory(envs, gen, rewards, inp: TrajectoryInput, tid: str) 
     return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "turns": len(turns)}
 
 
+async def _plain_groups_round(envs, gen, rewards, job: JobSpec, n: int, seed: int) -> dict:
+    task = job.tasks[0]
+    job_id = f"plain-g{seed}-{uuid.uuid4().hex[:6]}"
+    groups = [GroupSeed(group_id=f"{job_id}-g{g:04d}", seed=seed * 100_003 + g) for g in range(max(1, n // task.group_size))]
+    t0 = time.monotonic()
+    done = await asyncio.gather(*(_plain_group(envs, gen, rewards, task, g, job_id) for g in groups))
+    wall = time.monotonic() - t0
+    members = sum(d["members"] for d in done)
+    return {
+        "wall_s": wall, "trajectory_s": statistics.median(d["wall_s"] for d in done),
+        "trajectories_per_s": members / wall, "completed": members,
+        "activities_per_trajectory": sum(d["activities"] for d in done) / members,
+        "turns": statistics.fmean(d["turns"] for d in done),
+    }  # fmt: skip
+
+
+async def _plain_group(envs, gen, rewards, task: TaskSpec, group: GroupSeed, job_id: str) -> dict:
+    """GroupEpisode's sequence, as plain awaits: reset_group → (generate_batch → step_group)* → reward_batch → close."""
+    t0 = time.monotonic()
+    h = await _call(envs.reset_group, GroupResetInput(env=task.env, env_args=task.env_args, seed=group.seed,
+                                                      size=task.group_size, group_id=group.group_id,
+                                                      options=EnvOptions.of(task)))  # fmt: skip
+    obs, turns = list(h.observations), [[] for _ in h.observations]
+    done, calls = [False] * len(obs), 1
+    while playing := [m for m in range(len(obs)) if not done[m] and len(turns[m]) < task.max_turns]:
+        gens = await _call(gen.generate_batch, GenerateBatchInput(
+            prompts=[obs[m] for m in playing], sampling=task.sampling, weights=WeightsRef(job_id=job_id, min_version=0),
+            data_keys=[turn_key(job_id, f"{group.group_id}-{m}", len(turns[m])) for m in playing]))  # fmt: skip
+        actions: list[str | None] = [None] * len(obs)
+        for m, g in zip(playing, gens):
+            actions[m] = g.completions[0].text
+        steps = await _call(envs.step_group, GroupStepInput(session_id=h.session_id, actions=actions))
+        for m in playing:
+            s = steps[m]
+            turns[m].append(TurnRecord(observation=obs[m], action=actions[m], env_reward=s.reward, done=s.done, info=s.info))
+            obs[m], done[m] = s.observation, s.done
+        calls += 2
+    transcripts = [Transcript(task=task.name, seed=group.seed, turns=t, final_observation=o) for t, o in zip(turns, obs)]
+    await _call(rewards.reward_batch, RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args))
+    await _call(envs.close, CloseInput(session_id=h.session_id))
+    return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "members": len(obs),
+            "turns": statistics.fmean(len(t) for t in turns)}  # fmt: skip
+
+
 # ---------------------------------------------------------------- report
 
-COLUMNS = [("name", "path, env latency", ""), ("wall_s", "wall s", ".2f"), ("speedup_vs_baseline", "vs asyncio", ".2f"),
+COLUMNS = [("name", "path, unit, env latency", ""), ("wall_s", "wall s", ".2f"), ("speedup_vs_baseline", "vs asyncio", ".2f"),
            ("trajectories_per_s", "traj/s", ".1f"), ("trajectory_s", "trajectory s", ".2f"),
            ("activities_per_trajectory", "act/traj", ".1f"), ("work_ms", "work ms", ".1f"),
            ("wait_ms", "wait ms", ".1f"), ("return_ms", "return ms", ".1f"),

@@ -58,6 +58,7 @@ class World:
     fail_seeds: set[int] = field(default_factory=set)
     turn_delay_s: float = 0.0
     held_group: str | None = None  # this group's first generate_batch waits for another group's step_group
+    broken_engine_group: str | None = None  # generate_batch fails for this group
     log: list[tuple[str, str]] = field(default_factory=list)  # (activity, trajectory or step)
     trained_ids: list[str] = field(default_factory=list)
     steps: list[TrainStepInput] = field(default_factory=list)
@@ -83,6 +84,8 @@ class World:
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
         self.log.append(("generate_batch", str(len(inp.prompts))))
         assert inp.weights is None or self.version >= inp.weights.min_version
+        if self.broken_engine_group and f"{self.broken_engine_group}-" in inp.data_keys[0]:
+            raise ApplicationError("engine crashed", type="EngineError", non_retryable=True)
         await asyncio.sleep(self.turn_delay_s)
         if self.held_group and f"{self.held_group}-" in inp.data_keys[0] and "turn-000" in inp.data_keys[0]:
             with contextlib.suppress(asyncio.TimeoutError):  # lockstep: no other group steps before this returns
@@ -320,10 +323,12 @@ async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(ba
     task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
     spec = JobSpec(name="wf", tasks=[task], training=TrainingConfig(steps=2, batch_size=8, async_bound=0,
                                                                     rollout_mode=mode))  # fmt: skip
-    w = World(held_group="-g000000", fail_seeds={3})  # the first group is held; g000003 crashes: masked
+    # the first group is held; g000002's generation and g000003's env crash: both masked
+    w = World(held_group="-g000000", broken_engine_group="-g000002", fail_seeds={3})
     result, status = await train(bare_env, w, spec)
-    assert result.version == 2 and status.ledger_balanced and result.failed == 4
+    assert result.version == 2 and status.ledger_balanced and result.failed == 8
     assert_ledger(result)
+    assert not any(kind == "step_group" and "-g000002/" in what for kind, what in w.log)  # a failed group stops
     assert not any(kind in ("reset", "generate", "step") for kind, _ in w.log)  # group activities only
     assert ("held", "timed out" if mode == "batch" else "released") in w.log
     if mode == "batch":

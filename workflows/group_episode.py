@@ -8,7 +8,7 @@ members' own TrajectoryWorkflows would report, in ~8x fewer activities.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from temporalio import workflow
@@ -77,20 +77,20 @@ class GroupEpisode:
 
     async def start(self) -> None:
         """The group's env session (`reset_group`): one phase of `play`, callable on its own for lockstep batches."""
-        await self._guard(self._reset())
+        await self._guard(self._reset)
 
     async def generate(self) -> None:
         """One `generate_batch` for the members still playing (kept for `step`)."""
-        await self._guard(self._generate())
+        await self._guard(self._generate)
 
     async def step(self) -> None:
         """One `step_group` with the generated actions; each member records its turn."""
-        await self._guard(self._step())
+        await self._guard(self._step)
 
     async def finish(self) -> list[TrajectoryResult]:
         """Score (unless failed), close the session, report the group's results and return them."""
         try:
-            scores = await self._guard(self._score()) if self.error is None else None
+            scores = await self._guard(self._score)
         finally:
             await self.close()
         if scores is None:
@@ -101,10 +101,13 @@ class GroupEpisode:
         await report(self.inp.report_to, results)
         return results
 
-    async def _guard(self, phase: Awaitable[T]) -> T | None:
-        """Run a phase; an activity that failed after its retries fails the group, bad input the workflow."""
+    async def _guard(self, phase: Callable[[], Awaitable[T]]) -> T | None:
+        """Run a phase unless the group has failed; an activity that failed after its retries fails the group
+        (later phases are skipped), bad input fails the workflow."""
+        if self.error is not None:
+            return None
         try:
-            return await phase
+            return await phase()
         except ActivityError as err:
             if error_type(err) in BAD_INPUT_TYPES:
                 raise ApplicationError(describe(err), type=error_type(err), non_retryable=True) from err
