@@ -21,8 +21,9 @@ At the env latency model of bench/workload.py and at zero env latency. Reports
 wall time, trajectory time (median start → result), and Temporal's overhead per
 activity two ways: from the histories (queue wait + workflow-task round trip,
 as `python -m bench rollout` does), and as the extra trajectory time over the
-plain loop divided by the activities of a trajectory; with its share of the
-Temporal trajectory time.
+plain loop divided by the activities of one workflow (a trajectory's, or a
+group's, whose time is each member's); with its share of the Temporal
+trajectory time.
 """
 
 from __future__ import annotations
@@ -97,8 +98,8 @@ def main(argv: list[str]) -> int:
         for lat in LATENCIES:
             plain, temporal = mode("asyncio", unit, lat), mode("temporal", unit, lat)
             pair = summarize({plain: runs[plain], temporal: runs[temporal]}, plain)
-            extra = pair[1]["trajectory_s"] - pair[0]["trajectory_s"]  # per activity of a trajectory:
-            pair[1]["extra_ms_per_activity"] = 1000 * extra / pair[1]["activities_per_trajectory"]
+            extra = pair[1]["trajectory_s"] - pair[0]["trajectory_s"]  # over the activities of one workflow:
+            pair[1]["extra_ms_per_activity"] = 1000 * extra / pair[1]["activities_per_workflow"]
             pair[1]["extra_share"] = extra / pair[1]["trajectory_s"]
             rows += pair
     report(rows, n, repeats)
@@ -182,6 +183,7 @@ def _temporal_measures(wall: float, walls: list[float], results: list[Trajectory
     return {
         "wall_s": wall, "trajectory_s": statistics.median(walls), "trajectories_per_s": len(walls) / wall,
         "completed": completed, "activities_per_trajectory": len(rows) / max(1, len(walls)),
+        "activities_per_workflow": len(rows) / max(1, len(workflow_walls)),
         "turns": statistics.fmean(r.turns for r in results) if results else 0.0,
         "overhead_ms_per_activity": statistics.median(overhead_ms),
         "wait_ms": statistics.median(r["wait_ms"] for r in rows),
@@ -328,7 +330,8 @@ def report(rows: list[dict], n: int, repeats: int) -> None:
     print("  vs asyncio = the plain loop's wall / this path's, at the same env latency (< 1: Temporal is slower)")
     print("  overhead ms/act = median (queue wait + workflow-task return) per activity, from the histories;")
     print("  share = the sum of those over the sum of trajectory times; extra = (Temporal's median trajectory time")
-    print("  - the plain loop's) / activities per trajectory, and its share of Temporal's trajectory time")
+    print("  - the plain loop's) / activities per workflow (a trajectory's or a group's), and its share of")
+    print("  Temporal's trajectory time")
     path = write_results("overhead", rows, n=n, repeats=repeats, latency=LATENCY, max_turns=MAX_TURNS)
     png = plot_modes("overhead", rows, f"overhead: {n} FrozenLake trajectories, Temporal vs plain asyncio",
                      extra_key="trajectory_s", extra_label="median trajectory s")  # fmt: skip
