@@ -127,8 +127,8 @@ async def one_round(client: Client, stack: LocalStack, job: JobSpec, n: int, see
     wall = t1 - t0
     cpu1 = cpu_seconds(stack)
     rows: list[dict] = []
-    for o in outcomes:
-        rows += activity_timings(await client.get_workflow_handle(o.workflow_id).fetch_history())
+    for workflow_id in dict.fromkeys(o.workflow_id for o in outcomes):  # a group's members share one
+        rows += activity_timings(await client.get_workflow_handle(workflow_id).fetch_history())
     gens = [(r["start"], r["end"]) for r in rows if r["type"] == "generate"]
     rewards = [r for r in rows if r["type"] == "reward"]
     done = [o for o in outcomes if o.status == "completed"]

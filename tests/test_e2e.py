@@ -89,6 +89,25 @@ def _step_actions(history: WorkflowHistory) -> list[str]:
     return actions
 
 
+async def test_a_grouped_task_rolls_out_a_workflow_per_group(client: Client, stack_job: JobSpec) -> None:
+    """rollout_unit group: a GroupRolloutWorkflow per group (the last one cut short), group activities only."""
+    task = frozenlake_task(group_size=4, max_turns=4, env_args={"maps": "standard"}, rollout_unit="group")
+    job_id = f"groups-{uuid.uuid4().hex[:6]}"
+    inputs = plan_trajectories(stack_job.model_copy(update={"tasks": [task]}), 10, seed=3, job_id=job_id)
+    outcomes = await run_rollout(client, inputs, job_id)
+    assert [o.status for o in outcomes] == ["completed"] * 10
+    assert [o.result.seed for o in outcomes if o.result] == [i.seed for i in inputs]
+    assert len({o.result.trajectory_id for o in outcomes if o.result}) == 10
+    workflows = list(dict.fromkeys(o.workflow_id for o in outcomes))
+    assert [sum(o.workflow_id == w for o in outcomes) for w in workflows] == [4, 4, 2]
+    for w in workflows:
+        handle = client.get_workflow_handle(w)
+        assert (await handle.describe()).workflow_type == "GroupRolloutWorkflow"
+        kinds = [a.activity_type for a in activity_spans(await handle.fetch_history())]
+        assert kinds[0] == "reset_group" and kinds[-2:] == ["reward_batch", "close"]
+        assert set(kinds) <= {"reset_group", "generate_batch", "step_group", "reward_batch", "close"}
+
+
 async def test_an_env_that_raises_fails_only_its_trajectory(client: Client) -> None:
     broken = frozenlake_task(name="broken", env="tests.support.envs:BrokenStepEnv", env_args={})
     inputs = [TrajectoryInput(task=t, seed=i) for i, t in enumerate([broken, frozenlake_task(), broken, frozenlake_task()])]

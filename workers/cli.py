@@ -437,7 +437,11 @@ def _print_outcomes(job_id: str, outcomes: list[RolloutOutcome], ui: str, namesp
     console = Console(width=max(170, Console().width))
     console.print(table)
     done = [o.result for o in outcomes if o.result and o.status == "completed"]
-    activities = sum(2 * r.turns + 3 for r in done)
+    turns: dict[str, int] = {}  # per workflow: a group plays its longest member's turns, one call per turn for all
+    for o in outcomes:
+        if o.result and o.status == "completed":
+            turns[o.workflow_id] = max(turns.get(o.workflow_id, 0), o.result.turns)
+    activities = sum(2 * t + 3 for t in turns.values())  # reset, (generate + step) per turn, reward, close
     rewards = [r.reward for r in done if r.reward is not None]
     print(
         f"{len(done)}/{len(outcomes)} completed in {wall:.1f}s · {len(outcomes) / wall:.2f} trajectories/s · "

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool
 from rollart.infra.registry import lookup_env, lookup_reward
-from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from temporalio.client import Client, WorkflowFailureError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "run_rollout"]
@@ -87,23 +87,54 @@ async def run_rollout(
     on_done: Callable[[RolloutOutcome], None] | None = None,
     max_starts_in_flight: int = 64,
 ) -> list[RolloutOutcome]:
-    """Start every trajectory on the control queue and wait for all; order follows `inputs`."""
+    """Start every trajectory on the control queue and wait for all; order follows `inputs`.
+
+    Members of a group of a `rollout_unit: group` task (consecutive inputs on one seed) play in one
+    GroupRolloutWorkflow, as in training; every other input is a TrajectoryWorkflow of its own.
+    """
     starts = asyncio.Semaphore(max_starts_in_flight)
 
-    async def one(i: int, inp: TrajectoryInput) -> RolloutOutcome:
-        workflow_id = f"{job_id}-{inp.task.name}-{i:04d}"
+    async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
+        inp = members[0]
+        workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
         t0 = time.monotonic()
         async with starts:
-            handle = await client.start_workflow(
-                "TrajectoryWorkflow", inp, id=workflow_id, task_queue=Pool.CONTROL.value, result_type=TrajectoryResult
-            )
+            if len(members) == 1 and not _grouped(inp):
+                handle = await client.start_workflow("TrajectoryWorkflow", inp, id=workflow_id,
+                                                     task_queue=Pool.CONTROL.value, result_type=TrajectoryResult)  # fmt: skip
+            else:
+                task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
+                group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)],
+                                          job_id=inp.job_id, min_version=inp.min_version)  # fmt: skip
+                handle = await client.start_workflow("GroupRolloutWorkflow", group, id=workflow_id,
+                                                     task_queue=Pool.CONTROL.value, result_type=list[TrajectoryResult])  # fmt: skip
         try:
             result, error = await handle.result(), None
         except WorkflowFailureError as e:
             result, error = None, str(e.cause or e)
-        outcome = RolloutOutcome(workflow_id, handle.result_run_id or "", inp, result, error, time.monotonic() - t0)
-        if on_done:
+        results = result if isinstance(result, list) else [result] * len(members)
+        outcomes = [RolloutOutcome(workflow_id, handle.result_run_id or "", m, r, error, time.monotonic() - t0)
+                    for m, r in zip(members, results)]  # fmt: skip
+        for outcome in outcomes if on_done else []:
             on_done(outcome)
-        return outcome
+        return outcomes
 
-    return list(await asyncio.gather(*(one(i, inp) for i, inp in enumerate(inputs))))
+    units = await asyncio.gather(*(unit(first, members) for first, members in _rollout_units(inputs)))
+    return [outcome for outcomes in units for outcome in outcomes]
+
+
+def _grouped(inp: TrajectoryInput) -> bool:
+    return inp.task.grouped and inp.task.max_turns > 1
+
+
+def _rollout_units(inputs: list[TrajectoryInput]) -> list[tuple[int, list[TrajectoryInput]]]:
+    """(index of the first input, the inputs) per workflow: a group's consecutive members on one seed, or one input."""
+    units: list[tuple[int, list[TrajectoryInput]]] = []
+    for i, inp in enumerate(inputs):
+        last = units[-1][1] if units else None
+        if (last and _grouped(inp) and _grouped(last[0]) and last[0].task == inp.task and last[0].seed == inp.seed
+                and len(last) < inp.task.group_size):  # fmt: skip
+            last.append(inp)
+        else:
+            units.append((i, [inp]))
+    return units
