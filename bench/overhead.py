@@ -57,20 +57,20 @@ from rollart.activities.types import (
     WeightsRef,
     turn_key,
 )
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
-from rollart.workers.rollout import plan_trajectories, run_rollout
-from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+from rollart.workers.rollout import plan_trajectories, rollout_units, run_rollout
+from rollart.workflows.types import TrajectoryInput, TrajectoryResult
 
 HOME = RESULTS / ".stack-overhead"
 MAX_TURNS = 8
 ENV_ARGS = {"maps": "standard", "invalid_action": "noop"}  # untrained moves are no-ops: episodes play all 8 turns
 
 
-def overhead_job(latency: dict[str, float]) -> JobSpec:
+def overhead_job(latency: dict[str, float], rollout_unit: str = "trajectory") -> JobSpec:
     """FrozenLake alone (standard 4x4, ≤ 8 turns, invalid moves are no-ops), with the given env latency."""
-    task = frozenlake_task(latency, pool=Pool.H800, max_turns=MAX_TURNS, env_args=ENV_ARGS)
+    task = frozenlake_task(latency, pool=Pool.H800, max_turns=MAX_TURNS, env_args=ENV_ARGS, rollout_unit=rollout_unit)
     return JobSpec(name="bench", model_dir=HOME / "model", tasks=[task], engine=EngineConfig(max_model_len=256),
                    store=StoreConfig(path=HOME / "store"))  # fmt: skip
 
@@ -124,10 +124,9 @@ async def _temporal(stack, n: int, repeats: int) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     await _temporal_round(client, overhead_job(NO_LATENCY), 8, seed=999)  # warm-up: kernels compile
     for r in range(repeats):
-        for unit in UNITS:
+        for unit, rollout_unit in UNITS.items():
             for lat, latency in LATENCIES.items():
-                run = _temporal_round if unit == "episodes" else _temporal_groups_round
-                m = await run(client, overhead_job(latency), n, seed=r)
+                m = await _temporal_round(client, overhead_job(latency, rollout_unit), n, seed=r)
                 out.setdefault(mode("temporal", unit, lat), []).append(m)
                 print(f"  repeat {r + 1}/{repeats} {mode('temporal', unit, lat):<34} {m['wall_s']:6.2f} s  trajectory "
                       f"{m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
@@ -135,43 +134,19 @@ async def _temporal(stack, n: int, repeats: int) -> dict[str, list[dict]]:
 
 
 async def _temporal_round(client, job: JobSpec, n: int, seed: int) -> dict:
+    """`rollart rollout`'s path: a TrajectoryWorkflow per episode, or a GroupRolloutWorkflow per group."""
     job_id = f"overhead-{seed}-{uuid.uuid4().hex[:6]}"
     inputs = plan_trajectories(job, n, seed=seed, job_id=job_id)
     t0 = time.monotonic()
     outcomes = await run_rollout(client, inputs, job_id)
     wall = time.monotonic() - t0
+    workflow_walls = {o.workflow_id: o.wall_s for o in outcomes}  # a group's members share their workflow's
     rows = []
-    for o in outcomes:
-        rows += activity_timings(await client.get_workflow_handle(o.workflow_id).fetch_history())
-    walls = [o.wall_s for o in outcomes]
-    return _temporal_measures(wall, walls, [o.result for o in outcomes if o.result], rows,
-                              completed=sum(o.status == "completed" for o in outcomes), workflow_walls=walls)  # fmt: skip
-
-
-async def _temporal_groups_round(client, job: JobSpec, n: int, seed: int) -> dict:
-    """n // 8 groups, a GroupRolloutWorkflow each, all started at once; every member's time is its group's."""
-    task = job.tasks[0].model_copy(update={"rollout_unit": "group"})
-    job_id = f"overhead-g{seed}-{uuid.uuid4().hex[:6]}"
-    groups = [GroupSeed(group_id=f"{job_id}-g{g:04d}", seed=seed * 100_003 + g) for g in range(max(1, n // task.group_size))]
-
-    async def one(group: GroupSeed) -> tuple[str, float, list[TrajectoryResult]]:
-        t = time.monotonic()
-        handle = await client.start_workflow("GroupRolloutWorkflow", GroupRolloutInput(task=task, groups=[group], job_id=job_id),
-                                             id=group.group_id, task_queue=Pool.CONTROL.value,
-                                             result_type=list[TrajectoryResult])  # fmt: skip
-        results = await handle.result()
-        return group.group_id, time.monotonic() - t, results
-
-    t0 = time.monotonic()
-    outcomes = await asyncio.gather(*(one(g) for g in groups))
-    wall = time.monotonic() - t0
-    rows = []
-    for wid, _, _ in outcomes:
-        rows += activity_timings(await client.get_workflow_handle(wid).fetch_history())
-    results = [r for _, _, rs in outcomes for r in rs]
-    walls = [w for _, w, rs in outcomes for _ in rs]
-    return _temporal_measures(wall, walls, results, rows, completed=sum(r.status == "completed" for r in results),
-                              workflow_walls=[w for _, w, _ in outcomes])  # fmt: skip
+    for workflow_id in workflow_walls:
+        rows += activity_timings(await client.get_workflow_handle(workflow_id).fetch_history())
+    return _temporal_measures(wall, [o.wall_s for o in outcomes], [o.result for o in outcomes if o.result], rows,
+                              completed=sum(o.status == "completed" for o in outcomes),
+                              workflow_walls=list(workflow_walls.values()))  # fmt: skip
 
 
 def _temporal_measures(wall: float, walls: list[float], results: list[TrajectoryResult], rows: list[dict],
@@ -221,10 +196,9 @@ async def _plain(job: JobSpec, n: int, repeats: int) -> dict[str, list[dict]]:
         await _plain_round(envs, gen, rewards, overhead_job(NO_LATENCY), 8, seed=999)  # warm-up
         out: dict[str, list[dict]] = {}
         for r in range(repeats):
-            for unit in UNITS:
+            for unit, rollout_unit in UNITS.items():
                 for lat, latency in LATENCIES.items():
-                    run = _plain_round if unit == "episodes" else _plain_groups_round
-                    m = await run(envs, gen, rewards, overhead_job(latency), n, seed=r)
+                    m = await _plain_round(envs, gen, rewards, overhead_job(latency, rollout_unit), n, seed=r)
                     out.setdefault(mode("asyncio", unit, lat), []).append(m)
                     print(f"  repeat {r + 1}/{repeats} {mode('asyncio', unit, lat):<34} {m['wall_s']:6.2f} s  "
                           f"trajectory {m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
@@ -234,16 +208,21 @@ async def _plain(job: JobSpec, n: int, repeats: int) -> dict[str, list[dict]]:
 
 
 async def _plain_round(envs, gen, rewards, job: JobSpec, n: int, seed: int) -> dict:
+    """The inputs `rollart rollout` would run, each workflow's sequence as one coroutine (same units, same seeds)."""
     job_id = f"plain-{seed}-{uuid.uuid4().hex[:6]}"
-    inputs = plan_trajectories(job, n, seed=seed, job_id=job_id)
+    units = rollout_units(plan_trajectories(job, n, seed=seed, job_id=job_id))
     t0 = time.monotonic()
-    done = await asyncio.gather(*(_plain_trajectory(envs, gen, rewards, inp, f"{job_id}-{i:04d}")
-                                  for i, inp in enumerate(inputs)))  # fmt: skip
+    done = await asyncio.gather(*(
+        _plain_group(envs, gen, rewards, members, f"{job_id}-{first:04d}") if members[0].task.rollout_unit == "group"
+        else _plain_trajectory(envs, gen, rewards, members[0], f"{job_id}-{first:04d}")
+        for first, members in units
+    ))  # fmt: skip
     wall = time.monotonic() - t0
+    members = sum(d["members"] for d in done)
     return {
         "wall_s": wall, "trajectory_s": statistics.median(d["wall_s"] for d in done),
-        "trajectories_per_s": len(done) / wall, "completed": len(done),
-        "activities_per_trajectory": statistics.fmean(d["activities"] for d in done),
+        "trajectories_per_s": members / wall, "completed": members,
+        "activities_per_trajectory": sum(d["activities"] for d in done) / members,
         "turns": statistics.fmean(d["turns"] for d in done),
     }  # fmt: skip
 
@@ -266,37 +245,22 @@ async def _plain_trajectory(envs, gen, rewards, inp: TrajectoryInput, tid: str) 
     transcript = Transcript(task=task.name, seed=inp.seed, turns=turns, final_observation=observation)
     await _call(rewards.reward, RewardInput(reward=task.reward, transcript=transcript))
     await _call(envs.close, CloseInput(session_id=handle.session_id))
-    return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "turns": len(turns)}
+    return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "members": 1, "turns": len(turns)}
 
 
-async def _plain_groups_round(envs, gen, rewards, job: JobSpec, n: int, seed: int) -> dict:
-    task = job.tasks[0]
-    job_id = f"plain-g{seed}-{uuid.uuid4().hex[:6]}"
-    groups = [GroupSeed(group_id=f"{job_id}-g{g:04d}", seed=seed * 100_003 + g) for g in range(max(1, n // task.group_size))]
-    t0 = time.monotonic()
-    done = await asyncio.gather(*(_plain_group(envs, gen, rewards, task, g, job_id) for g in groups))
-    wall = time.monotonic() - t0
-    members = sum(d["members"] for d in done)
-    return {
-        "wall_s": wall, "trajectory_s": statistics.median(d["wall_s"] for d in done),
-        "trajectories_per_s": members / wall, "completed": members,
-        "activities_per_trajectory": sum(d["activities"] for d in done) / members,
-        "turns": statistics.fmean(d["turns"] for d in done),
-    }  # fmt: skip
-
-
-async def _plain_group(envs, gen, rewards, task: TaskSpec, group: GroupSeed, job_id: str) -> dict:
+async def _plain_group(envs, gen, rewards, members: list[TrajectoryInput], group_id: str) -> dict:
     """GroupEpisode's sequence, as plain awaits: reset_group → (generate_batch → step_group)* → reward_batch → close."""
     t0 = time.monotonic()
-    h = await _call(envs.reset_group, GroupResetInput(env=task.env, env_args=task.env_args, seed=group.seed,
-                                                      size=task.group_size, group_id=group.group_id,
+    task, seed, job_id = members[0].task, members[0].seed, members[0].job_id
+    h = await _call(envs.reset_group, GroupResetInput(env=task.env, env_args=task.env_args, seed=seed,
+                                                      size=len(members), group_id=group_id,
                                                       options=EnvOptions.of(task)))  # fmt: skip
     obs, turns = list(h.observations), [[] for _ in h.observations]
     done, calls = [False] * len(obs), 1
     while playing := [m for m in range(len(obs)) if not done[m] and len(turns[m]) < task.max_turns]:
         gens = await _call(gen.generate_batch, GenerateBatchInput(
             prompts=[obs[m] for m in playing], sampling=task.sampling, weights=WeightsRef(job_id=job_id, min_version=0),
-            data_keys=[turn_key(job_id, f"{group.group_id}-{m}", len(turns[m])) for m in playing]))  # fmt: skip
+            data_keys=[turn_key(job_id, f"{group_id}-{m}", len(turns[m])) for m in playing]))  # fmt: skip
         actions: list[str | None] = [None] * len(obs)
         for m, g in zip(playing, gens):
             actions[m] = g.completions[0].text
@@ -306,7 +270,7 @@ async def _plain_group(envs, gen, rewards, task: TaskSpec, group: GroupSeed, job
             turns[m].append(TurnRecord(observation=obs[m], action=actions[m], env_reward=s.reward, done=s.done, info=s.info))
             obs[m], done[m] = s.observation, s.done
         calls += 2
-    transcripts = [Transcript(task=task.name, seed=group.seed, turns=t, final_observation=o) for t, o in zip(turns, obs)]
+    transcripts = [Transcript(task=task.name, seed=seed, turns=t, final_observation=o) for t, o in zip(turns, obs)]
     await _call(rewards.reward_batch, RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args))
     await _call(envs.close, CloseInput(session_id=h.session_id))
     return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "members": len(obs),

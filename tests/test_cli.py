@@ -69,13 +69,13 @@ def test_plan_draws_groups_by_weight() -> None:
 
 def test_rollout_units_follow_each_tasks_rollout_unit() -> None:
     """Members of a grouped multi-turn task's group share a workflow; everything else gets one each."""
-    from rollart.workers.rollout import _rollout_units
+    from rollart.workers.rollout import rollout_units
 
     job = load_job(REPO / "examples" / "frozenlake.yaml")  # rollout_unit group, groups of 8
     single = job.tasks[0].model_copy(update={"name": "single", "rollout_unit": "trajectory"})
     two = job.model_copy(update={"tasks": [job.tasks[0], single]})
     plan = plan_trajectories(two, 60, seed=2)
-    units = _rollout_units(plan)
+    units = rollout_units(plan)
     assert [i for first, members in units for i in range(first, first + len(members))] == list(range(60))
     for first, members in units:
         if members[0].task.name == "single":

@@ -16,7 +16,8 @@ from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from temporalio.client import Client, WorkflowFailureError
 
-__all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "run_rollout"]
+__all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",
+           "run_rollout"]
 
 
 class JobCheckError(ValueError):
@@ -119,7 +120,7 @@ async def run_rollout(
             on_done(outcome)
         return outcomes
 
-    units = await asyncio.gather(*(unit(first, members) for first, members in _rollout_units(inputs)))
+    units = await asyncio.gather(*(unit(first, members) for first, members in rollout_units(inputs)))
     return [outcome for outcomes in units for outcome in outcomes]
 
 
@@ -127,7 +128,7 @@ def _grouped(inp: TrajectoryInput) -> bool:
     return inp.task.grouped and inp.task.max_turns > 1
 
 
-def _rollout_units(inputs: list[TrajectoryInput]) -> list[tuple[int, list[TrajectoryInput]]]:
+def rollout_units(inputs: list[TrajectoryInput]) -> list[tuple[int, list[TrajectoryInput]]]:
     """(index of the first input, the inputs) per workflow: a group's consecutive members on one seed, or one input."""
     units: list[tuple[int, list[TrajectoryInput]]] = []
     for i, inp in enumerate(inputs):

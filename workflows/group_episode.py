@@ -8,6 +8,7 @@ members' own TrajectoryWorkflows would report, in ~8x fewer activities.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -36,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.trajectory import report
     from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 
-__all__ = ["GroupEpisode"]
+__all__ = ["GroupEpisode", "play_in_lockstep"]
 
 T = TypeVar("T")
 
@@ -60,15 +61,7 @@ class GroupEpisode:
         Any activity that still fails after its retries fails the whole group (masked from
         training, never scored); bad input fails the workflow.
         """
-        try:
-            await self.start()
-            while self.playing:
-                await self.generate()
-                await self.step()
-        except BaseException:
-            await self.close()
-            raise
-        return await self.finish()
+        return await play_in_lockstep([self])
 
     @property
     def playing(self) -> bool:
@@ -76,7 +69,7 @@ class GroupEpisode:
         return self.error is None and any(not ep.over for ep in self.members)
 
     async def start(self) -> None:
-        """The group's env session (`reset_group`): one phase of `play`, callable on its own for lockstep batches."""
+        """The group's env session (`reset_group`): the first phase of `play_in_lockstep`."""
         await self._guard(self._reset)
 
     async def generate(self) -> None:
@@ -196,3 +189,21 @@ class GroupEpisode:
     async def close(self) -> None:
         """Release the shared session (through any member: they all name it)."""
         await self.members[0].close()
+
+
+async def play_in_lockstep(groups: list[GroupEpisode]) -> list[TrajectoryResult]:
+    """Every group's phase before any group's next (one group: its own play); each group reports when scored.
+
+    With several groups this is the synchronous baseline's barrier at group granularity: the batch
+    waits for its slowest reset, answer and step.
+    """
+    try:
+        await asyncio.gather(*(g.start() for g in groups))
+        while live := [g for g in groups if g.playing]:
+            await asyncio.gather(*(g.generate() for g in live))
+            await asyncio.gather(*(g.step() for g in live))
+    except BaseException:
+        await asyncio.gather(*(g.close() for g in groups))
+        raise
+    per_group = await asyncio.gather(*(g.finish() for g in groups))
+    return [r for results in per_group for r in results]

@@ -9,10 +9,10 @@ Multi-turn (`rollout_unit: group`): each group plays in lockstep inside one
 env session holding all its members (`reset_group`), one `generate_batch` and
 one `step_group` per turn for the members still playing, then one
 `reward_batch`. Groups advance independently of each other and each reports as
-soon as it is done — or, with `lockstep` (batch mode), all groups advance phase
-by phase together, the synchronous baseline's barrier. Per trajectory that is ~2.4 activities instead of ~19 for
-8-turn episodes in groups of 8: the unit to pick when Temporal's per-activity
-cost, not the env, dominates a turn. A slow member holds its group back, so
+soon as it is done — or, with `lockstep` (batch mode), all groups advance
+phase by phase together, the synchronous baseline's barrier. Per trajectory
+that is ~2.4 activities instead of ~19 for 8-turn episodes in groups of 8: the
+unit to pick when Temporal's per-activity cost, not the env, dominates a turn. A slow member holds its group back, so
 long-tail envs are better served by `rollout_unit: trajectory`.
 """
 
@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows import policies
     from rollart.workflows.episode import BAD_INPUT_TYPES, describe, error_type
     from rollart.workflows.trajectory import report
-    from rollart.workflows.group_episode import GroupEpisode
+    from rollart.workflows.group_episode import GroupEpisode, play_in_lockstep
     from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryResult
 
 __all__ = ["GroupRolloutInput", "GroupRolloutWorkflow", "GroupSeed"]
@@ -58,21 +58,8 @@ class GroupRolloutWorkflow:
             raise ApplicationError(f"task {inp.task.name!r}: a multi-turn group samples one completion per member "
                                    "and turn (sampling.n = 1)", type="InvalidInput", non_retryable=True)  # fmt: skip
         if inp.lockstep:
-            return await self._lockstep([GroupEpisode(inp, g) for g in inp.groups])
+            return await play_in_lockstep([GroupEpisode(inp, g) for g in inp.groups])
         per_group = await asyncio.gather(*(GroupEpisode(inp, g).play() for g in inp.groups))
-        return [r for results in per_group for r in results]
-
-    async def _lockstep(self, groups: list[GroupEpisode]) -> list[TrajectoryResult]:
-        """Every group's phase before any group's next: the batch waits for its slowest reset, answer and step."""
-        try:
-            await asyncio.gather(*(g.start() for g in groups))
-            while live := [g for g in groups if g.playing]:
-                await asyncio.gather(*(g.generate() for g in live))
-                await asyncio.gather(*(g.step() for g in live))
-        except BaseException:
-            await asyncio.gather(*(g.close() for g in groups))
-            raise
-        per_group = await asyncio.gather(*(g.finish() for g in groups))
         return [r for results in per_group for r in results]
 
     @workflow.run

@@ -167,10 +167,11 @@ class TrainingWorkflow:
         """Start as many groups (or lockstep batches) as admission allows, all in one workflow task.
 
         Multi-turn groups run a TrajectoryWorkflow per member (trajectory mode), or, with
-        `rollout_unit: group`, play inside a GroupRolloutWorkflow; in batch mode per-episode tasks join one
-        lockstep BatchRolloutWorkflow per batch, and grouped ones play their groups phase by phase (`lockstep`). The grouped groups of a task launched together share one
-        GroupRolloutWorkflow (single-turn: one `prompts`, `check` and `reward_batch` call for all;
-        multi-turn: each group plays on its own and reports when done).
+        `rollout_unit: group`, play inside a GroupRolloutWorkflow; in batch mode per-episode tasks join
+        one lockstep BatchRolloutWorkflow per batch, and grouped ones play their groups phase by phase
+        (`lockstep`). The grouped groups of a task launched together share one GroupRolloutWorkflow
+        (single-turn: one `prompts`, `check` and `reward_batch` call for all; multi-turn: each group plays
+        on its own and reports when done, or phase by phase with the others in batch mode).
         """
         starts: list[Awaitable[object]] = []
         grouped: dict[str, tuple[str, list[tuple[str, TaskSpec, int]]]] = {}  # task → (workflow id, its groups)
