@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -51,11 +52,23 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+FREE_PORTS = range(20000, 31000)
+"""Where `free_port` looks: below Linux's ephemeral range (32768+), so an outgoing connection elsewhere on the
+machine cannot take the port between the check and the server's bind (the dev server's HTTP port, +1000, too)."""
+
+
 def free_port() -> int:
-    """A port on loopback that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on loopback that nothing listens on now, outside the kernel's ephemeral range (see FREE_PORTS)."""
+    rng = random.SystemRandom()
+    for _ in range(100):
+        port = rng.choice(FREE_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port on 127.0.0.1 in {FREE_PORTS.start}-{FREE_PORTS.stop - 1} after 100 tries")
 
 
 @dataclass

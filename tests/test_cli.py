@@ -85,6 +85,24 @@ def test_rollout_units_follow_each_tasks_rollout_unit() -> None:
     assert any(m[0].task.name == "single" for _, m in units) and any(len(m) == 8 for _, m in units)
 
 
+def test_free_ports_stay_out_of_the_ephemeral_range_and_skip_taken_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A port the kernel hands to outgoing connections could be taken before a server binds it (a CI flake)."""
+    import socket
+
+    from rollart.infra import devserver
+
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+    ports = {devserver.free_port() for _ in range(20)}
+    assert all(p in devserver.FREE_PORTS and p + 1000 < int(ephemeral[0]) for p in ports)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        monkeypatch.setattr(devserver, "FREE_PORTS", range(busy, busy + 1))
+        with pytest.raises(OSError, match="no free port"):
+            devserver.free_port()
+
+
 def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> list[str]:
     seen: list[str] = []
     deadline = time.monotonic() + timeout_s
