@@ -30,6 +30,7 @@ __all__ = [
     "JobSpecError",
     "LossConfig",
     "MooncakeConfig",
+    "ParallelConfig",
     "RewardPlacement",
     "SamplingParams",
     "StoreConfig",
@@ -213,13 +214,23 @@ class StoreConfig(_Strict):
 
 
 class EngineConfig(_Strict):
-    """The inference engine of a generation worker."""
+    """The inference engine of a generation worker.
+
+    `kv_cache_gib` sizes the KV cache on CPUs (vLLM's CPU backend); on GPUs `gpu_memory_utilization`
+    does (the share of each GPU's memory vLLM may take, weights included). `tensor_parallel_size`
+    GPUs serve one engine (a generation worker then needs that many GPUs: `rollart k8s render`
+    requests them). `dtype` is the engine's compute dtype; weights published in float32 are cast on
+    load.
+    """
 
     kind: Literal["vllm", "hf"] = "vllm"
     max_model_len: int = Field(512, ge=16)
     max_num_seqs: int = Field(128, ge=1)
     kv_cache_gib: float = Field(1.0, gt=0)
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    enable_prefix_caching: bool = True
     seed: int = 0
 
 
@@ -239,17 +250,65 @@ class LossConfig(_Strict):
     entropy_coef: float = Field(0.0, ge=0.0)
 
 
-class TrainerConfig(_Strict):
-    """The trainer process: optimizer and checkpoints (AdamW, gradient accumulation over micro-batches)."""
+class ParallelConfig(_Strict):
+    """How the megatron trainer splits its work over ranks: `tensor` (T) ranks share each layer, `data` (D)
+    groups of them train on different sequences of the batch. T × D ranks in all, on one or more nodes."""
 
+    tensor: int = Field(1, ge=1, le=64)
+    data: int = Field(1, ge=1, le=4096)
+    pipeline: int = Field(1, ge=1, description="not supported yet: must be 1")
+
+    @field_validator("pipeline")
+    @classmethod
+    def _no_pipeline_yet(cls, pipeline: int) -> int:
+        if pipeline != 1:
+            raise ValueError(
+                f"pipeline parallelism is not supported yet (got {pipeline}); use tensor and data parallelism, "
+                "e.g. parallel: {tensor: 8, data: 4}"
+            )
+        return pipeline
+
+    @property
+    def world_size(self) -> int:
+        """Ranks the trainer runs: tensor × data."""
+        return self.tensor * self.data
+
+
+class TrainerConfig(_Strict):
+    """The trainer: backend, parallel layout, device and precision, optimizer and checkpoints.
+
+    `backend: torch` trains a transformers model in the trainer worker's own process (one device).
+    `backend: megatron` builds a megatron-core GPTModel from the same HF checkpoint and trains it on
+    `parallel.tensor × parallel.data` rank processes that the trainer worker starts (gloo on CPUs,
+    NCCL on GPUs); weights are published as HF safetensors either way. `device: auto` is cuda when a
+    GPU is visible, else cpu, so one job file serves a laptop and a GPU cluster. `dtype: bfloat16`
+    computes in bf16 with float32 master weights and optimizer state. AdamW with gradient
+    accumulation over micro-batches of `micro_batch_size` sequences (per data-parallel rank).
+    """
+
+    backend: Literal["torch", "megatron"] = "torch"
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    activation_checkpointing: bool = False
     lr: float = Field(1e-3, gt=0.0)
     betas: tuple[float, float] = (0.9, 0.99)
+    eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(64, ge=1)
     checkpoint_every: int = Field(50, ge=1)
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
+
+    @model_validator(mode="after")
+    def _parallel_needs_megatron(self) -> TrainerConfig:
+        if self.backend == "torch" and self.parallel.world_size > 1:
+            raise ValueError(
+                f"parallel: tensor {self.parallel.tensor} x data {self.parallel.data} needs backend: megatron "
+                "(the torch backend trains in one process on one device)"
+            )
+        return self
 
 
 class TrainingConfig(_Strict):

@@ -93,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
     s.add_argument("--store-master", metavar="HOST:PORT",
                    help="Mooncake master to use (sets store.kind: mooncake; its keeper holds the data)")
+    t = s.add_argument_group("trainer nodes", "a multi-node trainer: one `rollart worker --pool trainer` per node "
+                             "(torchrun-style); each starts its share of the job's trainer.parallel ranks")
+    t.add_argument("--nnodes", type=int, default=1, help="trainer nodes in all (default 1)")
+    t.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..NNODES-1; node 0 polls Temporal")
+    t.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's rendezvous address, reachable from every node "
+                   "(node 0 listens there)")
     s.add_argument("--settings-file", type=Path, help=argparse.SUPPRESS)
     s.set_defaults(func=_cmd_worker)
 
@@ -258,6 +264,16 @@ def _worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSet
                          "(the address `rollart up` prints, or your cluster's mooncake_master)")
     if store is not base.store:
         updates["store"] = store
+    if args.nnodes != 1 or args.node_rank or args.rdzv:
+        if pool is not Pool.TRAINER:
+            raise _UserError("--nnodes/--node-rank/--rdzv are for --pool trainer only")
+        from pydantic import ValidationError
+        from rollart.workers.pool_worker import TrainerNodes
+
+        try:
+            updates["nodes"] = TrainerNodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv=args.rdzv)
+        except ValidationError as e:
+            raise _UserError("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())) from e
     return base.model_copy(update=updates)
 
 

@@ -25,17 +25,40 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
-from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig
+from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
 from rollart.infra.temporal import connect
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-__all__ = ["WorkerSettings", "run_worker", "serve"]
+__all__ = ["TrainerNodes", "WorkerSettings", "run_worker", "serve"]
 
 log = logging.getLogger(__name__)
+
+
+class TrainerNodes(BaseModel):
+    """Where this trainer worker sits among the trainer's nodes (torchrun-style rendezvous).
+
+    One `rollart worker --pool trainer` runs per node; each starts `world_size / nnodes` ranks. Node 0
+    polls Temporal and hosts the rendezvous store at `rdzv` (HOST:PORT, reachable from every node);
+    the others follow it. One node needs none of this: its store binds a free loopback port.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    rdzv: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-\[\]:]+:[0-9]{1,5}$")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainerNodes:
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"--node-rank {self.node_rank} is not below --nnodes {self.nnodes}")
+        if self.nnodes > 1 and self.rdzv is None:
+            raise ValueError(f"{self.nnodes} nodes need --rdzv HOST:PORT: node 0's address, reachable from every node")
+        return self
 
 
 class WorkerSettings(BaseModel):
@@ -51,13 +74,16 @@ class WorkerSettings(BaseModel):
     max_concurrent_activities: int = 256
     serve_rewards: bool = False
     """Generation pools: also register the reward activities (`reward_placement: colocated`)."""
+    trainer: TrainerConfig = TrainerConfig()
+    """Trainer pool: the job's trainer section (the megatron backend's ranks are laid out by it)."""
+    nodes: TrainerNodes = TrainerNodes()
     ready_file: Path | None = None
 
     @classmethod
     def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
         """The settings a job implies for a worker of `pool`."""
         base: dict[str, object] = {"pool": pool, "temporal": job.temporal, "store": job.store,
-                                   "model_dir": job.model_dir, "engine": job.engine}  # fmt: skip
+                                   "model_dir": job.model_dir, "engine": job.engine, "trainer": job.trainer}  # fmt: skip
         if pool in ELASTIC_POOLS:
             base["max_concurrent_activities"] = job.elastic(pool).max_concurrent_activities
         if pool in GENERATION_POOLS:
