@@ -112,7 +112,7 @@ async def test_a_step_updates_publishes_and_replays_without_change(tiny_model: P
 
     again = await env.run(acts.train_step, inp)
     assert again.replayed and again.model_copy(update={"replayed": False}) == result
-    assert state_dict_blob(acts._jobs[JOB].model) == blob  # the replay changed nothing
+    assert state_dict_blob(acts._jobs[JOB].policy.model) == blob  # the replay changed nothing
     assert TrainStepResult.model_validate_json(step_record_path(tmp_path / "run", 0).read_bytes()) == result
 
 
@@ -157,9 +157,9 @@ async def test_checkpoints_and_a_fresh_trainer_resumes_at_the_right_step(tiny_mo
     with pytest.raises(ApplicationError) as err:
         await env.run(resumed.train_step, step_input(tiny_model, run, 5, samples, checkpoint_every=2))
     assert "up to 1" in err.value.message and "next step it can run is 2" in err.value.message
-    state = resumed._jobs[JOB]
-    assert state_dict_blob(state.model) == store.get(weights_key(JOB, 2))
-    assert state.optimizer.state_dict()["state"]  # Adam moments came back too
+    policy = resumed._jobs[JOB].policy
+    assert state_dict_blob(policy.model) == store.get(weights_key(JOB, 2))
+    assert policy.optimizer.state_dict()["optimizer"]["state"]  # Adam moments came back too
     r2 = await env.run(resumed.train_step, step_input(tiny_model, run, 2, samples, checkpoint_every=2))
     assert r2.version == 3 and not r2.replayed
 
@@ -239,4 +239,4 @@ async def test_the_kl_term_loads_a_frozen_reference_policy(tiny_model: Path, tok
         inp = step_input(tiny_model, tmp_path / "run", step, samples, loss=loss)
         kls.append((await env.run(acts.train_step, inp)).metrics["kl"])
     assert kls[0] == pytest.approx(0.0, abs=1e-8) and kls[1] > 0.0  # π = π_ref before the first update only
-    assert not any(p.requires_grad for p in acts._jobs[JOB].ref_model.parameters())
+    assert not any(p.requires_grad for p in acts._jobs[JOB].policy._ref.parameters())

@@ -60,6 +60,13 @@ class MicroBatch:
         """Loss tokens in this micro-batch."""
         return int(self.completion_mask.sum().item())
 
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch on `device` (itself when it is already there)."""
+        if self.input_ids.device == device:
+            return self
+        return MicroBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.completion_mask,
+                                                   self.behav_logprobs, self.advantages)))  # fmt: skip
+
 
 def _completion(record: Any, key: str, index: int) -> tuple[list[int], list[int], list[float]]:
     """Validated (prompt_ids, token_ids, logprobs) of completion `index` of a turn record."""

@@ -16,6 +16,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from safetensors.torch import load as st_load
@@ -26,6 +27,7 @@ __all__ = [
     "latest_checkpoint",
     "load_blob_into",
     "load_checkpoint",
+    "prune_checkpoints",
     "save_checkpoint",
     "state_dict_blob",
 ]
@@ -105,9 +107,18 @@ def latest_checkpoint(root: Path) -> Path | None:
     return dirs[-1][1] if dirs else None
 
 
-def save_checkpoint(
-    root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, *, keep: int = 2
-) -> Path:
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Remove all but the newest `keep` complete checkpoints under `root`."""
+    for _, old_dir in _checkpoint_dirs(Path(root))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old_dir, ignore_errors=True)
+
+
+class _HasState(Protocol):
+    def state_dict(self) -> dict: ...
+    def load_state_dict(self, state: dict) -> object: ...
+
+
+def save_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState, step: int, *, keep: int = 2) -> Path:
     """Checkpoint the state after train step `step` into `root/step-{step:06d}`; keep the newest `keep`.
 
     Written into a temp dir beside it and renamed into place, so a reader
@@ -120,7 +131,7 @@ def save_checkpoint(
     try:
         (tmp / "model.safetensors").write_bytes(state_dict_blob(model))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "version": step + 1}))
+        (tmp / "meta.json").write_text(json.dumps({"step": step, "version": step + 1, "backend": "torch"}))
         if final.exists():  # re-checkpointing the same step: move the old one aside first
             old = root / f".old-{final.name}-{os.getpid()}"
             os.rename(final, old)
@@ -129,18 +140,20 @@ def save_checkpoint(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for _, old_dir in _checkpoint_dirs(root)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old_dir, ignore_errors=True)
+    prune_checkpoints(root, keep)
     log.info("checkpoint of step %d written to %s", step, final)
     return final
 
 
-def load_checkpoint(root: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> int | None:
+def load_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState | None) -> int | None:
     """Load the newest checkpoint under `root` into `model` (and `optimizer`); return its step, or None if none."""
     path = latest_checkpoint(Path(root))
     if path is None:
         return None
     meta = json.loads((path / "meta.json").read_text())
+    if meta.get("backend", "torch") != "torch":
+        raise ValueError(f"checkpoint {path} was written by the {meta['backend']} backend; resume it with "
+                         f"trainer.backend: {meta['backend']}, or start a new run dir")
     load_blob_into(model, (path / "model.safetensors").read_bytes())
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))

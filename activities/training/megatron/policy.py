@@ -1,0 +1,212 @@
+"""The megatron trainer backend on one rank: a GPTModel shard, megatron's DDP, AdamW over the shard.
+
+Built from the job's HF model dir (weights converted on load), it trains with tensor parallelism
+(the vocabulary too: log-probs never gather it) and data parallelism (megatron's DDP sums the
+fp32 gradient buffers over data-parallel ranks), clips by the global norm (each tensor-parallel
+shard counted once, replicated norms once), and steps a plain torch AdamW over each rank's shard —
+element-wise, so it equals AdamW over the whole model. Weights go out as one HF safetensors blob
+(gathered to the leader); checkpoints are sharded, one file per tensor-parallel rank.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from rollart.activities.rl.batch import MicroBatch
+from rollart.activities.training.megatron.checkpoint import load_sharded, save_sharded
+from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
+from rollart.activities.training.megatron.hf_layout import HfArch
+from rollart.activities.training.megatron.model import build_gpt, causal_mask, wrap_ddp
+from rollart.activities.training.megatron.vocab_parallel import vocab_parallel_logprobs_and_entropy
+from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.precision import MasterWeights, clip_scale
+from rollart.infra.config import TrainerConfig
+from safetensors import safe_open
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+__all__ = ["MegatronPolicy", "hf_model_tensors"]
+
+
+@contextmanager
+def hf_model_tensors(model_dir: str | Path) -> Iterator[Any]:
+    """A lazy `name -> tensor` reader over an HF model dir's safetensors files (sharded or not)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+    where = {name: h for h in handles for name in h.keys()}  # noqa: SIM118 - safe_open handles are not iterable
+
+    def get(name: str) -> torch.Tensor:
+        try:
+            return where[name].get_tensor(name)
+        except KeyError as e:
+            raise KeyError(f"{model_dir} has no tensor {name!r}") from e
+
+    yield get
+
+
+class MegatronPolicy(Policy):
+    """One rank's GPTModel shard and optimizer; expects the process group and megatron's groups to be set up
+    (`model.init_model_parallel`)."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, device: torch.device) -> None:
+        from megatron.core import parallel_state as ps
+
+        self.model_dir = str(model_dir)
+        self.cfg = cfg
+        self._device = device
+        self.arch = HfArch.from_model_dir(model_dir)
+        self.tp = ps.get_tensor_model_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.arch.check_tensor_parallel(self.tp)
+        self.pad_id = self.arch.pad_token_id
+        self.module = build_gpt(self.arch, cfg, device)
+        self._load_hf_dir(self.module)
+        self.ddp = wrap_ddp(self.module)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = MasterWeights(self.params, cfg)
+        self._ref: Any = None
+        self._grads_synced = False
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    # ---- weights in -----------------------------------------------------------------------------
+
+    def _load_shard(self, module: Any, get: Any) -> None:
+        shard = hf_to_megatron(get, self.arch, self.tp, self.tp_rank)
+        missing, unexpected = module.load_state_dict(shard, strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing or unexpected:
+            raise ValueError(f"HF → megatron conversion does not fit the GPTModel: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")  # fmt: skip
+
+    def _load_hf_dir(self, module: Any) -> None:
+        with hf_model_tensors(self.model_dir) as get:
+            self._load_shard(module, get)
+
+    def load_weights_blob(self, blob: bytes) -> None:
+        tensors = st_load(blob)
+        self._load_shard(self.module, tensors.__getitem__)
+        self.optimizer.sync_from_params()
+
+    # ---- forward / backward ---------------------------------------------------------------------
+
+    def _logits(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+        b, t = mb.input_ids.shape
+        positions = torch.arange(t, device=self._device).unsqueeze(0).expand(b, t)
+        return model(mb.input_ids, positions, causal_mask(t, self._device))
+
+    def _vocab_start(self) -> int:
+        return self.tp_rank * self.arch.padded_vocab(self.tp) // self.tp
+
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self._logits(self.ddp, mb)
+        return vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(), self.arch.vocab_size,
+                                                   entropy_grad=entropy_grad)  # fmt: skip
+
+    def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        if self._ref is None:  # the frozen initial policy, built only when the KL term is on
+            ref = build_gpt(self.arch, self.cfg, self._device).eval()
+            self._load_hf_dir(ref)
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            self._ref = ref
+        with torch.no_grad():
+            logits = self._logits(self._ref, mb)
+            logp, _ = vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(),
+                                                          self.arch.vocab_size, entropy_grad=False)  # fmt: skip
+        return logp
+
+    def zero_grad(self) -> None:
+        self.ddp.zero_grad_buffer()
+        self.module.zero_grad(set_to_none=True)
+        self._grads_synced = False
+
+    def sync_grads(self) -> None:
+        """Sum the accumulated gradients (`main_grad`) over data-parallel ranks; once per step (a collective)."""
+        from megatron.core.distributed import finalize_model_grads
+
+        if not self._grads_synced:
+            finalize_model_grads([self.ddp])
+            self._grads_synced = True
+
+    def step(self, cfg: TrainerConfig) -> StepOutcome:
+        self.sync_grads()
+        grads = [p.main_grad for p in self.params]
+        norm = self._global_norm(grads)
+        applied = math.isfinite(norm)
+        if applied:
+            self.optimizer.step(grads, cfg, clip_scale(norm, cfg.grad_clip))
+        self.zero_grad()
+        return StepOutcome(grad_norm=norm, applied=applied)
+
+    def _global_norm(self, grads: list[torch.Tensor]) -> float:
+        """‖g‖ of the whole model: each tensor-parallel shard once, replicated tensors (norms) once."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        sq = torch.zeros(1, dtype=torch.float64, device=self._device)
+        for p, g in zip(self.params, grads):
+            if param_is_not_tensor_parallel_duplicate(p):
+                sq += g.double().pow(2).sum()
+        if self.tp > 1:
+            dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
+        return float(sq.sqrt())
+
+    # ---- weights out ----------------------------------------------------------------------------
+
+    def gathered_hf(self, grads: bool = False) -> dict[str, torch.Tensor] | None:
+        """The full model (or its gradients) as float32 HF tensors on the leader; None on other ranks.
+
+        A collective of the ranks of data-parallel group 0 (they hold every shard); the others return at once.
+        """
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_rank() != 0:
+            return None
+        dst = ps.get_tensor_model_parallel_src_rank()
+        group = ps.get_tensor_model_parallel_group()
+        named = [(n, p.main_grad if grads else p.detach()) for n, p in self.module.named_parameters()]
+        shards: dict[str, list[torch.Tensor]] = {}
+        for name, t in named:
+            t = t.float().contiguous()
+            if self.tp == 1:
+                shards[name] = [t.clone() if t.device.type == "cpu" else t]  # never hand out views of live buffers
+                continue
+            bufs = [torch.empty_like(t) for _ in range(self.tp)] if self.tp_rank == 0 else None
+            dist.gather(t, bufs, dst=dst, group=group)
+            if bufs is not None:
+                shards[name] = bufs
+        if self.tp_rank != 0:
+            return None
+        return {k: v.cpu() for k, v in megatron_to_hf(shards, self.arch).items()}
+
+    def weights_blob(self) -> bytes | None:
+        tensors = self.gathered_hf()
+        return None if tensors is None else st_save(tensors, metadata={"format": "pt"})
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, root: Path, step: int) -> None:
+        save_sharded(Path(root), step, self._weights_state(), self.optimizer.state_dict(), tensor=self.tp)
+
+    def load_checkpoint(self, root: Path) -> int | None:
+        loaded = load_sharded(Path(root), tensor=self.tp)
+        if loaded is None:
+            return None
+        step, model_state, optim_state = loaded
+        self.module.load_state_dict(model_state, strict=False)
+        self.optimizer.load_state_dict(optim_state)
+        return step
+
+    def _weights_state(self) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in self.module.state_dict().items() if torch.is_tensor(v) and not k.endswith("_extra_state")}

@@ -1,0 +1,83 @@
+"""What a trainer backend provides on one rank: the policy's forward pass, its optimizer, its weights as HF tensors.
+
+`train_step` is the same code for every backend (`activities.training.step`): it only talks to a
+`Policy` and to the `Ranks` it runs on. A backend is a model + optimizer that can
+
+- give per-token log-probs (and entropies) of a micro-batch, aligned with its `input_ids` like
+  `rl.losses.token_logprobs`, computed however the backend shards the vocabulary;
+- take one optimizer step over the gradients its micro-batches accumulated (syncing them over
+  data-parallel ranks first, clipping by the *global* norm);
+- hand out and take in the weights as a Hugging Face safetensors blob (what generators load), and
+  write and read its own checkpoints (sharded or not).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rollart.activities.rl.batch import MicroBatch
+from rollart.infra.config import TrainerConfig
+
+__all__ = ["Policy", "StepOutcome"]
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one optimizer step did: the global gradient norm and whether the update was applied."""
+
+    grad_norm: float
+    applied: bool
+
+
+class Policy(ABC):
+    """One rank's share of a trainable policy and its optimizer (see the module docstring)."""
+
+    pad_id: int
+    """A valid token id to pad micro-batches with (padding is masked out)."""
+
+    @abstractmethod
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs (with grad) and entropies `[B, T]` of the current policy on `mb`.
+
+        The entropy carries a gradient only when `entropy_grad` (an entropy bonus is on).
+        """
+
+    @abstractmethod
+    def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        """Per-token log-probs of the frozen reference policy (the job's initial model), without grad."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Forget accumulated gradients (before a step's first micro-batch)."""
+
+    @abstractmethod
+    def step(self, cfg: TrainerConfig) -> StepOutcome:
+        """Sync gradients over data-parallel ranks, clip by the global norm, and step AdamW with `cfg`'s
+        hyper-parameters (they may change between steps). A non-finite norm skips the update."""
+
+    @abstractmethod
+    def weights_blob(self) -> bytes | None:
+        """The whole policy as one HF safetensors blob (tied head left out), on the leader rank; None elsewhere.
+
+        A collective: every rank must call it.
+        """
+
+    @abstractmethod
+    def load_weights_blob(self, blob: bytes) -> None:
+        """Overwrite the weights with an HF safetensors blob (as `weights_blob` writes), keeping the optimizer."""
+
+    @abstractmethod
+    def save_checkpoint(self, root: Path, step: int) -> None:
+        """Checkpoint model and optimizer after train step `step` under `root` (a collective)."""
+
+    @abstractmethod
+    def load_checkpoint(self, root: Path) -> int | None:
+        """Load the newest checkpoint under `root`; its step, or None when there is none."""
+
+    @property
+    @abstractmethod
+    def device(self) -> torch.device:
+        """Where the policy's tensors live (micro-batches are moved there)."""

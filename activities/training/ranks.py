@@ -1,0 +1,90 @@
+"""Where a train step runs: one process, or one rank of a torch.distributed group (tensor × data parallel).
+
+The step code (`activities.training.step`) asks only what it needs: is this the leader (it reads the
+batch and publishes), which data-parallel share of the sequences is this rank's, and two
+collectives (broadcast an object from the leader, sum metrics over data-parallel ranks).
+`OneProcess` answers for the torch backend; `DistributedRanks` for megatron's ranks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+
+__all__ = ["DistributedRanks", "OneProcess", "Ranks"]
+
+
+class Ranks(ABC):
+    """The step's view of the process group it runs in."""
+
+    rank: int = 0
+    world_size: int = 1
+    data_rank: int = 0
+    data_size: int = 1
+
+    @property
+    def is_leader(self) -> bool:
+        """Rank 0: reads the batch from the store, publishes weights, writes the step record."""
+        return self.rank == 0
+
+    @abstractmethod
+    def broadcast(self, obj: Any) -> Any:
+        """The leader's `obj` on every rank (what the others pass is ignored)."""
+
+    @abstractmethod
+    def sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
+        """Each key summed over the data-parallel ranks (every rank must pass the same keys)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+
+
+class OneProcess(Ranks):
+    """A single process: every collective is the identity."""
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
+        return dict(values)
+
+    def barrier(self) -> None:
+        return None
+
+
+class DistributedRanks(Ranks):
+    """A rank of the initialised default process group, with megatron's tensor/data-parallel groups.
+
+    `device` is where collectives put their tensors (NCCL needs CUDA tensors, gloo CPU ones).
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        self._dist = dist
+        self.device = device
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.data_rank = ps.get_data_parallel_rank()
+        self.data_size = ps.get_data_parallel_world_size()
+        self._data_group = ps.get_data_parallel_group()
+
+    def broadcast(self, obj: Any) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
+        return box[0]
+
+    def sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
+        if self.data_size == 1:
+            return dict(values)
+        keys = sorted(values)
+        t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        self._dist.all_reduce(t, group=self._data_group)
+        return dict(zip(keys, t.tolist()))
+
+    def barrier(self) -> None:
+        self._dist.barrier()

@@ -1,0 +1,227 @@
+"""One GRPO/PPO train step, the same code for every backend and rank layout.
+
+The leader rank reads the batch (turn records from the payload store), computes GRPO advantages
+and broadcasts the sequences; each data-parallel rank takes its share (balanced by tokens); every
+rank accumulates the loss of its micro-batches — each token's loss divided by the token count of the
+*whole* batch, so shares add up to the batch's token mean on any split — then the policy syncs
+gradients and steps. The leader publishes the new weights as HF safetensors and writes the step's
+record last (the commit point: `train_step` is idempotent because of it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rollart.activities.errors import bad_input
+from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
+from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences, micro_batches
+from rollart.activities.rl.losses import policy_loss
+from rollart.activities.training.policy import Policy
+from rollart.activities.training.ranks import Ranks
+from rollart.activities.training.records import (
+    checkpoint_dir,
+    last_recorded_step,
+    read_record,
+    step_record_path,
+    write_record,
+)
+from rollart.activities.types import TrainStepInput, TrainStepResult
+from rollart.infra.config import TrainerConfig
+from rollart.infra.store import Store, StoreKeyError
+from rollart.infra.weights import publish
+from temporalio.exceptions import ApplicationError
+
+__all__ = ["LOSS_METRICS", "TrainerState", "data_shard", "resume", "train_step", "state_mismatch"]
+
+log = logging.getLogger(__name__)
+
+LOSS_METRICS = ("loss", "pg_loss", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
+                "kl", "entropy")  # fmt: skip
+"""What the loss reports per step (each a share of the batch's token mean, summed over micro-batches and ranks)."""
+
+
+@dataclass
+class TrainerState:
+    """A job's policy on this rank and the last step whose update it holds (-1: none)."""
+
+    policy: Policy
+    last_completed: int
+
+
+def resume(policy: Policy, ranks: Ranks, store: Store, inp: TrainStepInput) -> int:
+    """Bring a freshly built policy to the job's last completed step; return that step (-1: none).
+
+    First the newest checkpoint (model and optimizer), then — if later steps were recorded (their
+    weights published, generators already using them) — the weights the last of them published,
+    with the checkpoint's optimizer moments. The leader decides; every rank loads its own share.
+    """
+    ckpt_step = policy.load_checkpoint(checkpoint_dir(inp.run_dir))
+    last = -1 if ckpt_step is None else ckpt_step
+    plan = None
+    if ranks.is_leader:
+        recorded = last_recorded_step(inp.run_dir, last)
+        record = read_record(inp.run_dir, recorded) if recorded > last else None
+        if record is not None:
+            try:
+                store.get(record.weights_key)
+                plan = (recorded, record.weights_key)
+            except StoreKeyError:
+                log.warning(
+                    "job %s: steps up to %d are recorded but their weights %s are gone; resuming at step %d",
+                    inp.job_id, recorded, record.weights_key, last,
+                )  # fmt: skip
+    plan = ranks.broadcast(plan)
+    if plan is not None:
+        recorded, key = plan
+        policy.load_weights_blob(store.get(key))
+        if ranks.is_leader:
+            log.warning("job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
+                        inp.job_id, recorded, key, last)  # fmt: skip
+        last = recorded
+    return last
+
+
+def state_mismatch(job_id: str, run_dir: str, have: int, asked: int) -> ApplicationError:
+    """The trainer cannot run `asked`: it is not the next step after the last one it completed."""
+    expected = have + 1
+    have_text = f"has completed steps up to {have}" if have >= 0 else "has completed no step"
+    if asked > expected:
+        fix = (
+            f"Resume the training loop from step {expected}, or restore the checkpoints/ and steps/ "
+            f"of the run dir that reached step {asked - 1}."
+        )
+    else:
+        fix = (
+            f"Step {asked} is done but its record {step_record_path(run_dir, asked)} is missing; "
+            "restore the run dir's steps/, or start a new run dir."
+        )
+    return ApplicationError(
+        f"trainer for job {job_id!r} {have_text} (run dir {run_dir}), so the next step it can run is {expected}, "
+        f"but was asked for step {asked}. {fix}",
+        type="TrainerStateMismatch",
+        non_retryable=True,
+    )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """What the leader broadcasts: every sequence of the step, and the batch's totals."""
+
+    seqs: list[TrainSequence]
+    advantages: list[float]
+    total_tokens: int
+
+
+def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
+    """The step's sequences with their GRPO advantages, or the reason they cannot be trained on."""
+    if not inp.samples:
+        return f"train step {inp.step} of job {inp.job_id!r} got no samples; the workflow must send a non-empty batch"
+    advantages = grpo_advantages([s.reward for s in inp.samples], [s.group_id for s in inp.samples])
+    try:
+        seqs = load_sequences(store, inp.samples, advantages)
+    except InvalidSample as e:
+        return f"train step {inp.step} of job {inp.job_id!r}: {e}"
+    total = sum(len(s.completion_ids) for s in seqs)
+    if total == 0:
+        return f"train step {inp.step} of job {inp.job_id!r}: the samples hold no completion tokens"
+    return _Batch(seqs, advantages, total)
+
+
+def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[TrainSequence]:
+    """Data-parallel rank `rank`'s share of the sequences: longest first, each to the rank with the fewest tokens.
+
+    Every rank computes the same assignment, so the shares are disjoint and cover the batch.
+    """
+    if size == 1:
+        return list(seqs)
+    loads = [0] * size
+    mine: list[TrainSequence] = []
+    for s in sorted(seqs, key=lambda s: -s.length):
+        r = min(range(size), key=lambda i: (loads[i], i))
+        loads[r] += s.length
+        if r == rank:
+            mine.append(s)
+    return mine
+
+
+def _accumulate(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig) -> dict[str, float]:
+    """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics."""
+    loss_cfg = cfg.loss
+    policy.zero_grad()
+    totals = dict.fromkeys(LOSS_METRICS, 0.0)
+    for mb in micro_batches(seqs, cfg.micro_batch_size, policy.pad_id):
+        mb = mb.to(policy.device)
+        logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0)
+        logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
+        terms = policy_loss(logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, loss_cfg,
+                            total_tokens=total_tokens, logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+        terms.loss.backward()
+        for k, v in terms.metrics.items():
+            totals[k] += v
+    return totals
+
+
+def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepInput, keep_weight_versions: int) -> TrainStepResult | None:
+    """Run step `inp.step` on this rank; the leader returns the (recorded) result, the others None.
+
+    Raises a non-retryable `ApplicationError` on every rank alike for a batch no retry can fix or a
+    step that is not the next one. Any other error leaves the policy in an unknown state: the caller
+    must drop it and build a new one (which resumes from the checkpoint and records).
+    """
+    t0 = time.perf_counter()
+    cfg = inp.trainer
+    if inp.step != state.last_completed + 1:
+        raise state_mismatch(inp.job_id, inp.run_dir, state.last_completed, inp.step)
+    batch = ranks.broadcast(_load_batch(store, inp) if ranks.is_leader else None)
+    if isinstance(batch, str):
+        raise bad_input(batch)
+    mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
+    metrics = ranks.sum_over_data(_accumulate(state.policy, mine, batch.total_tokens, cfg))
+    outcome = state.policy.step(cfg)
+    if not outcome.applied:
+        log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
+    blob = state.policy.weights_blob()
+    result = None
+    if ranks.is_leader:
+        if blob is None:
+            raise RuntimeError(f"{type(state.policy).__name__}.weights_blob() gave the leader rank no weights")
+        t_pub = time.perf_counter()
+        ref = publish(store, inp.job_id, inp.step + 1, blob, keep_weight_versions)
+        metrics["publish_s"] = time.perf_counter() - t_pub
+    if (inp.step + 1) % cfg.checkpoint_every == 0:
+        state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
+    if ranks.is_leader:
+        result = TrainStepResult(step=inp.step, version=inp.step + 1, weights_key=ref.key,
+                                 metrics=_step_metrics(inp, batch, metrics, outcome.grad_norm, outcome.applied, t0))  # fmt: skip
+        write_record(inp.run_dir, result)
+        log.info("job %s step %d: loss %.4f, reward %.3f, %.2f s",
+                 inp.job_id, inp.step, metrics["loss"], result.metrics["reward_mean"], result.metrics["train_s"])  # fmt: skip
+    state.last_completed = inp.step
+    return result
+
+
+def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, float], grad_norm: float,
+                  applied: bool, t0: float) -> dict[str, float]:  # fmt: skip
+    """The step's metrics: the loss terms plus what the batch and the update looked like."""
+    rewards = [s.reward for s in inp.samples]
+    groups = [s.group_id for s in inp.samples]
+    staleness = [inp.step - s.policy_version_min for s in inp.samples]
+    return {
+        **loss_metrics,
+        "grad_norm": grad_norm,
+        "update_skipped": 0.0 if applied and math.isfinite(grad_norm) else 1.0,
+        "samples": float(len(inp.samples)),
+        "sequences": float(len(batch.seqs)),
+        "tokens": float(batch.total_tokens),
+        "reward_mean": sum(rewards) / len(rewards),
+        "success_rate": sum(1.0 for s in inp.samples if s.success) / len(inp.samples),
+        "adv_abs_mean": sum(abs(a) for a in batch.advantages) / len(batch.advantages),
+        "groups_with_signal": groups_with_signal(batch.advantages, groups),
+        "staleness_mean": sum(staleness) / len(staleness),
+        "staleness_max": float(max(staleness)),
+        "train_s": time.perf_counter() - t0,
+    }

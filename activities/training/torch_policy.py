@@ -1,0 +1,100 @@
+"""The default trainer backend: a transformers causal LM in the trainer worker's own process, on one device.
+
+The model is loaded from the job's HF model dir as it is (any architecture transformers knows);
+weights go out as the float32 state dict (the format vLLM and `rollart eval` load), checkpoints
+are one safetensors file plus the optimizer state (`rl.weights_io`).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from rollart.activities.errors import bad_input
+from rollart.activities.rl.batch import MicroBatch
+from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entropy
+from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
+from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.precision import MasterWeights, clip_scale
+from rollart.infra.config import TrainerConfig
+
+__all__ = ["TorchPolicy", "load_hf_model"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def load_hf_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+    """The job's initial policy, or a non-retryable error saying what is missing."""
+    from transformers import AutoModelForCausalLM
+
+    if not (Path(model_dir) / "config.json").is_file():
+        raise bad_input(
+            f"no model at {model_dir} (config.json missing); build one with `rollart init-model --out {model_dir}` "
+            "or fix the job's model_dir"
+        )
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+
+
+class TorchPolicy(Policy):
+    """A transformers model and its AdamW (fp32 masters when computing in bf16) on `device`."""
+
+    def __init__(self, model_dir: str | Path, cfg: TrainerConfig, device: torch.device) -> None:
+        self.model_dir = str(model_dir)
+        self._device = device
+        self.dtype = _DTYPES[cfg.dtype]
+        model = load_hf_model(model_dir).to(device=device, dtype=self.dtype)
+        if cfg.activation_checkpointing:
+            model.config.use_cache = False
+            model.gradient_checkpointing_enable()
+        model.train()
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = MasterWeights(self.params, cfg)
+        self.pad_id = next((i for i in (model.config.pad_token_id, model.config.eos_token_id) if isinstance(i, int)), 0)
+        self._ref: Any = None
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        logp, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
+        return logp, entropy if entropy_grad else entropy.detach()
+
+    def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        if self._ref is None:  # the frozen initial policy, loaded only when the KL term is on
+            ref = load_hf_model(self.model_dir).to(device=self._device, dtype=self.dtype).eval()
+            for p in ref.parameters():
+                p.requires_grad_(False)
+            self._ref = ref
+        with torch.no_grad():
+            return token_logprobs(self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits, mb.input_ids)
+
+    def zero_grad(self) -> None:
+        self.model.zero_grad(set_to_none=True)
+
+    def step(self, cfg: TrainerConfig) -> StepOutcome:
+        grads = [p.grad for p in self.params]
+        present = [g for g in grads if g is not None]
+        norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in present]))) if present else 0.0
+        applied = math.isfinite(norm)
+        if applied:
+            self.optimizer.step(grads, cfg, clip_scale(norm, cfg.grad_clip))
+        self.zero_grad()
+        return StepOutcome(grad_norm=norm, applied=applied)
+
+    def weights_blob(self) -> bytes:
+        return state_dict_blob(self.model)
+
+    def load_weights_blob(self, blob: bytes) -> None:
+        load_blob_into(self.model, blob)
+        self.optimizer.sync_from_params()
+
+    def save_checkpoint(self, root: Path, step: int) -> None:
+        save_checkpoint(root, self.model, self.optimizer, step)
+
+    def load_checkpoint(self, root: Path) -> int | None:
+        return load_checkpoint(root, self.model, self.optimizer)

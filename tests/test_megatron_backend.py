@@ -1,0 +1,173 @@
+"""The megatron backend against the torch backend: weight conversion, log-probs, gradients, one AdamW step.
+
+Conversion is checked in one process (pure tensor functions). Numerics run the real step code
+(`activities.training.step._accumulate`, the policies' `step`) on 2 gloo ranks, once with tensor
+parallelism (T=2) and once with data parallelism (D=2), against the torch backend on the same HF
+weights and batch. The model is a small Qwen2 with perturbed biases and norms (so their mapping is
+exercised) and an odd vocabulary (387: padded to 388 at T=2, the padding masked).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from rollart.activities.rl.batch import TrainSequence, collate
+from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
+from rollart.activities.training.megatron.hf_layout import HfArch, UnsupportedModel
+from rollart.infra.config import LossConfig, TrainerConfig
+
+from tests.support.gloo import run_on_ranks
+
+BASE = dict(vocab_size=387, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6,
+            tie_word_embeddings=False, pad_token_id=0)  # fmt: skip
+
+
+def build_model(out: Path, **overrides: object) -> Path:
+    """A random Qwen2 saved as safetensors; biases and norm weights perturbed away from 0 and 1."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**{**BASE, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+            elif "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn_like(p))
+    model.save_pretrained(out)
+    return out
+
+
+def hf_state(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+@pytest.mark.parametrize(("variant", "overrides", "tp"), [
+    ("untied GQA", {}, 2), ("tied", {"tie_word_embeddings": True}, 2), ("4 ranks", {}, 4),
+    ("MQA: 1 kv head < tp", {"num_key_value_heads": 1}, 2), ("one rank", {}, 1),
+])  # fmt: skip
+def test_hf_to_megatron_to_hf_round_trips_exactly(tmp_path: Path, variant: str, overrides: dict, tp: int) -> None:
+    model_dir = build_model(tmp_path / "m", **overrides)
+    arch = HfArch.from_model_dir(model_dir)
+    hf = hf_state(model_dir)
+    shards = [hf_to_megatron(hf.__getitem__, arch, tp, r) for r in range(tp)]
+    assert shards[0]["embedding.word_embeddings.weight"].shape[0] == arch.padded_vocab(tp) // tp
+    back = megatron_to_hf({k: [s[k] for s in shards] for k in shards[0]}, arch)
+    expected = {k: v for k, v in hf.items() if not (arch.tie_word_embeddings and k == "lm_head.weight")}
+    assert set(back) == set(expected), variant
+    assert all(torch.equal(back[k], expected[k]) for k in expected), variant
+
+
+def test_the_vocabulary_is_padded_with_zero_rows_to_a_multiple_of_tp(tmp_path: Path) -> None:
+    arch = HfArch.from_model_dir(build_model(tmp_path / "m"))
+    hf = hf_state(tmp_path / "m")
+    last = hf_to_megatron(hf.__getitem__, arch, 2, 1)["output_layer.weight"]
+    assert arch.padded_vocab(2) == 388 and last.shape[0] == 194 and torch.equal(last[-1], torch.zeros(64))
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"model_type": "gemma"}, "model_type 'gemma' is not supported"),
+    ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling"),
+    ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
+    ({"model_type": "qwen2", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+])  # fmt: skip
+def test_unsupported_architectures_fail_at_load_saying_why(config: dict, message: str) -> None:
+    c = {"num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10, "intermediate_size": 8,
+         "num_hidden_layers": 1, **config}  # fmt: skip
+    with pytest.raises(UnsupportedModel, match=message):
+        HfArch.from_config(c)
+
+
+def test_tensor_parallel_sizes_that_do_not_split_the_heads_are_refused() -> None:
+    arch = HfArch.from_config({"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "hidden_size": 64, "vocab_size": 10, "intermediate_size": 8, "num_hidden_layers": 1})  # fmt: skip
+    arch.check_tensor_parallel(2)
+    with pytest.raises(UnsupportedModel, match="does not divide the model's 4 attention heads"):
+        arch.check_tensor_parallel(3)
+
+
+def batch(seed: int = 0, n: int = 6, vocab: int = 387) -> list[TrainSequence]:
+    """Sequences of varied length; behaviour log-probs are filled in later from the model (plus noise)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        completion = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
+        out.append(TrainSequence([rng.randrange(vocab) for _ in range(rng.randint(3, 9))], completion,
+                                 [0.0] * len(completion), rng.choice([-1.0, 0.5, 1.2])))  # fmt: skip
+    return out
+
+
+def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
+    """On each rank: the torch backend (whole batch) and the megatron backend (its data-parallel share) take one
+    step from the same weights; the leader returns the largest differences."""
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+    from rollart.activities.training.ranks import DistributedRanks
+    from rollart.activities.training.step import _accumulate, data_shard
+    from rollart.activities.training.torch_policy import TorchPolicy
+
+    cpu = torch.device("cpu")
+    cfg = TrainerConfig.model_validate_json(cfg_json)
+    ranks = DistributedRanks(cpu)
+    ref = TorchPolicy(model_dir, cfg, cpu)
+    meg = MegatronPolicy(model_dir, cfg, cpu)
+
+    # behaviour log-probs: the model's own, perturbed so importance weights are not all 1
+    whole = collate(seqs, ref.pad_id)
+    with torch.no_grad():
+        lp, _ = ref.logprobs(whole, entropy_grad=False)
+    gen = torch.Generator().manual_seed(1)
+    seqs = [TrainSequence(s.prompt_ids, s.completion_ids,
+                          (lp[i, len(s.prompt_ids): s.length] + 0.05 * torch.randn(len(s.completion_ids), generator=gen)).tolist(),
+                          s.advantage) for i, s in enumerate(seqs)]  # fmt: skip
+    whole = collate(seqs, ref.pad_id)
+    valid = whole.attention_mask.bool()
+    valid[:, 0] = False
+    with torch.no_grad():
+        lp_t, ent_t = ref.logprobs(whole, entropy_grad=False)
+        lp_m, ent_m = meg.logprobs(whole, entropy_grad=False)
+    total = sum(len(s.completion_ids) for s in seqs)
+    m_t = _accumulate(ref, seqs, total, cfg)
+    m_m = ranks.sum_over_data(_accumulate(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg))
+    meg.sync_grads()
+    grads_m = meg.gathered_hf(grads=True)
+    grads_t = {n: p.grad.clone() for n, p in ref.model.named_parameters()}
+    norm_t = ref.step(cfg).grad_norm
+    norm_m = meg.step(cfg).grad_norm
+    weights_m = meg.gathered_hf()
+    if not ranks.is_leader:
+        return None
+    weights_t = ref.model.state_dict()
+    return {
+        "logprob": float((lp_t - lp_m)[valid].abs().max()),
+        "entropy": float((ent_t - ent_m)[valid].abs().max()),
+        "loss": abs(m_t["loss"] - m_m["loss"]),
+        "grad": max(float((grads_t[k] - g).abs().max()) for k, g in grads_m.items()),
+        "grad_max": max(float(g.abs().max()) for g in grads_m.values()),
+        "weights": max(float((weights_t[k] - w).abs().max()) for k, w in weights_m.items()),
+        "grad_norm": abs(norm_t - norm_m) / norm_t,
+        "names_match": float(set(grads_m) == set(grads_t) and set(weights_m) <= set(weights_t)),
+    }
+
+
+@pytest.mark.parametrize(("tensor", "data"), [(2, 1), (1, 2)])
+@pytest.mark.parametrize("loss", [LossConfig(), LossConfig(entropy_coef=0.01, kl_coef=0.1, decoupled=False)])
+def test_megatron_equals_torch_on_the_same_weights_and_batch(tmp_path: Path, tensor: int, data: int,
+                                                             loss: LossConfig) -> None:  # fmt: skip
+    """Log-probs within 1e-4, gradients within 1e-6, and with AdamW eps 1e-6 one step leaves the weights within 1e-5
+    (with eps 1e-8, rounding noise on near-zero gradients becomes full-size updates)."""
+    model_dir = build_model(tmp_path / "m", tie_word_embeddings=tensor == 2)
+    cfg = TrainerConfig(backend="megatron", parallel={"tensor": tensor, "data": data}, eps=1e-6, micro_batch_size=2,
+                        loss=loss)  # fmt: skip
+    d = run_on_ranks(compare_with_torch, tensor * data, tensor, str(model_dir), batch(), cfg.model_dump_json())[0]
+    print(f"T={tensor} D={data} {loss}: {json.dumps(d)}")
+    assert d["names_match"] == 1.0
+    assert d["logprob"] < 1e-4 and d["entropy"] < 1e-4 and d["loss"] < 1e-6, d
+    assert d["grad"] < 1e-6 and d["grad_max"] > 1e-3 and d["grad_norm"] < 1e-6, d  # the gradients are not all ~0
+    assert d["weights"] < 1e-5, d
