@@ -129,7 +129,7 @@ class TrainerActivities:
             raise bad_input(f"job {inp.job_id!r}: {e}") from e
         torch.manual_seed(cfg.seed)
         policy = TorchPolicy(inp.model_dir, cfg, device)
-        last = resume(policy, OneProcess(), self.store, inp)
+        last = resume(policy, OneProcess(), self.store, inp.job_id, inp.run_dir)
         log.info("job %s: torch trainer ready at step %d on %s (model %s)", inp.job_id, last, device, inp.model_dir)
         return TrainerState(policy=policy, last_completed=last)
 

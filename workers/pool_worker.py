@@ -24,6 +24,7 @@ import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
@@ -32,6 +33,9 @@ from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
 from rollart.infra.temporal import connect
 from temporalio.client import Client
 from temporalio.worker import Worker
+
+if TYPE_CHECKING:
+    from rollart.workers.trainer_ranks import RankGroup
 
 __all__ = ["TrainerNodes", "WorkerSettings", "run_worker", "serve"]
 
@@ -98,6 +102,11 @@ def new_worker_id(pool: Pool) -> str:
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Run the pool's worker(s) until `stop` is set, then drain in-flight activities and shut down."""
+    if settings.pool is Pool.TRAINER:
+        _check_trainer_device(settings.trainer)
+        if settings.nodes.node_rank > 0:
+            await _follow_trainer_node0(settings, stop)
+            return
     client = await connect(settings.temporal, settings.store)
     worker_id = new_worker_id(settings.pool)
     async with _pool_workers(settings, client, worker_id) as workers:
@@ -175,12 +184,47 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         from rollart.infra.store import open_store
 
         keep = settings.store.keep_weight_versions
-        trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep)
-        # one step at a time: the model and optimizer are this process's state
-        yield [Worker(client, task_queue=pool.value, activities=[trainer.train_step], identity=worker_id,
-                      max_concurrent_activities=1)]  # fmt: skip
+        ranks = _rank_group(settings)
+        trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep, ranks=ranks)
+        try:
+            # one step at a time: the model and optimizer are this process's (or its ranks') state
+            yield [Worker(client, task_queue=pool.value, activities=[trainer.train_step], identity=worker_id,
+                          max_concurrent_activities=1)]  # fmt: skip
+        finally:
+            await asyncio.to_thread(ranks.close)
     else:
         raise ValueError(f"pool {pool.value!r} has no worker")
+
+
+def _rank_group(settings: WorkerSettings) -> RankGroup:
+    """This node's agent for the megatron backend's ranks (they start at a megatron job's first step)."""
+    from rollart.workers.trainer_ranks import RankGroup
+
+    nodes = settings.nodes
+    return RankGroup(nnodes=nodes.nnodes, node_rank=nodes.node_rank, rdzv=nodes.rdzv, store=settings.store,
+                     keep_weight_versions=settings.store.keep_weight_versions)  # fmt: skip
+
+
+def _check_trainer_device(trainer: TrainerConfig) -> None:
+    """A trainer worker asked for CUDA on a machine without a GPU stops at once, saying so."""
+    if trainer.device == "cuda":
+        from rollart.activities.training.devices import resolve_device
+
+        resolve_device("cuda")
+
+
+async def _follow_trainer_node0(settings: WorkerSettings, stop: asyncio.Event) -> None:
+    """Trainer nodes 1..N-1: no Temporal worker; run this node's ranks of what node 0 launches until stopped."""
+    group = await asyncio.to_thread(_rank_group, settings)
+    log.info("trainer node %d of %d following node 0 at %s", settings.nodes.node_rank, settings.nodes.nnodes,
+             settings.nodes.rdzv)  # fmt: skip
+    if settings.ready_file:
+        settings.ready_file.parent.mkdir(parents=True, exist_ok=True)
+        settings.ready_file.write_text(f"trainer-node-{settings.nodes.node_rank}")
+    follower = asyncio.create_task(asyncio.to_thread(group.follow))
+    await stop.wait()
+    group.close()
+    await follower
 
 
 @contextlib.asynccontextmanager

@@ -52,19 +52,19 @@ class TrainerState:
     last_completed: int
 
 
-def resume(policy: Policy, ranks: Ranks, store: Store, inp: TrainStepInput) -> int:
+def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str) -> int:
     """Bring a freshly built policy to the job's last completed step; return that step (-1: none).
 
     First the newest checkpoint (model and optimizer), then — if later steps were recorded (their
     weights published, generators already using them) — the weights the last of them published,
     with the checkpoint's optimizer moments. The leader decides; every rank loads its own share.
     """
-    ckpt_step = policy.load_checkpoint(checkpoint_dir(inp.run_dir))
+    ckpt_step = policy.load_checkpoint(checkpoint_dir(run_dir))
     last = -1 if ckpt_step is None else ckpt_step
     plan = None
     if ranks.is_leader:
-        recorded = last_recorded_step(inp.run_dir, last)
-        record = read_record(inp.run_dir, recorded) if recorded > last else None
+        recorded = last_recorded_step(run_dir, last)
+        record = read_record(run_dir, recorded) if recorded > last else None
         if record is not None:
             try:
                 store.get(record.weights_key)
@@ -72,7 +72,7 @@ def resume(policy: Policy, ranks: Ranks, store: Store, inp: TrainStepInput) -> i
             except StoreKeyError:
                 log.warning(
                     "job %s: steps up to %d are recorded but their weights %s are gone; resuming at step %d",
-                    inp.job_id, recorded, record.weights_key, last,
+                    job_id, recorded, record.weights_key, last,
                 )  # fmt: skip
     plan = ranks.broadcast(plan)
     if plan is not None:
@@ -80,7 +80,7 @@ def resume(policy: Policy, ranks: Ranks, store: Store, inp: TrainStepInput) -> i
         policy.load_weights_blob(store.get(key))
         if ranks.is_leader:
             log.warning("job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
-                        inp.job_id, recorded, key, last)  # fmt: skip
+                        job_id, recorded, key, last)  # fmt: skip
         last = recorded
     return last
 

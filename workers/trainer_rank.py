@@ -1,0 +1,136 @@
+"""One trainer rank: `python -m rollart.workers.trainer_rank --rdzv HOST:PORT --gen G --rank R --local-rank L ...`.
+
+Started by the trainer worker (workers/trainer_ranks.py), never by hand. It reads its generation's
+LaunchSpec from the rendezvous store, joins the process group (gloo on CPUs, NCCL on GPUs), builds
+its share of the megatron policy, resumes it from the run dir, says it is ready, then runs the
+commands the agent posts. Rank 0 reads each step's batch and broadcasts it; the others follow.
+A rank that fails posts why and exits: the agent restarts the whole group. It also exits when its
+agent dies (parent-death signal), so no rank outlives the worker that started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import sys
+from datetime import timedelta
+
+__all__ = ["main"]
+
+log = logging.getLogger("rollart.trainer_rank")
+
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+"""How long a collective may wait for a peer before it fails (a dead peer's agent kills us sooner)."""
+
+COMMAND_WAIT = timedelta(days=7)
+"""How long a rank waits for its next command (rollout between steps may take long)."""
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent (the agent) dies; exit now if it already has."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the broken store connection ends us instead
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _non_retryable(e: BaseException) -> bool:
+    from rollart.activities.training.devices import DeviceUnavailable
+    from rollart.activities.training.megatron.checkpoint import TensorParallelMismatch
+    from rollart.activities.training.megatron.hf_layout import UnsupportedModel
+
+    return isinstance(e, DeviceUnavailable | UnsupportedModel | TensorParallelMismatch | FileNotFoundError)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import torch.distributed as dist
+    from rollart.activities.training.devices import resolve_device
+    from rollart.activities.training.megatron.model import init_model_parallel
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+    from rollart.activities.training.ranks import DistributedRanks
+    from rollart.activities.training.step import TrainerState, resume, train_step
+    from rollart.infra.store import open_store
+    from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
+    from temporalio.exceptions import ApplicationError
+
+    host, port = args.rdzv.rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=COMMAND_WAIT)
+    gen = args.gen
+
+    def fail(e: BaseException, during: str) -> int:
+        err = RankError(type=type(e).__name__, message=f"trainer rank {args.rank} failed {during}: {e}",
+                        non_retryable=_non_retryable(e))  # fmt: skip
+        log.exception("rank %d failed %s", args.rank, during)
+        store.set(key(gen, "failed"), err.model_dump_json())
+        return 1
+
+    try:
+        spec = LaunchSpec.model_validate_json(store.get(key(gen, "launch")))
+        cfg = spec.trainer
+        device = resolve_device(cfg.device, args.local_rank, spec.per_node)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        else:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // (2 * spec.per_node)))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.PrefixStore(key(gen, "pg"), store),
+                                rank=args.rank, world_size=spec.world_size, timeout=COLLECTIVE_TIMEOUT)  # fmt: skip
+        init_model_parallel(cfg.parallel.tensor, cfg.seed, device)
+        torch.manual_seed(cfg.seed)
+        policy = MegatronPolicy(spec.model_dir, cfg, device)
+        ranks = DistributedRanks(device)
+        payloads = open_store(spec.store)
+        state = TrainerState(policy, resume(policy, ranks, payloads, spec.job_id, spec.run_dir))
+    except BaseException as e:
+        return fail(e, "to start")
+    store.add(key(gen, "ready"), 1)
+    log.info("rank %d/%d ready on %s at step %d (job %s)", args.rank, spec.world_size, device, state.last_completed,
+             spec.job_id)  # fmt: skip
+    n = 0
+    while True:
+        cmd = RankCommand.model_validate_json(store.get(key(gen, "cmd", n)))  # blocks until the agent posts it
+        if cmd.op == "stop" or cmd.step is None:
+            return 0
+        reply = None
+        try:
+            result = train_step(state, ranks, payloads, cmd.step, spec.keep_weight_versions)
+            reply = RankReply(result=result)
+        except ApplicationError as e:
+            if not e.non_retryable:
+                return fail(e, f"in step {cmd.step.step}")
+            reply = RankReply(error=RankError(type=e.type or "ApplicationError", message=e.message, non_retryable=True))
+        except BaseException as e:
+            return fail(e, f"in step {cmd.step.step}")
+        if ranks.is_leader:
+            store.set(key(gen, "result", n), reply.model_dump_json())
+        n += 1
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m rollart.workers.trainer_rank", description=__doc__)
+    p.add_argument("--rdzv", required=True, help="HOST:PORT of the agent's TCPStore")
+    p.add_argument("--gen", required=True, help="the launch generation this rank belongs to")
+    p.add_argument("--rank", type=int, required=True, help="global rank")
+    p.add_argument("--local-rank", type=int, required=True, help="rank on this node (picks its GPU)")
+    p.add_argument("--parent-pid", type=int, required=True, help="the agent's pid (this rank dies with it)")
+    args = p.parse_args(argv)
+    _die_with_parent(args.parent_pid)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname).1s rank{args.rank} %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")  # fmt: skip
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
+    rc = run(args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)  # no process-group teardown: a peer may already be gone
+
+
+if __name__ == "__main__":
+    main()
