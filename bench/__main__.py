@@ -18,6 +18,8 @@ BENCHMARKS = {
     "rollout": "bench.rollout",
     "weight_sync": "bench.weight_sync",
     "reward_service": "bench.reward_service",
+    "trainer": "bench.trainer",
+    "gpu": "bench.gpu",
 }
 ALL = ["end_to_end", "affinity", "overhead", "weight_sync", "reward_service"]
 """What `all` runs, in order (`rollout` is the older single-mode throughput probe: run it by name)."""

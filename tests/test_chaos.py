@@ -21,9 +21,10 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from rollart.activities.types import TrainStepInput
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TrainingConfig
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TrainerConfig, TrainingConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
@@ -148,12 +149,23 @@ def _report(row: dict) -> None:
             f.write(json.dumps(row) + "\n")
 
 
-@pytest.mark.parametrize("victim", ["cpu", "h800", "serverless", "trainer", "server"])
+def _trainer_ranks(stack: LocalStack) -> list[psutil.Process]:
+    """The megatron rank processes the live trainer worker started."""
+    [pid] = stack.live_workers(Pool.TRAINER)
+    return [p for p in psutil.Process(pid).children() if "rollart.workers.trainer_rank" in " ".join(p.cmdline())]
+
+
+@pytest.mark.parametrize("victim", ["cpu", "h800", "serverless", "trainer", "trainer-rank", "server"])
 async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, tmp_path: Path, victim: str) -> None:
+    """`trainer-rank`: the job trains with the megatron backend on 2 tensor-parallel ranks, and one rank is killed."""
     _replenish(chaos_stack)
     t0 = time.monotonic()
     job_id = f"chaos-{victim}-{uuid.uuid4().hex[:6]}"
-    handle = await start_training(chaos_client, chaos_stack.job, job_id, tmp_path / job_id)
+    job = chaos_stack.job
+    if victim == "trainer-rank":
+        job = job.model_copy(update={"trainer": TrainerConfig(backend="megatron", parallel={"tensor": 2},
+                                                              checkpoint_every=2)})  # fmt: skip
+    handle = await start_training(chaos_client, job, job_id, tmp_path / job_id)
     t_step1 = await _wait_step(handle, 1)
     t_step2 = await _wait_step(handle, 2)
     normal_step_s = t_step2 - t_step1
@@ -166,6 +178,12 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
         t_kill, kill_wall = time.monotonic(), time.time()
         chaos_stack.kill_worker(chaos_stack.live_workers(Pool.TRAINER)[0])
         chaos_stack.add_worker(Pool.TRAINER)  # the replacement resumes from the checkpoint and step records
+    elif victim == "trainer-rank":
+        await _train_step_running(handle)
+        t_kill, kill_wall = time.monotonic(), time.time()
+        ranks = _trainer_ranks(chaos_stack)
+        assert len(ranks) == 2, ranks
+        ranks[1].kill()  # SIGKILL: the step fails, its retry relaunches both ranks from the last checkpoint
     else:
         t_kill = time.monotonic()
         chaos_stack.kill_worker(chaos_stack.live_workers(Pool(victim))[0])
@@ -180,6 +198,8 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
         result.trained + result.dropped + result.failed + result.cancelled_in_flight + result.buffered_unused
     )
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
+    if victim == "trainer-rank":
+        assert len(_trainer_ranks(chaos_stack)) == 2 and ranks[1].pid not in [p.pid for p in _trainer_ranks(chaos_stack)]
     if victim == "cpu":  # sessions the dead worker held (if any: timing decides) were restored, none failed
         assert result.failed == 0, f"{result.failed} trajectories failed after their env worker died"
     resumed = await _resumed_after(chaos_client, job_id, kill_wall)

@@ -44,6 +44,31 @@ def test_autoscale_rejects_bad_pools_and_bounds(args: list[str], message: str) -
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: cuda is not refused here")
+def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "examples" / "frozenlake.yaml").read_text().replace("trainer:\n", "trainer:\n  device: cuda\n"))
+    done = subprocess.run([*ROLLART, "train", str(job), "--home", str(tmp_path / "home")], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "trainer.device is cuda, but this process sees no GPU" in done.stderr, done.stderr
+    assert not (tmp_path / "home" / "temporal.db").exists()  # no stack was started
+    worker = subprocess.run([*ROLLART, "worker", "--pool", "trainer", "--job", str(job), "--temporal-address",
+                             f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert worker.returncode != 0 and "sees no GPU" in worker.stderr, worker.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nnodes", "2"], "2 nodes need --rdzv HOST:PORT"),
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv", "10.0.0.1:29400"], "--node-rank 2 is not below --nnodes 2"),
+])  # fmt: skip
+def test_trainer_node_flags_are_checked(args: list[str], message: str) -> None:
+    done = subprocess.run([*ROLLART, "worker", "--pool", "trainer", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+    done = subprocess.run([*ROLLART, "worker", "--pool", "h800", "--nnodes", "2"], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2 and "for --pool trainer only" in done.stderr
+
+
 def test_init_model_builds_once(tmp_path: Path) -> None:
     out = tmp_path / "m"
     first = subprocess.run([*ROLLART, "init-model", "--out", str(out)], capture_output=True, text=True, timeout=120)

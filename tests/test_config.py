@@ -41,6 +41,13 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
         ("tasks:\n  - {name: a, env: frozenlake}", ["tasks.0.reward", "Field required"]),
         ("tasks:\n  - {name: a, env: x, reward: y}\n  - {name: a, env: x, reward: y}", ["task names must be unique", "a"]),
         ("tasks:\n  - {name: a, env: x, reward: y}\nstore: {payload_threshold_bytes: 4000000}", ["store.payload_threshold_bytes"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: megatron, parallel: {tensor: 2, pipeline: 2}}",
+         ["trainer.parallel.pipeline", "pipeline parallelism is not supported yet (got 2)"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {parallel: {data: 2}}",
+         ["trainer: Value error, parallel: tensor 1 x data 2 needs backend: megatron"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: deepspeed}", ["trainer.backend", "'torch' or 'megatron'"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {device: tpu}", ["trainer.device", "'auto', 'cpu' or 'cuda'"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\nengine: {gpu_memory_utilization: 1.5}", ["engine.gpu_memory_utilization"]),
     ],
 )
 def test_invalid_specs_name_file_and_field(tmp_path: Path, text: str, expected: list[str]) -> None:

@@ -61,6 +61,18 @@ def test_factory_is_lazy() -> None:
         create_engine(Path("."), EngineConfig.model_construct(kind="tpu"))
 
 
+def test_the_jobs_gpu_settings_reach_vllm(model_dir: Path) -> None:
+    import torch
+
+    cfg = EngineConfig(dtype="bfloat16", tensor_parallel_size=2, gpu_memory_utilization=0.6,
+                       enable_prefix_caching=False, max_num_seqs=32)  # fmt: skip
+    args = create_engine(model_dir, cfg).engine_args()
+    assert (args.dtype, args.tensor_parallel_size, args.gpu_memory_utilization, args.enable_prefix_caching,
+            args.max_num_seqs) == ("bfloat16", 2, 0.6, False, 32)  # fmt: skip
+    assert args.enforce_eager is not torch.cuda.is_available()  # CUDA graphs on GPUs, eager on CPUs
+    assert create_engine(model_dir, EngineConfig()).engine_args().enable_prefix_caching is True
+
+
 async def test_hf_generates_n_completions(hf_engine: Engine) -> None:
     sampling = SamplingParams(temperature=1.0, max_tokens=8, n=2)
     before = hf_engine.tokens_generated()

@@ -1,7 +1,7 @@
 """The megatron backend against the torch backend: weight conversion, log-probs, gradients, one AdamW step.
 
 Conversion is checked in one process (pure tensor functions). Numerics run the real step code
-(`activities.training.step._accumulate`, the policies' `step`) on 2 gloo ranks, once with tensor
+(`activities.training.step.accumulate_gradients`, the policies' `step`) on 2 gloo ranks, once with tensor
 parallelism (T=2) and once with data parallelism (D=2), against the torch backend on the same HF
 weights and batch. The model is a small Qwen2 with perturbed biases and norms (so their mapping is
 exercised) and an odd vocabulary (387: padded to 388 at T=2, the padding masked).
@@ -109,7 +109,7 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str)
     step from the same weights; the leader returns the largest differences."""
     from rollart.activities.training.megatron.policy import MegatronPolicy
     from rollart.activities.training.ranks import DistributedRanks
-    from rollart.activities.training.step import _accumulate, data_shard
+    from rollart.activities.training.step import accumulate_gradients, data_shard
     from rollart.activities.training.torch_policy import TorchPolicy
 
     cpu = torch.device("cpu")
@@ -133,8 +133,8 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str)
         lp_t, ent_t = ref.logprobs(whole, entropy_grad=False)
         lp_m, ent_m = meg.logprobs(whole, entropy_grad=False)
     total = sum(len(s.completion_ids) for s in seqs)
-    m_t = _accumulate(ref, seqs, total, cfg)
-    m_m = ranks.sum_over_data(_accumulate(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg))
+    m_t = accumulate_gradients(ref, seqs, total, cfg)
+    m_m = ranks.sum_over_data(accumulate_gradients(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg))
     meg.sync_grads()
     grads_m = meg.gathered_hf(grads=True)
     grads_t = {n: p.grad.clone() for n, p in ref.model.named_parameters()}
@@ -156,18 +156,36 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str)
     }
 
 
-@pytest.mark.parametrize(("tensor", "data"), [(2, 1), (1, 2)])
-@pytest.mark.parametrize("loss", [LossConfig(), LossConfig(entropy_coef=0.01, kl_coef=0.1, decoupled=False)])
+BONUS_AND_KL = LossConfig(entropy_coef=0.01, kl_coef=0.1, decoupled=False)
+
+
+@pytest.mark.parametrize(("tensor", "data", "loss", "n"), [
+    (2, 1, LossConfig(), 6), (1, 2, LossConfig(), 6), (2, 1, BONUS_AND_KL, 6), (1, 2, BONUS_AND_KL, 6),
+    (1, 2, LossConfig(), 1),  # one sequence: data rank 1 has nothing to train on and still joins the gradient sum
+], ids=["T2", "D2", "T2-entropy-kl", "D2-entropy-kl", "D2-one-sequence"])  # fmt: skip
 def test_megatron_equals_torch_on_the_same_weights_and_batch(tmp_path: Path, tensor: int, data: int,
-                                                             loss: LossConfig) -> None:  # fmt: skip
+                                                             loss: LossConfig, n: int) -> None:  # fmt: skip
     """Log-probs within 1e-4, gradients within 1e-6, and with AdamW eps 1e-6 one step leaves the weights within 1e-5
     (with eps 1e-8, rounding noise on near-zero gradients becomes full-size updates)."""
     model_dir = build_model(tmp_path / "m", tie_word_embeddings=tensor == 2)
     cfg = TrainerConfig(backend="megatron", parallel={"tensor": tensor, "data": data}, eps=1e-6, micro_batch_size=2,
                         loss=loss)  # fmt: skip
-    d = run_on_ranks(compare_with_torch, tensor * data, tensor, str(model_dir), batch(), cfg.model_dump_json())[0]
+    d = run_on_ranks(compare_with_torch, tensor * data, tensor, str(model_dir), batch(n=n), cfg.model_dump_json())[0]
     print(f"T={tensor} D={data} {loss}: {json.dumps(d)}")
     assert d["names_match"] == 1.0
     assert d["logprob"] < 1e-4 and d["entropy"] < 1e-4 and d["loss"] < 1e-6, d
     assert d["grad"] < 1e-6 and d["grad_max"] > 1e-3 and d["grad_norm"] < 1e-6, d  # the gradients are not all ~0
     assert d["weights"] < 1e-5, d
+
+
+def test_data_parallel_shares_are_disjoint_cover_the_batch_and_balance_tokens() -> None:
+    from rollart.activities.training.step import data_shard
+
+    seqs = batch(n=37)
+    for size in (1, 2, 3, 8):
+        shares = [data_shard(seqs, r, size) for r in range(size)]
+        ids = [id(s) for share in shares for s in share]
+        assert sorted(ids) == sorted(id(s) for s in seqs) and len(set(ids)) == len(seqs)
+        tokens = [sum(s.length for s in share) for share in shares]
+        assert max(tokens) - min(tokens) <= max(s.length for s in seqs)  # greedy: within one sequence
+    assert data_shard(seqs[:1], 1, 2) == []  # a rank may get nothing; it still joins the gradient sum

@@ -6,7 +6,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.config import JobSpec, TrainerConfig, TrainingConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights
 from rollart.workers.train import MetricsWriter, follow, start_training
@@ -19,10 +19,12 @@ pytestmark = pytest.mark.integration
 
 
 async def run_job(client: Client, base: JobSpec, tmp_path: Path, unit: str = "trajectory",
+                  trainer: TrainerConfig | None = None,
                   **training: object) -> tuple[JobSpec, TrainingResult, TrainingStatus, list[dict]]:
     job = base.model_copy(update={
         "tasks": [frozenlake_task(group_size=4, max_turns=4, env_args={"maps": "standard"}, rollout_unit=unit)],
         "training": TrainingConfig(**{"steps": 3, "batch_size": 8, **training}),
+        "trainer": trainer or base.trainer,
     })  # fmt: skip
     job_id = f"e2e-{uuid.uuid4().hex[:8]}"
     handle = await start_training(client, job, job_id, tmp_path / job_id)
@@ -32,12 +34,18 @@ async def run_job(client: Client, base: JobSpec, tmp_path: Path, unit: str = "tr
     return job.model_copy(update={"name": job_id}), result, status, rows
 
 
-@pytest.mark.parametrize(("bound", "unit", "mode"), [(0, "trajectory", "trajectory"), (1, "trajectory", "trajectory"),
-                                                     (2, "trajectory", "trajectory"), (0, "group", "trajectory"),
-                                                     (0, "group", "batch")])  # fmt: skip
+MEGATRON_T2 = TrainerConfig(backend="megatron", parallel={"tensor": 2})
+
+
+@pytest.mark.parametrize(("bound", "unit", "mode", "trainer"), [
+    (0, "trajectory", "trajectory", None), (1, "trajectory", "trajectory", None), (2, "trajectory", "trajectory", None),
+    (0, "group", "trajectory", None), (0, "group", "batch", None), (0, "group", "trajectory", MEGATRON_T2),
+], ids=["b0", "b1", "b2", "b0-group", "b0-group-batch", "b0-group-megatron-T2"])  # fmt: skip
 async def test_training_steps_advance_within_the_bound(client: Client, stack_job: JobSpec, tmp_path: Path, bound: int,
-                                                        unit: str, mode: str) -> None:  # fmt: skip
-    job, result, status, rows = await run_job(client, stack_job, tmp_path, unit, async_bound=bound,
+                                                        unit: str, mode: str, trainer: TrainerConfig | None) -> None:  # fmt: skip
+    """The megatron case trains on 2 tensor-parallel ranks the trainer worker starts; vLLM's logprobs must equal
+    its vocabulary-parallel logprobs as they equal the torch backend's."""
+    job, result, status, rows = await run_job(client, stack_job, tmp_path, unit, trainer, async_bound=bound,
                                               continue_as_new_every=1, rollout_mode=mode)
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2]
     assert status.ledger_balanced and result.started == (

@@ -233,7 +233,12 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             raise _UserError("--pool is required (one of control, cpu, h800, h20, serverless)")
         job = _load_job(args.job, args) if args.job else None
         settings = _worker_settings(args, job)
-    return run_worker(settings)
+    from rollart.activities.training.devices import DeviceUnavailable
+
+    try:
+        return run_worker(settings)
+    except DeviceUnavailable as e:
+        raise _UserError(f"the {settings.pool.value} worker cannot run on this machine: {e}") from e
 
 
 def _worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
@@ -336,7 +341,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
         pools = [Pool(p.strip()) for p in args.pools.split(",")] if args.pools else list(WORKER_POOLS)
     except ValueError as e:
         raise _UserError(f"--pools: {e}") from e
-    _ensure_default_model(job)
+    _prepare_local_stack(job)
     unserved = sorted({t.reward_queue for t in job.tasks} - {p.value for p in pools})
     if unserved:
         print(f"warning: the job's rewards run on {', '.join(unserved)}, which --pools does not start here; "
@@ -384,7 +389,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     if job.temporal.address:
         ui = args.ui_url or f"http://{job.temporal.address.rsplit(':', 1)[0]}:8233"
         return asyncio.run(_rollout(job, args, ui))
-    _ensure_default_model(job)
+    _prepare_local_stack(job)
     stack = LocalStack(job=job, pools=pools_for_job(job), home=_home(args), port=args.port, ui_port=args.ui_port)
     print(f"starting the local stack (Temporal on {stack.address}, workers: "
           f"{', '.join(p.value for p in stack.pools)}) ...")
@@ -490,7 +495,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if job.temporal.address:
         ui = args.ui_url or f"http://{job.temporal.address.rsplit(':', 1)[0]}:8233"
         return asyncio.run(_train(job, job_id, run_dir, ui, terminate_on_interrupt=False))
-    _ensure_default_model(job)
+    _prepare_local_stack(job)
     stack = LocalStack(job=job, pools=pools_for_job(job, training=True), home=_home(args), port=args.port,
                        ui_port=args.ui_port)  # fmt: skip
     print(f"starting the local stack (Temporal on {stack.address}, workers: {', '.join(p.value for p in stack.pools)}) ...")
@@ -710,6 +715,18 @@ def _home(args: argparse.Namespace) -> Path:
     from rollart.infra.config import DEFAULT_HOME
 
     return args.home or DEFAULT_HOME
+
+
+def _prepare_local_stack(job: JobSpec) -> None:
+    """Before this machine's workers start: the devices the job asks for exist, and the default model is built."""
+    if job.trainer.device == "cuda":
+        from rollart.activities.training.devices import DeviceUnavailable, resolve_device
+
+        try:
+            resolve_device("cuda")
+        except DeviceUnavailable as e:
+            raise _UserError(f"the job's trainer cannot run on this machine: {e}") from e
+    _ensure_default_model(job)
 
 
 def _ensure_default_model(job: JobSpec) -> None:

@@ -124,8 +124,9 @@ def main(argv: list[str] | None = None) -> None:
                         datefmt="%H:%M:%S")  # fmt: skip
     import warnings
 
-    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
-    warnings.filterwarnings("ignore", message=".*cuda_graph_scope.*")
+    # megatron-core warns about every fusion library it falls back from (TE, apex) and logs its DDP buckets
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
+    logging.getLogger("megatron").setLevel(logging.WARNING)
     rc = run(args)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -27,7 +27,7 @@ from rollart.infra.config import StoreConfig
 from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["RankGroup", "RankGroupError"]
+__all__ = ["RankGroup"]
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +35,13 @@ POLL_S = 0.02
 """How often the agent looks at its ranks and the store while it waits."""
 
 
-class RankGroupError(RuntimeError):
-    """The ranks could not run: the message says which rank and why."""
-
-
 def _rank_failed(err: RankError, step: int | None) -> ApplicationError:
-    """The activity error for a failed generation: retryable unless a restart cannot help."""
+    """The activity error for a failed generation: retryable unless a restart cannot help (then: bad input)."""
     what = f"train step {step}" if step is not None else "starting the trainer ranks"
-    fix = "" if err.non_retryable else "; the ranks restart from the last checkpoint and the step is retried"
-    return ApplicationError(f"{what} failed: {err.message}{fix}", type="TrainerRankFailed" if not err.non_retryable
-                            else "InvalidInput", non_retryable=err.non_retryable)  # fmt: skip
+    if err.non_retryable:
+        return ApplicationError(f"{what} failed: {err.message}", type="InvalidInput", non_retryable=True)
+    return ApplicationError(f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step "
+                            "is retried", type="TrainerRankFailed")  # fmt: skip
 
 
 class RankGroup:

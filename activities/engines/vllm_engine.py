@@ -57,6 +57,9 @@ class VllmEngine(Engine):
         kv_cache_gib: float = 1.0,
         dtype: str = "float32",
         seed: int = 0,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        enable_prefix_caching: bool = True,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_model_len = max_model_len
@@ -64,6 +67,9 @@ class VllmEngine(Engine):
         self.kv_cache_gib = kv_cache_gib
         self.dtype = dtype
         self.seed = seed
+        self.tensor_parallel_size = tensor_parallel_size
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.enable_prefix_caching = enable_prefix_caching
         self.policy_version = 0
         self._llm: Any = None
         self._tokens = 0
@@ -80,6 +86,9 @@ class VllmEngine(Engine):
             kv_cache_gib=cfg.kv_cache_gib,
             dtype=cfg.dtype,
             seed=cfg.seed,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enable_prefix_caching=cfg.enable_prefix_caching,
         )
 
     def _set_env(self) -> None:
@@ -104,22 +113,10 @@ class VllmEngine(Engine):
         self._set_env()
         self._dead = False
         t0 = time.perf_counter()
-        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(
-            model=str(self.model_dir),
-            dtype=self.dtype,
-            enforce_eager=True,  # compiled mode costs ~30 s at start and was slower here
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            seed=self.seed,
-            disable_log_stats=True,
-            worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight reload (load_weights)
-        )
         try:
-            self._llm = AsyncLLM.from_engine_args(args)
+            self._llm = AsyncLLM.from_engine_args(self.engine_args())
         except Exception as e:
             raise EngineDeadError(f"vLLM failed to start on {self.model_dir}: {e}") from e
         t1 = time.perf_counter()
@@ -131,6 +128,26 @@ class VllmEngine(Engine):
             t1 - t0,
             time.perf_counter() - t1,
             self.model_dir,
+        )
+
+    def engine_args(self) -> Any:
+        """vLLM's `AsyncEngineArgs` for this engine: the job's settings, eager mode on CPUs, CUDA graphs on GPUs."""
+        import torch
+        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(
+            model=str(self.model_dir),
+            dtype=self.dtype,
+            enforce_eager=not torch.cuda.is_available(),  # compiling costs ~30 s at start on CPUs and was slower here
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,  # GPUs per engine (CUDA builds)
+            gpu_memory_utilization=self.gpu_memory_utilization,  # GPU memory share (CUDA builds; CPUs use kv_cache_gib)
+            enable_prefix_caching=self.enable_prefix_caching,
+            disable_log_stats=True,
+            worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight reload (load_weights)
         )
 
     def _vllm_params(self, sampling: SamplingParams) -> Any:

@@ -35,7 +35,7 @@ from rollart.infra.store import Store, StoreKeyError
 from rollart.infra.weights import publish
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["LOSS_METRICS", "TrainerState", "data_shard", "resume", "train_step", "state_mismatch"]
+__all__ = ["LOSS_METRICS", "TrainerState", "accumulate_gradients", "data_shard", "resume", "state_mismatch", "train_step"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[Trai
     return mine
 
 
-def _accumulate(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig) -> dict[str, float]:
+def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig) -> dict[str, float]:
     """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics."""
     loss_cfg = cfg.loss
     policy.zero_grad()
@@ -180,7 +180,7 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     if isinstance(batch, str):
         raise bad_input(batch)
     mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
-    metrics = ranks.sum_over_data(_accumulate(state.policy, mine, batch.total_tokens, cfg))
+    metrics = ranks.sum_over_data(accumulate_gradients(state.policy, mine, batch.total_tokens, cfg))
     outcome = state.policy.step(cfg)
     if not outcome.applied:
         log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
