@@ -189,3 +189,46 @@ def test_data_parallel_shares_are_disjoint_cover_the_batch_and_balance_tokens() 
         tokens = [sum(s.length for s in share) for share in shares]
         assert max(tokens) - min(tokens) <= max(s.length for s in seqs)  # greedy: within one sequence
     assert data_shard(seqs[:1], 1, 2) == []  # a rank may get nothing; it still joins the gradient sum
+
+
+def precision_and_recompute(model_dir: str, seqs: list[TrainSequence]) -> dict[str, float] | None:
+    """bf16 (fp32 masters) and activation recomputation on the megatron backend, against fp32 without it."""
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+    from rollart.activities.training.step import accumulate_gradients
+
+    cpu = torch.device("cpu")
+    plain = TrainerConfig(backend="megatron", parallel={"tensor": 2}, micro_batch_size=2)
+    total = sum(len(s.completion_ids) for s in seqs)
+    out = {}
+    base = MegatronPolicy(model_dir, plain, cpu)
+    accumulate_gradients(base, seqs, total, plain)
+    base.sync_grads()
+    g_base = base.gathered_hf(grads=True)
+    recompute_cfg = plain.model_copy(update={"activation_checkpointing": True})
+    recompute = MegatronPolicy(model_dir, recompute_cfg, cpu)
+    accumulate_gradients(recompute, seqs, total, recompute_cfg)
+    recompute.sync_grads()
+    g_re = recompute.gathered_hf(grads=True)
+    bf16_cfg = plain.model_copy(update={"dtype": "bfloat16"})
+    bf16 = MegatronPolicy(model_dir, bf16_cfg, cpu)
+    before = bf16.gathered_hf()
+    m = accumulate_gradients(bf16, seqs, total, bf16_cfg)
+    outcome = bf16.step(bf16_cfg)
+    after = bf16.gathered_hf()
+    if g_base is None:
+        return None
+    out["recompute_grad"] = max(float((g_base[k] - g_re[k]).abs().max()) for k in g_base)
+    out["bf16_params"] = float(all(p.dtype == torch.bfloat16 for p in bf16.params))
+    out["fp32_masters"] = float(all(m.dtype == torch.float32 for m in bf16.optimizer.masters))
+    out["bf16_loss_finite"] = float(outcome.applied and m["loss"] == m["loss"])
+    out["bf16_moved"] = max(float((before[k] - after[k]).abs().max()) for k in before)
+    return out
+
+
+def test_bf16_keeps_fp32_masters_and_recomputation_changes_no_gradient(tmp_path: Path) -> None:
+    model_dir = build_model(tmp_path / "m")
+    seqs = [TrainSequence(s.prompt_ids, s.completion_ids, [-5.0] * len(s.completion_ids), s.advantage) for s in batch()]
+    d = run_on_ranks(precision_and_recompute, 2, 2, str(model_dir), seqs)[0]
+    assert d["recompute_grad"] < 1e-6, d
+    assert d["bf16_params"] == d["fp32_masters"] == d["bf16_loss_finite"] == 1.0, d
+    assert d["bf16_moved"] > 1e-4, d

@@ -240,3 +240,29 @@ async def test_the_kl_term_loads_a_frozen_reference_policy(tiny_model: Path, tok
         kls.append((await env.run(acts.train_step, inp)).metrics["kl"])
     assert kls[0] == pytest.approx(0.0, abs=1e-8) and kls[1] > 0.0  # π = π_ref before the first update only
     assert not any(p.requires_grad for p in acts._jobs[JOB].policy._ref.parameters())
+
+
+async def test_bf16_trains_with_fp32_masters_and_checkpointing_keeps_the_step(tiny_model: Path, tok,
+                                                                              tmp_path: Path) -> None:  # fmt: skip
+    """dtype bfloat16: the model computes in bf16, AdamW steps fp32 masters, the blob is float32 for the engines.
+    activation_checkpointing: recomputing activations in backward publishes the same weights."""
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    env = ActivityEnvironment()
+    results = {}
+    for name, extra in {"plain": {}, "recompute": {"activation_checkpointing": True}, "bf16": {"dtype": "bfloat16"}}.items():
+        acts = TrainerActivities(store)
+        run = tmp_path / name
+        results[name] = await env.run(acts.train_step, step_input(tiny_model, run, 0, samples, **extra).model_copy(
+            update={"job_id": name}))  # fmt: skip
+        policy = acts._jobs[name].policy
+        if name == "bf16":
+            assert all(p.dtype == torch.bfloat16 for p in policy.params)
+            assert all(m.dtype == torch.float32 for m in policy.optimizer.masters)
+    from safetensors.torch import load as st_load
+
+    plain, recompute, bf16 = (st_load(store.get(results[n].weights_key)) for n in ("plain", "recompute", "bf16"))
+    assert max(float((plain[k] - recompute[k]).abs().max()) for k in plain) < 1e-6
+    assert all(t.dtype == torch.float32 for t in bf16.values())
+    assert max(float((plain[k] - bf16[k]).abs().max()) for k in plain) < 0.05  # bf16 rounding, same update
+    assert results["bf16"].metrics["loss"] == pytest.approx(results["plain"].metrics["loss"], abs=0.05)

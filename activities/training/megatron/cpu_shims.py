@@ -1,4 +1,4 @@
-"""The two changes megatron-core 0.16.1 needs to run on a CPU-only torch (gloo); never applied on GPUs.
+"""The changes megatron-core 0.16.1 needs to run on a CPU-only torch (gloo); never applied on GPUs.
 
 Verified in shared/probes/megatron_cpu_tp.py (log-probs equal to HF within 5e-7 at TP=2):
 
@@ -9,6 +9,10 @@ Verified in shared/probes/megatron_cpu_tp.py (log-probs equal to HF within 5e-7 
 2. The model-parallel RNG tracker forks CUDA RNG states (attention dropout runs inside it, and
    activation recomputation saves and restores it). A tracker that forks the CPU generator has the
    same semantics: a separately seeded stream per tensor-parallel rank.
+3. Activation recomputation (`trainer.activation_checkpointing`) saves and restores "the CUDA RNG
+   state" around each recomputed layer; on a CPU build there is none (the CPU generator and the
+   tracker above are saved and restored beside it), so getting it returns an empty state and
+   setting it does nothing.
 """
 
 from __future__ import annotations
@@ -58,4 +62,6 @@ def apply_cpu_shims() -> None:
 
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     _applied = True
