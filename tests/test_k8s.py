@@ -586,3 +586,17 @@ def test_the_readme_example_section_renders() -> None:
     assert deployments["h20"]["spec"]["replicas"] == 8 and deployments["h800"]["spec"]["replicas"] == 4
     assert all(m["metadata"]["namespace"] == "rl-team" for m in manifests if m["kind"] != "Namespace")
     validate_all(manifests)
+
+
+def test_the_readme_multi_node_trainer_section_renders() -> None:
+    """The README's megatron trainer example: 4 nodes x 8 GPUs for tensor 8 x data 4, a shared run dir."""
+    readme = (REPO / "README.md").read_text()
+    deploying = readme.split("## Deploying on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in deploying.split("```yaml\n")[1:]]
+    section = yaml.safe_load(next(b for b in blocks if "trainer:" in b))["kubernetes"]
+    manifests = render(megatron_job(8, 4, section))
+    (sts,) = by_kind(manifests, "StatefulSet").values()
+    assert sts["spec"]["replicas"] == 4 and container(sts)["resources"]["limits"]["nvidia.com/gpu"] == 8
+    runs = next(c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs"))
+    assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
+    validate_all(manifests)
