@@ -31,6 +31,7 @@ from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig,
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
 __all__ = [
+    "IMAGE_GID",
     "JOB_MOUNT",
     "K8sRenderError",
     "app_name",
@@ -56,6 +57,9 @@ JOB_MOUNT = "/etc/rollart"
 Manifest = dict[str, Any]
 
 _LOCAL_HOSTS = ("127.", "localhost", "0.0.0.0", "[::1]", "::1")
+IMAGE_GID = 10001
+"""The group of the `rollart` user the images run as (docker/Dockerfile.*): pods mount volumes writable for it."""
+
 _POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"  # set on StatefulSet pods (Kubernetes 1.28+)
 _GENERATION_GRACE_S = 90  # generation workers drain for up to 60 s (graceful_shutdown_timeout) before exiting
 
@@ -378,7 +382,8 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
     if pool.pool is Pool.TRAINER:  # the pod's index in its StatefulSet is its node rank
         env.append({"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _POD_INDEX_FIELD}}})
         container["ports"] = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
-    spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    # the images run as a non-root user: volumes (store, run dir) are made group-writable for it
+    spec: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": {"fsGroup": IMAGE_GID}}
     node_selector = dict(pool.node_selector)
     if pool.gpu_product and pool.gpus:  # `gpus: 0` runs the pool on any node (e.g. CPU emulation)
         node_selector = {cfg.gpu_product_label: pool.gpu_product, **node_selector}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from rollart.infra.config import load_job
-from rollart.infra.k8s import render
+from rollart.infra.k8s import IMAGE_GID, render
 from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 
 from tests.conftest import REPO
@@ -90,6 +90,7 @@ def test_each_image_installs_the_way_make_setup_does(dockerfile: Path) -> None:
     assert f"RUN make setup ROLLART_BUILD={build} VENV=/opt/rollart/.venv" in runs
     assert "ENV PATH=/opt/rollart/.venv/bin:$PATH" in text and 'ENTRYPOINT ["rollart"]' in text
     assert "COPY --chown=10001:10001 . ." in text and "USER 10001:10001" in text  # not root
+    assert f"--gid {IMAGE_GID}" in text  # the pods' fsGroup: the volumes they mount are writable for this user
 
 
 def test_the_build_context_leaves_out_local_state() -> None:
@@ -118,6 +119,8 @@ def test_every_image_a_rendered_example_names_has_a_dockerfile(example: str) -> 
     images = {c["image"] for m in manifests if m["kind"] in ("Deployment", "StatefulSet")
               for c in m["spec"]["template"]["spec"]["containers"]}  # fmt: skip
     assert images and images <= set(built), images - set(built)
+    pods = [m["spec"]["template"]["spec"] for m in manifests if m["kind"] in ("Deployment", "StatefulSet")]
+    assert all(p["securityContext"] == {"fsGroup": IMAGE_GID} for p in pods)
     if example == "frozenlake_megatron":
         assert images == {DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE}
 
