@@ -382,8 +382,10 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
     if pool.pool is Pool.TRAINER:  # the pod's index in its StatefulSet is its node rank
         env.append({"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _POD_INDEX_FIELD}}})
         container["ports"] = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
-    # the images run as a non-root user: volumes (store, run dir) are made group-writable for it
-    spec: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": {"fsGroup": IMAGE_GID}}
+    # the images run as a non-root user: volumes (store, run dir) are made group-writable for it, once
+    # (OnRootMismatch: not a recursive walk of a large store at every pod start)
+    security = {"fsGroup": IMAGE_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+    spec: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": security}
     node_selector = dict(pool.node_selector)
     if pool.gpu_product and pool.gpus:  # `gpus: 0` runs the pool on any node (e.g. CPU emulation)
         node_selector = {cfg.gpu_product_label: pool.gpu_product, **node_selector}
