@@ -54,12 +54,12 @@ __all__ = [
 JOB_MOUNT = "/etc/rollart"
 """Where the job ConfigMap is mounted; the spec itself is `JOB_MOUNT/job.yaml`."""
 
-Manifest = dict[str, Any]
-
-_LOCAL_HOSTS = ("127.", "localhost", "0.0.0.0", "[::1]", "::1")
 IMAGE_GID = 10001
 """The group of the `rollart` user the images run as (docker/Dockerfile.*): pods mount volumes writable for it."""
 
+Manifest = dict[str, Any]
+
+_LOCAL_HOSTS = ("127.", "localhost", "0.0.0.0", "[::1]", "::1")
 _POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"  # set on StatefulSet pods (Kubernetes 1.28+)
 _GENERATION_GRACE_S = 90  # generation workers drain for up to 60 s (graceful_shutdown_timeout) before exiting
 
