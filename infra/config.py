@@ -400,7 +400,7 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _pools_have_workers(self) -> JobSpec:
-        problems = self.kubernetes.unserved(self.tasks) if self.kubernetes is not None else []
+        problems = self.kubernetes.problems(self) if self.kubernetes is not None else []
         if problems:
             raise ValueError("kubernetes: " + "; ".join(problems))
         return self

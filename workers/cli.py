@@ -171,7 +171,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--namespace", default="default", help="Temporal namespace")
     s.set_defaults(func=_cmd_status)
 
-    k8s = sub.add_parser("k8s", help="render or apply Kubernetes manifests for a job (a Deployment per pool)")
+    k8s = sub.add_parser("k8s", help="render or apply Kubernetes manifests for a job (a Deployment per pool, "
+                         "a StatefulSet of trainer nodes)")
     k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
     s = k8s_sub.add_parser("render", help="write the job's manifests to a directory, one YAML file per object")
     s.add_argument("job", type=Path, help="job spec (YAML or JSON); its `kubernetes` section is optional")
@@ -188,7 +189,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_k8s_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--image", help="container image with rollart installed (overrides kubernetes.image)")
+    s.add_argument("--image", help="the CPU image, for pools without GPUs (overrides kubernetes.image)")
+    s.add_argument("--gpu-image", help="the GPU image, for generation pools and trainer ranks on GPUs "
+                   "(overrides kubernetes.gpu_image)")
     s.add_argument("--temporal-address", metavar="HOST:PORT",
                    help="Temporal frontend as the pods see it (overrides kubernetes.temporal_address)")
     s.add_argument("--hpa", action="store_true", help="scale serverless with a CPU HPA instead of KEDA")
@@ -677,7 +680,8 @@ def _k8s_manifests(args: argparse.Namespace) -> list[dict]:
 
     job = _load_job(args.job, argparse.Namespace())
     cfg = job.kubernetes or KubernetesConfig()
-    updates: dict[str, object] = {k: v for k, v in {"image": args.image, "temporal_address": args.temporal_address}.items() if v}
+    flags = {"image": args.image, "gpu_image": args.gpu_image, "temporal_address": args.temporal_address}
+    updates: dict[str, object] = {k: v for k, v in flags.items() if v}
     if args.hpa:
         updates["serverless"] = cfg.serverless.model_copy(update={"keda": False})
     try:
