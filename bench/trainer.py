@@ -5,7 +5,8 @@ rank group: real rank processes on gloo here, NCCL on GPUs) for N steps of a Fro
 batch — 8 groups x 8 trajectories x 4 turns = 256 sequences of ~20 tokens, one sampled token each,
 behaviour log-probs from the model itself — on the tiny model (or `--hidden/--layers` for a bigger
 Qwen2 built locally). Per step: the activity's wall time, the step's own time (`train_s`: loss,
-backward, optimizer, gather + publish) and the publish alone (`publish_s`). The first step is left
+backward, optimizer, publish) and the publish alone (`publish_s`: the weights gathered from the ranks,
+converted to one HF safetensors blob and written to the store). The first step is left
 out of the medians (it starts the ranks and loads the model); it is reported as `first_step_s`.
 """
 
@@ -50,7 +51,7 @@ def build_model(home: Path, hidden: int | None, layers: int | None) -> Path:
     cfg.update(hidden_size=hidden, num_hidden_layers=layers or cfg["num_hidden_layers"], intermediate_size=4 * hidden,
                num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64)  # fmt: skip
     torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version")})
+    Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "layer_types")})
                      ).save_pretrained(out)  # fmt: skip
     for f in tiny.glob("tokenizer*"):
         shutil.copy(f, out / f.name)

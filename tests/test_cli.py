@@ -60,6 +60,8 @@ def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_st
 @pytest.mark.parametrize(("args", "message"), [
     (["--nnodes", "2"], "2 nodes need --rdzv HOST:PORT"),
     (["--nnodes", "2", "--node-rank", "2", "--rdzv", "10.0.0.1:29400"], "--node-rank 2 is not below --nnodes 2"),
+    (["--nnodes", "3", "--rdzv", "10.0.0.1:29400", "--job", str(REPO / "examples" / "frozenlake_megatron.yaml")],
+     "tensor 2 x data 1 = 2 ranks do not split over --nnodes 3"),
 ])  # fmt: skip
 def test_trainer_node_flags_are_checked(args: list[str], message: str) -> None:
     done = subprocess.run([*ROLLART, "worker", "--pool", "trainer", *args], capture_output=True, text=True, timeout=60)

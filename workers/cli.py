@@ -282,6 +282,10 @@ def _worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSet
             updates["nodes"] = TrainerNodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv=args.rdzv)
         except ValidationError as e:
             raise _UserError("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())) from e
+        parallel = base.trainer.parallel
+        if job is not None and parallel.world_size % args.nnodes:
+            raise _UserError(f"{args.job}: trainer.parallel tensor {parallel.tensor} x data {parallel.data} = "
+                             f"{parallel.world_size} ranks do not split over --nnodes {args.nnodes}")  # fmt: skip
     return base.model_copy(update=updates)
 
 

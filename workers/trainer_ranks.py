@@ -85,8 +85,10 @@ class RankGroup:
             gen, n = self._gen, self._next_cmd
             self._next_cmd += 1
             self.store.set(key(gen, "cmd", n), RankCommand(op="train", step=inp).model_dump_json())
-            reply = self._await(key(gen, "result", n), cancelled, step=inp.step)
-        reply = RankReply.model_validate_json(reply)
+            reply = RankReply.model_validate_json(self._await(key(gen, "result", n), cancelled, step=inp.step))
+            if reply.result is not None:  # a trained step's all-reduces needed every rank: all read the command
+                self.store.delete_key(key(gen, "cmd", n))
+                self.store.delete_key(key(gen, "result", n))
         if reply.error is not None:
             raise ApplicationError(reply.error.message, type=reply.error.type, non_retryable=reply.error.non_retryable)
         if reply.result is None:

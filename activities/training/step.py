@@ -174,9 +174,10 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     """
     t0 = time.perf_counter()
     cfg = inp.trainer
+    # The broadcast comes first: every rank takes part in it before any of them may give up on the step.
+    batch = ranks.broadcast(_load_batch(store, inp) if ranks.is_leader else None)
     if inp.step != state.last_completed + 1:
         raise state_mismatch(inp.job_id, inp.run_dir, state.last_completed, inp.step)
-    batch = ranks.broadcast(_load_batch(store, inp) if ranks.is_leader else None)
     if isinstance(batch, str):
         raise bad_input(batch)
     mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
@@ -184,14 +185,14 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     outcome = state.policy.step(cfg)
     if not outcome.applied:
         log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
-    blob = state.policy.weights_blob()
+    t_pub = time.perf_counter()
+    blob = state.policy.weights_blob()  # a collective: the shards gathered and converted to one HF blob
     result = None
     if ranks.is_leader:
         if blob is None:
             raise RuntimeError(f"{type(state.policy).__name__}.weights_blob() gave the leader rank no weights")
-        t_pub = time.perf_counter()
         ref = publish(store, inp.job_id, inp.step + 1, blob, keep_weight_versions)
-        metrics["publish_s"] = time.perf_counter() - t_pub
+        metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + serialise + store
     if (inp.step + 1) % cfg.checkpoint_every == 0:
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:
