@@ -38,9 +38,15 @@ def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def make_dry_run(*targets: str, env: dict[str, str] | None = None) -> str:
-    """What `make -n TARGETS` would run, as make prints it."""
-    done = subprocess.run([MAKE or "make", "-n", *targets], capture_output=True, text=True, timeout=60, cwd=REPO,
-                          env=env)  # fmt: skip
+    """What `make -n TARGETS` would run, as make prints it.
+
+    Run as a top-level make (no MAKELEVEL/MAKEFLAGS from a `make test` above us, and
+    --no-print-directory): a nested make would add "Entering directory" lines and inherit flags.
+    """
+    base = {k: v for k, v in (env if env is not None else os.environ).items()
+            if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}  # fmt: skip
+    done = subprocess.run([MAKE or "make", "--no-print-directory", "-n", *targets], capture_output=True, text=True,
+                          timeout=60, cwd=REPO, env=base)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
 
