@@ -31,7 +31,7 @@ from rollart.activities.training.records import (
 )
 from rollart.activities.types import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
-from rollart.infra.store import Store, StoreKeyError
+from rollart.infra.store import Store
 from rollart.infra.weights import publish
 from temporalio.exceptions import ApplicationError
 
@@ -66,10 +66,9 @@ def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str
         recorded = last_recorded_step(run_dir, last)
         record = read_record(run_dir, recorded) if recorded > last else None
         if record is not None:
-            try:
-                store.get(record.weights_key)
+            if store.exists(record.weights_key):
                 plan = (recorded, record.weights_key)
-            except StoreKeyError:
+            else:
                 log.warning(
                     "job %s: steps up to %d are recorded but their weights %s are gone; resuming at step %d",
                     job_id, recorded, record.weights_key, last,
