@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from rollart.activities.env_pool import ResetPool
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken, unknown_component
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
     EnvHandle,
@@ -39,6 +39,7 @@ from rollart.activities.types import (
     StepInput,
     StepResult,
 )
+from rollart.contracts.errors import ErrorType
 from rollart.infra.config import FaultModel
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
 from temporalio import activity
@@ -305,7 +306,7 @@ class EnvActivities:
         except KeyError:
             raise ApplicationError(
                 f"no session {session_id!r} on env worker {self.worker_id} (was the worker restarted?)",
-                type="SessionLost",
+                type=ErrorType.SESSION_LOST,
                 non_retryable=True,
             ) from None
 
@@ -330,7 +331,7 @@ def _mismatch(inp: RestoreInput, member: int, why: str) -> ApplicationError:
     return ApplicationError(
         f"cannot restore {inp.owner_id} (member {member}) from seed {inp.seed}: {why}; env {inp.env!r} is not "
         "deterministic in (seed, actions), so its episode cannot move to another worker",
-        type="ReplayMismatch",
+        type=ErrorType.REPLAY_MISMATCH,
         non_retryable=True,
     )
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.heartbeat import heartbeating
-from rollart.activities.types import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
+from rollart.contracts.activities import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
+from rollart.contracts.errors import ErrorType
 from rollart.infra.config import SamplingParams
 from rollart.infra.store import Store, key_word
 from rollart.infra.weights import fetch_latest
@@ -59,7 +60,7 @@ class GenerateActivities:
         """Sample every prompt concurrently (one turn of a whole GRPO group): one activity, one engine batch."""
         if len(inp.prompts) != len(inp.data_keys):
             raise ApplicationError(f"generate_batch: {len(inp.prompts)} prompts but {len(inp.data_keys)} data keys",
-                                   type="InvalidInput", non_retryable=True)  # fmt: skip
+                                   type=ErrorType.INVALID_INPUT, non_retryable=True)  # fmt: skip
         request_id = _request_id()
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
@@ -74,7 +75,7 @@ class GenerateActivities:
         try:
             out = await self.engine.generate(prompt, sampling, request_id)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
-            raise ApplicationError(str(e), type="RequestRejected", non_retryable=True) from e
+            raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
         await asyncio.to_thread(self.store.put_json, data_key, turn_record(prompt, out))
         return GenerateResult(
             completions=[

@@ -14,7 +14,8 @@ from typing import Any
 
 from rollart.activities.errors import bad_input, unknown_component
 from rollart.activities.heartbeat import heartbeating
-from rollart.activities.types import RewardBatchInput, RewardInput, RewardResult, Transcript
+from rollart.contracts.activities import RewardBatchInput, RewardInput, RewardResult, Transcript
+from rollart.contracts.errors import ErrorType
 from rollart.infra.registry import RewardEntry, UnknownComponentError, lookup_reward
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -92,9 +93,9 @@ def as_reward_result(value: object, name: str) -> RewardResult:
         result = RewardResult(value=float(value), success=float(value) >= 1.0)
     else:
         raise ApplicationError(
-            f"reward {name!r} returned {value!r}; return a float or a RewardResult", type="InvalidInput",
+            f"reward {name!r} returned {value!r}; return a float or a RewardResult", type=ErrorType.INVALID_INPUT,
             non_retryable=True,
         )
     if not math.isfinite(result.value):
-        raise ApplicationError(f"reward {name!r} returned {result.value}", type="InvalidInput", non_retryable=True)
+        raise ApplicationError(f"reward {name!r} returned {result.value}", type=ErrorType.INVALID_INPUT, non_retryable=True)
     return result

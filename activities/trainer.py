@@ -29,7 +29,7 @@ from rollart.activities.training.ranks import OneProcess
 from rollart.activities.training.records import checkpoint_dir, read_record, step_record_path
 from rollart.activities.training.step import TrainerState, resume, train_step
 from rollart.activities.training.torch_policy import TorchPolicy
-from rollart.activities.types import TrainStepInput, TrainStepResult
+from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.store import Store
 from temporalio import activity
 

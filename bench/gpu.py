@@ -118,8 +118,8 @@ async def check_stack(model_dir: Path, home: Path, device: str) -> bool:
     from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainerConfig, TrainingConfig
     from rollart.infra.pools import Pool
     from rollart.infra.temporal import connect
-    from rollart.workers.train import start_training
-    from rollart.workflows.training_types import TrainingStatus
+    from rollart.client.train import start_training
+    from rollart.contracts.training import TrainingStatus
 
     tensor = 2 if device == "cuda" and torch.cuda.device_count() >= 2 else 1
     task = TaskSpec(name="frozenlake", env="frozenlake", reward="success", env_args={"maps": "standard"}, max_turns=4,

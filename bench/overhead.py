@@ -41,7 +41,7 @@ from bench.report import RESULTS, format_table, plot_modes, summarize, write_res
 from bench.rollout import activity_timings
 from bench.training_run import stack_for
 from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CloseInput,
     EnvOptions,
     GenerateBatchInput,
@@ -60,8 +60,8 @@ from rollart.activities.types import (
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
-from rollart.workers.rollout import plan_trajectories, rollout_units, run_rollout
-from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout
+from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 
 HOME = RESULTS / ".stack-overhead"
 MAX_TURNS = 8

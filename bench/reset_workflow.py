@@ -12,7 +12,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from rollart.infra.config import TaskSpec
     from rollart.workflows.episode import Episode, describe
-    from rollart.workflows.types import TrajectoryInput
+    from rollart.contracts.rollouts import TrajectoryInput
 
 __all__ = ["ResetBenchInput", "ResetBenchResult", "ResetBenchWorkflow"]
 

@@ -34,7 +34,7 @@ from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack, pools_for_job
-from rollart.workers.rollout import plan_trajectories, run_rollout
+from rollart.client.rollout import plan_trajectories, run_rollout
 from temporalio.client import Client
 
 from bench.report import RESULTS, plot_modes
@@ -192,7 +192,7 @@ def measure(home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -
 def calibrate(reward_args: dict) -> float:
     """Milliseconds of one forward pass of the reward model over an 8-turn FrozenLake transcript (median of 7)."""
     from rollart.activities.rewards.model_based import RewardModel
-    from rollart.activities.types import Transcript, TurnRecord
+    from rollart.contracts.activities import Transcript, TurnRecord
 
     grid = "SFFF\nFHFH\nFFFH\nHFFG\nmove:"
     t = Transcript(task="frozenlake", seed=0, turns=[TurnRecord(observation=grid, action="R")] * 8)

@@ -27,7 +27,7 @@ from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack, pools_for_job
-from rollart.workers.rollout import plan_trajectories, run_rollout
+from rollart.client.rollout import plan_trajectories, run_rollout
 from temporalio.client import Client, WorkflowHistory
 
 

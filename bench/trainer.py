@@ -61,7 +61,7 @@ def build_model(home: Path, hidden: int | None, layers: int | None) -> Path:
 def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
     """SampleRefs of 8 groups x 8 four-turn trajectories whose turn records hold one token sampled from the model."""
     import torch
-    from rollart.activities.types import SampleRef, turn_key
+    from rollart.contracts.activities import SampleRef, turn_key
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -93,7 +93,7 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
 async def run_mode(name: str, trainer: dict, model_dir: Path, samples: list, steps: int, store_dir: Path,
                    run_root: Path) -> dict:  # fmt: skip
     from rollart.activities.trainer import TrainerActivities
-    from rollart.activities.types import TrainStepInput
+    from rollart.contracts.activities import TrainStepInput
     from rollart.infra.config import StoreConfig, TrainerConfig
     from rollart.infra.store import LocalStore
     from rollart.workers.trainer_ranks import RankGroup

@@ -23,8 +23,8 @@ from rollart.infra.pools import Pool
 from rollart.infra.search_attributes import JOB_ID
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack
-from rollart.workers.rollout import check_job_components
-from rollart.workers.train import start_training
+from rollart.client.rollout import check_job_components
+from rollart.client.train import start_training
 from temporalio.client import Client
 
 __all__ = ["POOLS_REPORTED", "job_timeline", "measure_job", "stack_for"]

@@ -148,6 +148,11 @@ class TaskSpec(_Strict):
         return self.max_turns == 1 or self.rollout_unit == "group"
 
     @property
+    def env_queue(self) -> str:
+        """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
+        return Pool.CPU.value
+
+    @property
     def reward_queue(self) -> str:
         """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated."""
         pool = self.generate_pool if self.reward_placement == "colocated" else Pool.SERVERLESS

@@ -11,7 +11,7 @@ from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestE
 from rollart.activities.env import EnvActivities
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities, as_reward_result
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CloseInput,
     GenerateInput,
     GroupResetInput,
@@ -186,7 +186,7 @@ def test_reward_values_are_normalised() -> None:
 
 
 async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(tmp_path: Path) -> None:
-    from rollart.activities.types import WeightsRef
+    from rollart.contracts.activities import WeightsRef
     from rollart.infra.weights import publish
 
     store = LocalStore(tmp_path / "store")

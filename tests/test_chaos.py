@@ -23,14 +23,14 @@ from pathlib import Path
 
 import psutil
 import pytest
-from rollart.activities.types import TrainStepInput
+from rollart.contracts.activities import TrainStepInput
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TrainerConfig, TrainingConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import LocalStack
-from rollart.workers.train import start_training
-from rollart.workflows.training_types import TrainingResult, TrainingStatus
+from rollart.client.train import start_training
+from rollart.contracts.training import TrainingResult, TrainingStatus
 from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from rollart.infra.config import load_job
 from rollart.infra.devserver import DevServer, free_port
-from rollart.workers.rollout import plan_trajectories
+from rollart.client.rollout import plan_trajectories
 
 from tests.conftest import REPO
 
@@ -96,7 +96,7 @@ def test_plan_draws_groups_by_weight() -> None:
 
 def test_rollout_units_follow_each_tasks_rollout_unit() -> None:
     """Members of a grouped multi-turn task's group share a workflow; everything else gets one each."""
-    from rollart.workers.rollout import rollout_units
+    from rollart.client.rollout import rollout_units
 
     job = load_job(REPO / "examples" / "frozenlake.yaml")  # rollout_unit group, groups of 8
     single = job.tasks[0].model_copy(update={"name": "single", "rollout_unit": "trajectory"})
@@ -237,7 +237,7 @@ def test_plot_one_run_and_compare_several(tmp_path: Path) -> None:
 
 
 def test_moving_mean_is_a_trailing_window() -> None:
-    from rollart.workers.plot import _moving_mean
+    from rollart.client.plot import _moving_mean
 
     assert _moving_mean([0.0, 1.0, 1.0, 0.0], 2) == [0.0, 0.5, 1.0, 0.5]
 

@@ -16,9 +16,9 @@ from rollart.infra.history import activity_spans
 from rollart.infra.store import LocalStore
 from rollart.infra.temporal import data_converter
 from rollart.workers.local_stack import LocalStack
-from rollart.workers.rollout import plan_trajectories, run_rollout
+from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.workflows import ALL_WORKFLOWS
-from rollart.workflows.types import TrajectoryInput
+from rollart.contracts.rollouts import TrajectoryInput
 from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer

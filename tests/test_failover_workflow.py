@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CloseInput,
     Completion,
     EnvHandle,
@@ -37,8 +37,8 @@ from rollart.activities.types import (
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.search_attributes import ensure_registered
 from rollart.workflows import ALL_WORKFLOWS
-from rollart.workflows.training_types import TrainingInput, TrainingResult, TrainingStatus
-from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError

@@ -12,7 +12,7 @@ from rollart.activities.env import EnvActivities
 from rollart.activities.env_pool import ResetPool
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, sample_latency
 from rollart.activities.envs.frozenlake import FrozenLake
-from rollart.activities.types import EnvOptions, GroupResetInput, GroupStepInput, ResetInput, RestoreInput, StepInput
+from rollart.contracts.activities import EnvOptions, GroupResetInput, GroupStepInput, ResetInput, RestoreInput, StepInput
 from rollart.infra.config import FaultModel, LatencyModel
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment

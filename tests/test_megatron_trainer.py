@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from rollart.activities.trainer import TrainerActivities, step_record_path
-from rollart.activities.types import SampleRef, TrainStepInput
+from rollart.contracts.activities import SampleRef, TrainStepInput
 from rollart.infra.config import StoreConfig, TrainerConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.store import LocalStore

@@ -20,7 +20,7 @@ from rollart.infra.store import MirroredStore, open_store
 from rollart.infra.temporal import connect
 from rollart.infra.weights import latest_weights, publish, weights_key
 from rollart.workers.local_stack import LocalStack
-from rollart.workflows.training_types import TrainingResult
+from rollart.contracts.training import TrainingResult
 from temporalio.client import Client
 
 from tests.test_training_e2e import run_job

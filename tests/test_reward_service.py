@@ -16,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 from rollart.activities.reward import RewardActivities
 from rollart.activities.rewards.model_based import RewardModel, render
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CheckInput,
     Completion,
     GenerateInput,
@@ -33,9 +33,9 @@ from rollart.infra.config import ElasticPoolConfig, JobSpec, TaskSpec
 from rollart.infra.pools import Pool
 from rollart.infra.registry import lookup_reward
 from rollart.workers.pool_worker import WorkerSettings
-from rollart.workers.rollout import JobCheckError, check_job_components
+from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.workflows import GroupRolloutWorkflow, TrajectoryWorkflow
-from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError

@@ -9,7 +9,7 @@ import pytest
 import torch
 from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
 from rollart.activities.trainer import TrainerActivities, checkpoint_dir, step_record_path
-from rollart.activities.types import SampleRef, TrainStepInput, TrainStepResult, turn_key
+from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult, turn_key
 from rollart.infra.config import LossConfig, TrainerConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights, weights_key

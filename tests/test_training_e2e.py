@@ -9,8 +9,8 @@ import pytest
 from rollart.infra.config import JobSpec, TrainerConfig, TrainingConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights
-from rollart.workers.train import MetricsWriter, follow, start_training
-from rollart.workflows.training_types import TrainingResult, TrainingStatus
+from rollart.client.train import MetricsWriter, follow, start_training
+from rollart.contracts.training import TrainingResult, TrainingStatus
 from temporalio.client import Client
 
 from tests.conftest import frozenlake_task

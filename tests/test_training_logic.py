@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from rollart.activities.types import SampleRef
+from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.workflows.training import TrainingWorkflow
-from rollart.workflows.training_types import InFlight, TrainingInput, TrainingState
-from rollart.workflows.types import TrajectoryResult
+from rollart.contracts.training import InFlight, TrainingInput, TrainingState
+from rollart.contracts.rollouts import TrajectoryResult
 from tests.conftest import frozenlake_task
 
 

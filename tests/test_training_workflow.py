@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
     Completion,
@@ -38,7 +38,7 @@ from rollart.activities.types import (
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.search_attributes import ensure_registered
 from rollart.workflows import ALL_WORKFLOWS
-from rollart.workflows.training_types import TrainingInput, TrainingResult, TrainingStatus
+from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.exceptions import ApplicationError

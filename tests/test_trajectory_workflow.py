@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from rollart.activities.errors import env_broken, unknown_component
-from rollart.activities.types import (
+from rollart.contracts.activities import (
     CloseInput,
     Completion,
     EnvHandle,
@@ -27,7 +27,7 @@ from rollart.activities.types import (
 )
 from rollart.infra.config import SamplingParams
 from rollart.workflows import TrajectoryWorkflow
-from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError

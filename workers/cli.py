@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # heavy modules load lazily: `rollart --help` stays instant
 
     from rollart.infra.config import JobSpec
     from rollart.workers.pool_worker import WorkerSettings
-    from rollart.workers.rollout import RolloutOutcome
+    from rollart.client.rollout import RolloutOutcome
     from temporalio.client import Client
 
 from rollart.infra.devserver import DevServerError
@@ -384,7 +384,7 @@ def _stop_on_signals() -> threading.Event:
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
     from rollart.workers.local_stack import LocalStack, pools_for_job
-    from rollart.workers.rollout import JobCheckError, check_job_components
+    from rollart.client.rollout import JobCheckError, check_job_components
 
     if args.num < 1:
         raise _UserError("-n must be at least 1")
@@ -409,7 +409,7 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
 
 async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rollart.workers.rollout import new_job_id, plan_trajectories, run_rollout
+    from rollart.client.rollout import new_job_id, plan_trajectories, run_rollout
 
     client = await _connect(job)
     job_id = new_job_id(job)
@@ -483,7 +483,7 @@ def _print_outcomes(job_id: str, outcomes: list[RolloutOutcome], ui: str, namesp
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from rollart.workers.local_stack import LocalStack, pools_for_job
-    from rollart.workers.rollout import JobCheckError, check_job_components, new_job_id
+    from rollart.client.rollout import JobCheckError, check_job_components, new_job_id
 
     job = _load_job(args.job, args)
     training = {k: v for k, v in {"steps": args.steps, "async_bound": args.async_bound,
@@ -518,7 +518,7 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on
     away with the stack); on a shared server it keeps running and `rollart status` finds it again."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rollart.infra.temporal import ui_url
-    from rollart.workers.train import MetricsWriter, follow, start_training, terminate_job
+    from rollart.client.train import MetricsWriter, follow, start_training, terminate_job
 
     client = await _connect(job)
     t = job.training
@@ -553,8 +553,8 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on
             else:
                 print(f"interrupted: job {job_id} keeps running on {job.temporal.address}", flush=True)
             return 130
-    from rollart.workers.plot import plot_run
-    from rollart.workers.timeline import collect_timeline, write_timeline
+    from rollart.client.plot import plot_run
+    from rollart.client.timeline import collect_timeline, write_timeline
 
     print("collecting the rollout timeline from the workflow histories ...")
     write_timeline(await collect_timeline(client, job_id), run_dir)
@@ -569,7 +569,7 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from rollart.workers.plot import compare_runs, plot_run
+    from rollart.client.plot import compare_runs, plot_run
 
     labels = args.labels.split(",") if args.labels else [d.name for d in args.run_dirs]
     if len(labels) != len(args.run_dirs):
@@ -605,7 +605,7 @@ def _cancel_on_signals() -> asyncio.Event:
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     from rollart.infra.tiny_model import ensure_tiny_model
-    from rollart.workers.evaluate import evaluate
+    from rollart.client.evaluate import evaluate
 
     job = _load_job(args.job, argparse.Namespace())
     if args.episodes < 1:
@@ -632,7 +632,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 async def _status(args: argparse.Namespace) -> int:
     from rollart.infra.config import StoreConfig, TemporalConfig
     from rollart.infra.temporal import connect
-    from rollart.workers.train import status_of
+    from rollart.client.train import status_of
     from temporalio.service import RPCError
 
     try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
-from rollart.activities.types import TrainStepInput, TrainStepResult
+from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import StoreConfig, TrainerConfig
 
 __all__ = ["LaunchSpec", "RankCommand", "RankError", "RankReply", "key"]

@@ -22,7 +22,8 @@ import time
 import uuid
 from datetime import timedelta
 
-from rollart.activities.types import TrainStepInput, TrainStepResult
+from rollart.contracts.activities import TrainStepInput, TrainStepResult
+from rollart.contracts.errors import ErrorType
 from rollart.infra.config import StoreConfig
 from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
 from temporalio.exceptions import ApplicationError
@@ -39,9 +40,9 @@ def _rank_failed(err: RankError, step: int | None) -> ApplicationError:
     """The activity error for a failed generation: retryable unless a restart cannot help (then: bad input)."""
     what = f"train step {step}" if step is not None else "starting the trainer ranks"
     if err.non_retryable:
-        return ApplicationError(f"{what} failed: {err.message}", type="InvalidInput", non_retryable=True)
+        return ApplicationError(f"{what} failed: {err.message}", type=ErrorType.INVALID_INPUT, non_retryable=True)
     return ApplicationError(f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step "
-                            "is retried", type="TrainerRankFailed")  # fmt: skip
+                            "is retried", type=ErrorType.TRAINER_RANK_FAILED)  # fmt: skip
 
 
 class RankGroup:
@@ -102,7 +103,7 @@ class RankGroup:
             raise ApplicationError(
                 f"trainer.parallel tensor {spec.trainer.parallel.tensor} x data {spec.trainer.parallel.data} = {world} "
                 f"ranks do not split over {self.nnodes} trainer nodes; use a world size divisible by --nnodes",
-                type="InvalidInput", non_retryable=True)  # fmt: skip
+                type=ErrorType.INVALID_INPUT, non_retryable=True)  # fmt: skip
         self._end_generation("a new launch")
         self._launches += 1
         gen = f"{uuid.uuid4().hex[:8]}-{self._launches}"
@@ -120,7 +121,7 @@ class RankGroup:
             if time.monotonic() > deadline:
                 self._end_generation("start timeout")
                 raise ApplicationError(f"trainer ranks not ready after {self.start_timeout_s:g}s (see the worker log)",
-                                       type="TrainerRankFailed")  # fmt: skip
+                                       type=ErrorType.TRAINER_RANK_FAILED)  # fmt: skip
             time.sleep(POLL_S * 5)
         log.info("trainer ranks ready in %.1fs (generation %s)", time.monotonic() - t0, gen)
 
@@ -136,7 +137,7 @@ class RankGroup:
             raise RuntimeError("no generation is running")
         if cancelled.is_set():
             self._end_generation("the step was cancelled")
-            raise ApplicationError(f"train step {step} was cancelled", type="TrainerRankFailed")
+            raise ApplicationError(f"train step {step} was cancelled", type=ErrorType.TRAINER_RANK_FAILED)
         err = self._failure(gen)
         if err is not None:
             self._end_generation(err.message)

@@ -16,23 +16,14 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+    from pydantic import ValidationError
     from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type, reject_multi_sample
     from rollart.workflows.trajectory import report
-    from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
 
-__all__ = ["BatchRolloutInput", "BatchRolloutWorkflow"]
+__all__ = ["BatchRolloutWorkflow"]
 
 T = TypeVar("T")
-
-
-class BatchRolloutInput(BaseModel):
-    """The episodes of one lockstep batch; each result is reported to `report_to` at the end."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    trajectories: list[TrajectoryInput] = Field(min_length=1)
-    report_to: str | None = None
 
 
 @workflow.defn(name="BatchRolloutWorkflow", failure_exception_types=[ValidationError])

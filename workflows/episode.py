@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.activities.types import (
+    from rollart.contracts.activities import (
         ActivityName,
         CloseInput,
         EnvHandle,
@@ -37,7 +37,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.infra.pools import Pool
     from rollart.workflows import policies
-    from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+    from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 
 __all__ = ["BAD_INPUT_TYPES", "Episode", "describe", "error_type", "reject_multi_sample", "restore", "session_lost"]
 

@@ -16,7 +16,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.activities.types import (
+    from rollart.contracts.activities import (
         ActivityName,
         EnvHandle,
         EnvOptions,
@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows import policies
     from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type, restore, session_lost
     from rollart.workflows.trajectory import report
-    from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+    from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 
 __all__ = ["GroupEpisode", "play_in_lockstep"]
 

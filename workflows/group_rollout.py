@@ -25,7 +25,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from rollart.activities.types import (
+    from rollart.contracts.activities import (
         ActivityName,
         CheckInput,
         GenerateInput,
@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.episode import BAD_INPUT_TYPES, describe, error_type
     from rollart.workflows.trajectory import report
     from rollart.workflows.group_episode import GroupEpisode, play_in_lockstep
-    from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryResult
+    from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
 
 __all__ = ["GroupRolloutInput", "GroupRolloutWorkflow", "GroupSeed"]
 

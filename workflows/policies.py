@@ -5,13 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from rollart.contracts.errors import NEVER_RETRY, ErrorType
 from temporalio.common import RetryPolicy
 
 __all__ = ["ActivityPolicy", "CHECK", "CLOSE", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
-
-NEVER_RETRY = ("InvalidInput", "UnknownComponent", "EnvBroken", "RequestRejected", "SessionLost", "ReplayMismatch")
-"""Error types no retry can fix: bad input, unknown names, an env that raised mid-episode, a request the
-engine refuses, a session whose worker is gone, a session that cannot be rebuilt by replay."""
 
 STICKY_START = timedelta(seconds=10)
 """How long a step/close may wait on an env worker's private queue before its worker is taken for dead.
@@ -118,5 +115,5 @@ TRAIN_STEP = ActivityPolicy(
     start_to_close=timedelta(minutes=30),
     heartbeat=timedelta(seconds=20),
     retry=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
-                      non_retryable_error_types=["InvalidInput"]),
+                      non_retryable_error_types=[ErrorType.INVALID_INPUT.value]),
 )

@@ -23,14 +23,14 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from rollart.activities.types import ActivityName, SampleRef, TrainStepInput, TrainStepResult
+    from rollart.contracts.activities import ActivityName, SampleRef, TrainStepInput, TrainStepResult
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import JobSpec, TaskSpec
     from rollart.infra.pools import Pool
     from rollart.workflows import policies
-    from rollart.workflows.batch_rollout import BatchRolloutInput, BatchRolloutWorkflow
+    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutInput, GroupRolloutWorkflow, GroupSeed
-    from rollart.workflows.training_types import (
+    from rollart.contracts.training import (
         HISTORY_KEPT,
         InFlight,
         StepRecord,
@@ -40,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         TrainingStatus,
     )
     from rollart.workflows.trajectory import TRAJECTORIES_DONE, TrajectoryWorkflow
-    from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
 
 __all__ = ["TrainingWorkflow"]
 

@@ -14,7 +14,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
     from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type, reject_multi_sample
-    from rollart.workflows.types import TrajectoryInput, TrajectoryResult
+    from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 
 __all__ = ["TRAJECTORIES_DONE", "TrajectoryWorkflow", "report"]
 

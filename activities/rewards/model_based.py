@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
-from rollart.activities.types import RewardResult, Transcript
+from rollart.contracts.activities import RewardResult, Transcript
 from rollart.infra.registry import lookup_reward, reward
 
 __all__ = ["RewardModel", "RewardModelArgs"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollart.activities.types import RewardResult, Transcript
+from rollart.contracts.activities import RewardResult, Transcript
 from rollart.infra.registry import reward
 
 __all__ = ["PROGRESS_WEIGHT", "VALID_ACTION_BONUS", "exact_match", "progress", "success"]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from rollart.activities.types import SampleRef
+from rollart.contracts.activities import SampleRef
 from rollart.infra.store import Store, StoreKeyError
 
 __all__ = [

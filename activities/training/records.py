@@ -11,7 +11,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from rollart.activities.types import TrainStepResult
+from rollart.contracts.activities import TrainStepResult
 
 __all__ = ["checkpoint_dir", "last_recorded_step", "read_record", "step_record_path", "write_record"]
 

@@ -29,7 +29,7 @@ from rollart.activities.training.records import (
     step_record_path,
     write_record,
 )
-from rollart.activities.types import TrainStepInput, TrainStepResult
+from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
 from rollart.infra.store import Store
 from rollart.infra.weights import publish

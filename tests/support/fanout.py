@@ -7,7 +7,7 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.activities.types import RewardInput, RewardResult, Transcript, TurnRecord
+    from rollart.contracts.activities import RewardInput, RewardResult, Transcript, TurnRecord
     from rollart.infra.pools import Pool
     from rollart.workflows import policies
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.devserver import find_temporal_cli
 from rollart.infra.search_attributes import ensure_registered
-from rollart.workflows.training_types import TrainingInput, TrainingResult
+from rollart.contracts.training import TrainingInput, TrainingResult
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment

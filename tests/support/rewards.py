@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rollart.activities.types import RewardResult, Transcript
+from rollart.contracts.activities import RewardResult, Transcript
 from rollart.infra.registry import reward
 
 

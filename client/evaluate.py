@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rollart.activities.engines.hf_engine import HfEngine
 from rollart.activities.reward import as_reward_result
-from rollart.activities.types import Transcript, TurnRecord
+from rollart.contracts.activities import Transcript, TurnRecord
 from rollart.infra.config import JobSpec, TaskSpec
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.infra.store import StoreKeyError, open_store

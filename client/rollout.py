@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool
 from rollart.infra.registry import lookup_env, lookup_reward
-from rollart.workflows.types import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from temporalio.client import Client, WorkflowFailureError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from rollart.infra.config import TaskSpec
 
-__all__ = ["GroupRolloutInput", "GroupSeed", "TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]
+__all__ = ["BatchRolloutInput", "GroupRolloutInput", "GroupSeed", "TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]
 
 TrajectoryStatus = Literal["completed", "failed"]
 
@@ -73,3 +73,12 @@ class GroupRolloutInput(BaseModel):
     lockstep: bool = False
     """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
     reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""
+
+
+class BatchRolloutInput(BaseModel):
+    """The episodes of one lockstep batch; each result is reported to `report_to` at the end."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    trajectories: list[TrajectoryInput] = Field(min_length=1)
+    report_to: str | None = None

@@ -10,7 +10,7 @@ from pathlib import Path
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool
-from rollart.workflows.training_types import StepRecord, TrainingInput, TrainingResult, TrainingStatus
+from rollart.contracts.training import StepRecord, TrainingInput, TrainingResult, TrainingStatus
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError

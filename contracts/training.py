@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
-from rollart.activities.types import SampleRef
+from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec
 
 __all__ = ["InFlight", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
