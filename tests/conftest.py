@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
 from rollart.infra.devserver import find_temporal_cli, free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect, data_converter
@@ -18,7 +18,7 @@ from rollart.workers.local_stack import LocalStack
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.tasks import frozenlake_task
 
 
 @pytest.fixture(scope="session")
@@ -26,19 +26,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rollart.infra.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
-
-
-def frozenlake_task(**overrides: object) -> TaskSpec:
-    """The default multi-turn task, random 4x4 maps."""
-    base = {
-        "name": "frozenlake",
-        "env": "frozenlake",
-        "env_args": {"maps": "random", "size": 4},
-        "reward": "success",
-        "generate_pool": "h800",
-        "max_turns": 6,
-    }
-    return TaskSpec.model_validate({**base, **overrides})
 
 
 @pytest.fixture(scope="session")

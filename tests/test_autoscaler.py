@@ -26,7 +26,7 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 from tests.support.fanout import FanOutRewards
 
 pytestmark = pytest.mark.integration

@@ -35,7 +35,7 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.client import Client, WorkflowHandle
 from temporalio.service import RPCError
 
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 

@@ -16,7 +16,7 @@ from rollart.infra.config import load_job
 from rollart.infra.devserver import DevServer, free_port
 from rollart.client.rollout import plan_trajectories
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 

@@ -22,7 +22,7 @@ from rollart.infra.config import load_job
 from rollart.infra.k8s import IMAGE_GID, render
 from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 DOCKERFILES = sorted((REPO / "docker").glob("Dockerfile.*"))
 MAKE = shutil.which("make")

@@ -24,8 +24,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.worker import Replayer
 from transformers import AutoTokenizer
 
-from tests.conftest import REPO, frozenlake_task
 from tests.support.history import payload_sizes
+from tests.support.paths import REPO
+from tests.support.tasks import frozenlake_task
 
 pytestmark = pytest.mark.integration
 

@@ -45,7 +45,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 
 LIVE = "cpu@live-stand-in"
 DEAD = "cpu@dead-stand-in"  # nobody polls it: the worker behind it was killed

@@ -17,7 +17,7 @@ from rollart.infra.config import FaultModel, LatencyModel
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 
 ENV = ActivityEnvironment()
 LAKE = {"maps": "standard"}

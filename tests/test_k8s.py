@@ -30,7 +30,7 @@ from rollart.infra.pools import Pool
 from rollart.workers import cli
 from rollart.workers.pool_worker import TrainerNodes
 
-from tests.conftest import REPO
+from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]

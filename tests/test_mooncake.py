@@ -177,7 +177,7 @@ async def test_temporal_payloads_over_the_threshold_go_through_mooncake(mooncake
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
     from tests.support.history import payload_sizes
-    from tests.test_store import BlobWorkflow, make_blob
+    from tests.support.blob import BlobWorkflow, make_blob
 
     cfg = mooncake.config.model_copy(update={"payload_threshold_bytes": 64 * 1024})
     async with await WorkflowEnvironment.start_local(

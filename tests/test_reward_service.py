@@ -42,8 +42,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.conftest import frozenlake_task
+from tests.support.paths import REPO
 from tests.support.rewards import CountingModel
+from tests.support.tasks import frozenlake_task
 from tests.test_trajectory_workflow import SESSION_QUEUE, StandIns
 
 ENV = ActivityEnvironment()
@@ -253,8 +254,6 @@ def test_default_stack_job_autoscales_serverless_between_1_and_4(tmp_path: Path)
 
 def test_reward_model_example_checks() -> None:
     from rollart.infra.config import load_job
-
-    from tests.conftest import REPO
 
     job = load_job(REPO / "examples" / "reward_model.yaml")
     check_job_components(job)

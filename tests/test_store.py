@@ -9,12 +9,12 @@ import pytest
 from rollart.infra.config import StoreConfig
 from rollart.infra.store import LocalStore, StoreKeyError
 from rollart.infra.temporal import data_converter
-from temporalio import activity, workflow
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from tests.support.blob import BlobWorkflow, make_blob
 from tests.support.history import payload_sizes
 
 
@@ -34,24 +34,6 @@ def test_local_store_round_trip_and_missing_key(tmp_path: Path) -> None:
 def test_local_store_rejects_unsafe_keys(tmp_path: Path, key: str) -> None:
     with pytest.raises(ValueError, match="invalid store key"):
         LocalStore(tmp_path).put(key, b"x")
-
-
-@activity.defn(name="make_blob")
-async def make_blob(kib: int) -> str:
-    return "x" * (kib * 1024)
-
-
-@workflow.defn(name="BlobWorkflow")
-class BlobWorkflow:
-    """Passes a large activity result through workflow state into the workflow result."""
-
-    @workflow.run
-    async def run(self, kib: int) -> str:
-        from datetime import timedelta
-
-        blob = await workflow.execute_activity("make_blob", kib, start_to_close_timeout=timedelta(seconds=30),
-                                               result_type=str)  # fmt: skip
-        return blob + "!"
 
 
 async def test_payloads_over_threshold_go_to_the_store(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import TrainingResult, TrainingStatus
 from temporalio.client import Client
 
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 
 pytestmark = pytest.mark.integration
 

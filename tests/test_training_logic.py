@@ -7,7 +7,7 @@ from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.workflows.training import TrainingWorkflow
 from rollart.contracts.training import InFlight, TrainingInput, TrainingState
 from rollart.contracts.rollouts import TrajectoryResult
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 
 
 def loop(bound: int = 1, batch: int = 8, group: int = 4, **state: object) -> TrainingWorkflow:

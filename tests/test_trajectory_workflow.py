@@ -34,7 +34,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 
 SESSION_QUEUE = "cpu@stand-in"
 

@@ -21,7 +21,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from tests.conftest import frozenlake_task
+from tests.support.tasks import frozenlake_task
 from tests.test_training_workflow import World, world_workers
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
