@@ -7,9 +7,7 @@ the config errors in-process.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,15 +15,8 @@ from pydantic import ValidationError
 from rollart.activities.reward import RewardActivities
 from rollart.activities.rewards.model_based import RewardModel, render
 from rollart.contracts.activities import (
-    CheckInput,
-    Completion,
-    GenerateInput,
-    GenerateResult,
-    PromptsInput,
     RewardBatchInput,
     RewardInput,
-    RewardResult,
-    StepResult,
     Transcript,
     TurnRecord,
 )
@@ -36,16 +27,13 @@ from rollart.workers.pool_worker import WorkerSettings
 from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.workflows import GroupRolloutWorkflow, TrajectoryWorkflow
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
-from temporalio import activity
-from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-from temporalio.worker import Worker
 
 from tests.support.paths import REPO
 from tests.support.rewards import CountingModel
+from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task
-from tests.test_trajectory_workflow import SESSION_QUEUE, StandIns
 
 ENV = ActivityEnvironment()
 
@@ -173,75 +161,31 @@ async def test_bad_reward_args_fail_without_retry() -> None:
 # ---------------------------------------------------------------- routing (stand-in activities)
 
 
-@contextlib.asynccontextmanager
-async def trajectory_workers(client: Client, s: StandIns, reward_queue: str) -> AsyncIterator[None]:
-    async with contextlib.AsyncExitStack() as stack:
-        gen = [s.generate] + ([s.reward] if reward_queue == "h800" else [])
-        for queue, kwargs in [
-            ("control", {"workflows": [TrajectoryWorkflow]}),
-            ("cpu", {"activities": [s.reset]}),
-            (SESSION_QUEUE, {"activities": [s.step, s.close]}),
-            ("h800", {"activities": gen}),
-            ("serverless", {"activities": [s.reward]}),
-        ]:
-            await stack.enter_async_context(Worker(client, task_queue=queue, **kwargs))
-        yield
-
-
 @pytest.mark.parametrize(("placement", "queue"), [("serverless", "serverless"), ("colocated", "h800")])
 async def test_trajectory_reward_goes_where_the_task_places_it(bare_env: WorkflowEnvironment, placement: str,
                                                                queue: str) -> None:  # fmt: skip
-    s = StandIns(episode_len=2)
-    async with trajectory_workers(bare_env.client, s, queue):
+    s = StandIns(turns=2)
+    async with standin_workers(bare_env.client, s, workflows=[TrajectoryWorkflow], reward_pools=("serverless", queue)):
         result = await bare_env.client.execute_workflow(
             TrajectoryWorkflow.run, TrajectoryInput(task=frozenlake_task(reward_placement=placement), seed=1),
             id=f"t-{uuid.uuid4().hex[:8]}", task_queue="control",
         )  # fmt: skip
     assert result.status == "completed" and result.success
-    assert [c for c in s.calls if c[0] == "reward"] == [("reward", queue)]
-
-
-class SingleTurn:
-    """Stand-ins for a single-turn group: prompts, generate (n answers), check, reward_batch; records queues."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    @activity.defn(name="prompts")
-    async def prompts(self, inp: PromptsInput) -> list[str]:
-        return [f"{s}+1=" for s in inp.seeds]
-
-    @activity.defn(name="generate")
-    async def generate(self, inp: GenerateInput) -> GenerateResult:
-        return GenerateResult(completions=[Completion(text="2", num_tokens=1, finish_reason="stop")] * inp.sampling.n,
-                              prompt_tokens=3, policy_version=0, policy_version_end=0, data_key=inp.data_key)  # fmt: skip
-
-    @activity.defn(name="check")
-    async def check(self, inp: CheckInput) -> list[list[StepResult]]:
-        return [[StepResult(observation="", reward=1.0, done=True, info={"answer": "2"}) for _ in a] for a in inp.answers]
-
-    @activity.defn(name="reward_batch")
-    async def reward_batch(self, inp: RewardBatchInput) -> list[RewardResult]:
-        self.calls.append(("reward_batch", activity.info().task_queue))
-        assert inp.reward_args == {"weight": 0.0}
-        return [RewardResult(value=1.0, success=True) for _ in inp.transcripts]
+    assert [(c.name, c.queue) for c in s.called("reward")] == [("reward", queue)]
 
 
 async def test_single_turn_group_reward_goes_to_the_generation_pool_when_colocated(bare_env: WorkflowEnvironment) -> None:
-    st = SingleTurn()
+    s = StandIns()
     task = TaskSpec(name="arith", env="arithmetic", reward="reward_model", reward_args={"weight": 0.0},
                     reward_placement="colocated", generate_pool="h20", max_turns=1, group_size=4)  # fmt: skip
-    async with contextlib.AsyncExitStack() as stack:
-        for queue, kwargs in [("control", {"workflows": [GroupRolloutWorkflow]}),
-                              ("cpu", {"activities": [st.prompts, st.check]}),
-                              ("h20", {"activities": [st.generate, st.reward_batch]})]:  # fmt: skip
-            await stack.enter_async_context(Worker(bare_env.client, task_queue=queue, **kwargs))
+    async with standin_workers(bare_env.client, s, workflows=[GroupRolloutWorkflow], reward_pools=["h20"]):
         results = await bare_env.client.execute_workflow(
             GroupRolloutWorkflow.run, GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g0", seed=3)]),
             id=f"g-{uuid.uuid4().hex[:8]}", task_queue="control",
         )  # fmt: skip
     assert len(results) == 4 and all(r.status == "completed" for r in results)
-    assert st.calls == [("reward_batch", "h20")]  # no serverless worker ran: none was needed
+    assert [(c.queue, c.inp.reward_args) for c in s.called("reward_batch")] == [("h20", {"weight": 0.0})]
+    assert all(c.queue != "serverless" for c in s.calls)  # no serverless worker ran: none was needed
 
 
 def test_default_stack_job_autoscales_serverless_between_1_and_4(tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Runs a short mixed job (a multi-turn task with `rollout_unit: group` and a
 single-turn task) on a dev server with the stand-in activities of
-test_training_workflow, then writes the histories that test_replay replays
+tests.support.standins, then writes the histories that test_replay replays
 against today's workflow code. Re-record only for an intended, versioned
 change of a workflow's command sequence.
 """
@@ -22,7 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support.tasks import frozenlake_task
-from tests.test_training_workflow import World, world_workers
+from tests.support.standins import StandIns, full_marks, standin_workers
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 
@@ -42,7 +42,8 @@ async def main() -> None:
         spec = JobSpec(name="rec", tasks=[lake, math],
                        training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2))
         job_id = f"rec-{uuid.uuid4().hex[:6]}"
-        async with world_workers(env.client, World(fail_seeds={1})):
+        standins = StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
+        async with standin_workers(env.client, standins):
             handle = await env.client.start_workflow(
                 "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
                 task_queue="control", result_type=TrainingResult,

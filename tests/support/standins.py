@@ -1,0 +1,302 @@
+"""Stand-in activities for orchestration tests: the real activity names and queues, scripted work, every call recorded.
+
+A test about orchestration logic registers these instead of the real env, engine, reward and trainer
+activities, configures which of them fail and how slowly they answer, and afterwards asserts on what
+they were called with (`calls`). Checks a stand-in makes while it runs go to `violations`, never to an
+`assert` inside the activity (that would only fail, and mask, one trajectory): `standin_workers` fails
+the test with them when its block ends.
+
+The env is a counter: the observation is the number of steps a member has taken, and member i of a
+group is done after `turns + i * stagger` steps. The engine answers "R" with the policy version the
+last `train_step` published (or `versions[k]` for the k-th `generate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
+
+from rollart.activities.errors import env_broken, unknown_component
+from rollart.contracts.activities import (
+    CheckInput,
+    CloseInput,
+    Completion,
+    EnvHandle,
+    GenerateBatchInput,
+    GenerateInput,
+    GenerateResult,
+    GroupHandle,
+    GroupResetInput,
+    GroupStepInput,
+    PromptsInput,
+    ResetInput,
+    RestoreInput,
+    RewardBatchInput,
+    RewardInput,
+    RewardResult,
+    StepInput,
+    StepResult,
+    TrainStepInput,
+    TrainStepResult,
+    Transcript,
+)
+from rollart.contracts.errors import ErrorType
+from rollart.workflows import ALL_WORKFLOWS
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
+__all__ = ["Call", "StandIns", "full_marks", "reward_per_turn", "reward_on_success", "standin_workers"]
+
+HELD_WAIT_S = 3.0  # how long a held group's first generation waits for another group to step
+
+
+class Call(NamedTuple):
+    """One stand-in call: the activity, the queue it ran on, a short key (ids, counts) and its input."""
+
+    name: str
+    queue: str
+    what: str
+    inp: Any
+
+
+def reward_on_success(t: Transcript) -> RewardResult:
+    """1 if the env said success on some turn, else 0 (the `success` reward)."""
+    ok = any(turn.info.get("success") for turn in t.turns)
+    return RewardResult(value=float(ok), success=ok)
+
+
+def full_marks(t: Transcript) -> RewardResult:
+    """1 for every transcript: for tests where only which trajectories were trained matters."""
+    return RewardResult(value=1.0, success=True)
+
+
+def reward_per_turn(t: Transcript) -> RewardResult:
+    """The number of turns in the transcript: shows that a restored episode kept the turns before the loss."""
+    return RewardResult(value=float(len(t.turns)), success=True)
+
+
+@dataclass
+class _Session:
+    seed: int
+    taken: list[int]  # steps taken, per member
+    restored: bool = False
+
+
+@dataclass
+class StandIns:
+    """Scripted env, engine, reward and trainer activities; configure failures and latencies, read `calls`."""
+
+    prefix: str = ""  # task queue prefix: workers listen on f"{prefix}{pool}", sessions live on f"{prefix}cpu@..."
+    # the env and the reward
+    turns: int = 1
+    stagger: int = 0
+    score: Callable[[Transcript], RewardResult] = reward_on_success
+    # the engine
+    versions: list[int] | None = None
+    # failures
+    fail_seeds: set[int] = field(default_factory=set)  # sessions reset with these seeds raise EnvBroken at every step
+    fail_step_at: int | None = None  # a session's n-th step raises EnvBroken
+    unknown_env: bool = False  # reset raises UnknownComponent
+    broken_engine_group: str | None = None  # generate_batch raises EngineError for data keys naming this group
+    lose_after: int | None = None  # a session made by reset answers SessionLost once it has taken this many steps
+    dead_resets: bool = False  # resets hand out sessions on a queue nobody polls (the worker is gone)
+    # latencies
+    turn_delay_s: float = 0.0  # each generate / generate_batch
+    train_delay_s: float = 0.0  # each train_step
+    held_group: str | None = None  # this group's first generate_batch waits until another group steps
+    # what happened
+    version: int = 0  # the policy the engine serves: the last one trained
+    calls: list[Call] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    _sessions: dict[str, _Session] = field(default_factory=dict)
+    _other_group_stepped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    # ------------------------------------------------------------------ queues and records
+
+    @property
+    def session_queue(self) -> str:
+        """The private queue of the (only) live env worker: step, step_group and close go there."""
+        return f"{self.prefix}cpu@stand-in"
+
+    @property
+    def dead_queue(self) -> str:
+        """The private queue of an env worker that was killed: nobody polls it."""
+        return f"{self.prefix}cpu@dead-stand-in"
+
+    def called(self, name: str) -> list[Call]:
+        """The calls of one activity, in order."""
+        return [c for c in self.calls if c.name == name]
+
+    def inputs(self, name: str) -> list[Any]:
+        """What one activity was called with, in order."""
+        return [c.inp for c in self.called(name)]
+
+    @property
+    def trained_ids(self) -> list[str]:
+        """Every trajectory id sent to train_step, in order (a repeat means one was trained twice)."""
+        return [s.trajectory_id for inp in self.inputs("train_step") for s in inp.samples]
+
+    def _record(self, name: str, what: str, inp: Any) -> None:
+        self.calls.append(Call(name, activity.info().task_queue, what, inp))
+
+    def _check(self, ok: bool, message: str) -> None:
+        if not ok:
+            self.violations.append(message)
+
+    # ------------------------------------------------------------------ env
+
+    def _open(self, owner: str, seed: int, members: int, taken: list[int] | None = None) -> str:
+        sid = f"{owner}/s{len(self._sessions) + 1}"
+        self._sessions[sid] = _Session(seed=seed, taken=taken or [0] * members, restored=taken is not None)
+        return sid
+
+    def _step(self, sid: str, actions: Sequence[str | None]) -> list[StepResult | None]:
+        s = self._sessions[sid]
+        if not s.restored and self.lose_after is not None and max(s.taken) >= self.lose_after:
+            raise ApplicationError(f"no session {sid!r}", type=ErrorType.SESSION_LOST, non_retryable=True)
+        if s.seed in self.fail_seeds or (self.fail_step_at is not None and max(s.taken) + 1 == self.fail_step_at):
+            raise env_broken("env 'stand-in' step raised RuntimeError: boom")
+        results: list[StepResult | None] = []
+        for i, a in enumerate(actions):
+            if a is None:
+                results.append(None)
+                continue
+            s.taken[i] += 1
+            done = s.taken[i] >= self.turns + i * self.stagger
+            results.append(StepResult(observation=str(s.taken[i]), reward=float(done), done=done,
+                                      info={"success": done, "valid": True}))  # fmt: skip
+        return results
+
+    @activity.defn(name="reset")
+    async def reset(self, inp: ResetInput) -> EnvHandle:
+        self._record("reset", inp.trajectory_id, inp)
+        if self.unknown_env:
+            raise unknown_component(f"unknown env {inp.env!r}")
+        sid = self._open(inp.trajectory_id, inp.seed, 1)
+        queue = self.dead_queue if self.dead_resets else self.session_queue
+        return EnvHandle(session_id=sid, queue=queue, worker_id="w1", observation="0")
+
+    @activity.defn(name="reset_group")
+    async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
+        self._record("reset_group", inp.group_id, inp)
+        sid = self._open(inp.group_id, inp.seed, inp.size)
+        queue = self.dead_queue if self.dead_resets else self.session_queue
+        return GroupHandle(session_id=sid, queue=queue, worker_id="w1", observations=["0"] * inp.size)
+
+    @activity.defn(name="restore")
+    async def restore(self, inp: RestoreInput) -> GroupHandle:
+        """A new session on the live worker, as far into the episode as the recorded actions go."""
+        self._record("restore", inp.owner_id, inp)
+        self._check([str(len(a)) for a in inp.actions] == inp.observations,
+                    f"restore of {inp.owner_id}: observations {inp.observations} do not follow its actions "
+                    f"{inp.actions}")  # fmt: skip
+        sid = self._open(inp.owner_id, inp.seed, len(inp.actions), [len(a) for a in inp.actions])
+        return GroupHandle(session_id=sid, queue=self.session_queue, worker_id="w2", observations=inp.observations)
+
+    @activity.defn(name="step")
+    async def step(self, inp: StepInput) -> StepResult:
+        self._record("step", inp.session_id, inp)
+        return cast(StepResult, self._step(inp.session_id, [inp.action])[0])  # one member, always playing
+
+    @activity.defn(name="step_group")
+    async def step_group(self, inp: GroupStepInput) -> list[StepResult | None]:
+        self._record("step_group", f"{inp.session_id} {sum(a is not None for a in inp.actions)}", inp)
+        if self.held_group and f"{self.held_group}/" not in inp.session_id:
+            self._other_group_stepped.set()
+        return self._step(inp.session_id, inp.actions)
+
+    @activity.defn(name="close")
+    async def close(self, inp: CloseInput) -> None:
+        self._record("close", inp.session_id, inp)
+        self._sessions.pop(inp.session_id, None)
+
+    @activity.defn(name="prompts")
+    async def prompts(self, inp: PromptsInput) -> list[str]:
+        self._record("prompts", str(len(inp.seeds)), inp)
+        return [f"{seed}+0=" for seed in inp.seeds]
+
+    @activity.defn(name="check")
+    async def check(self, inp: CheckInput) -> list[list[StepResult]]:
+        self._record("check", str(len(inp.seeds)), inp)
+        return [[StepResult(observation="", reward=1.0, done=True, info={"answer": "R", "success": True})
+                 for _ in answers] for answers in inp.answers]  # fmt: skip
+
+    # ------------------------------------------------------------------ engine
+
+    def _generation(self, data_key: str, n: int, min_version: int | None) -> GenerateResult:
+        k = len(self.called("generate")) - 1
+        v = self.version if self.versions is None else self.versions[min(max(k, 0), len(self.versions) - 1)]
+        self._check(min_version is None or v >= min_version,
+                    f"{data_key}: asked for policy >= {min_version}, but only {v} was published")  # fmt: skip
+        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * n,
+                              prompt_tokens=1, policy_version=v, policy_version_end=v, data_key=data_key)  # fmt: skip
+
+    @activity.defn(name="generate")
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        self._record("generate", f"{inp.data_key} n={inp.sampling.n}", inp)
+        await asyncio.sleep(self.turn_delay_s)
+        return self._generation(inp.data_key, inp.sampling.n, inp.weights.min_version if inp.weights else None)
+
+    @activity.defn(name="generate_batch")
+    async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
+        self._record("generate_batch", str(len(inp.prompts)), inp)
+        if self.broken_engine_group and f"{self.broken_engine_group}-" in inp.data_keys[0]:
+            raise ApplicationError("engine crashed", type="EngineError", non_retryable=True)
+        await asyncio.sleep(self.turn_delay_s)
+        if self.held_group and f"{self.held_group}-" in inp.data_keys[0] and "turn-000" in inp.data_keys[0]:
+            with contextlib.suppress(asyncio.TimeoutError):  # lockstep: no other group steps before this returns
+                await asyncio.wait_for(self._other_group_stepped.wait(), HELD_WAIT_S)
+            self.calls.append(Call("held", "", "released" if self._other_group_stepped.is_set() else "timed out", None))
+        min_version = inp.weights.min_version if inp.weights else None
+        return [self._generation(key, inp.sampling.n, min_version) for key in inp.data_keys]
+
+    # ------------------------------------------------------------------ reward and trainer
+
+    @activity.defn(name="reward")
+    async def reward(self, inp: RewardInput) -> RewardResult:
+        self._record("reward", inp.transcript.task, inp)
+        return self.score(inp.transcript)
+
+    @activity.defn(name="reward_batch")
+    async def reward_batch(self, inp: RewardBatchInput) -> list[RewardResult]:
+        self._record("reward_batch", str(len(inp.transcripts)), inp)
+        return [self.score(t) for t in inp.transcripts]
+
+    @activity.defn(name="train_step")
+    async def train_step(self, inp: TrainStepInput) -> TrainStepResult:
+        self._record("train_step", str(inp.step), inp)
+        await asyncio.sleep(self.train_delay_s)
+        self.version = inp.step + 1
+        return TrainStepResult(step=inp.step, version=inp.step + 1, weights_key="k", metrics={"loss": 0.0})
+
+
+@contextlib.asynccontextmanager
+async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[type] = ALL_WORKFLOWS,
+                          reward_pools: Sequence[str] = ("serverless",)) -> AsyncIterator[None]:  # fmt: skip
+    """A worker per queue the workflows route to, serving what a real worker of that pool serves.
+
+    Rewards are served on `reward_pools` (a colocated reward goes to the generation pool). When the
+    block ends without an error, any check a stand-in failed fails the test.
+    """
+    p = s.prefix
+    engine = [s.generate, s.generate_batch]
+    queues: dict[str, list[Callable[..., Any]]] = {
+        f"{p}cpu": [s.reset, s.reset_group, s.restore, s.prompts, s.check],
+        s.session_queue: [s.step, s.step_group, s.close],
+        f"{p}h800": list(engine),
+        f"{p}h20": list(engine),
+        f"{p}trainer": [s.train_step],
+    }
+    for pool in dict.fromkeys(reward_pools):
+        queues.setdefault(f"{p}{pool}", []).extend([s.reward, s.reward_batch])
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(Worker(client, task_queue=f"{p}control", workflows=list(workflows)))
+        for queue, acts in queues.items():
+            await stack.enter_async_context(Worker(client, task_queue=queue, activities=acts))
+        yield
+    assert not s.violations, "the stand-ins saw calls they should not have:\n" + "\n".join(s.violations)
