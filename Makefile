@@ -30,7 +30,7 @@ IMAGE_CPU ?= rollart:0.1.0-cpu
 IMAGE_GPU ?= rollart:0.1.0-gpu
 DOCKER    ?= docker
 
-.PHONY: setup run test test-fast image-cpu image-gpu images lint-docker
+.PHONY: setup run test test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
 
 setup: $(STAMP)
 
@@ -69,13 +69,22 @@ endif
 run: setup
 	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
-# The whole suite: unit tests and integration tests against a real Temporal server, real vLLM.
+# The whole suite, every tier: unit, orchestration (a Temporal server, stand-in activities), integration
+# (the real stack: worker processes, vLLM, Mooncake) and chaos. Tiers and their timeouts: tests/conftest.py.
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Unit tests only (no server, no engine).
+# Unit tests only: no server, no subprocess (a guard fails a unit test that starts one); under a minute.
 test-fast: setup
-	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# Orchestration tests only: workflows against a Temporal server with stand-in activities.
+test-orchestration: setup
+	$(PY) -m pytest -m orchestration $(PYTEST_ARGS)
+
+# Integration tests only (chaos included): the real stack.
+test-integration: setup
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 # The container images the Kubernetes manifests run: each runs `make setup` for its build inside.
 image-cpu:

@@ -1,4 +1,10 @@
-"""Shared fixtures: the tiny model, and for integration tests one real local stack per session.
+"""Shared fixtures and the test tiers.
+
+Tiers (markers, registered in pyproject.toml), each with its own timeout per test:
+  unit           no server, no subprocess (the default for an unmarked test; a guard fails one that spawns)
+  orchestration  a Temporal server (time-skipping where the test allows) and stand-in activities
+  integration    real processes: the local stack (dev server, worker processes, vLLM), Mooncake, the CLI
+  chaos          kills processes and restarts the server mid-training (also integration)
 
 The stack is what `rollart up` runs: a Temporal dev server (SQLite, free ports)
 and one worker process per pool, generation on a real vLLM engine.
@@ -6,7 +12,8 @@ and one worker process per pool, generation on a real vLLM engine.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +25,57 @@ from rollart.workers.local_stack import LocalStack
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from tests.support.spawn_guard import no_spawning
 from tests.support.tasks import frozenlake_task
+
+# Seconds per test (setup, call and teardown), by tier: about 5x the slowest test of the tier on a loaded
+# 2-core machine. A test may still set its own with @pytest.mark.timeout.
+TIMEOUT_S = {"unit": 60, "orchestration": 120, "integration": 900, "chaos": 1200}
+
+
+def tier(item: pytest.Item) -> str:
+    """The tier of a test: its most demanding tier marker, `unit` when it has none."""
+    return next((t for t in ("chaos", "integration", "orchestration") if item.get_closest_marker(t)), "unit")
+
+
+TIERS = ("unit", "orchestration", "integration", "chaos")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: unmarked tests must already carry `unit`
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tier by tier, cheapest first (stable: file order within a tier): a failing unit test shows at once,
+    # and no server or stack of a later tier is up yet while the spawn guard watches the unit tests.
+    items.sort(key=lambda item: TIERS.index(tier(item)))
+    for item in items:
+        t = tier(item)
+        if t == "unit":
+            item.add_marker(pytest.mark.unit)
+        if t == "chaos" and not item.get_closest_marker("integration"):
+            item.add_marker(pytest.mark.integration)
+        if not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(TIMEOUT_S[t]))
+
+
+def _guarded(item: pytest.Item) -> Generator[None, None, None]:
+    if tier(item) != "unit":
+        return (yield)
+    with no_spawning() as attempts:
+        try:
+            return (yield)
+        finally:
+            if attempts:  # also when the code under test caught the SpawnInUnitTest it raised
+                pytest.fail(f"unit test {item.nodeid} tried to start a process or server ({', '.join(attempts)}): "
+                            "mark it orchestration or integration", pytrace=False)  # fmt: skip
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _guarded(item))
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +120,14 @@ async def client(stack: LocalStack, stack_job: JobSpec) -> AsyncIterator[Client]
 
 @pytest.fixture(scope="session")
 async def bare_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[WorkflowEnvironment]:
-    """A real dev server with no rollart workers: for orchestration tests with stand-in activities."""
+    """A real dev server with no rollart workers: for orchestration tests, with stand-in activities.
+
+    Not the time-skipping test server (`WorkflowEnvironment.start_time_skipping`): it never starts a child
+    workflow that carries custom search attributes, so TrainingWorkflow's rollouts hang there, and it does not
+    implement the operator service `ensure_registered` calls. Nor would it save time: no workflow here waits on
+    a timer, and time is not skipped while an activity task is outstanding, so a schedule-to-start timeout
+    (test_failover_workflow) takes its 10 s there too, as it does with the dev server's time skipping (V2).
+    """
     store = StoreConfig(path=tmp_path_factory.mktemp("bare") / "store")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=find_temporal_cli(),
@@ -72,3 +136,9 @@ async def bare_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Wo
     )
     yield env
     await env.shutdown()
+
+
+@pytest.fixture
+def queue_prefix() -> str:
+    """A task queue prefix of this test's own, so no worker of another test can take its tasks."""
+    return f"t{uuid.uuid4().hex[:8]}-"

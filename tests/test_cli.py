@@ -21,6 +21,7 @@ from tests.support.paths import REPO
 ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "command",
     [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"], ["k8s"],
@@ -31,6 +32,7 @@ def test_every_command_has_help(command: list[str]) -> None:
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -44,6 +46,7 @@ def test_autoscale_rejects_bad_pools_and_bounds(args: list[str], message: str) -
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: cuda is not refused here")
 def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_starts(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
@@ -57,6 +60,7 @@ def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_st
     assert worker.returncode != 0 and "sees no GPU" in worker.stderr, worker.stderr[-2000:]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("args", "message"), [
     (["--nnodes", "2"], "2 nodes need --rdzv HOST:PORT"),
     (["--nnodes", "2", "--node-rank", "2", "--rdzv", "10.0.0.1:29400"], "--node-rank 2 is not below --nnodes 2"),
@@ -71,6 +75,7 @@ def test_trainer_node_flags_are_checked(args: list[str], message: str) -> None:
     assert done.returncode == 2 and "for --pool trainer only" in done.stderr
 
 
+@pytest.mark.integration
 def test_init_model_builds_once(tmp_path: Path) -> None:
     out = tmp_path / "m"
     first = subprocess.run([*ROLLART, "init-model", "--out", str(out)], capture_output=True, text=True, timeout=120)
@@ -220,6 +225,7 @@ def _fake_run(run_dir: Path, success: list[float]) -> Path:
     return run_dir
 
 
+@pytest.mark.integration
 def test_plot_one_run_and_compare_several(tmp_path: Path) -> None:
     a = _fake_run(tmp_path / "a", [0.0, 0.1, 0.5, 0.9])
     b = _fake_run(tmp_path / "b", [0.0, 0.0, 0.2, 0.4])
@@ -242,6 +248,7 @@ def test_moving_mean_is_a_trailing_window() -> None:
     assert _moving_mean([0.0, 1.0, 1.0, 0.0], 2) == [0.0, 0.5, 1.0, 0.5]
 
 
+@pytest.mark.integration
 def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: Path, tiny_model: Path) -> None:
     spec = {"name": "ev", "model_dir": str(tiny_model), "store": {"path": str(tmp_path / "store")},
             "engine": {"kind": "hf", "max_model_len": 128},

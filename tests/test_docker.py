@@ -68,12 +68,14 @@ def test_there_is_a_cpu_and_a_gpu_dockerfile() -> None:
     assert [p.name for p in DOCKERFILES] == ["Dockerfile.cpu", "Dockerfile.gpu"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_every_dockerfile_lints_clean(dockerfile: Path) -> None:
     done = hadolint(dockerfile)
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
 
 
+@pytest.mark.integration
 def test_hadolint_reports_what_it_should() -> None:
     """Guards the test above against a linter that passes anything: an unpinned base, apt without cleanup."""
     bad = REPO / ".pytest_cache" / "Dockerfile.bad"  # inside the repo: hadolint reads the repo's config, if any
@@ -108,6 +110,7 @@ def test_the_build_context_leaves_out_local_state() -> None:
 
 
 @needs_make
+@pytest.mark.integration
 def test_the_default_images_are_what_the_makefile_builds() -> None:
     built = image_targets()
     cfg = KubernetesConfig()
@@ -118,6 +121,7 @@ def test_the_default_images_are_what_the_makefile_builds() -> None:
 
 
 @needs_make
+@pytest.mark.integration
 @pytest.mark.parametrize("example", ["frozenlake", "multitask", "frozenlake_megatron"])
 def test_every_image_a_rendered_example_names_has_a_dockerfile(example: str) -> None:
     built = image_targets()
@@ -162,6 +166,7 @@ def _setup_plan(env: dict[str, str], tmp_path: Path, *args: str) -> str:
 
 
 @needs_make
+@pytest.mark.integration
 @pytest.mark.parametrize(("gpu", "build"), [(True, "gpu"), (False, "cpu")])
 def test_make_setup_picks_the_build_nvidia_smi_finds(tmp_path: Path, gpu: bool, build: str) -> None:
     plan = _setup_plan(_fake_nvidia_smi(tmp_path, works=gpu), tmp_path)
@@ -173,6 +178,7 @@ def test_make_setup_picks_the_build_nvidia_smi_finds(tmp_path: Path, gpu: bool, 
 
 
 @needs_make
+@pytest.mark.integration
 def test_make_setup_build_can_be_forced_and_is_checked(tmp_path: Path) -> None:
     env = _fake_nvidia_smi(tmp_path, works=False)
     assert "-e '.[gpu,test]'" in _setup_plan(env, tmp_path, "ROLLART_BUILD=gpu")

@@ -51,6 +51,7 @@ def check_output(out: EngineOutput, sampling: SamplingParams, eos_id: int | None
             assert c.token_ids[-1] == eos_id
 
 
+@pytest.mark.integration
 def test_factory_is_lazy() -> None:
     import subprocess
     import sys
@@ -61,6 +62,7 @@ def test_factory_is_lazy() -> None:
         create_engine(Path("."), EngineConfig.model_construct(kind="tpu"))
 
 
+@pytest.mark.integration
 def test_the_jobs_gpu_settings_reach_vllm(model_dir: Path) -> None:
     import torch
 

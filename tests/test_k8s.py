@@ -421,6 +421,7 @@ def test_render_checks_pools_even_for_jobs_built_without_validation() -> None:
 # ---------------------------------------------------------------- the CLI
 
 
+@pytest.mark.integration
 def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
     out = tmp_path / "manifests"
     done = subprocess.run([*ROLLART, "k8s", "render", str(EXAMPLES["multitask"]), "-o", str(out), "--hpa",
@@ -445,6 +446,7 @@ def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
                       "h20": "registry.example/rollart:2-gpu", "trainer": "registry.example/rollart:2-gpu"}  # fmt: skip
 
 
+@pytest.mark.integration
 def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
     path = write_job(tmp_path, EXAMPLES["multitask"], {"pools": {"h20": {"replicas": 0}}})
     done = subprocess.run([*ROLLART, "k8s", "render", str(path), "-o", str(tmp_path / "out")],
@@ -454,6 +456,7 @@ def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.integration
 def test_cli_apply_without_a_cluster_says_so(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     env["KUBECONFIG"] = str(tmp_path / "missing-kubeconfig")

@@ -159,6 +159,7 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str)
 BONUS_AND_KL = LossConfig(entropy_coef=0.01, kl_coef=0.1, decoupled=False)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("tensor", "data", "loss", "n"), [
     (2, 1, LossConfig(), 6), (1, 2, LossConfig(), 6), (2, 1, BONUS_AND_KL, 6), (1, 2, BONUS_AND_KL, 6),
     (1, 2, LossConfig(), 1),  # one sequence: data rank 1 has nothing to train on and still joins the gradient sum
@@ -225,6 +226,7 @@ def precision_and_recompute(model_dir: str, seqs: list[TrainSequence]) -> dict[s
     return out
 
 
+@pytest.mark.integration
 def test_bf16_keeps_fp32_masters_and_recomputation_changes_no_gradient(tmp_path: Path) -> None:
     model_dir = build_model(tmp_path / "m")
     seqs = [TrainSequence(s.prompt_ids, s.completion_ids, [-5.0] * len(s.completion_ids), s.advantage) for s in batch()]

@@ -29,6 +29,8 @@ from transformers import AutoTokenizer
 
 from tests.test_trainer import frozenlake_batch, load_model
 
+pytestmark = pytest.mark.integration  # real rank processes
+
 MEGATRON_T2 = {"backend": "megatron", "parallel": {"tensor": 2}, "eps": 1e-6, "checkpoint_every": 1}
 
 

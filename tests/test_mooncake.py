@@ -57,6 +57,7 @@ def _in_other_process(cfg: StoreConfig, code: str) -> str:
     return out.stdout
 
 
+@pytest.mark.integration
 def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_path: Path) -> None:
     """Another process writes a turn record and a 24 MiB weights blob (zero-copy path); this one reads both."""
     cfg = mooncake.config
@@ -84,6 +85,7 @@ def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_pat
     assert out.split() == ["2", str(9 << 20), "{7}"]
 
 
+@pytest.mark.integration
 def test_missing_key_is_an_error_naming_it(mooncake: MooncakeService) -> None:
     store = open_store(mooncake.config)
     with pytest.raises(StoreKeyError, match=r"key 'nowhere/k' is not in Mooncake .*fallback: local"):
@@ -93,6 +95,7 @@ def test_missing_key_is_an_error_naming_it(mooncake: MooncakeService) -> None:
     assert store.get("empty/k") == b""  # an empty value is a value, not a miss
 
 
+@pytest.mark.integration
 def test_publish_keeps_recent_versions_and_overwrites_latest(mooncake: MooncakeService) -> None:
     store = open_store(mooncake.config)
     job = f"keep-{uuid.uuid4().hex[:6]}"
@@ -103,6 +106,7 @@ def test_publish_keeps_recent_versions_and_overwrites_latest(mooncake: MooncakeS
     assert ref is not None and ref.version == 5
 
 
+@pytest.mark.integration
 def test_master_killed_without_fallback_is_a_clear_error(fresh_mooncake: MooncakeService) -> None:
     cfg = fresh_mooncake.config.model_copy(update={"fallback": "none"})
     store = MooncakeStore.connect(cfg.mooncake)
@@ -115,6 +119,7 @@ def test_master_killed_without_fallback_is_a_clear_error(fresh_mooncake: Mooncak
     store.close()
 
 
+@pytest.mark.integration
 def test_master_killed_with_local_fallback_loses_nothing(fresh_mooncake: MooncakeService, tmp_path: Path) -> None:
     """Everything written before, during and after the outage reads back; after a restart Mooncake serves again."""
     cfg = fresh_mooncake.config
@@ -156,6 +161,7 @@ def test_config_rejects_a_bad_master_address() -> None:
     assert "store.mooncake.master" in format_validation_error(err.value, "job.yaml")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(("extra", "message"), [
     (["--store-master", "not an address"], "--store-master: expected HOST:PORT"),
     ([], "the job's store is Mooncake but no master is given: pass --store-master"),
@@ -168,6 +174,7 @@ def test_worker_needs_a_valid_master_for_a_mooncake_job(tmp_path: Path, extra: l
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
+@pytest.mark.integration
 async def test_temporal_payloads_over_the_threshold_go_through_mooncake(mooncake: MooncakeService) -> None:
     """Temporal's external storage on Mooncake: 3 MiB through an activity and a workflow result, history stays small."""
     from rollart.infra.devserver import find_temporal_cli

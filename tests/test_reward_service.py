@@ -161,6 +161,7 @@ async def test_bad_reward_args_fail_without_retry() -> None:
 # ---------------------------------------------------------------- routing (stand-in activities)
 
 
+@pytest.mark.orchestration
 @pytest.mark.parametrize(("placement", "queue"), [("serverless", "serverless"), ("colocated", "h800")])
 async def test_trajectory_reward_goes_where_the_task_places_it(bare_env: WorkflowEnvironment, placement: str,
                                                                queue: str) -> None:  # fmt: skip
@@ -174,6 +175,7 @@ async def test_trajectory_reward_goes_where_the_task_places_it(bare_env: Workflo
     assert [(c.name, c.queue) for c in s.called("reward")] == [("reward", queue)]
 
 
+@pytest.mark.orchestration
 async def test_single_turn_group_reward_goes_to_the_generation_pool_when_colocated(bare_env: WorkflowEnvironment) -> None:
     s = StandIns()
     task = TaskSpec(name="arith", env="arithmetic", reward="reward_model", reward_args={"weight": 0.0},

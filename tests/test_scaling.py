@@ -98,6 +98,7 @@ def test_random_backlogs_respect_bounds_and_cooldowns(seed: int) -> None:
             last_change = now
 
 
+@pytest.mark.integration
 def test_autoscaler_keeps_the_processes_at_the_target_and_replaces_the_dead(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

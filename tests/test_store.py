@@ -36,6 +36,7 @@ def test_local_store_rejects_unsafe_keys(tmp_path: Path, key: str) -> None:
         LocalStore(tmp_path).put(key, b"x")
 
 
+@pytest.mark.orchestration
 async def test_payloads_over_threshold_go_to_the_store(tmp_path: Path) -> None:
     """3 MiB through an activity result and a workflow result: beyond Temporal's 2 MiB limit, yet it works."""
     cfg = StoreConfig(path=tmp_path / "store", payload_threshold_bytes=64 * 1024)

@@ -19,6 +19,8 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task
 
+pytestmark = pytest.mark.orchestration
+
 
 def world(**config: object) -> StandIns:
     """Stand-ins for training: a one-step env (member i of a group plays i + 1 turns), every reward 1, 50 ms steps."""

@@ -20,6 +20,8 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task
 
+pytestmark = pytest.mark.orchestration
+
 
 def workers(client: Client, s: StandIns) -> contextlib.AbstractAsyncContextManager[None]:
     """The stand-ins' workers, with only TrajectoryWorkflow on the control queue."""
