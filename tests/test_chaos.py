@@ -94,14 +94,19 @@ async def _wait_step(handle: WorkflowHandle, step: int, timeout_s: float = 240) 
 
 
 async def _train_step_running(handle: WorkflowHandle, timeout_s: float = 60) -> None:
-    """Wait until a train_step is running on the trainer (so the kill lands mid-step), or give up quietly."""
+    """Wait until a train_step is running on the trainer, so the kill lands mid-step; fails the test if none does."""
     deadline = time.monotonic() + timeout_s
+    seen: list[str] = []
     while time.monotonic() < deadline:
         desc = await handle.describe()
         for a in desc.raw_description.pending_activities:
             if a.activity_type.name == "train_step" and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
                 return
+        seen = [f"{a.activity_type.name} ({PendingActivityState.Name(a.state)})"
+                for a in desc.raw_description.pending_activities]  # fmt: skip
         await asyncio.sleep(0.02)
+    pytest.fail(f"no train_step of {handle.id} was running within {timeout_s:g}s, so no kill could land mid-step; "
+                f"pending at the end: {seen or 'nothing'}")  # fmt: skip
 
 
 async def _trained_ids(client: Client, handle: WorkflowHandle) -> list[str]:
@@ -208,3 +213,5 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
              "resumed_max_s": round(max(resumed, default=0.0), 2), "started": result.started,
              "trained": result.trained, "failed": result.failed, "dropped": result.dropped,
              "restores": status.restores})  # fmt: skip
+    if victim in ("trainer", "trainer-rank"):  # killed mid-step (_train_step_running): that step must have resumed
+        assert resumed, f"the train_step interrupted by killing the {victim} never resumed"
