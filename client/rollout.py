@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from rollart.infra.config import JobSpec
-from rollart.infra.pools import Pool
+from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from temporalio.client import Client, WorkflowFailureError
@@ -76,7 +76,8 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
         task = rng.choices(job.tasks, weights=weights)[0]
         env_seed = seed * 1_000_003 + group
         for _ in range(min(task.group_size, n - len(plan))):
-            plan.append(TrajectoryInput(task=task, seed=env_seed, job_id=job_id))
+            plan.append(TrajectoryInput(task=task, seed=env_seed, job_id=job_id,
+                                        queue_prefix=job.temporal.task_queue_prefix))  # fmt: skip
         group += 1
     return plan
 
@@ -98,17 +99,19 @@ async def run_rollout(
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
         inp = members[0]
         workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
+        control = queue_name(Pool.CONTROL, inp.queue_prefix)
         t0 = time.monotonic()
         async with starts:
             if len(members) == 1 and not _grouped(inp):
                 handle = await client.start_workflow("TrajectoryWorkflow", inp, id=workflow_id,
-                                                     task_queue=Pool.CONTROL.value, result_type=TrajectoryResult)  # fmt: skip
+                                                     task_queue=control, result_type=TrajectoryResult)  # fmt: skip
             else:
                 task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
                 group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)],
-                                          job_id=inp.job_id, min_version=inp.min_version)  # fmt: skip
+                                          job_id=inp.job_id, min_version=inp.min_version,
+                                          queue_prefix=inp.queue_prefix)  # fmt: skip
                 handle = await client.start_workflow("GroupRolloutWorkflow", group, id=workflow_id,
-                                                     task_queue=Pool.CONTROL.value, result_type=list[TrajectoryResult])  # fmt: skip
+                                                     task_queue=control, result_type=list[TrajectoryResult])  # fmt: skip
         try:
             result, error = await handle.result(), None
         except WorkflowFailureError as e:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rollart.infra.k8s_config import KubernetesConfig
-from rollart.infra.pools import GENERATION_POOLS, Pool
+from rollart.infra.pools import GENERATION_POOLS, QUEUE_PREFIX_PATTERN, Pool
 
 __all__ = [
     "DEFAULT_HOME",
@@ -28,6 +28,7 @@ __all__ = [
     "JobSpec",
     "LatencyModel",
     "JobSpecError",
+    "check_batches_hold_groups",
     "LossConfig",
     "MooncakeConfig",
     "ParallelConfig",
@@ -158,6 +159,15 @@ class TaskSpec(_Strict):
         pool = self.generate_pool if self.reward_placement == "colocated" else Pool.SERVERLESS
         return pool.value
 
+    @model_validator(mode="after")
+    def _one_sample_per_turn(self) -> TaskSpec:
+        if self.max_turns > 1 and self.sampling.n != 1:
+            raise ValueError(
+                f"sampling.n is {self.sampling.n}, but a multi-turn task (max_turns {self.max_turns}) samples one "
+                "completion per turn: set sampling.n to 1 and use group_size for GRPO groups"
+            )
+        return self
+
     @field_validator("generate_pool")
     @classmethod
     def _is_generation_pool(cls, pool: Pool) -> Pool:
@@ -173,6 +183,11 @@ class TemporalConfig(_Strict):
     address: str | None = None
     namespace: str = "default"
     ui_port: int = Field(8233, ge=1, le=65535)
+    task_queue_prefix: str = Field(
+        "", pattern=QUEUE_PREFIX_PATTERN, max_length=64,
+        description="prepended to every task queue the job's workflows and workers use (`team-a-` → `team-a-cpu`): "
+        "jobs sharing one server with their own workers keep them apart",
+    )  # fmt: skip
 
 
 class MooncakeConfig(_Strict):
@@ -332,6 +347,16 @@ class TrainingConfig(_Strict):
     seed: int = 0
 
 
+def check_batches_hold_groups(training: TrainingConfig, tasks: list[TaskSpec]) -> None:
+    """A batch is built from whole GRPO groups, so every task's group_size must divide training.batch_size."""
+    bad = [f"tasks.{i} ({t.name}) group_size {t.group_size}" for i, t in enumerate(tasks) if training.batch_size % t.group_size]
+    if bad:
+        raise ValueError(
+            f"training.batch_size {training.batch_size} is not a multiple of {', '.join(bad)}: a batch holds whole "
+            "GRPO groups"
+        )
+
+
 class ElasticPoolConfig(_Strict):
     """How an elastic pool's workers scale with its queue's backlog (the local autoscaler, `rollart autoscale`).
 
@@ -401,6 +426,11 @@ class JobSpec(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"task names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _batches_hold_whole_groups(self) -> JobSpec:
+        check_batches_hold_groups(self.training, self.tasks)
         return self
 
     @model_validator(mode="after")

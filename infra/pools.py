@@ -12,7 +12,9 @@ from enum import Enum
 __all__ = [
     "Pool",
     "GENERATION_POOLS",
+    "QUEUE_PREFIX_PATTERN",
     "WORKER_POOLS",
+    "queue_name",
     "session_queue",
 ]
 
@@ -38,6 +40,16 @@ WORKER_POOLS: tuple[Pool, ...] = (Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H20, P
 """Pools that `rollart up` starts a worker for by default."""
 
 
-def session_queue(worker_id: str) -> str:
+QUEUE_PREFIX_PATTERN = r"^[A-Za-z0-9_.-]*$"
+"""What a task-queue prefix may contain (it becomes part of every queue name)."""
+
+
+def queue_name(pool: Pool | str, prefix: str = "") -> str:
+    """The task queue of `pool` for a job whose queues carry `prefix`: jobs (or tests) sharing one server keep
+    their own workers apart by prefix; "" is the pool's plain name."""
+    return f"{prefix}{pool}"
+
+
+def session_queue(worker_id: str, prefix: str = "") -> str:
     """The private queue of one env worker: `step`/`close` of its sessions go here (sticky routing)."""
-    return f"{Pool.CPU.value}@{worker_id}"
+    return f"{queue_name(Pool.CPU, prefix)}@{worker_id}"

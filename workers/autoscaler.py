@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.infra.backlog import QueueStats, queue_stats
+from rollart.infra.pools import queue_name
 from rollart.infra.config import ElasticPoolConfig
 from rollart.infra.temporal import connect
 from rollart.workers.pool_worker import WorkerSettings
@@ -161,7 +162,9 @@ class Autoscaler:
 
     @property
     def queue(self) -> str:
-        return self.procs.settings.pool.value
+        """The queue whose backlog this scales on (the pool's, behind the job's task-queue prefix)."""
+        settings = self.procs.settings
+        return queue_name(settings.pool, settings.temporal.task_queue_prefix)
 
     @property
     def target(self) -> int:

@@ -98,7 +98,7 @@ class LocalStack:
 
     def autoscaler(self, pool: Pool = Pool.SERVERLESS) -> Autoscaler | None:
         """The autoscaler running `pool`'s workers, if any."""
-        return next((s for s in self._scalers if s.queue == pool.value), None)
+        return next((s for s in self._scalers if s.procs.settings.pool is pool), None)
 
     def live_workers(self, pool: Pool) -> list[int]:
         """PIDs of the running worker processes of `pool`, oldest first."""

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
-from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
+from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
 from rollart.infra.temporal import connect
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -127,19 +127,20 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
 @contextlib.asynccontextmanager
 async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
     pool = settings.pool
+    queue = queue_name(pool, settings.temporal.task_queue_prefix)
     common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
     if pool is Pool.CONTROL:
         from rollart.workflows import ALL_WORKFLOWS
 
-        yield [Worker(client, task_queue=pool.value, workflows=ALL_WORKFLOWS, identity=worker_id)]
+        yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id)]
     elif pool is Pool.CPU:
         from rollart.activities.env import EnvActivities
 
-        envs = EnvActivities(worker_id, queue=session_queue(worker_id))
+        envs = EnvActivities(worker_id, queue=session_queue(worker_id, settings.temporal.task_queue_prefix))
         shared = [envs.reset, envs.reset_group, envs.restore, envs.prompts, envs.check]
         try:
             yield [
-                Worker(client, task_queue=pool.value, activities=shared, **common),
+                Worker(client, task_queue=queue, activities=shared, **common),
                 Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common),
             ]
         finally:
@@ -163,7 +164,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
                 yield [
                     Worker(
                         client,
-                        task_queue=pool.value,
+                        task_queue=queue,
                         activities=activities,
                         graceful_shutdown_timeout=timedelta(seconds=60),
                         **common,
@@ -177,7 +178,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
 
         rewards = RewardActivities()
         # a worker stopped by the autoscaler (SIGTERM) finishes the rewards it holds before it exits
-        yield [Worker(client, task_queue=pool.value, activities=[rewards.reward, rewards.reward_batch],
+        yield [Worker(client, task_queue=queue, activities=[rewards.reward, rewards.reward_batch],
                       graceful_shutdown_timeout=timedelta(seconds=60), **common)]  # fmt: skip
     elif pool is Pool.TRAINER:
         from rollart.activities.trainer import TrainerActivities
@@ -188,7 +189,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep, ranks=ranks)
         try:
             # one step at a time: the model and optimizer are this process's (or its ranks') state
-            yield [Worker(client, task_queue=pool.value, activities=[trainer.train_step], identity=worker_id,
+            yield [Worker(client, task_queue=queue, activities=[trainer.train_step], identity=worker_id,
                           max_concurrent_activities=1)]  # fmt: skip
         finally:
             await asyncio.to_thread(ranks.close)
