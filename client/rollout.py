@@ -17,7 +17,7 @@ from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryI
 from temporalio.client import Client, WorkflowFailureError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",
-           "run_rollout"]
+           "run_rollout", "unit_input"]
 
 
 class JobCheckError(ValueError):
@@ -97,21 +97,12 @@ async def run_rollout(
     starts = asyncio.Semaphore(max_starts_in_flight)
 
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
-        inp = members[0]
-        workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
-        control = queue_name(Pool.CONTROL, inp.queue_prefix)
+        workflow_type, workflow_id, inp = unit_input(first, members, job_id)
+        result_type = TrajectoryResult if workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         t0 = time.monotonic()
         async with starts:
-            if len(members) == 1 and not _grouped(inp):
-                handle = await client.start_workflow("TrajectoryWorkflow", inp, id=workflow_id,
-                                                     task_queue=control, result_type=TrajectoryResult)  # fmt: skip
-            else:
-                task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
-                group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)],
-                                          job_id=inp.job_id, min_version=inp.min_version,
-                                          queue_prefix=inp.queue_prefix)  # fmt: skip
-                handle = await client.start_workflow("GroupRolloutWorkflow", group, id=workflow_id,
-                                                     task_queue=control, result_type=list[TrajectoryResult])  # fmt: skip
+            handle = await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type,
+                                                 task_queue=queue_name(Pool.CONTROL, members[0].queue_prefix))  # fmt: skip
         try:
             result, error = await handle.result(), None
         except WorkflowFailureError as e:
@@ -125,6 +116,22 @@ async def run_rollout(
 
     units = await asyncio.gather(*(unit(first, members) for first, members in rollout_units(inputs)))
     return [outcome for outcomes in units for outcome in outcomes]
+
+
+def unit_input(first: int, members: list[TrajectoryInput], job_id: str) -> tuple[str, str, TrajectoryInput | GroupRolloutInput]:
+    """The workflow that plays one unit of `rollout_units`: its type, id and input.
+
+    One episode: a TrajectoryWorkflow. Members of a group of a `rollout_unit: group` task: one
+    GroupRolloutWorkflow whose single group is named after the workflow (its members `<id>-<m>`).
+    """
+    inp = members[0]
+    workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
+    if len(members) == 1 and not _grouped(inp):
+        return "TrajectoryWorkflow", workflow_id, inp
+    task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
+    group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)], job_id=inp.job_id,
+                              min_version=inp.min_version, queue_prefix=inp.queue_prefix)  # fmt: skip
+    return "GroupRolloutWorkflow", workflow_id, group
 
 
 def _grouped(inp: TrajectoryInput) -> bool:
