@@ -47,6 +47,14 @@ class CallFailed(Exception):
         """The non-retryable error a bad input ends its workflow with."""
         return ApplicationError(self.message, type=self.error_type, non_retryable=True)
 
+    def mask(self, calls: Calls, who: str) -> str:
+        """The one place a failed call is handled: a bad input fails the whole run (raised); any other failure
+        is logged and its message returned, for the caller to end `who` as failed (masked, never scored)."""
+        if self.bad_input:
+            raise self.as_input_error() from self
+        calls.logger.warning("%s failed: %s", who, self.message)
+        return self.message
+
 
 class Calls(Protocol):
     """Runs one activity call: on `queue` as a Temporal activity, or in-process; raises `CallFailed`."""

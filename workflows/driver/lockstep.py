@@ -100,8 +100,5 @@ async def guarded(unit: Unit, action: Callable[[], Awaitable[T]]) -> T | None:
     try:
         return await action()
     except CallFailed as err:
-        if err.bad_input:
-            raise err.as_input_error() from err
-        unit.calls.logger.warning("%s failed: %s", unit.owner_id, err.message)
-        unit.error = err.message
+        unit.error = err.mask(unit.calls, unit.owner_id)
         return None

@@ -54,10 +54,8 @@ async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[Traject
 
 def _all_failed(calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], err: CallFailed) -> list[TrajectoryResult]:
     """A call every group in `groups` needed failed for good: they all end failed (a bad input fails the run)."""
-    if err.bad_input:
-        raise err.as_input_error() from err
-    calls.logger.warning("single-turn groups %s failed: %s", ", ".join(g.group_id for g in groups), err.message)
-    return [r for g in groups for r in _failed(inp, g, err.message)]
+    error = err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in groups))
+    return [r for g in groups for r in _failed(inp, g, error)]
 
 
 async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
@@ -74,14 +72,13 @@ async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]
         try:
             return list(await asyncio.gather(*work))
         except CallFailed as err:
-            if err.bad_input:
-                raise err.as_input_error() from err
+            err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
             return [err] * len(inp.groups)
     outcomes = await asyncio.gather(*work, return_exceptions=True)
-    for out in outcomes:
-        if isinstance(out, CallFailed) and out.bad_input:
-            raise out.as_input_error() from out
-        if isinstance(out, BaseException) and not isinstance(out, CallFailed):
+    for group, out in zip(inp.groups, outcomes):
+        if isinstance(out, CallFailed):
+            out.mask(calls, f"single-turn group {group.group_id}")
+        elif isinstance(out, BaseException):
             raise out
     return list(outcomes)  # type: ignore[arg-type]
 
