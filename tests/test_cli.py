@@ -18,7 +18,7 @@ from rollart.client.rollout import plan_trajectories
 
 from tests.conftest import REPO
 
-ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
+ROLLART = [sys.executable, "-m", "rollart.cli"]
 
 
 @pytest.mark.parametrize(
@@ -258,3 +258,4 @@ def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: 
     assert missing.returncode != 0 and "'nope' has published no weights" in missing.stderr
     bad = subprocess.run([*ROLLART, "eval", str(job), "--task", "x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "no task 'x'" in bad.stderr
+
