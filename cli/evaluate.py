@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 from rollart.cli.errors import UserError
+from rollart.cli.model import ensure_model
 from rollart.cli.spec import load_spec
 
 __all__ = ["add_parser", "run"]
@@ -27,7 +28,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     """One row per task: version, episodes, success rate and mean reward."""
     from rollart.client.evaluate import evaluate
-    from rollart.infra.tiny_model import ensure_tiny_model
 
     job = load_spec(args.job, args)
     if args.episodes < 1:
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         tasks = [job.task(name) for name in args.task] if args.task else job.tasks
     except KeyError as e:
         raise UserError(str(e.args[0])) from e
-    ensure_tiny_model(job.model_dir)
+    ensure_model(job, str(args.job))
     print(f"{'task':<16} {'version':>7} {'episodes':>8} {'success':>8} {'reward':>8}  (temperature {args.temperature:g})")
     for task in tasks:
         try:

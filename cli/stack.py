@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.cli.errors import UserError
+from rollart.cli.model import ensure_model
 
 if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
@@ -54,7 +55,7 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
         return
     from rollart.workers.local_stack import LocalStack, pools_for_job
 
-    prepare_local_stack(job)
+    prepare_local_stack(job, str(args.job))
     stack = LocalStack(job=job, pools=pools_for_job(job, training=training), home=home(args), port=args.port,
                        ui_port=args.ui_port)  # fmt: skip
     print(f"starting the local stack (Temporal on {stack.address}, workers: "
@@ -65,8 +66,8 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
         print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
 
 
-def prepare_local_stack(job: JobSpec) -> None:
-    """Before this machine's workers start: the devices the job asks for exist, and the default model is built."""
+def prepare_local_stack(job: JobSpec, source: str) -> None:
+    """Before this machine's workers start: the devices the job asks for exist, and its model is there."""
     if job.trainer.device == "cuda":
         from rollart.activities.training.devices import DeviceUnavailable, resolve_device
 
@@ -74,17 +75,7 @@ def prepare_local_stack(job: JobSpec) -> None:
             resolve_device("cuda")
         except DeviceUnavailable as e:
             raise UserError(f"the job's trainer cannot run on this machine: {e}") from e
-    _ensure_default_model(job)
-
-
-def _ensure_default_model(job: JobSpec) -> None:
-    """Build the embedded tiny model before workers start, so they don't race to build it."""
-    from rollart.infra.config import JobSpec
-    from rollart.infra.tiny_model import ensure_tiny_model
-
-    if job.model_dir == JobSpec.model_fields["model_dir"].default and not (job.model_dir / "config.json").exists():
-        print(f"building the tiny model in {job.model_dir} (first use) ...")
-        ensure_tiny_model(job.model_dir)
+    ensure_model(job, source)
 
 
 async def connect_client(job: JobSpec) -> Client:

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
     job = load_spec(args.job, args)
     pools = _pools(args.pools)
-    prepare_local_stack(job)
+    prepare_local_stack(job, str(args.job or "the default job"))
     _warn_unserved_rewards(job, pools)
     stack = LocalStack(job=job, pools=pools, home=home(args), port=args.port, ui_port=args.ui_port)
     stop = _stop_on_signals()

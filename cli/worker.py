@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
 def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
     """This worker's settings: the job's for its pool (the defaults without a job) with the flags laid over them."""
-    from rollart.infra.pools import Pool
+    from rollart.cli.model import check_model_dir
+    from rollart.infra.pools import GENERATION_POOLS, Pool
     from rollart.workers.pool_worker import WorkerSettings
 
     pool = Pool(args.pool)
@@ -69,6 +70,8 @@ def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSett
     else:
         settings = override(WorkerSettings(pool=pool), args, None)
     check_store(settings)
+    if pool in GENERATION_POOLS:
+        check_model_dir(settings.model_dir, "--model-dir" if args.model_dir else str(args.job))
     if args.nnodes != 1 or args.node_rank or args.rdzv:
         settings = settings.model_copy(update={"nodes": _trainer_nodes(args, settings, job)})
     return settings
