@@ -69,7 +69,7 @@ def spawn_worker(settings: WorkerSettings, name: str, home: Path) -> WorkerProce
     settings_file = run / f"{name}.json"
     settings_file.write_text(settings.model_dump_json(indent=2))
     log_file = logs / f"worker-{name}.log"
-    cmd = [sys.executable, "-m", "rollart.workers.cli", "worker", "--settings-file", str(settings_file)]
+    cmd = [sys.executable, "-m", "rollart.cli", "worker", "--settings-file", str(settings_file)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
