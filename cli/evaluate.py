@@ -43,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
             r = asyncio.run(evaluate(job, task, args.job_id, args.version, args.episodes, args.temperature))
         except ValueError as e:
             raise UserError(str(e)) from e
-        print(f"{r.task:<16} {r.version:>7} {r.episodes:>8} {r.success_rate:>8.3f} {r.reward_mean:>8.3f}")
+        failed = f"  ({r.failed} episode(s) failed, not counted)" if r.failed else ""
+        print(f"{r.task:<16} {r.version:>7} {r.episodes:>8} {r.success_rate:>8.3f} {r.reward_mean:>8.3f}{failed}")
     return 0
