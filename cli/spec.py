@@ -39,6 +39,7 @@ class Flag:
 FLAGS: dict[str, Flag] = {
     "temporal_address": Flag("--temporal-address", "temporal.address"),
     "namespace": Flag("--namespace", "temporal.namespace"),
+    "task_queue_prefix": Flag("--task-queue-prefix", "temporal.task_queue_prefix"),
     "model_dir": Flag("--model-dir", "model_dir"),
     "engine": Flag("--engine", "engine.kind"),
     "store_path": Flag("--store-path", "store.path"),
@@ -65,6 +66,8 @@ def add_temporal_args(s: argparse.ArgumentParser) -> None:
     """--temporal-address and --namespace, for commands that reach a server named by the job or the flags."""
     s.add_argument("--temporal-address", metavar="HOST:PORT", help="an existing Temporal server (default: local)")
     s.add_argument("--namespace", help="Temporal namespace (default: the job's, else 'default')")
+    s.add_argument("--task-queue-prefix", metavar="PREFIX",
+                   help="prepended to every task queue (default: the job's temporal.task_queue_prefix, else none)")
 
 
 def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:

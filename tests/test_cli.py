@@ -173,11 +173,12 @@ def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_worker_joins_a_given_server_and_drains_on_sigterm(tmp_path: Path) -> None:
     with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
-        cmd = [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address, "--store-path", str(tmp_path)]
+        cmd = [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address, "--store-path", str(tmp_path),
+               "--task-queue-prefix", "team-a-"]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
         try:
             lines = _wait_for_line(proc, "ready: pool=cpu", 60)
-            assert any("queues=[cpu, cpu@cpu-" in line for line in lines)
+            assert any("queues=[team-a-cpu, team-a-cpu@cpu-" in line for line in lines)
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
             assert proc.returncode == 0
