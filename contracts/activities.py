@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from rollart.infra.config import FaultModel, SamplingParams, TaskSpec, TrainerConfig
-from rollart.infra.store import key_word
+from rollart.infra.store_keys import key_word
 
 __all__ = [
     "ActivityName",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from rollart.infra.k8s_config import KubernetesConfig
+from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
 from rollart.infra.pools import GENERATION_POOLS, QUEUE_PREFIX_PATTERN, Pool
 
 __all__ = [
@@ -435,7 +435,7 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _pools_have_workers(self) -> JobSpec:
-        problems = self.kubernetes.problems(self) if self.kubernetes is not None else []
+        problems = self.kubernetes.problems(self.needs()) if self.kubernetes is not None else []
         if problems:
             raise ValueError("kubernetes: " + "; ".join(problems))
         return self
@@ -461,6 +461,18 @@ class JobSpec(_Strict):
     def colocates_rewards(self, pool: Pool) -> bool:
         """Whether some task runs its reward on `pool`'s generation workers (`reward_placement: colocated`)."""
         return any(t.reward_placement == "colocated" and t.generate_pool is pool for t in self.tasks)
+
+    def needs(self) -> JobNeeds:
+        """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
+        routes = []
+        for t in self.tasks:
+            routes += [Route(t.name, "its env", t.env, Pool(t.env_queue)),
+                       Route(t.name, "its generation", None, t.generate_pool),
+                       Route(t.name, "its reward", t.reward, Pool(t.reward_queue))]  # fmt: skip
+        parallel = self.trainer.parallel
+        return JobNeeds(routes=tuple(routes), generate_pools=frozenset(t.generate_pool for t in self.tasks),
+                        tensor_parallel_size=self.engine.tensor_parallel_size, trainer_tensor=parallel.tensor,
+                        trainer_data=parallel.data)  # fmt: skip
 
     def task(self, name: str) -> TaskSpec:
         """The task called `name`, or a KeyError listing the ones there are."""
