@@ -57,9 +57,6 @@ def check_job_components(job: JobSpec) -> None:
         try:
             entry = lookup_reward(task.reward)
             entry.check_args(task.reward_args)
-            if task.reward_placement == "serverless" and not entry.serverless:
-                raise ValueError(f"{task.reward!r} is declared serverless=False (it must run beside generation); "
-                                 "set reward_placement: colocated")  # fmt: skip
         except Exception as e:
             problems.append(f"tasks.{i} ({task.name}): reward: {e}")
     if problems:

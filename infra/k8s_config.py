@@ -72,10 +72,14 @@ class JobNeeds:
     """
 
     routes: tuple[Route, ...]
-    generate_pools: frozenset[Pool]
     tensor_parallel_size: int = 1
     trainer_tensor: int = 1
     trainer_data: int = 1
+
+    @property
+    def generate_pools(self) -> set[Pool]:
+        """The generation pools some task's work goes to (generation, and envs or rewards placed there)."""
+        return {r.pool for r in self.routes if r.pool in GENERATION_POOLS}
 
     @property
     def trainer_world_size(self) -> int:
@@ -258,7 +262,7 @@ class KubernetesConfig(_Strict):
 
     def resolve(self, needs: JobNeeds) -> dict[Pool, ResolvedPool]:
         """Every pool's concrete settings for a job (GPU counts from its engine and trainer)."""
-        return {pool: self.resolve_pool(pool, set(needs.generate_pools), self.worker_gpus(pool, needs)) for pool in Pool}
+        return {pool: self.resolve_pool(pool, needs.generate_pools, self.worker_gpus(pool, needs)) for pool in Pool}
 
     def runs_claim(self) -> VolumeConfig:
         """The trainer's run-dir volume: `runs_volume`, else 20Gi, shared (ReadWriteMany) when there are several nodes."""
@@ -341,7 +345,7 @@ class KubernetesConfig(_Strict):
         Workflows run on `control`; each task's env, generation and reward on the pools its `needs` name
         (the queues the workflows route to).
         """
-        replicas = {p: self.resolve_pool(p, set(needs.generate_pools)).replicas for p in Pool}
+        replicas = {p: self.resolve_pool(p, needs.generate_pools).replicas for p in Pool}
         problems = []
         if replicas[Pool.CONTROL] == 0:
             problems.append("pools.control.replicas is 0, but the control pool runs every workflow: give it at least 1")
