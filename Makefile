@@ -69,12 +69,15 @@ endif
 run: setup
 	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
-# The whole suite: unit tests and integration tests against a real Temporal server, real vLLM.
+# The whole suite: the layering (import-linter's contracts in pyproject.toml), unit tests and integration tests
+# against a real Temporal server, real vLLM.
 test: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Unit tests only (no server, no engine).
+# The layering and the unit tests only (no server, no engine).
 test-fast: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m "not integration" $(PYTEST_ARGS)
 
 # The container images the Kubernetes manifests run: each runs `make setup` for its build inside.
