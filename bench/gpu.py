@@ -36,17 +36,17 @@ def _line(name: str, ok: bool, detail: str) -> bool:
 async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
     """Serve 32 requests, swap in weights one torch step away, serve again: versions and log-probs follow."""
     import torch
-    from rollart.client.local import open_engine, trainer_logprobs, weights_blob
+    from rollart.client.in_process import started_engine
+    from rollart.client.local import trainer_logprobs, weights_blob
     from rollart.infra.config import EngineConfig, SamplingParams
     from transformers import AutoModelForCausalLM
 
-    engine = open_engine(model_dir, EngineConfig(max_model_len=256, gpu_memory_utilization=0.25, dtype="float32"))
-    t0 = time.perf_counter()
-    await engine.start()
-    started = time.perf_counter() - t0
     sampling = SamplingParams(temperature=1.0, max_tokens=8, n=4)
     prompt = "SFFF\nFHAH\nFFFH\nHFFG\nmove:"
-    try:
+    t0 = time.perf_counter()
+    async with started_engine(model_dir, EngineConfig(max_model_len=256, gpu_memory_utilization=0.25,
+                                                      dtype="float32")) as engine:  # fmt: skip
+        started = time.perf_counter() - t0
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(engine.generate(prompt, sampling, f"gpu-{i}") for i in range(32)))
         serve_s = time.perf_counter() - t0
@@ -64,8 +64,6 @@ async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
                                    device)  # fmt: skip
         diff = max(float((torch.tensor(t) - torch.tensor(c.logprobs)).abs().max())
                    for t, c in zip(trainer, after.completions))  # fmt: skip
-    finally:
-        await engine.shutdown()
     tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
     ok = after.policy_version == after.policy_version_end == 1 and diff < 1e-3
     return _line(f"vLLM ({device}) serves and swaps weights", ok,

@@ -1,8 +1,8 @@
-"""rollart's pieces in this process, without Temporal: an engine, the trainer's step, the trainer's logprobs.
+"""The trainer's side in this process, without Temporal: its step, the weights it publishes, its logprobs.
 
-What a worker runs, called directly: for benchmarks (`python -m bench ...`), notebooks and checks
-such as "does the engine's logprob of each sampled token equal the trainer's?". Nothing here starts
-a server or a worker.
+What the trainer worker runs, called directly: for benchmarks (`python -m bench ...`), notebooks and
+checks such as "does the engine's logprob of each sampled token equal the trainer's?" (the engine and
+the rollout side are in `in_process`). Nothing here starts a server or a worker.
 """
 
 from __future__ import annotations
@@ -11,22 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.config import EngineConfig, TrainerConfig
+from rollart.infra.config import TrainerConfig
 from rollart.infra.store import Store
 
 if TYPE_CHECKING:
     import torch
-    from rollart.activities.engines.base import Engine
     from rollart.activities.trainer import RankLauncher
 
-__all__ = ["LocalTrainer", "open_engine", "trainer_logprobs", "weights_blob"]
-
-
-def open_engine(model_dir: Path, cfg: EngineConfig) -> Engine:
-    """The inference engine a generation worker would run on `model_dir`; not started (`await engine.start()`)."""
-    from rollart.activities.engines.factory import create_engine
-
-    return create_engine(model_dir, cfg)
+__all__ = ["LocalTrainer", "trainer_logprobs", "weights_blob"]
 
 
 def weights_blob(model: torch.nn.Module) -> bytes:
