@@ -69,13 +69,17 @@ endif
 run: setup
 	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
-# The whole suite, every tier: unit, orchestration (a Temporal server, stand-in activities), integration
-# (the real stack: worker processes, vLLM, Mooncake) and chaos. Tiers and their timeouts: tests/conftest.py.
+# The whole suite: the layering (import-linter's contracts in pyproject.toml), then every test tier: unit,
+# orchestration (a Temporal server, stand-in activities), integration (the real stack: worker processes, vLLM,
+# Mooncake) and chaos. Tiers and their timeouts: tests/conftest.py.
 test: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Unit tests only: no server, no subprocess (a guard fails a unit test that starts one); under a minute.
+# The layering and the unit tests only: no server, no subprocess (a guard fails a unit test that starts one);
+# under a minute.
 test-fast: setup
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # Orchestration tests only: workflows against a Temporal server with stand-in activities.

@@ -1,13 +1,15 @@
-"""Env activities: sessions live in this cpu worker's process; `reset` on the shared queue, `step`/`close` on ours.
+"""Env activities: sessions live in this worker's process; `reset` on the shared queue, `step`/`close` on ours.
 
-`reset` is polled from the shared "cpu" queue by every env worker; the session
-it creates stays in the process that created it, and the handle it returns
-names this worker's private queue so every later `step` and `close` of the
-episode comes back here (sticky routing). If this worker dies, `restore` (on
-the shared queue) rebuilds a session elsewhere from the seed and the recorded
-actions. Env calls run in this worker's own thread pool (slow or sleeping envs
-must not starve the default executor), a task's `faults` wrap its envs, and
-its `reset_pool_size` turns on hedged resets with spares (`ResetPool`).
+`reset` is polled from the shared queue of the env's pool ("cpu", or the pool its
+`@env(pool=...)` names) by every env worker of that pool; the session it creates
+stays in the process that created it, and the handle it returns names this
+worker's private queue so every later `step` and `close` of the episode comes
+back here (sticky routing). If this worker dies, `restore` (on the shared queue)
+rebuilds a session elsewhere from the seed and the recorded actions. Env calls,
+`close` included, run in this worker's own thread pool (slow or sleeping envs must
+not starve the default executor nor block the event loop); single-turn `prompts`
+and `check` close each throwaway env whatever happens; a task's `faults` wrap its
+envs, and its `reset_pool_size` turns on hedged resets with spares (`ResetPool`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import functools
 import json
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -91,7 +93,23 @@ class EnvActivities:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """`fn(*args)` on the env threads: env code may block, the event loop must not."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    async def _close(self, entry: EnvEntry, env: Any, owner: str) -> None:
+        """`env.close()` on the env threads; a close that raises is logged, never raised (the env is done anyway)."""
+        try:
+            await self._call(env.close)
+        except Exception:
+            log.exception("env %s close failed (%s)", entry.name, owner)
+
+    async def _throwaway(self, name: str, env_args: dict[str, Any], use: Callable[[EnvEntry, Any], Awaitable[_T]]) -> _T:
+        """Build an env, `use` it, and close it whatever happens: single-turn activities keep no session."""
+        entry, env = self._build(name, env_args, None)
+        try:
+            return await use(entry, env)
+        finally:
+            await self._close(entry, env, "a throwaway env")
 
     def _build(self, name: str, env_args: dict[str, Any], options: EnvOptions | None) -> tuple[EnvEntry, Any]:
         entry, env = _build(name, env_args)
@@ -114,7 +132,7 @@ class EnvActivities:
             try:
                 return env, await self._reset(entry, env, seed, timeout)
             except BaseException:
-                env.close()
+                await self._close(entry, env, f"a failed reset of seed {seed}")
                 raise
 
         if size == 0:  # the members' resets at once (remote sandboxes reset in parallel); any failure fails all
@@ -122,7 +140,7 @@ class EnvActivities:
             ready = [out for out in outcomes if not isinstance(out, BaseException)]
             if len(ready) < n:
                 for env, _ in ready:  # a group with a member that failed to reset: release the others
-                    env.close()
+                    await self._close(entry, env, f"a group member of seed {seed}")
                 raise next(out for out in outcomes if isinstance(out, BaseException))
             return entry, ready
         key = (name, json.dumps(env_args, sort_keys=True, default=str), options, seed)
@@ -199,7 +217,7 @@ class EnvActivities:
                     raise _mismatch(inp, member, f"replay ends on {observation[:60]!r}, the episode saw {expected[:60]!r}")
         except BaseException:
             for env in session.envs:
-                env.close()
+                await self._close(entry, env, f"a failed restore of {inp.owner_id}")
             raise
         session_id = f"{inp.owner_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = session
@@ -265,19 +283,18 @@ class EnvActivities:
         """Drop the session and release its env; closing twice is fine."""
         session = self._sessions.pop(inp.session_id, None)
         for env in session.envs if session is not None else []:
-            try:
-                await self._call(env.close)
-            except Exception:  # the episode is over either way
-                log.exception("env %s close failed for session %s", session.entry.name, inp.session_id)
+            await self._close(session.entry, env, f"session {inp.session_id}")
 
     @activity.defn(name="prompts")
     async def prompts(self, inp: PromptsInput) -> list[str]:
         """Single-turn tasks: each seed's first observation, from a throwaway env (no session kept)."""
         observations = []
         for seed in inp.seeds:
-            entry, env = self._build(inp.env, inp.env_args, None)
-            observations.append(await self._reset(entry, env, seed))
-            env.close()
+
+            async def first_observation(entry: EnvEntry, env: Any, seed: int = seed) -> str:
+                return await self._reset(entry, env, seed)
+
+            observations.append(await self._throwaway(inp.env, inp.env_args, first_observation))
         return observations
 
     @activity.defn(name="check")
@@ -289,14 +306,16 @@ class EnvActivities:
         for seed, answers in zip(inp.seeds, inp.answers):
             row = []
             for answer in answers:
-                entry, env = self._build(inp.env, inp.env_args, None)
-                await self._reset(entry, env, seed)
-                try:
-                    outcome = await self._call(env.step, answer)
-                except Exception as e:
-                    raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
-                row.append(_step_result(entry, outcome))
-                env.close()
+
+                async def play(entry: EnvEntry, env: Any, seed: int = seed, answer: str = answer) -> StepResult:
+                    await self._reset(entry, env, seed)
+                    try:
+                        outcome = await self._call(env.step, answer)
+                    except Exception as e:
+                        raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
+                    return _step_result(entry, outcome)
+
+                row.append(await self._throwaway(inp.env, inp.env_args, play))
             results.append(row)
         return results
 

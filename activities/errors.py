@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from rollart.contracts.errors import ErrorType
+from rollart.infra.store import StoreError
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["bad_input", "env_broken", "unknown_component"]
+__all__ = ["INFRA_ERRORS", "bad_input", "env_broken", "train_step_failed", "unknown_component"]
+
+INFRA_ERRORS: tuple[type[BaseException], ...] = (StoreError, OSError)
+"""What a train step may raise that is not its own doing: the store briefly unavailable, a file system or network
+error (OSError covers ConnectionError and TimeoutError). A retry may succeed; anything else the step raised would
+happen again."""
 
 
 def bad_input(message: str) -> ApplicationError:
@@ -21,3 +27,16 @@ def unknown_component(message: str) -> ApplicationError:
 def env_broken(message: str) -> ApplicationError:
     """An env raised mid-episode: its state is unknown, so the episode cannot go on (not retried)."""
     return ApplicationError(message, type=ErrorType.ENV_BROKEN, non_retryable=True)
+
+
+def train_step_failed(job_id: str, step: int, cause: BaseException) -> ApplicationError:
+    """The step's own code raised (a shape error, an index out of range, a bad value): every retry would too.
+
+    Not retried: the training workflow fails with the step, the job and the cause, instead of retrying forever.
+    """
+    return ApplicationError(
+        f"train step {step} of job {job_id!r} failed: {type(cause).__name__}: {cause}. The step's own code raised, "
+        "so a retry would fail the same way; fix the cause (the model, the data or the trainer config) and resume",
+        type=ErrorType.TRAIN_STEP_FAILED,
+        non_retryable=True,
+    )

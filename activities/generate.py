@@ -1,8 +1,8 @@
 """The generate activity: many concurrent calls share one engine, which batches them continuously.
 
 Bulk output (prompt ids, sampled token ids, behaviour logprobs) is written to
-the payload store under the caller's `data_key`; the workflow gets texts,
-counts and the policy versions used.
+the payload store under the caller's `data_key` as a `StoredTurn`; the workflow
+gets texts, counts and the policy versions used.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestE
 from rollart.activities.heartbeat import heartbeating
 from rollart.contracts.activities import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.store import StoredCompletion, StoredTurn
 from rollart.infra.config import SamplingParams
 from rollart.infra.store import Store, key_word
 from rollart.infra.weights import fetch_latest
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["GenerateActivities", "turn_record"]
+__all__ = ["GenerateActivities", "stored_turn"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class GenerateActivities:
             out = await self.engine.generate(prompt, sampling, request_id)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
             raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
-        await asyncio.to_thread(self.store.put_json, data_key, turn_record(prompt, out))
+        await asyncio.to_thread(self.store.put, data_key, stored_turn(prompt, out).to_bytes())
         return GenerateResult(
             completions=[
                 Completion(text=c.text, num_tokens=len(c.token_ids), finish_reason=c.finish_reason)
@@ -132,15 +133,15 @@ def _request_id() -> str:
     return f"{info.workflow_id}:{info.activity_id}:{info.attempt}"
 
 
-def turn_record(prompt: str, out: EngineOutput) -> dict:
+def stored_turn(prompt: str, out: EngineOutput) -> StoredTurn:
     """What the store keeps of one generation: everything a trainer needs to recompute the loss."""
-    return {
-        "prompt": prompt,
-        "prompt_ids": out.prompt_ids,
-        "policy_version": out.policy_version,
-        "policy_version_end": out.policy_version_end,
-        "completions": [
-            {"text": c.text, "token_ids": c.token_ids, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+    return StoredTurn(
+        prompt=prompt,
+        prompt_ids=out.prompt_ids,
+        policy_version=out.policy_version,
+        policy_version_end=out.policy_version_end,
+        completions=[
+            StoredCompletion(text=c.text, token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason)
             for c in out.completions
         ],
-    }
+    )

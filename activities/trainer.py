@@ -9,7 +9,10 @@ Two backends run the same step code (`activities.training.step`):
   started afresh from the last checkpoint and the retry completes.
 
 A step is idempotent: its result is recorded in `run_dir/steps/` and a repeated call returns the
-record without touching the weights, so Temporal may retry freely. Workflow code must never import
+record without touching the weights, so Temporal may retry freely. What is retried: a lost trainer
+(its heartbeats stop), a dead rank (`TrainerRankFailed`), the store or a file system briefly failing
+(`INFRA_ERRORS`). What is not: an exception of the step's own code (a shape error, an index out of
+range, a bad value) fails `TrainStepFailed`, non-retryable, naming the step, the job and the cause. Workflow code must never import
 this module (it imports torch); workflows call the activity by name with `TrainStepInput`.
 """
 
@@ -22,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 import torch
-from rollart.activities.errors import bad_input
+from rollart.activities.errors import INFRA_ERRORS, bad_input, train_step_failed
 from rollart.activities.heartbeat import heartbeating
 from rollart.activities.training.devices import DeviceUnavailable, resolve_device
 from rollart.activities.training.ranks import OneProcess
@@ -32,6 +35,7 @@ from rollart.activities.training.torch_policy import TorchPolicy
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.store import Store
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 __all__ = ["HEARTBEAT_EVERY_S", "RankLauncher", "TrainerActivities", "checkpoint_dir", "step_record_path"]
 
@@ -109,11 +113,16 @@ class TrainerActivities:
             state = self._jobs[inp.job_id] = self._load_state(inp)
         try:
             result = train_step(state, OneProcess(), self.store, inp, self.keep_weight_versions)
-        except Exception as e:
-            if not getattr(e, "non_retryable", False):
-                # The in-memory weights may be ahead of what is recorded: forget them, reload on the next call.
+        except ApplicationError as e:  # bad input or the wrong step: refused before the weights were touched
+            if not e.non_retryable:
                 self._jobs.pop(inp.job_id, None)
             raise
+        except Exception as e:
+            # The in-memory weights may be ahead of what is recorded: forget them, reload on the next call.
+            self._jobs.pop(inp.job_id, None)
+            if isinstance(e, INFRA_ERRORS):
+                raise
+            raise train_step_failed(inp.job_id, inp.step, e) from e
         if result is None:
             raise RuntimeError("a single-process trainer is its own leader and must return the step's result")
         return result

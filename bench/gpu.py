@@ -36,40 +36,34 @@ def _line(name: str, ok: bool, detail: str) -> bool:
 async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
     """Serve 32 requests, swap in weights one torch step away, serve again: versions and log-probs follow."""
     import torch
-    from rollart.activities.engines.factory import create_engine
-    from rollart.activities.training.torch_policy import TorchPolicy
-    from rollart.infra.config import EngineConfig, SamplingParams, TrainerConfig
+    from rollart.client.in_process import started_engine
+    from rollart.client.local import trainer_logprobs, weights_blob
+    from rollart.infra.config import EngineConfig, SamplingParams
+    from transformers import AutoModelForCausalLM
 
-    engine = create_engine(model_dir, EngineConfig(max_model_len=256, gpu_memory_utilization=0.25, dtype="float32"))
-    t0 = time.perf_counter()
-    await engine.start()
-    started = time.perf_counter() - t0
     sampling = SamplingParams(temperature=1.0, max_tokens=8, n=4)
     prompt = "SFFF\nFHAH\nFFFH\nHFFG\nmove:"
-    try:
+    t0 = time.perf_counter()
+    async with started_engine(model_dir, EngineConfig(max_model_len=256, gpu_memory_utilization=0.25,
+                                                      dtype="float32")) as engine:  # fmt: skip
+        started = time.perf_counter() - t0
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(engine.generate(prompt, sampling, f"gpu-{i}") for i in range(32)))
         serve_s = time.perf_counter() - t0
-        policy = TorchPolicy(model_dir, TrainerConfig(), torch.device(device))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         with torch.no_grad():  # new weights: nudge every tensor, as a train step would
-            for p in policy.model.parameters():
+            for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
         blob = home / "v1.safetensors"
-        blob.write_bytes(policy.weights_blob())
+        blob.write_bytes(weights_blob(model))
         t0 = time.perf_counter()
         await engine.load_weights(blob, 1)
         swap_s = time.perf_counter() - t0
         after = await engine.generate(prompt, sampling, "gpu-after")
-        from rollart.activities.rl.batch import TrainSequence, collate
-
-        seqs = [TrainSequence(after.prompt_ids, c.token_ids, c.logprobs, 0.0) for c in after.completions]
-        mb = collate(seqs, policy.pad_id).to(policy.device)
-        with torch.no_grad():
-            lp, _ = policy.logprobs(mb, entropy_grad=False)
-        diff = max(float((lp[i, len(s.prompt_ids): s.length].cpu() - torch.tensor(s.behav_logprobs)).abs().max())
-                   for i, s in enumerate(seqs))  # fmt: skip
-    finally:
-        await engine.shutdown()
+        trainer = trainer_logprobs(model_dir, blob.read_bytes(), [(after.prompt_ids, c.token_ids) for c in after.completions],
+                                   device)  # fmt: skip
+        diff = max(float((torch.tensor(t) - torch.tensor(c.logprobs)).abs().max())
+                   for t, c in zip(trainer, after.completions))  # fmt: skip
     tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
     ok = after.policy_version == after.policy_version_end == 1 and diff < 1e-3
     return _line(f"vLLM ({device}) serves and swaps weights", ok,

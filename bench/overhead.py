@@ -13,9 +13,10 @@ trajectories (all started at once), in two units:
   coroutine per group doing reset_group → (generate_batch → step_group)* →
   reward_batch → close.
 
-The asyncio path runs each call through temporalio's `ActivityEnvironment` (the
-activity context the code expects, no server) — no queues, no histories, no
-payload conversion, no processes.
+The asyncio path is the same rollout driver (workflows/driver) over in-process
+calls (`rollart.client.in_process`, `rollart eval`'s path): each activity runs in
+an activity context of its own, no server — no queues, no histories, no payload
+conversion, no processes.
 
 At the env latency model of bench/workload.py and at zero env latency. Reports
 wall time, trajectory time (median start → result), and Temporal's overhead per
@@ -30,38 +31,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import statistics
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
 from bench.rollout import activity_timings
 from bench.training_run import stack_for
 from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
-from rollart.contracts.activities import (
-    CloseInput,
-    EnvOptions,
-    GenerateBatchInput,
-    GenerateInput,
-    GroupResetInput,
-    GroupStepInput,
-    ResetInput,
-    RewardBatchInput,
-    RewardInput,
-    StepInput,
-    Transcript,
-    TurnRecord,
-    WeightsRef,
-    turn_key,
-)
+from rollart.client.in_process import InProcessCalls, in_process_activities, play_unit, started_engine
+from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout
+from rollart.contracts.rollouts import TrajectoryResult
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
-from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout
-from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 
 HOME = RESULTS / ".stack-overhead"
 MAX_TURNS = 8
@@ -171,110 +154,42 @@ def _temporal_measures(wall: float, walls: list[float], results: list[Trajectory
 # ---------------------------------------------------------------- plain asyncio path
 
 
-async def _call(fn, arg):
-    """Run one activity method with an activity context of its own (unique id: vLLM request ids differ)."""
-    from temporalio.testing import ActivityEnvironment
-
-    env = ActivityEnvironment()
-    env.info = dataclasses.replace(env.info, activity_id=uuid.uuid4().hex, workflow_id="plain")
-    return await env.run(fn, arg)
-
-
 async def _plain(job: JobSpec, n: int, repeats: int) -> dict[str, list[dict]]:
-    from rollart.activities.engines.factory import create_engine
-    from rollart.activities.env import EnvActivities
-    from rollart.activities.generate import GenerateActivities
-    from rollart.activities.reward import RewardActivities
-    from rollart.infra.store import open_store
-
-    engine = create_engine(job.model_dir, job.engine)
-    await engine.start()
-    try:
-        weights_dir = Path(tempfile.mkdtemp(prefix="bench-overhead-"))
-        gen = GenerateActivities(engine, open_store(job.store), "plain", weights_dir, job.model_dir / "model.safetensors")
-        envs, rewards = EnvActivities("plain", queue="plain"), RewardActivities()
-        await _plain_round(envs, gen, rewards, overhead_job(NO_LATENCY), 8, seed=999)  # warm-up
-        out: dict[str, list[dict]] = {}
-        for r in range(repeats):
-            for unit, rollout_unit in UNITS.items():
-                for lat, latency in LATENCIES.items():
-                    m = await _plain_round(envs, gen, rewards, overhead_job(latency, rollout_unit), n, seed=r)
-                    out.setdefault(mode("asyncio", unit, lat), []).append(m)
-                    print(f"  repeat {r + 1}/{repeats} {mode('asyncio', unit, lat):<34} {m['wall_s']:6.2f} s  "
-                          f"trajectory {m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
-        return out
-    finally:
-        await engine.shutdown()
+    """The rollout driver over the same activity code in this process (`rollart eval`'s path), engine and all."""
+    async with started_engine(job.model_dir, job.engine) as engine:
+        async with in_process_activities(engine, job.model_dir, job.store) as calls:
+            await _plain_round(calls, overhead_job(NO_LATENCY), 8, seed=999)  # warm-up
+            out: dict[str, list[dict]] = {}
+            for r in range(repeats):
+                for unit, rollout_unit in UNITS.items():
+                    for lat, latency in LATENCIES.items():
+                        m = await _plain_round(calls, overhead_job(latency, rollout_unit), n, seed=r)
+                        out.setdefault(mode("asyncio", unit, lat), []).append(m)
+                        print(f"  repeat {r + 1}/{repeats} {mode('asyncio', unit, lat):<34} {m['wall_s']:6.2f} s  "
+                              f"trajectory {m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
+            return out
 
 
-async def _plain_round(envs, gen, rewards, job: JobSpec, n: int, seed: int) -> dict:
-    """The inputs `rollart rollout` would run, each workflow's sequence as one coroutine (same units, same seeds)."""
+async def _plain_round(calls: InProcessCalls, job: JobSpec, n: int, seed: int) -> dict:
+    """The units `rollart rollout` would start, each played by the driver as one coroutine (same seeds)."""
     job_id = f"plain-{seed}-{uuid.uuid4().hex[:6]}"
     units = rollout_units(plan_trajectories(job, n, seed=seed, job_id=job_id))
+    before = sum(calls.counts.values())
     t0 = time.monotonic()
-    done = await asyncio.gather(*(
-        _plain_group(envs, gen, rewards, members, f"{job_id}-{first:04d}") if members[0].task.rollout_unit == "group"
-        else _plain_trajectory(envs, gen, rewards, members[0], f"{job_id}-{first:04d}")
-        for first, members in units
-    ))  # fmt: skip
+
+    async def timed(first: int, members: list) -> tuple[float, list[TrajectoryResult]]:
+        results = await play_unit(calls, first, members, job_id)
+        return time.monotonic() - t0, results
+
+    done = await asyncio.gather(*(timed(first, members) for first, members in units))
     wall = time.monotonic() - t0
-    members = sum(d["members"] for d in done)
+    results = [r for _, rs in done for r in rs]
     return {
-        "wall_s": wall, "trajectory_s": statistics.median(d["wall_s"] for d in done),
-        "trajectories_per_s": members / wall, "completed": members,
-        "activities_per_trajectory": sum(d["activities"] for d in done) / members,
-        "turns": statistics.fmean(d["turns"] for d in done),
+        "wall_s": wall, "trajectory_s": statistics.median(w for w, _ in done),
+        "trajectories_per_s": len(results) / wall, "completed": sum(r.status == "completed" for r in results),
+        "activities_per_trajectory": (sum(calls.counts.values()) - before) / len(results),
+        "turns": statistics.fmean(r.turns for r in results),
     }  # fmt: skip
-
-
-async def _plain_trajectory(envs, gen, rewards, inp: TrajectoryInput, tid: str) -> dict:
-    """TrajectoryWorkflow's sequence, as plain awaits: reset → (generate → step)* → reward → close."""
-    t0 = time.monotonic()
-    task = inp.task
-    handle = await _call(envs.reset, ResetInput(env=task.env, env_args=task.env_args, seed=inp.seed, trajectory_id=tid,
-                                                options=EnvOptions.of(task)))  # the latency model, as Episode.reset sends it
-    observation, turns, done, calls = handle.observation, [], False, 1
-    while not done and len(turns) < task.max_turns:
-        g = await _call(gen.generate, GenerateInput(prompt=observation, sampling=task.sampling,
-                                                    data_key=turn_key(inp.job_id, tid, len(turns)),
-                                                    weights=WeightsRef(job_id=inp.job_id, min_version=0)))  # fmt: skip
-        action = g.completions[0].text
-        s = await _call(envs.step, StepInput(session_id=handle.session_id, action=action))
-        turns.append(TurnRecord(observation=observation, action=action, env_reward=s.reward, done=s.done, info=s.info))
-        observation, done, calls = s.observation, s.done, calls + 2
-    transcript = Transcript(task=task.name, seed=inp.seed, turns=turns, final_observation=observation)
-    await _call(rewards.reward, RewardInput(reward=task.reward, transcript=transcript))
-    await _call(envs.close, CloseInput(session_id=handle.session_id))
-    return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "members": 1, "turns": len(turns)}
-
-
-async def _plain_group(envs, gen, rewards, members: list[TrajectoryInput], group_id: str) -> dict:
-    """GroupEpisode's sequence, as plain awaits: reset_group → (generate_batch → step_group)* → reward_batch → close."""
-    t0 = time.monotonic()
-    task, seed, job_id = members[0].task, members[0].seed, members[0].job_id
-    h = await _call(envs.reset_group, GroupResetInput(env=task.env, env_args=task.env_args, seed=seed,
-                                                      size=len(members), group_id=group_id,
-                                                      options=EnvOptions.of(task)))  # fmt: skip
-    obs, turns = list(h.observations), [[] for _ in h.observations]
-    done, calls = [False] * len(obs), 1
-    while playing := [m for m in range(len(obs)) if not done[m] and len(turns[m]) < task.max_turns]:
-        gens = await _call(gen.generate_batch, GenerateBatchInput(
-            prompts=[obs[m] for m in playing], sampling=task.sampling, weights=WeightsRef(job_id=job_id, min_version=0),
-            data_keys=[turn_key(job_id, f"{group_id}-{m}", len(turns[m])) for m in playing]))  # fmt: skip
-        actions: list[str | None] = [None] * len(obs)
-        for m, g in zip(playing, gens):
-            actions[m] = g.completions[0].text
-        steps = await _call(envs.step_group, GroupStepInput(session_id=h.session_id, actions=actions))
-        for m in playing:
-            s = steps[m]
-            turns[m].append(TurnRecord(observation=obs[m], action=actions[m], env_reward=s.reward, done=s.done, info=s.info))
-            obs[m], done[m] = s.observation, s.done
-        calls += 2
-    transcripts = [Transcript(task=task.name, seed=seed, turns=t, final_observation=o) for t, o in zip(turns, obs)]
-    await _call(rewards.reward_batch, RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args))
-    await _call(envs.close, CloseInput(session_id=h.session_id))
-    return {"wall_s": time.monotonic() - t0, "activities": calls + 2, "members": len(obs),
-            "turns": statistics.fmean(len(t) for t in turns)}  # fmt: skip
 
 
 # ---------------------------------------------------------------- report

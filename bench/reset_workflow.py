@@ -1,4 +1,5 @@
-"""The workflow `python -m bench resets` drives: one `Episode.reset` after another, exactly as a trajectory calls it.
+"""The workflow `python -m bench resets` drives: one episode's start (its reset) after another, through the rollout
+driver's Temporal calls — exactly as a trajectory makes it, with the reset's retry policy.
 
 Kept apart from bench/resets.py so the workflow sandbox imports nothing heavy.
 """
@@ -7,12 +8,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.infra.config import TaskSpec
-    from rollart.workflows.episode import Episode, describe
     from rollart.contracts.rollouts import TrajectoryInput
+    from rollart.infra.config import TaskSpec
+    from rollart.workflows.driver.calls import CallFailed
+    from rollart.workflows.driver.episode import Episode
+    from rollart.workflows.temporal_calls import TemporalCalls
 
 __all__ = ["ResetBenchInput", "ResetBenchResult", "ResetBenchWorkflow"]
 
@@ -33,16 +35,16 @@ class ResetBenchResult(BaseModel):
 class ResetBenchWorkflow:
     @workflow.run
     async def run(self, inp: ResetBenchInput) -> ResetBenchResult:
-        base = workflow.info().workflow_id
+        base, calls = workflow.info().workflow_id, TemporalCalls()
         out = ResetBenchResult(ok=0, failed=0, latencies_s=[], errors=[])
         for seed in inp.seeds:
-            ep = Episode(inp=TrajectoryInput(task=inp.task, seed=seed), trajectory_id=f"{base}-{seed}")
+            ep = Episode(calls, TrajectoryInput(task=inp.task, seed=seed), f"{base}-{seed}")
             t0 = workflow.time()
             try:
-                await ep.reset()
+                await ep.start()
                 out.ok += 1
                 out.latencies_s.append(workflow.time() - t0)
-            except ActivityError as err:
+            except CallFailed as err:
                 out.failed += 1
-                out.errors.append(describe(err))
+                out.errors.append(err.message)
         return out

@@ -191,12 +191,12 @@ def measure(home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -
 
 def calibrate(reward_args: dict) -> float:
     """Milliseconds of one forward pass of the reward model over an 8-turn FrozenLake transcript (median of 7)."""
-    from rollart.activities.rewards.model_based import RewardModel
     from rollart.contracts.activities import Transcript, TurnRecord
+    from rollart.infra.registry import lookup_reward
 
     grid = "SFFF\nFHFH\nFFFH\nHFFG\nmove:"
     t = Transcript(task="frozenlake", seed=0, turns=[TurnRecord(observation=grid, action="R")] * 8)
-    model = RewardModel.from_args(**reward_args)
+    model = lookup_reward("reward_model").load(reward_args)  # what a serverless worker loads
     model(t)
     times = []
     for _ in range(7):

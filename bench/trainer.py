@@ -62,6 +62,7 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
     """SampleRefs of 8 groups x 8 four-turn trajectories whose turn records hold one token sampled from the model."""
     import torch
     from rollart.contracts.activities import SampleRef, turn_key
+    from rollart.contracts.store import StoredCompletion, StoredTurn
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -79,9 +80,8 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
                     logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
                 t = int(torch.multinomial(logp.exp(), 1, generator=gen))
                 key = turn_key("bench", f"g{g}-{m}", turn)
-                store.put_json(key, {"prompt": "", "prompt_ids": ids, "policy_version": 0, "policy_version_end": 0,
-                                     "completions": [{"text": "", "token_ids": [t], "logprobs": [float(logp[t])],
-                                                      "finish_reason": "length"}]})  # fmt: skip
+                sampled = StoredCompletion(token_ids=[t], logprobs=[float(logp[t])], finish_reason="length")
+                store.put(key, StoredTurn(prompt_ids=ids, completions=[sampled]).to_bytes())
                 keys.append(key)
                 agent = rng.randrange(16)
             reward = float(rng.random() < 0.3)
@@ -92,24 +92,22 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
 
 async def run_mode(name: str, trainer: dict, model_dir: Path, samples: list, steps: int, store_dir: Path,
                    run_root: Path) -> dict:  # fmt: skip
-    from rollart.activities.trainer import TrainerActivities
+    from rollart.client.local import LocalTrainer
     from rollart.contracts.activities import TrainStepInput
     from rollart.infra.config import StoreConfig, TrainerConfig
     from rollart.infra.store import LocalStore
     from rollart.workers.trainer_ranks import RankGroup
-    from temporalio.testing import ActivityEnvironment
 
     job = name.replace(" ", "-").replace("=", "")
     group = RankGroup(store=StoreConfig(path=store_dir)) if trainer.get("backend") == "megatron" else None
-    acts = TrainerActivities(LocalStore(store_dir), ranks=group)
-    env = ActivityEnvironment()
+    local = LocalTrainer(LocalStore(store_dir), ranks=group)
     walls, train, publish = [], [], []
     try:
         for n in range(steps):
             inp = TrainStepInput(job_id=job, step=n, samples=samples, model_dir=str(model_dir),
                                  run_dir=str(run_root / job), trainer=TrainerConfig(**trainer, checkpoint_every=10_000))  # fmt: skip
             t0 = time.perf_counter()
-            r = await env.run(acts.train_step, inp)
+            r = await local.step(inp)
             walls.append(time.perf_counter() - t0)
             train.append(r.metrics["train_s"])
             publish.append(r.metrics["publish_s"])

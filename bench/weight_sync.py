@@ -208,8 +208,8 @@ def build_model(out: Path, tiny: Path, hidden: int, layers: int, inter: int) -> 
 async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[dict]:
     """publish → pull → reload → first request on the new version, per model and store kind."""
     import torch
-    from rollart.activities.engines.factory import create_engine
-    from rollart.activities.rl.weights_io import state_dict_blob
+    from rollart.client.in_process import started_engine
+    from rollart.client.local import weights_blob
     from rollart.infra.config import EngineConfig, MooncakeConfig, SamplingParams, StoreConfig
     from rollart.infra.mooncake_service import MooncakeService
     from rollart.infra.store import LocalStore, open_store
@@ -224,9 +224,7 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
         for label, model_dir in models.items():
             trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
             params = sum(p.numel() for p in trainer.parameters())
-            engine = create_engine(model_dir, EngineConfig(kind="vllm", max_model_len=128))
-            await engine.start()
-            try:
+            async with started_engine(model_dir, EngineConfig(kind="vllm", max_model_len=128)) as engine:
                 version = 0
                 sampling = SamplingParams(max_tokens=2)
                 await engine.generate("warm up", sampling, "warm")
@@ -239,7 +237,7 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
                                 p.add_(1e-4)
                         version += 1
                         t0 = time.perf_counter()
-                        blob = state_dict_blob(trainer)  # what the trainer's publish does: serialise, then put
+                        blob = weights_blob(trainer)  # what the trainer's publish does: serialise, then put
                         publish(store, f"swap-{label}", version, blob)
                         t1 = time.perf_counter()
                         path = home / "swap.safetensors"
@@ -258,9 +256,7 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
                            **{f"{k}_s": statistics.median(v) for k, v in parts.items()}}  # fmt: skip
                     rows.append(row)
                     print(f"  swap {label:>5} {kind:<10} total {row['total_s']:.3f}s", flush=True)
-            finally:
-                await engine.shutdown()
-                del engine, trainer
+            del trainer
     return rows
 
 

@@ -9,19 +9,19 @@ draws, with the untrained model (version 0) or any published version.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from rollart.activities.engines.hf_engine import HfEngine
-from rollart.activities.reward import as_reward_result
-from rollart.contracts.activities import Transcript, TurnRecord
+from rollart.client.in_process import in_process_activities
+from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.config import JobSpec, TaskSpec
-from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.infra.store import StoreKeyError, open_store
 from rollart.infra.weights import latest_weights, weights_key
+from rollart.workflows.driver.episode import Episode
+from rollart.workflows.driver.lockstep import play
 
 __all__ = ["EVAL_SEED_BASE", "EvalReport", "evaluate"]
 
@@ -31,7 +31,7 @@ EVAL_SEED_BASE = 2_000_000_000
 
 @dataclass(frozen=True)
 class EvalReport:
-    """Greedy (or sampled) success of one policy version on one task."""
+    """Greedy (or sampled) success of one policy version on one task; failed episodes are not counted in."""
 
     task: str
     version: int
@@ -39,27 +39,35 @@ class EvalReport:
     success_rate: float
     reward_mean: float
     temperature: float
+    failed: int = 0
 
 
 async def evaluate(job: JobSpec, task: TaskSpec, job_id: str | None, version: int | None, episodes: int,
                    temperature: float = 0.0) -> EvalReport:  # fmt: skip
-    """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0)."""
+    """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0).
+
+    The episodes run through the rollout driver with the activity code in this process (one at a time): the
+    same env, generation and reward calls as in training, only greedy and on seeds training never draws.
+    """
     engine = HfEngine.from_config(job.model_dir, job.engine)
     await engine.start()
+    sampling = task.sampling.model_copy(update={"temperature": temperature, "n": 1})
+    greedy = task.model_copy(update={"sampling": sampling})
     try:
         version = await _load_version(engine, job, job_id, version)
-        sampling = task.sampling.model_copy(update={"temperature": temperature, "n": 1})
-        env_entry, reward_entry = lookup_env(task.env), lookup_reward(task.reward)
-        scorer = reward_entry.load(task.reward_args)
-        results = []
-        for i in range(episodes):
-            transcript = await _play(engine, env_entry.cls(**task.env_args), task, sampling, EVAL_SEED_BASE + i)
-            results.append(as_reward_result(await asyncio.to_thread(scorer, transcript), task.reward))
+        async with in_process_activities(engine, job.model_dir) as calls:
+            results = []
+            for i in range(episodes):
+                episode = Episode(calls, TrajectoryInput(task=greedy, seed=EVAL_SEED_BASE + i), f"eval-{task.name}-{i}")
+                results += await play([episode])
     finally:
         await engine.shutdown()
-    return EvalReport(task=task.name, version=version, episodes=episodes, temperature=temperature,
-                      success_rate=statistics.fmean(float(r.success) for r in results),
-                      reward_mean=statistics.fmean(r.value for r in results))  # fmt: skip
+    scored = [r for r in results if r.status == "completed"]
+    if not scored:
+        raise RuntimeError(f"every eval episode of task {task.name!r} failed; the first: {results[0].error}")
+    return EvalReport(task=task.name, version=version, episodes=len(scored), temperature=temperature,
+                      success_rate=statistics.fmean(float(bool(r.success)) for r in scored),
+                      reward_mean=statistics.fmean(r.reward or 0.0 for r in scored), failed=len(results) - len(scored))  # fmt: skip
 
 
 async def _load_version(engine: HfEngine, job: JobSpec, job_id: str | None, version: int | None) -> int:
@@ -82,19 +90,3 @@ async def _load_version(engine: HfEngine, job: JobSpec, job_id: str | None, vers
         path.write_bytes(blob)
         await engine.load_weights(path, version)
     return version
-
-
-async def _play(engine: HfEngine, env: object, task: TaskSpec, sampling: object, seed: int) -> Transcript:
-    observation = env.reset(seed)  # type: ignore[attr-defined]
-    turns: list[TurnRecord] = []
-    for turn in range(task.max_turns):
-        out = await engine.generate(observation, sampling, f"eval-{seed}-{turn}")  # type: ignore[arg-type]
-        action = out.completions[0].text
-        step = env.step(action)  # type: ignore[attr-defined]
-        turns.append(TurnRecord(observation=observation, action=action, env_reward=step.reward, done=step.done,
-                                info=step.info))  # fmt: skip
-        observation = step.observation
-        if step.done:
-            break
-    env.close()  # type: ignore[attr-defined]
-    return Transcript(task=task.name, seed=seed, turns=turns, final_observation=observation)

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from rollart.infra.config import JobSpec
-from rollart.infra.pools import Pool
+from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from temporalio.client import Client, WorkflowFailureError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",
-           "run_rollout"]
+           "run_rollout", "unit_input"]
 
 
 class JobCheckError(ValueError):
@@ -57,9 +57,6 @@ def check_job_components(job: JobSpec) -> None:
         try:
             entry = lookup_reward(task.reward)
             entry.check_args(task.reward_args)
-            if task.reward_placement == "serverless" and not entry.serverless:
-                raise ValueError(f"{task.reward!r} is declared serverless=False (it must run beside generation); "
-                                 "set reward_placement: colocated")  # fmt: skip
         except Exception as e:
             problems.append(f"tasks.{i} ({task.name}): reward: {e}")
     if problems:
@@ -76,7 +73,8 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
         task = rng.choices(job.tasks, weights=weights)[0]
         env_seed = seed * 1_000_003 + group
         for _ in range(min(task.group_size, n - len(plan))):
-            plan.append(TrajectoryInput(task=task, seed=env_seed, job_id=job_id))
+            plan.append(TrajectoryInput(task=task, seed=env_seed, job_id=job_id,
+                                        queue_prefix=job.temporal.task_queue_prefix))  # fmt: skip
         group += 1
     return plan
 
@@ -96,19 +94,12 @@ async def run_rollout(
     starts = asyncio.Semaphore(max_starts_in_flight)
 
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
-        inp = members[0]
-        workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
+        workflow_type, workflow_id, inp = unit_input(first, members, job_id)
+        result_type = TrajectoryResult if workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         t0 = time.monotonic()
         async with starts:
-            if len(members) == 1 and not _grouped(inp):
-                handle = await client.start_workflow("TrajectoryWorkflow", inp, id=workflow_id,
-                                                     task_queue=Pool.CONTROL.value, result_type=TrajectoryResult)  # fmt: skip
-            else:
-                task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
-                group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)],
-                                          job_id=inp.job_id, min_version=inp.min_version)  # fmt: skip
-                handle = await client.start_workflow("GroupRolloutWorkflow", group, id=workflow_id,
-                                                     task_queue=Pool.CONTROL.value, result_type=list[TrajectoryResult])  # fmt: skip
+            handle = await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type,
+                                                 task_queue=queue_name(Pool.CONTROL, members[0].queue_prefix))  # fmt: skip
         try:
             result, error = await handle.result(), None
         except WorkflowFailureError as e:
@@ -122,6 +113,22 @@ async def run_rollout(
 
     units = await asyncio.gather(*(unit(first, members) for first, members in rollout_units(inputs)))
     return [outcome for outcomes in units for outcome in outcomes]
+
+
+def unit_input(first: int, members: list[TrajectoryInput], job_id: str) -> tuple[str, str, TrajectoryInput | GroupRolloutInput]:
+    """The workflow that plays one unit of `rollout_units`: its type, id and input.
+
+    One episode: a TrajectoryWorkflow. Members of a group of a `rollout_unit: group` task: one
+    GroupRolloutWorkflow whose single group is named after the workflow (its members `<id>-<m>`).
+    """
+    inp = members[0]
+    workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
+    if len(members) == 1 and not _grouped(inp):
+        return "TrajectoryWorkflow", workflow_id, inp
+    task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
+    group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)], job_id=inp.job_id,
+                              min_version=inp.min_version, queue_prefix=inp.queue_prefix)  # fmt: skip
+    return "GroupRolloutWorkflow", workflow_id, group
 
 
 def _grouped(inp: TrajectoryInput) -> bool:

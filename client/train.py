@@ -7,10 +7,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
-from rollart.infra.pools import Pool
-from rollart.contracts.training import StepRecord, TrainingInput, TrainingResult, TrainingStatus
+from rollart.infra.pools import Pool, queue_name
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
@@ -23,9 +23,9 @@ async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Pat
     await sa.ensure_registered(client)
     return await client.start_workflow(
         "TrainingWorkflow",
-        TrainingInput(job=job, job_id=job_id, run_dir=str(run_dir.resolve())),
+        TrainingInput(plan=TrainingPlan.of(job), job_id=job_id, run_dir=str(run_dir.resolve())),
         id=job_id,
-        task_queue=Pool.CONTROL.value,
+        task_queue=queue_name(Pool.CONTROL, job.temporal.task_queue_prefix),
         result_type=TrainingResult,
         search_attributes=TypedSearchAttributes([
             SearchAttributePair(sa.JOB_ID, job_id), SearchAttributePair(sa.STEP, 0),

@@ -8,11 +8,11 @@ keep decoding.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rollart.infra.config import FaultModel, SamplingParams, TaskSpec, TrainerConfig
-from rollart.infra.store import key_word
+from rollart.infra.store_keys import key_word
 
 __all__ = [
     "ActivityName",
@@ -21,6 +21,7 @@ __all__ = [
     "Completion",
     "EnvHandle",
     "EnvOptions",
+    "FinishReason",
     "GenerateBatchInput",
     "GenerateInput",
     "GroupHandle",
@@ -194,12 +195,18 @@ class GenerateBatchInput(_Message):
     weights: WeightsRef | None = None
 
 
+FinishReason = Literal["stop", "length", "abort", "error", "repetition", "None"]
+"""Why a completion ended: a stop string or EOS, `max_tokens`, an aborted request, an engine error, a repetition
+detector (vLLM's reasons; the HF engine gives stop or length). "None" is in records and histories of vLLM outputs
+that had no reason, which the vLLM engine once wrote as `str(None)`; it writes "abort" for those now."""
+
+
 class Completion(_Message):
     """The compact part of one sampled completion (tokens and logprobs stay in the store)."""
 
     text: str
     num_tokens: int
-    finish_reason: str
+    finish_reason: FinishReason
 
 
 class GenerateResult(_Message):

@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rollart.infra.config import TaskSpec
+from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["BatchRolloutInput", "GroupRolloutInput", "GroupSeed", "TrajectoryInput", "TrajectoryResult", "TrajectoryStatus"]
+__all__ = ["BatchRolloutInput", "GroupRolloutInput", "GroupSeed", "TrajectoryInput", "TrajectoryResult", "TrajectoryStatus", "batch_member_id", "member_id"]
 
 TrajectoryStatus = Literal["completed", "failed"]
 
@@ -23,6 +24,8 @@ class TrajectoryInput(BaseModel):
     group_id: str = ""
     min_version: int = Field(0, ge=0, description="generate with at least this policy version")
     report_to: str | None = Field(None, description="workflow id to signal `trajectories_done` with the result")
+    trajectory_id: str = Field("", description="set by the parent for a lockstep batch's members; else the workflow id")
+    queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN, description="the job's task-queue prefix")
 
 
 class TrajectoryResult(BaseModel):
@@ -54,14 +57,23 @@ class TrajectoryResult(BaseModel):
 
 
 class GroupSeed(BaseModel):
-    """One GRPO group: its id and the env seed all its members share."""
+    """One GRPO group: its id, the env seed all its members share, and the members' trajectory ids.
+
+    The parent names the members (`member_ids`); histories from before it did carry none, and then
+    the members are `member_id(group_id, m)`, as the parent always named them.
+    """
 
     group_id: str
     seed: int = Field(ge=0)
+    member_ids: list[str] = Field(default_factory=list)
+
+    def members(self, size: int) -> list[str]:
+        """The trajectory ids of the group's `size` members."""
+        return list(self.member_ids) or [member_id(self.group_id, m) for m in range(size)]
 
 
 class GroupRolloutInput(BaseModel):
-    """GRPO groups of one task, rolled out group by group; member m of group g reports as trajectory `<g>-<m>`."""
+    """GRPO groups of one task, rolled out group by group; each member reports under its id in `GroupSeed.members`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -70,6 +82,7 @@ class GroupRolloutInput(BaseModel):
     job_id: str = ""
     min_version: int = Field(0, ge=0)
     report_to: str | None = None
+    queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
     lockstep: bool = False
     """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
     reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""
@@ -82,3 +95,13 @@ class BatchRolloutInput(BaseModel):
 
     trajectories: list[TrajectoryInput] = Field(min_length=1)
     report_to: str | None = None
+
+
+def member_id(group_id: str, m: int) -> str:
+    """Trajectory id of member `m` of a GRPO group (its own workflow's id in `trajectory` mode)."""
+    return f"{group_id}-{m}"
+
+
+def batch_member_id(batch_id: str, i: int) -> str:
+    """Trajectory id of episode `i` of a lockstep batch (older batches named their members this way)."""
+    return f"{batch_id}-{i:03d}"

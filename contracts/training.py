@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.contracts.activities import SampleRef
-from rollart.infra.config import JobSpec
+from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
+from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
+__all__ = ["InFlight", "TrainingPlan", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
@@ -69,15 +70,52 @@ class TrainingState(BaseModel):
         return self.started == self.trained + self.dropped + self.failed + len(self.in_flight) + len(self.buffer)
 
 
+class TrainingPlan(BaseModel):
+    """What the training loop needs of a job: its tasks, the loop, the trainer, the model and its queues.
+
+    Not the engine, store, Temporal or Kubernetes sections: those are for workers and clients, and would
+    only swell every history the job writes.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tasks: list[TaskSpec] = Field(min_length=1)
+    training: TrainingConfig
+    trainer: TrainerConfig
+    model_dir: str
+    queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
+
+    @model_validator(mode="after")
+    def _batches_hold_whole_groups(self) -> TrainingPlan:
+        check_batches_hold_groups(self.training, self.tasks)
+        return self
+
+    @classmethod
+    def of(cls, job: JobSpec) -> TrainingPlan:
+        """The plan of a (validated) job spec."""
+        return cls(tasks=job.tasks, training=job.training, trainer=job.trainer, model_dir=str(job.model_dir),
+                   queue_prefix=job.temporal.task_queue_prefix)  # fmt: skip
+
+
 class TrainingInput(BaseModel):
-    """A job to train; `state` is set only by continue-as-new."""
+    """A job to train: its `plan` (what `rollart train` sends), or the whole job spec as `job` (what a
+    `temporal workflow start` user may send; the plan is taken from it). `state` is set only by continue-as-new."""
 
     model_config = ConfigDict(extra="forbid")
 
-    job: JobSpec
+    job: JobSpec | None = None
+    plan: TrainingPlan | None = None
     job_id: str = Field(min_length=1)
     run_dir: str
     state: TrainingState | None = None
+
+    @model_validator(mode="after")
+    def _one_plan(self) -> TrainingInput:
+        if (self.job is None) == (self.plan is None):
+            raise ValueError("give the job spec as `job` or its training plan as `plan`, not both or neither")
+        if self.plan is None:
+            self.plan, self.job = TrainingPlan.of(self.job), None  # type: ignore[arg-type]
+        return self
 
 
 class TrainingStatus(BaseModel):

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from rollart.infra.k8s_config import KubernetesConfig
-from rollart.infra.pools import GENERATION_POOLS, Pool
+from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
+from rollart.infra.pools import ENV_POOLS, GENERATION_POOLS, QUEUE_PREFIX_PATTERN, Pool
+from rollart.infra.registry import declared_env_pool, declared_reward_serverless
+from temporalio import workflow
 
 __all__ = [
     "DEFAULT_HOME",
@@ -28,6 +30,7 @@ __all__ = [
     "JobSpec",
     "LatencyModel",
     "JobSpecError",
+    "check_batches_hold_groups",
     "LossConfig",
     "MooncakeConfig",
     "ParallelConfig",
@@ -109,6 +112,10 @@ class TaskSpec(_Strict):
     user's own (`mypkg.envs:Maze`). `reward_placement` says where the reward runs:
     `serverless` (the elastic pool, the default) or `colocated` (on the worker of
     `generate_pool`, competing with generation: the monolithic baseline).
+
+    Where the env and reward *declare* they run (`@env(pool=...)`, `@reward(serverless=...)`) is
+    read once, where the spec is validated outside a workflow, into `env_pool` and
+    `reward_serverless`, so that it travels with the spec to the workflows as data.
     """
 
     name: str = Field(min_length=1)
@@ -141,6 +148,31 @@ class TaskSpec(_Strict):
     reset_timeout_s: float | None = Field(
         None, gt=0.0, description="per-reset timeout on the worker (default: the env's declared reset_timeout)"
     )
+    env_pool: Pool | None = Field(
+        None, description="the pool whose workers hold this task's env sessions; filled from the env's "
+        "`@env(pool=...)` when the spec is loaded (None: not known where it was loaded, so cpu)",
+    )  # fmt: skip
+    reward_serverless: bool | None = Field(
+        None, description="whether the reward may run on the serverless pool; filled from its "
+        "`@reward(serverless=...)` when the spec is loaded (False: it runs on generate_pool whatever reward_placement says)",
+    )  # fmt: skip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_placement(cls, data: Any) -> Any:
+        """Fill `env_pool` and `reward_serverless` from the declarations, where they can be looked up.
+
+        Not inside a workflow (nor its sandbox, where it decodes its input): workflow code must not
+        import a user's modules, and the spec it gets was filled where it was loaded.
+        """
+        if not isinstance(data, dict) or workflow.in_workflow() or workflow.unsafe.in_sandbox():
+            return data
+        filled = dict(data)
+        if filled.get("env_pool") is None and isinstance(filled.get("env"), str):
+            filled["env_pool"] = declared_env_pool(filled["env"])
+        if filled.get("reward_serverless") is None and isinstance(filled.get("reward"), str):
+            filled["reward_serverless"] = declared_reward_serverless(filled["reward"])
+        return filled
 
     @property
     def grouped(self) -> bool:
@@ -150,13 +182,31 @@ class TaskSpec(_Strict):
     @property
     def env_queue(self) -> str:
         """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
-        return Pool.CPU.value
+        return (self.env_pool or Pool.CPU).value
 
     @property
     def reward_queue(self) -> str:
-        """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated."""
-        pool = self.generate_pool if self.reward_placement == "colocated" else Pool.SERVERLESS
-        return pool.value
+        """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated
+        or when the reward is declared `serverless=False`."""
+        beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
+        return (self.generate_pool if beside_generation else Pool.SERVERLESS).value
+
+    @field_validator("env_pool")
+    @classmethod
+    def _holds_sessions(cls, pool: Pool | None) -> Pool | None:
+        if pool is not None and pool not in ENV_POOLS:
+            names = ", ".join(p.value for p in ENV_POOLS)
+            raise ValueError(f"{pool.value!r} workers cannot hold env sessions; env_pool must be one of: {names}")
+        return pool
+
+    @model_validator(mode="after")
+    def _one_sample_per_turn(self) -> TaskSpec:
+        if self.max_turns > 1 and self.sampling.n != 1:
+            raise ValueError(
+                f"sampling.n is {self.sampling.n}, but a multi-turn task (max_turns {self.max_turns}) samples one "
+                "completion per turn: set sampling.n to 1 and use group_size for GRPO groups"
+            )
+        return self
 
     @field_validator("generate_pool")
     @classmethod
@@ -173,6 +223,11 @@ class TemporalConfig(_Strict):
     address: str | None = None
     namespace: str = "default"
     ui_port: int = Field(8233, ge=1, le=65535)
+    task_queue_prefix: str = Field(
+        "", pattern=QUEUE_PREFIX_PATTERN, max_length=64,
+        description="prepended to every task queue the job's workflows and workers use (`team-a-` → `team-a-cpu`): "
+        "jobs sharing one server with their own workers keep them apart",
+    )  # fmt: skip
 
 
 class MooncakeConfig(_Strict):
@@ -332,6 +387,16 @@ class TrainingConfig(_Strict):
     seed: int = 0
 
 
+def check_batches_hold_groups(training: TrainingConfig, tasks: list[TaskSpec]) -> None:
+    """A batch is built from whole GRPO groups, so every task's group_size must divide training.batch_size."""
+    bad = [f"tasks.{i} ({t.name}) group_size {t.group_size}" for i, t in enumerate(tasks) if training.batch_size % t.group_size]
+    if bad:
+        raise ValueError(
+            f"training.batch_size {training.batch_size} is not a multiple of {', '.join(bad)}: a batch holds whole "
+            "GRPO groups"
+        )
+
+
 class ElasticPoolConfig(_Strict):
     """How an elastic pool's workers scale with its queue's backlog (the local autoscaler, `rollart autoscale`).
 
@@ -404,8 +469,13 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _batches_hold_whole_groups(self) -> JobSpec:
+        check_batches_hold_groups(self.training, self.tasks)
+        return self
+
+    @model_validator(mode="after")
     def _pools_have_workers(self) -> JobSpec:
-        problems = self.kubernetes.problems(self) if self.kubernetes is not None else []
+        problems = self.kubernetes.problems(self.needs()) if self.kubernetes is not None else []
         if problems:
             raise ValueError("kubernetes: " + "; ".join(problems))
         return self
@@ -429,8 +499,23 @@ class JobSpec(_Strict):
         return self.pools.get(pool.value, ElasticPoolConfig())
 
     def colocates_rewards(self, pool: Pool) -> bool:
-        """Whether some task runs its reward on `pool`'s generation workers (`reward_placement: colocated`)."""
-        return any(t.reward_placement == "colocated" and t.generate_pool is pool for t in self.tasks)
+        """Whether some task runs its reward on `pool`'s generation workers (colocated, or declared so)."""
+        return pool in GENERATION_POOLS and any(t.reward_queue == pool.value for t in self.tasks)
+
+    def hosts_envs(self, pool: Pool) -> bool:
+        """Whether some task's env sessions live on `pool`'s workers (its `env_pool`)."""
+        return any(t.env_queue == pool.value for t in self.tasks)
+
+    def needs(self) -> JobNeeds:
+        """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
+        routes = []
+        for t in self.tasks:
+            routes += [Route(t.name, "its env", t.env, Pool(t.env_queue)),
+                       Route(t.name, "its generation", None, t.generate_pool),
+                       Route(t.name, "its reward", t.reward, Pool(t.reward_queue))]  # fmt: skip
+        parallel = self.trainer.parallel
+        return JobNeeds(routes=tuple(routes), tensor_parallel_size=self.engine.tensor_parallel_size,
+                        trainer_tensor=parallel.tensor, trainer_data=parallel.data)  # fmt: skip
 
     def task(self, name: str) -> TaskSpec:
         """The task called `name`, or a KeyError listing the ones there are."""

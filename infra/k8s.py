@@ -71,7 +71,7 @@ class K8sRenderError(ValueError):
 def render(job: JobSpec) -> list[Manifest]:
     """Every object of the job's deployment, in the order they should be applied."""
     cfg = job.kubernetes or KubernetesConfig()
-    problems = cfg.problems(job)
+    problems = cfg.problems(job.needs())
     if problems:
         raise K8sRenderError("kubernetes: " + "; ".join(problems))
     app = app_name(job)
@@ -100,7 +100,7 @@ def render(job: JobSpec) -> list[Manifest]:
 
 def resolved_pools(job: JobSpec) -> dict[Pool, ResolvedPool]:
     """Each pool's concrete settings; generation pools no task uses get 0 replicas unless the job says otherwise."""
-    return (job.kubernetes or KubernetesConfig()).resolve(job)
+    return (job.kubernetes or KubernetesConfig()).resolve(job.needs())
 
 
 def app_name(job: JobSpec) -> str:

@@ -5,20 +5,18 @@ job uses, GPU pools pinned to their GPU product by node selector). Per-pool sett
 pool name and merged over that pool's defaults (`pool_defaults`); `resolve_pool` gives the
 concrete values. GPU counts follow the job: a generation worker gets `engine.tensor_parallel_size`
 GPUs, a trainer node one GPU per trainer rank it runs. Pydantic models only, like `config`: this
-module is imported with the job spec.
+module is imported with the job spec. It does not import the job spec (which holds a
+`KubernetesConfig`): what a layout needs of a job comes as a `JobNeeds` (`JobSpec.needs()`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
-
-if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec, TaskSpec
 
 __all__ = [
     "DEFAULT_CPU_IMAGE",
@@ -26,9 +24,11 @@ __all__ = [
     "DEFAULT_RDZV_PORT",
     "DEFAULT_TEMPORAL_ADDRESS",
     "GPU_PRODUCT_LABEL",
+    "JobNeeds",
     "KubernetesConfig",
     "PoolDeployment",
     "ResolvedPool",
+    "Route",
     "ServerlessScaling",
     "Toleration",
     "VolumeConfig",
@@ -52,6 +52,39 @@ DEFAULT_RDZV_PORT = 29500
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Route:
+    """One kind of a task's work and the pool it runs on: `what` ("its env") of `task`, naming `component`."""
+
+    task: str
+    what: str
+    component: str | None
+    pool: Pool
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """What a job asks of a deployment: where each task's work goes, GPUs per engine, the trainer's ranks.
+
+    Built by `JobSpec.needs()`, so that this module never imports the job spec that holds it.
+    """
+
+    routes: tuple[Route, ...]
+    tensor_parallel_size: int = 1
+    trainer_tensor: int = 1
+    trainer_data: int = 1
+
+    @property
+    def generate_pools(self) -> set[Pool]:
+        """The generation pools some task's work goes to (generation, and envs or rewards placed there)."""
+        return {r.pool for r in self.routes if r.pool in GENERATION_POOLS}
+
+    @property
+    def trainer_world_size(self) -> int:
+        """Trainer ranks: tensor × data."""
+        return self.trainer_tensor * self.trainer_data
 
 
 class _Strict(BaseModel):
@@ -215,22 +248,21 @@ class KubernetesConfig(_Strict):
         override = self.pools.get(Pool.TRAINER)
         return 1 if override is None or override.replicas is None else override.replicas
 
-    def worker_gpus(self, pool: Pool, job: JobSpec) -> int:
+    def worker_gpus(self, pool: Pool, needs: JobNeeds) -> int:
         """GPUs one worker of a GPU pool needs unless `gpus:` says otherwise.
 
         A generation worker runs one vLLM engine over `engine.tensor_parallel_size` GPUs; a trainer
         node runs its share of the `trainer.parallel` ranks, one GPU each.
         """
         if pool in GENERATION_POOLS:
-            return job.engine.tensor_parallel_size
+            return needs.tensor_parallel_size
         if pool is Pool.TRAINER:
-            return max(1, job.trainer.parallel.world_size // max(1, self.trainer_nodes()))
+            return max(1, needs.trainer_world_size // max(1, self.trainer_nodes()))
         return 1
 
-    def resolve(self, job: JobSpec) -> dict[Pool, ResolvedPool]:
-        """Every pool's concrete settings for this job (GPU counts from its engine and trainer)."""
-        used = {t.generate_pool for t in job.tasks}
-        return {pool: self.resolve_pool(pool, used, self.worker_gpus(pool, job)) for pool in Pool}
+    def resolve(self, needs: JobNeeds) -> dict[Pool, ResolvedPool]:
+        """Every pool's concrete settings for a job (GPU counts from its engine and trainer)."""
+        return {pool: self.resolve_pool(pool, needs.generate_pools, self.worker_gpus(pool, needs)) for pool in Pool}
 
     def runs_claim(self) -> VolumeConfig:
         """The trainer's run-dir volume: `runs_volume`, else 20Gi, shared (ReadWriteMany) when there are several nodes."""
@@ -238,15 +270,15 @@ class KubernetesConfig(_Strict):
             return self.runs_volume
         return VolumeConfig(size="20Gi", access_mode="ReadWriteMany" if self.trainer_nodes() > 1 else "ReadWriteOnce")
 
-    def problems(self, job: JobSpec) -> list[str]:
+    def problems(self, needs: JobNeeds) -> list[str]:
         """Everything that keeps this layout from running the job, as readable problems naming the fields."""
-        return [*self.unserved(job.tasks), *self._generation_gpu_problems(job), *self._trainer_problems(job)]
+        return [*self.unserved(needs), *self._generation_gpu_problems(needs), *self._trainer_problems(needs)]
 
-    def _generation_gpu_problems(self, job: JobSpec) -> list[str]:
+    def _generation_gpu_problems(self, needs: JobNeeds) -> list[str]:
         """A generation worker with fewer GPUs than its engine's tensor-parallel size could not start vLLM."""
-        tp = job.engine.tensor_parallel_size
+        tp = needs.tensor_parallel_size
         problems = []
-        for pool in sorted({t.generate_pool for t in job.tasks}, key=list(Pool).index):
+        for pool in sorted(needs.generate_pools, key=list(Pool).index):
             override = self.pools.get(pool)
             gpus = override.gpus if override is not None else None
             if gpus is not None and 0 < gpus < tp:
@@ -257,14 +289,13 @@ class KubernetesConfig(_Strict):
                 )
         return problems
 
-    def _trainer_problems(self, job: JobSpec) -> list[str]:
+    def _trainer_problems(self, needs: JobNeeds) -> list[str]:
         """Trainer nodes must split the ranks evenly, get one GPU per rank, and share the run dir."""
         nodes = self.trainer_nodes()
         if nodes == 0:
             return []
-        parallel = job.trainer.parallel
-        world = parallel.world_size
-        ranks = (f"trainer.parallel.tensor {parallel.tensor} x trainer.parallel.data {parallel.data} = "
+        world = needs.trainer_world_size
+        ranks = (f"trainer.parallel.tensor {needs.trainer_tensor} x trainer.parallel.data {needs.trainer_data} = "
                  f"{world} rank{'s' if world > 1 else ''}")  # fmt: skip
         if world % nodes:
             divisors = [str(n) for n in range(1, world + 1) if world % n == 0]
@@ -308,25 +339,21 @@ class KubernetesConfig(_Strict):
             updates["tolerations"] = override.tolerations
         return base.model_copy(update=updates)
 
-    def unserved(self, tasks: Sequence[TaskSpec]) -> list[str]:
+    def unserved(self, needs: JobNeeds) -> list[str]:
         """Every place the job routes work to a pool this deployment gives no worker, as readable problems.
 
-        Workflows run on `control`; a task's env on `cpu`, its generation on its `generate_pool`, its
-        reward on `serverless` or, colocated, on its generation pool (the queues the workflows route to).
+        Workflows run on `control`; each task's env, generation and reward on the pools its `needs` name
+        (the queues the workflows route to).
         """
-        used = {t.generate_pool for t in tasks}
-        replicas = {p: self.resolve_pool(p, used).replicas for p in Pool}
+        replicas = {p: self.resolve_pool(p, needs.generate_pools).replicas for p in Pool}
         problems = []
         if replicas[Pool.CONTROL] == 0:
             problems.append("pools.control.replicas is 0, but the control pool runs every workflow: give it at least 1")
-        for t in tasks:
-            needs = [("its env", t.env, Pool.CPU), ("its generation", None, t.generate_pool),
-                     ("its reward", t.reward, Pool(t.reward_queue))]  # fmt: skip
-            for what, component, pool in needs:
-                if replicas[pool] == 0:
-                    named = f" {component!r}" if component else ""
-                    problems.append(
-                        f"task {t.name!r}: {what}{named} runs on pool {pool.value!r}, which has no workers "
-                        f"(kubernetes.pools.{pool.value}.replicas is 0): give it at least 1 replica"
-                    )
+        for r in needs.routes:
+            if replicas[r.pool] == 0:
+                named = f" {r.component!r}" if r.component else ""
+                problems.append(
+                    f"task {r.task!r}: {r.what}{named} runs on pool {r.pool.value!r}, which has no workers "
+                    f"(kubernetes.pools.{r.pool.value}.replicas is 0): give it at least 1 replica"
+                )
         return problems

@@ -10,9 +10,12 @@ from __future__ import annotations
 from enum import Enum
 
 __all__ = [
+    "ENV_POOLS",
     "Pool",
     "GENERATION_POOLS",
+    "QUEUE_PREFIX_PATTERN",
     "WORKER_POOLS",
+    "queue_name",
     "session_queue",
 ]
 
@@ -34,10 +37,24 @@ class Pool(str, Enum):
 GENERATION_POOLS: tuple[Pool, ...] = (Pool.H20, Pool.H800)
 """Pools whose workers hold an inference engine."""
 
+ENV_POOLS: tuple[Pool, ...] = (Pool.CPU, *GENERATION_POOLS)
+"""Pools whose workers may hold env sessions: long-lived processes that take many activities at once (serverless
+workers come and go with the backlog, the trainer takes one step at a time, control runs workflows only)."""
+
 WORKER_POOLS: tuple[Pool, ...] = (Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H20, Pool.SERVERLESS, Pool.TRAINER)
 """Pools that `rollart up` starts a worker for by default."""
 
 
-def session_queue(worker_id: str) -> str:
-    """The private queue of one env worker: `step`/`close` of its sessions go here (sticky routing)."""
-    return f"{Pool.CPU.value}@{worker_id}"
+QUEUE_PREFIX_PATTERN = r"^[A-Za-z0-9_.-]*$"
+"""What a task-queue prefix may contain (it becomes part of every queue name)."""
+
+
+def queue_name(pool: Pool | str, prefix: str = "") -> str:
+    """The task queue of `pool` for a job whose queues carry `prefix`: jobs (or tests) sharing one server keep
+    their own workers apart by prefix; "" is the pool's plain name."""
+    return f"{prefix}{pool}"
+
+
+def session_queue(worker_id: str, prefix: str = "", pool: Pool = Pool.CPU) -> str:
+    """The private queue of one env worker of `pool`: `step`/`close` of its sessions go here (sticky routing)."""
+    return f"{queue_name(pool, prefix)}@{worker_id}"

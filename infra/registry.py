@@ -3,27 +3,34 @@
 A job names envs and rewards either by their registered name (`frozenlake`)
 or by import path (`mypkg.envs:Maze`). A reward is a function of the
 transcript, or a reward *model*: a class whose `from_args(**reward_args)`
-loads it (once per worker, lazily) and whose instances score a transcript. Built-ins are registered when their
-modules are imported; `lookup_env` / `lookup_reward` import them on demand so
-a worker process needs no setup step.
+loads it (once per worker, lazily) and whose instances score a transcript.
+
+A declaration registers when its module is imported. Installed packages name theirs as Python entry
+points (groups `rollart.envs` and `rollart.rewards`, name → `module:object`; rollart's built-ins are
+declared so in its pyproject.toml); `lookup_env` / `lookup_reward` import an entry point's module
+when its name is first asked for, so a worker process needs no set-up step and this module names
+no implementation.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeVar
 
 from rollart.infra.imports import ImportPathError, is_import_path, resolve_import_path
-from rollart.infra.pools import Pool
+from rollart.infra.pools import ENV_POOLS, Pool
 
 __all__ = [
     "EnvEntry",
     "Registry",
     "RewardEntry",
     "UnknownComponentError",
+    "declared_env_pool",
+    "declared_reward_serverless",
     "env",
     "lookup_env",
     "lookup_reward",
@@ -31,7 +38,13 @@ __all__ = [
     "reward",
 ]
 
-_BUILTIN_MODULES = ("rollart.activities.envs", "rollart.activities.rewards")
+ENV_ENTRY_POINTS = "rollart.envs"
+"""The entry-point group naming envs: `name = "package.module:EnvClass"`."""
+
+REWARD_ENTRY_POINTS = "rollart.rewards"
+"""The entry-point group naming rewards: `name = "package.module:reward_fn"` (or a reward-model class)."""
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -101,9 +114,9 @@ class Registry:
     def __init__(self) -> None:
         self._envs: dict[str, EnvEntry] = {}
         self._rewards: dict[str, RewardEntry] = {}
-        self._builtins_loaded = False
 
     def add_env(self, entry: EnvEntry) -> None:
+        """Register a declared env; the same name for another class is an error."""
         _check_env_class(entry.cls, entry.name)
         existing = self._envs.get(entry.name)
         if existing is not None and existing.cls is not entry.cls:
@@ -111,6 +124,7 @@ class Registry:
         self._envs[entry.name] = entry
 
     def add_reward(self, entry: RewardEntry) -> None:
+        """Register a declared reward; the same name for another function is an error."""
         _check_reward_fn(entry.fn, entry.name)
         existing = self._rewards.get(entry.name)
         if existing is not None and existing.fn is not entry.fn:
@@ -118,54 +132,40 @@ class Registry:
         self._rewards[entry.name] = entry
 
     def env_names(self) -> list[str]:
-        self._load_builtins()
-        return sorted(self._envs)
+        """Every env a job may name: declared here, or named by an installed entry point."""
+        return sorted(set(self._envs) | set(_entry_points(ENV_ENTRY_POINTS)))
 
     def reward_names(self) -> list[str]:
-        self._load_builtins()
-        return sorted(self._rewards)
+        """Every reward a job may name: declared here, or named by an installed entry point."""
+        return sorted(set(self._rewards) | set(_entry_points(REWARD_ENTRY_POINTS)))
 
     def lookup_env(self, name: str) -> EnvEntry:
-        """The env called `name`: a registered name or an import path of an (optionally decorated) class."""
+        """The env called `name`: a registered name, an entry point, or an import path of a class."""
         if is_import_path(name):
-            obj = _resolve(name, "env")
-            declared = getattr(obj, "__rollart_env__", None)
-            if isinstance(declared, EnvEntry):
-                return declared
-            _check_env_class(obj, name)
-            return EnvEntry(name=name, cls=obj)
-        self._load_builtins()
-        try:
-            return self._envs[name]
-        except KeyError:
-            raise UnknownComponentError(
-                f"unknown env {name!r}; registered envs: {', '.join(sorted(self._envs)) or '(none)'}"
-                " — or give an import path such as 'mypkg.envs:MyEnv'"
-            ) from None
+            return _env_entry(_resolve(name, "env"), name)
+        if name not in self._envs:
+            point = _entry_points(ENV_ENTRY_POINTS).get(name)
+            if point is None:
+                raise UnknownComponentError(
+                    f"unknown env {name!r}; registered envs: {', '.join(self.env_names()) or '(none)'}"
+                    " — or give an import path such as 'mypkg.envs:MyEnv'"
+                )
+            self.add_env(replace(_env_entry(_load(point, "env"), name), name=name))  # the entry point's name wins
+        return self._envs[name]
 
     def lookup_reward(self, name: str) -> RewardEntry:
-        """The reward called `name`: a registered name or an import path of a function."""
+        """The reward called `name`: a registered name, an entry point, or an import path of a function."""
         if is_import_path(name):
-            obj = _resolve(name, "reward")
-            declared = getattr(obj, "__rollart_reward__", None)
-            if isinstance(declared, RewardEntry):
-                return declared
-            _check_reward_fn(obj, name)
-            return RewardEntry(name=name, fn=obj)
-        self._load_builtins()
-        try:
-            return self._rewards[name]
-        except KeyError:
-            raise UnknownComponentError(
-                f"unknown reward {name!r}; registered rewards: {', '.join(sorted(self._rewards)) or '(none)'}"
-                " — or give an import path such as 'mypkg.rewards:my_reward'"
-            ) from None
-
-    def _load_builtins(self) -> None:
-        if not self._builtins_loaded:
-            self._builtins_loaded = True
-            for module in _BUILTIN_MODULES:
-                importlib.import_module(module)
+            return _reward_entry(_resolve(name, "reward"), name)
+        if name not in self._rewards:
+            point = _entry_points(REWARD_ENTRY_POINTS).get(name)
+            if point is None:
+                raise UnknownComponentError(
+                    f"unknown reward {name!r}; registered rewards: {', '.join(self.reward_names()) or '(none)'}"
+                    " — or give an import path such as 'mypkg.rewards:my_reward'"
+                )
+            self.add_reward(replace(_reward_entry(_load(point, "reward"), name), name=name))
+        return self._rewards[name]
 
 
 registry = Registry()
@@ -179,12 +179,18 @@ def env(
     reset_timeout: float = 30.0,
     step_timeout: float = 30.0,
 ) -> Callable[[type[T]], type[T]]:
-    """Declare an env class under `name`; its sessions live on `pool` workers (default "cpu")."""
+    """Declare an env class under `name`; its sessions live on `pool` workers (default "cpu").
+
+    `pool` is one whose workers keep env sessions: "cpu", or a generation pool ("h800", "h20") for an
+    env that needs that hardware (its sessions then live beside the engine). Tasks route the env's
+    activities there (`TaskSpec.env_queue`).
+    """
     if reset_timeout <= 0 or step_timeout <= 0:
         raise ValueError(f"env {name!r}: timeouts must be positive")
+    session_pool = _env_pool(name, pool)
 
     def declare(cls: type[T]) -> type[T]:
-        entry = EnvEntry(name=name, cls=cls, pool=Pool(pool), reset_timeout_s=reset_timeout, step_timeout_s=step_timeout)
+        entry = EnvEntry(name=name, cls=cls, pool=session_pool, reset_timeout_s=reset_timeout, step_timeout_s=step_timeout)
         registry.add_env(entry)
         cls.__rollart_env__ = entry  # type: ignore[attr-defined]
         return cls
@@ -216,6 +222,70 @@ def lookup_env(name: str) -> EnvEntry:
 def lookup_reward(name: str) -> RewardEntry:
     """Shorthand for `registry.lookup_reward`."""
     return registry.lookup_reward(name)
+
+
+def declared_env_pool(name: str) -> Pool | None:
+    """The pool env `name` declares, or None when it cannot be looked up in this process (a debug log says why).
+
+    Used where a job spec is loaded: an env only the workers can import keeps the default pool.
+    """
+    try:
+        return lookup_env(name).pool
+    except Exception as e:  # unknown here, not importable here, not a class: the job check reports it
+        log.debug("env %r: no declared pool in this process (%s); its sessions go to the default pool", name, e)
+        return None
+
+
+def declared_reward_serverless(name: str) -> bool | None:
+    """Whether reward `name` may run on the serverless pool, or None when it cannot be looked up here."""
+    try:
+        return lookup_reward(name).serverless
+    except Exception as e:  # as for envs: the job check reports it
+        log.debug("reward %r: no declaration in this process (%s); its task's reward_placement applies", name, e)
+        return None
+
+
+def _env_pool(name: str, pool: Pool | str) -> Pool:
+    """The declared pool, refused at once when its workers cannot hold env sessions."""
+    try:
+        session_pool = Pool(pool)
+    except ValueError:
+        session_pool = None
+    if session_pool not in ENV_POOLS:
+        allowed = ", ".join(p.value for p in ENV_POOLS)
+        raise ValueError(f"env {name!r}: pool {str(pool)!r} cannot hold env sessions (its workers are stateless, "
+                         f"busy training, or run workflows only); use one of: {allowed}")  # fmt: skip
+    return session_pool
+
+
+def _entry_points(group: str) -> dict[str, EntryPoint]:
+    """The installed entry points of `group`, by name."""
+    return {point.name: point for point in entry_points(group=group)}
+
+
+def _load(point: EntryPoint, kind: str) -> Any:
+    try:
+        return point.load()
+    except (ImportError, AttributeError) as e:
+        raise UnknownComponentError(f"{kind} {point.name!r} (entry point {point.value!r}) cannot be loaded: {e}") from e
+
+
+def _env_entry(obj: Any, name: str) -> EnvEntry:
+    """The declaration of an env class (its `@env`), or a plain class under `name` with the defaults."""
+    declared = getattr(obj, "__rollart_env__", None)
+    if isinstance(declared, EnvEntry):
+        return declared
+    _check_env_class(obj, name)
+    return EnvEntry(name=name, cls=obj)
+
+
+def _reward_entry(obj: Any, name: str) -> RewardEntry:
+    """The declaration of a reward (its `@reward`), or a plain function under `name` with the defaults."""
+    declared = getattr(obj, "__rollart_reward__", None)
+    if isinstance(declared, RewardEntry):
+        return declared
+    _check_reward_fn(obj, name)
+    return RewardEntry(name=name, fn=obj)
 
 
 def _resolve(path: str, kind: str) -> Any:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollart.infra.config import StoreConfig
+from rollart.infra.store_keys import check_key, key_word
 
 __all__ = [
     "LocalStore",
@@ -37,14 +37,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_KEY = re.compile(r"^[A-Za-z0-9_.=@-]+(/[A-Za-z0-9_.=@-]+)*$")
-
-
-def key_word(text: str) -> str:
-    """Any text (a workflow id, a job id) made safe as one word of a store key."""
-    return re.sub(r"[^A-Za-z0-9_.=@-]", "_", text) or "_"
-
-
 class StoreError(RuntimeError):
     """The store could not be used (unreachable, full, corrupt)."""
 
@@ -58,13 +50,6 @@ class StoreKeyError(StoreError, KeyError):
 
 class StoreUnavailable(StoreError):
     """The store's service cannot be reached (e.g. the Mooncake master is down): nothing can be said of the key."""
-
-
-def check_key(key: str) -> str:
-    """`key` if it is slash-separated words of [A-Za-z0-9_.=@-]; ValueError otherwise."""
-    if not _KEY.match(key) or any(part in (".", "..") for part in key.split("/")):
-        raise ValueError(f"invalid store key {key!r}: use slash-separated words of [A-Za-z0-9_.=@-]")
-    return key
 
 
 class Store(ABC):

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from rollart.activities.engines.base import Completion as EngineCompletion
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.env import EnvActivities
+from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities, as_reward_result
 from rollart.contracts.activities import (
+    CheckInput,
     CloseInput,
     GenerateInput,
     GroupResetInput,
     GroupStepInput,
+    PromptsInput,
     ResetInput,
     RewardInput,
     RewardResult,
@@ -113,6 +118,54 @@ async def test_env_errors_are_sorted_into_bad_input_and_broken_env() -> None:
     with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.step, StepInput(session_id=handle.session_id, action="L"))
     assert err.value.type == "EnvBroken" and err.value.non_retryable and "simulated sandbox crash" in err.value.message
+
+
+class ClosingEnv(Env):
+    """Remembers every instance and the thread that closed it; raises in reset for `bad_seed`, in step on "boom"."""
+
+    built: ClassVar[list[ClosingEnv]] = []
+
+    def __init__(self, bad_seed: int = -1, **env_args: Any) -> None:
+        super().__init__(**env_args)
+        self.bad_seed = bad_seed
+        self.closed_on: str | None = None
+        ClosingEnv.built.append(self)
+
+    def reset(self, seed: int) -> str:
+        if seed == self.bad_seed:
+            raise RuntimeError(f"reset({seed}) failed")
+        return f"seed {seed}"
+
+    def step(self, action: str) -> StepOutcome:
+        if action == "boom":
+            raise RuntimeError("step failed")
+        return StepOutcome(observation="end", reward=1.0, done=True, info={})
+
+    def close(self) -> None:
+        self.closed_on = threading.current_thread().name
+
+
+async def test_throwaway_envs_are_closed_off_the_event_loop_even_when_they_raise() -> None:
+    """`prompts` and `check` close every env they build, whatever happens, on the env threads (not the loop's)."""
+    acts = EnvActivities("w1", queue="cpu@w1")
+    name = "tests.test_activities:ClosingEnv"
+    ClosingEnv.built.clear()
+    assert await ENV.run(acts.prompts, PromptsInput(env=name, seeds=[1, 2])) == ["seed 1", "seed 2"]
+    with pytest.raises(ApplicationError, match=r"reset\(seed=3\) raised"):
+        await ENV.run(acts.prompts, PromptsInput(env=name, env_args={"bad_seed": 3}, seeds=[1, 3, 4]))
+    results = await ENV.run(acts.check, CheckInput(env=name, seeds=[1], answers=[["a", "b"]]))
+    assert [r.reward for r in results[0]] == [1.0, 1.0]
+    with pytest.raises(ApplicationError) as err:
+        await ENV.run(acts.check, CheckInput(env=name, seeds=[1, 2], answers=[["a"], ["boom", "c"]]))
+    assert err.value.type == "EnvBroken"
+    with pytest.raises(ApplicationError, match=r"reset\(seed=3\) raised"):
+        await ENV.run(acts.check, CheckInput(env=name, env_args={"bad_seed": 3}, seeds=[3], answers=[["a"]]))
+    loop_thread = threading.current_thread().name
+    assert len(ClosingEnv.built) == 2 + 2 + 2 + 2 + 1
+    assert all(e.closed_on is not None and e.closed_on != loop_thread for e in ClosingEnv.built), [
+        e.closed_on for e in ClosingEnv.built
+    ]
+    acts.shutdown()
 
 
 class ScriptedEngine(Engine):

@@ -18,7 +18,7 @@ from rollart.client.rollout import plan_trajectories
 
 from tests.support.paths import REPO
 
-ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
+ROLLART = [sys.executable, "-m", "rollart.cli"]
 
 
 @pytest.mark.integration
@@ -178,11 +178,12 @@ def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_worker_joins_a_given_server_and_drains_on_sigterm(tmp_path: Path) -> None:
     with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
-        cmd = [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address, "--store-path", str(tmp_path)]
+        cmd = [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address, "--store-path", str(tmp_path),
+               "--task-queue-prefix", "team-a-"]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
         try:
             lines = _wait_for_line(proc, "ready: pool=cpu", 60)
-            assert any("queues=[cpu, cpu@cpu-" in line for line in lines)
+            assert any("queues=[team-a-cpu, team-a-cpu@cpu-" in line for line in lines)
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=30)
             assert proc.returncode == 0
@@ -265,3 +266,25 @@ def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: 
     assert missing.returncode != 0 and "'nope' has published no weights" in missing.stderr
     bad = subprocess.run([*ROLLART, "eval", str(job), "--task", "x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "no task 'x'" in bad.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("command", "extra"), [
+    (["eval"], ["-n", "1"]),
+    (["rollout"], ["--home", "HOME"]),
+    (["train"], ["--home", "HOME"]),
+    (["worker", "--pool", "h800", "--job"], ["--temporal-address", "127.0.0.1:1"]),
+])  # fmt: skip
+def test_a_mistyped_model_dir_fails_instead_of_building_a_fresh_model(
+    tmp_path: Path, command: list[str], extra: list[str]
+) -> None:
+    typo = tmp_path / "modles" / "tiny"
+    spec = {"name": "typo", "model_dir": str(typo), "store": {"path": str(tmp_path / "store")},
+            "tasks": [{"name": "lake", "env": "frozenlake", "reward": "success"}]}  # fmt: skip
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps(spec))
+    extra = [str(tmp_path / "home") if a == "HOME" else a for a in extra]
+    done = subprocess.run([*ROLLART, *command, str(job), *extra], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"model_dir {typo} does not exist" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not typo.exists() and not (tmp_path / "home" / "temporal.db").exists()  # nothing built, no stack started

@@ -48,6 +48,12 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
         ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: deepspeed}", ["trainer.backend", "'torch' or 'megatron'"]),
         ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {device: tpu}", ["trainer.device", "'auto', 'cpu' or 'cuda'"]),
         ("tasks:\n  - {name: a, env: x, reward: y}\nengine: {gpu_memory_utilization: 1.5}", ["engine.gpu_memory_utilization"]),
+        # checked at load, not inside workflows once the stack is up:
+        ("tasks:\n  - {name: a, env: x, reward: y, sampling: {n: 4}}",
+         ["tasks.0: Value error, sampling.n is 4, but a multi-turn task (max_turns 8)"]),
+        ("tasks:\n  - {name: a, env: x, reward: y, group_size: 8}\n  - {name: b, env: x, reward: y, group_size: 6}\n"
+         "training: {batch_size: 16}", ["training.batch_size 16 is not a multiple of tasks.1 (b) group_size 6"]),
+        ("tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {task_queue_prefix: 'a b'}", ["temporal.task_queue_prefix"]),
     ],
 )
 def test_invalid_specs_name_file_and_field(tmp_path: Path, text: str, expected: list[str]) -> None:

@@ -173,7 +173,7 @@ async def test_temporal_cli_start_valid_and_invalid_input(stack: LocalStack, cli
 
 
 def _rollart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "rollart.workers.cli", *args]
+    cmd = [sys.executable, "-m", "rollart.cli", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 

@@ -21,19 +21,20 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError, api_exception
+from rollart.cli.main import build_parser
+from rollart.cli.worker import worker_settings
 from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.devserver import free_port
 from rollart.infra.k8s import K8sRenderError, Manifest, render
 from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
 from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from rollart.infra.pools import Pool
-from rollart.workers import cli
 from rollart.workers.pool_worker import TrainerNodes
 
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"
-ROLLART = [sys.executable, "-m", "rollart.workers.cli"]
+ROLLART = [sys.executable, "-m", "rollart.cli"]
 EXAMPLES = {name: REPO / "examples" / f"{name}.yaml" for name in ("frozenlake", "multitask", "frozenlake_megatron")}
 
 
@@ -265,7 +266,7 @@ def test_tensor_2_by_data_2_on_2_nodes_meet_at_node_0_through_the_headless_servi
     in_pod = load_job(tmp_path / "job.yaml")
     for index in (0, 1):
         argv = [a.replace("$(POD_INDEX)", str(index)) for a in command[1:]]
-        settings = cli._worker_settings(cli._parser().parse_args(argv), in_pod)
+        settings = worker_settings(build_parser().parse_args(argv), in_pod)
         assert settings.pool is Pool.TRAINER and settings.trainer.parallel.world_size == 4
         assert settings.nodes == TrainerNodes(nnodes=2, node_rank=index, rdzv=rdzv)
 

@@ -169,7 +169,7 @@ def test_config_rejects_a_bad_master_address() -> None:
 def test_worker_needs_a_valid_master_for_a_mooncake_job(tmp_path: Path, extra: list[str], message: str) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("tasks: [{name: a, env: frozenlake, reward: success}]\nstore: {kind: mooncake}\n")
-    out = subprocess.run([sys.executable, "-m", "rollart.workers.cli", "worker", "--pool", "cpu", "--job", str(job),
+    out = subprocess.run([sys.executable, "-m", "rollart.cli", "worker", "--pool", "cpu", "--job", str(job),
                           *extra], capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
     assert out.returncode == 2 and message in out.stderr, out.stderr
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.activities.rewards.rule_based import exact_match, success
@@ -92,3 +94,92 @@ def test_non_class_env_and_non_callable_reward_are_rejected() -> None:
         lookup_env("os.path:join")
     with pytest.raises(TypeError, match="must be a function"):
         lookup_reward("tests.support.envs:BrokenStepEnv")
+
+
+# ---------------------------------------------------------------- built-ins through entry points
+
+
+@pytest.mark.integration
+def test_builtins_load_by_name_in_a_fresh_process() -> None:
+    """No set-up step: the registry finds a built-in through its entry point when its name is first asked for."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from rollart.infra.registry import lookup_env, lookup_reward, registry\n"
+        "assert lookup_env('frozenlake').cls.__name__ == 'FrozenLake'\n"
+        "assert 'rollart.activities.rewards.model_based' not in sys.modules\n"
+        "assert lookup_reward('exact_match').fn.__name__ == 'exact_match'\n"
+        "assert {'arithmetic', 'frozenlake'} <= set(registry.env_names())\n"
+        "assert {'success', 'progress', 'exact_match', 'reward_model'} <= set(registry.reward_names())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_registry_names_no_implementation() -> None:
+    """The inversion: infra finds the built-ins by entry point; it never names the activities package."""
+    import rollart.infra.registry as registry_module
+
+    assert "rollart.activities" not in Path(registry_module.__file__).read_text()
+
+
+# ---------------------------------------------------------------- where declared envs and rewards run
+
+
+@env("on-h20-for-test", pool="h20")
+class BesideTheEngine(FrozenLake):
+    """An env that needs the generation pool's hardware: its sessions live on the h20 workers."""
+
+
+def test_an_env_runs_on_the_pool_it_declares() -> None:
+    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.workers.local_stack import pools_for_job
+    from rollart.workers.pool_worker import WorkerSettings
+
+    assert lookup_env("on-h20-for-test").pool is Pool.H20
+    task = TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800")
+    assert task.env_pool is Pool.H20 and task.env_queue == "h20"
+    assert TaskSpec.model_validate_json(task.model_dump_json()).env_queue == "h20"  # it travels as data
+    job = JobSpec(tasks=[task])
+    assert job.hosts_envs(Pool.H20) and not job.hosts_envs(Pool.CPU)
+    assert WorkerSettings.from_job(job, Pool.H20).serve_envs
+    assert not WorkerSettings.from_job(job, Pool.H800).serve_envs
+    assert pools_for_job(job) == [Pool.CONTROL, Pool.CPU, Pool.H20, Pool.H800, Pool.SERVERLESS]
+    assert TaskSpec(name="t", env="frozenlake", reward="success").env_queue == "cpu"
+
+
+def test_an_env_on_a_pool_that_cannot_hold_sessions_is_refused_when_declared() -> None:
+    with pytest.raises(ValueError, match=r"env 'x': pool 'serverless' cannot hold env sessions.*cpu, h20, h800"):
+        env("x", pool="serverless")
+    with pytest.raises(ValueError, match=r"pool 'gpu' cannot hold env sessions"):
+        env("x", pool="gpu")
+    from pydantic import ValidationError
+    from rollart.infra.config import TaskSpec
+
+    with pytest.raises(ValidationError, match=r"'trainer' workers cannot hold env sessions"):
+        TaskSpec(name="t", env="frozenlake", reward="success", env_pool="trainer")
+
+
+def test_an_env_not_importable_where_the_spec_loads_keeps_the_default_pool(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from rollart.infra.config import TaskSpec
+
+    with caplog.at_level(logging.DEBUG, logger="rollart.infra.registry"):
+        task = TaskSpec(name="t", env="only_on_the_workers.envs:Maze", reward="success")
+    assert task.env_pool is None and task.env_queue == "cpu"
+    assert "only_on_the_workers.envs:Maze" in caplog.text
+
+
+def test_a_reward_declared_not_serverless_runs_on_the_generation_pool() -> None:
+    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.workers.pool_worker import WorkerSettings
+
+    task = TaskSpec(name="t", env="frozenlake", reward="tests.support.rewards:beside_generation", generate_pool="h20")
+    assert task.reward_serverless is False and task.reward_placement == "serverless"
+    assert task.reward_queue == "h20"
+    job = JobSpec(tasks=[task])
+    assert job.colocates_rewards(Pool.H20) and WorkerSettings.from_job(job, Pool.H20).serve_rewards
+    assert TaskSpec(name="t", env="frozenlake", reward="success").reward_queue == "serverless"

@@ -91,7 +91,7 @@ def test_worker_settings_follow_the_placement() -> None:
     assert WorkerSettings.from_job(job, Pool.SERVERLESS).max_concurrent_activities == 3
 
 
-def test_job_check_rejects_args_a_reward_cannot_take_and_misplaced_rewards() -> None:
+def test_job_check_rejects_args_a_reward_cannot_take() -> None:
     def check(**task: object) -> None:
         check_job_components(JobSpec(tasks=[frozenlake_task(**task)]))
 
@@ -102,8 +102,8 @@ def test_job_check_rejects_args_a_reward_cannot_take_and_misplaced_rewards() -> 
         check(reward="reward_model", reward_args={"hiddn": 16})
     with pytest.raises(JobCheckError, match=r"multiple of heads"):
         check(reward="reward_model", reward_args={"hidden": 30, "heads": 4})
-    with pytest.raises(JobCheckError, match="serverless=False.*reward_placement: colocated"):
-        check(reward="tests.support.rewards:beside_generation")
+    check(reward="tests.support.rewards:beside_generation")  # declared serverless=False: it goes beside generation
+    assert frozenlake_task(reward="tests.support.rewards:beside_generation").reward_queue == "h800"
     check(reward="tests.support.rewards:beside_generation", reward_placement="colocated")
 
 

@@ -30,6 +30,55 @@ def test_local_store_round_trip_and_missing_key(tmp_path: Path) -> None:
     assert list(tmp_path.rglob(".tmp-*")) == []
 
 
+# ---------------------------------------------------------------- the stored turn record
+
+OLD_RECORD = {
+    "prompt": "SFFF\nFHAH\nmove:", "prompt_ids": [5, 6, 7], "policy_version": 2, "policy_version_end": 3,
+    "completions": [{"text": "R", "token_ids": [7, 8], "logprobs": [-0.5, -1e-05], "finish_reason": "length"},
+                    {"text": "", "token_ids": [], "logprobs": [], "finish_reason": "None"}],
+}  # fmt: skip
+"""A record as generate wrote it before StoredTurn: a dict through `put_json` (and a vLLM "None" reason)."""
+
+
+def test_records_already_in_a_store_load_and_new_ones_are_written_byte_for_byte_alike(tmp_path: Path) -> None:
+    from rollart.contracts.store import StoredTurn
+
+    store = LocalStore(tmp_path)
+    store.put_json("t/old", OLD_RECORD)  # the old writer
+    turn = StoredTurn.from_bytes(store.get("t/old"))
+    assert turn.prompt_ids == [5, 6, 7] and (turn.policy_version, turn.policy_version_end) == (2, 3)
+    assert turn.completions[0].logprobs == [-0.5, -1e-05] and turn.completions[1].finish_reason == "None"
+    assert turn.to_bytes() == store.get("t/old")  # the format is unchanged: old readers read new records
+    store.put("t/new", turn.to_bytes())
+    assert store.get_json("t/new") == OLD_RECORD
+
+
+def test_malformed_turn_records_are_refused_naming_the_key(tmp_path: Path) -> None:
+    from rollart.activities.rl.batch import InvalidSample, load_sequences
+    from rollart.contracts.activities import SampleRef
+
+    store = LocalStore(tmp_path)
+    bad = {**OLD_RECORD, "completions": [{"token_ids": [1, 2], "logprobs": [-0.1]}]}
+    store.put_json("t/bad", bad)
+    sample = SampleRef(trajectory_id="t", task="x", group_id="g", reward=1.0, success=True, turn_keys=["t/bad"],
+                       policy_version_min=0, policy_version_max=0)  # fmt: skip
+    with pytest.raises(InvalidSample, match=r"turn record 't/bad' is malformed.*2 tokens but 1 logprobs"):
+        load_sequences(store, [sample], [1.0])
+    store.put_json("t/bad", OLD_RECORD)
+    with pytest.raises(InvalidSample, match=r"turn record 't/bad' has no completion #5 \(it has 2\)"):
+        load_sequences(store, [sample.model_copy(update={"completion_index": 5})], [1.0])
+
+
+def test_finish_reasons_are_the_engines_own() -> None:
+    from pydantic import ValidationError
+    from rollart.contracts.activities import Completion
+
+    for reason in ("stop", "length", "abort", "error", "repetition", "None"):  # "None": old vLLM records
+        assert Completion(text="", num_tokens=0, finish_reason=reason).finish_reason == reason
+    with pytest.raises(ValidationError, match="finish_reason"):
+        Completion(text="", num_tokens=0, finish_reason="done")
+
+
 @pytest.mark.parametrize("key", ["../escape", "a//b", "/abs", "a/./b", "spaces here", ""])
 def test_local_store_rejects_unsafe_keys(tmp_path: Path, key: str) -> None:
     with pytest.raises(ValueError, match="invalid store key"):

@@ -10,9 +10,12 @@ import torch
 from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
 from rollart.activities.trainer import TrainerActivities, checkpoint_dir, step_record_path
 from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult, turn_key
+from rollart.contracts.errors import ErrorType
+from rollart.contracts.store import StoredTurn
 from rollart.infra.config import LossConfig, TrainerConfig
-from rollart.infra.store import LocalStore
+from rollart.infra.store import LocalStore, StoreUnavailable
 from rollart.infra.weights import latest_weights, weights_key
+from rollart.workflows import policies
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -141,6 +144,85 @@ async def test_bad_calls_fail_with_errors_that_say_what_to_do(tiny_model: Path, 
     with pytest.raises(ApplicationError) as err:
         await env.run(acts.train_step, step_input(tiny_model, run, 3, samples))
     assert err.value.type == "TrainerStateMismatch" and "up to 0" in err.value.message
+
+
+class FlakyStore(LocalStore):
+    """A local store whose reads fail `outages` times first: the store briefly unavailable."""
+
+    def __init__(self, root: Path, outages: int) -> None:
+        super().__init__(root)
+        self.outages = outages
+
+    def get(self, key: str) -> bytes:
+        if self.outages > 0:
+            self.outages -= 1
+            raise StoreUnavailable(f"store down while reading {key}")
+        return super().get(key)
+
+
+async def test_an_error_of_the_step_itself_fails_at_once_and_infra_errors_are_retried(
+    tiny_model: Path, tok, tmp_path: Path
+) -> None:
+    """A deterministic error (here a token id past the vocabulary: an IndexError in the embedding) is not retried;
+    a store that is briefly down and a dead rank are."""
+    store = FlakyStore(tmp_path / "store", outages=0)
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    record = StoredTurn.from_bytes(store.get(samples[0].turn_keys[0]))
+    broken = record.completions[0].model_copy(update={"token_ids": [10**6, 1]})
+    store.put("bad/turn-000", record.model_copy(update={"completions": [broken]}).to_bytes())
+    bad = samples[0].model_copy(update={"turn_keys": ["bad/turn-000"], "completion_index": 0})
+    acts = TrainerActivities(store)
+    env = ActivityEnvironment()
+    run = tmp_path / "run"
+
+    with pytest.raises(ApplicationError) as err:
+        await env.run(acts.train_step, step_input(tiny_model, run, 0, [bad, *samples[1:]]))
+    assert err.value.type == "TrainStepFailed" and err.value.non_retryable
+    assert "train step 0 of job 'job'" in err.value.message and "IndexError" in err.value.message
+    assert "TrainStepFailed" in policies.TRAIN_STEP.retry.non_retryable_error_types
+    assert not policies.TRAIN_STEP.retry.maximum_attempts  # a lost trainer (heartbeat timeout) is retried on
+
+    store.outages = 1
+    with pytest.raises(StoreUnavailable):  # not an ApplicationError: Temporal retries it
+        await env.run(acts.train_step, step_input(tiny_model, run, 0, samples))
+    assert (await env.run(acts.train_step, step_input(tiny_model, run, 0, samples))).version == 1
+
+    class DeadRank:
+        def run_step(self, inp: TrainStepInput, cancelled: object) -> TrainStepResult:
+            raise ApplicationError("trainer rank 1 exited with code -9", type=ErrorType.TRAINER_RANK_FAILED)
+
+    on_ranks = TrainerActivities(store, ranks=DeadRank())
+    with pytest.raises(ApplicationError) as err:
+        await env.run(on_ranks.train_step, step_input(tiny_model, tmp_path / "run2", 0, samples, backend="megatron"))
+    assert err.value.type == "TrainerRankFailed" and not err.value.non_retryable
+
+
+def test_the_megatron_agent_fails_a_step_its_own_code_fails() -> None:
+    """Ranks report an exception of the step's own kind at once; a RuntimeError (a dead peer looks like one) fails
+    the step only when fresh ranks fail it again with the same cause."""
+    from rollart.workers.rank_messages import RankError
+    from rollart.workers.trainer_rank import _step_error_type
+    from rollart.workers.trainer_ranks import RankGroup, _rank_failed
+
+    assert _step_error_type(IndexError("index out of range in self")) == "TrainStepFailed"
+    assert _step_error_type(RuntimeError("Connection closed by peer")) is None
+    assert _step_error_type(ConnectionResetError()) is None and _step_error_type(KeyboardInterrupt()) is None
+    group = RankGroup()
+    try:
+        shape = RankError(type="RuntimeError", message="trainer rank 1 failed in step 3: RuntimeError: size mismatch",
+                          cause="RuntimeError: size mismatch")  # fmt: skip
+        first = _rank_failed(group._repeated(shape, "job", 3), 3, "job")
+        assert first.type == "TrainerRankFailed" and not first.non_retryable
+        again = _rank_failed(group._repeated(shape, "job", 3), 3, "job")
+        assert again.type == "TrainStepFailed" and again.non_retryable and "train step 3 of job 'job'" in again.message
+        died = RankError(type="TrainerRankDied", message="trainer rank 1 (pid 9, node 0) exited with code -9")
+        for _ in range(2):
+            assert not _rank_failed(group._repeated(died, "job", 4), 4, "job").non_retryable
+        own = RankError(type="TrainStepFailed", message="trainer rank 0 failed in step 5: IndexError: index out of "
+                        "range in self", non_retryable=True, cause="IndexError: index out of range in self")  # fmt: skip
+        assert _rank_failed(group._repeated(own, "job", 5), 5, "job").type == "TrainStepFailed"
+    finally:
+        group.close()
 
 
 async def test_checkpoints_and_a_fresh_trainer_resumes_at_the_right_step(tiny_model: Path, tok, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import uuid
 
 import pytest
+from pydantic import ValidationError
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.config import SamplingParams
 from rollart.workflows import TrajectoryWorkflow
@@ -83,9 +84,14 @@ async def test_unknown_env_fails_the_workflow_at_once(bare_env: WorkflowEnvironm
 
 
 async def test_multi_sample_tasks_are_rejected(bare_env: WorkflowEnvironment) -> None:
+    with pytest.raises(ValidationError, match="sampling.n is 4, but a multi-turn task"):  # at load, naming the field
+        frozenlake_task(sampling=SamplingParams(n=4))
+    task = frozenlake_task().model_dump(mode="json")
+    task["sampling"]["n"] = 4
     s = StandIns()
-    async with workers(bare_env.client, s):
+    async with workers(bare_env.client, s):  # sent as raw JSON (`temporal workflow start`): the workflow fails at once
         with pytest.raises(WorkflowFailureError) as err:
-            await run(bare_env.client, TrajectoryInput(task=frozenlake_task(sampling=SamplingParams(n=4)), seed=1))
-    assert isinstance(err.value.cause, ApplicationError) and err.value.cause.type == "InvalidInput"
+            await bare_env.client.execute_workflow("TrajectoryWorkflow", {"task": task, "seed": 1},
+                                                   id=f"t-{uuid.uuid4().hex[:8]}", task_queue="control")  # fmt: skip
+    assert "sampling.n is 4" in str(err.value.cause)
     assert s.calls == []

@@ -1,1 +1,1 @@
-"""Processes: a Temporal worker per pool, the local stack, and the `rollart` CLI."""
+"""Processes: a Temporal worker per pool, the local stack and its autoscaler, the trainer's ranks."""

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.infra.backlog import QueueStats, queue_stats
+from rollart.infra.pools import queue_name
 from rollart.infra.config import ElasticPoolConfig
 from rollart.infra.temporal import connect
 from rollart.workers.pool_worker import WorkerSettings
@@ -68,7 +69,7 @@ def spawn_worker(settings: WorkerSettings, name: str, home: Path) -> WorkerProce
     settings_file = run / f"{name}.json"
     settings_file.write_text(settings.model_dump_json(indent=2))
     log_file = logs / f"worker-{name}.log"
-    cmd = [sys.executable, "-m", "rollart.workers.cli", "worker", "--settings-file", str(settings_file)]
+    cmd = [sys.executable, "-m", "rollart.cli", "worker", "--settings-file", str(settings_file)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log_file, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -161,7 +162,9 @@ class Autoscaler:
 
     @property
     def queue(self) -> str:
-        return self.procs.settings.pool.value
+        """The queue whose backlog this scales on (the pool's, behind the job's task-queue prefix)."""
+        settings = self.procs.settings
+        return queue_name(settings.pool, settings.temporal.task_queue_prefix)
 
     @property
     def target(self) -> int:

@@ -40,11 +40,12 @@ class StackError(RuntimeError):
 
 
 def pools_for_job(job: JobSpec, training: bool = False) -> list[Pool]:
-    """The pools a job needs a worker for: control, cpu, its tasks' generation pools, serverless (+ trainer).
+    """The pools a job needs a worker for: control, cpu, the generation pools its tasks use, serverless (+ trainer).
 
-    Serverless only when some task's reward runs there (not every reward is `colocated`).
+    A generation pool is used by a task's generation, or by an env or reward placed there. Serverless
+    only when some task's reward runs there (not every reward is `colocated`).
     """
-    gen = sorted({t.generate_pool for t in job.tasks}, key=lambda p: p.value)
+    gen = sorted(job.needs().generate_pools, key=lambda p: p.value)
     serverless = [Pool.SERVERLESS] if any(t.reward_queue == Pool.SERVERLESS.value for t in job.tasks) else []
     return [Pool.CONTROL, Pool.CPU, *gen, *serverless, *([Pool.TRAINER] if training else [])]
 
@@ -98,7 +99,7 @@ class LocalStack:
 
     def autoscaler(self, pool: Pool = Pool.SERVERLESS) -> Autoscaler | None:
         """The autoscaler running `pool`'s workers, if any."""
-        return next((s for s in self._scalers if s.queue == pool.value), None)
+        return next((s for s in self._scalers if s.procs.settings.pool is pool), None)
 
     def live_workers(self, pool: Pool) -> list[int]:
         """PIDs of the running worker processes of `pool`, oldest first."""

@@ -4,7 +4,8 @@
   restarting engine never stalls workflow progress)
 - cpu: `reset`, `restore` on the shared queue, `step`/`close` on this process's own queue
 - h20 / h800: `generate` on one inference engine, batched continuously (and
-  `reward` too when the job colocates rewards with generation)
+  `reward` too when the job colocates rewards with generation, and the env
+  activities when a task's env declares this pool: `@env(pool="h20")`)
 - serverless: `reward`, a bounded number at a time so that excess work shows as
   backlog for the autoscaler
 """
@@ -21,20 +22,21 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
-from rollart.infra.pools import GENERATION_POOLS, Pool, session_queue
+from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
 from rollart.infra.temporal import connect
 from temporalio.client import Client
 from temporalio.worker import Worker
 
 if TYPE_CHECKING:
+    from rollart.activities.env import EnvActivities
     from rollart.workers.trainer_ranks import RankGroup
 
 __all__ = ["TrainerNodes", "WorkerSettings", "run_worker", "serve"]
@@ -78,6 +80,8 @@ class WorkerSettings(BaseModel):
     max_concurrent_activities: int = 256
     serve_rewards: bool = False
     """Generation pools: also register the reward activities (`reward_placement: colocated`)."""
+    serve_envs: bool = False
+    """Generation pools: also hold env sessions (a task whose env declares this pool, `@env(pool=...)`)."""
     trainer: TrainerConfig = TrainerConfig()
     """Trainer pool: the job's trainer section (the megatron backend's ranks are laid out by it)."""
     nodes: TrainerNodes = TrainerNodes()
@@ -92,6 +96,7 @@ class WorkerSettings(BaseModel):
             base["max_concurrent_activities"] = job.elastic(pool).max_concurrent_activities
         if pool in GENERATION_POOLS:
             base["serve_rewards"] = job.colocates_rewards(pool)
+            base["serve_envs"] = job.hosts_envs(pool)
         return cls(**{**base, **overrides})
 
 
@@ -127,57 +132,28 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
 @contextlib.asynccontextmanager
 async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
     pool = settings.pool
+    queue = queue_name(pool, settings.temporal.task_queue_prefix)
     common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
     if pool is Pool.CONTROL:
         from rollart.workflows import ALL_WORKFLOWS
 
-        yield [Worker(client, task_queue=pool.value, workflows=ALL_WORKFLOWS, identity=worker_id)]
+        yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id)]
     elif pool is Pool.CPU:
-        from rollart.activities.env import EnvActivities
-
-        envs = EnvActivities(worker_id, queue=session_queue(worker_id))
-        shared = [envs.reset, envs.reset_group, envs.restore, envs.prompts, envs.check]
+        envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         try:
-            yield [
-                Worker(client, task_queue=pool.value, activities=shared, **common),
-                Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common),
-            ]
+            yield [Worker(client, task_queue=queue, activities=_shared_env(envs), **common),
+                   _session_worker(client, envs, common)]  # fmt: skip
         finally:
             envs.shutdown()
     elif pool in GENERATION_POOLS:
-        async with _engine(settings) as engine:
-            from rollart.activities.generate import GenerateActivities
-            from rollart.infra.store import open_store
-
-            weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
-            base = settings.model_dir / "model.safetensors"
-            gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
-            stats = asyncio.create_task(_log_engine_throughput(engine, pool))
-            activities = [gen.generate, gen.generate_batch]
-            if settings.serve_rewards:  # colocated: rewards compete with generation in this process
-                from rollart.activities.reward import RewardActivities
-
-                rewards = RewardActivities()
-                activities += [rewards.reward, rewards.reward_batch]
-            try:
-                yield [
-                    Worker(
-                        client,
-                        task_queue=pool.value,
-                        activities=activities,
-                        graceful_shutdown_timeout=timedelta(seconds=60),
-                        **common,
-                    )
-                ]
-            finally:
-                stats.cancel()
-                shutil.rmtree(weights_dir, ignore_errors=True)
+        async with _generation_workers(settings, client, worker_id) as workers:
+            yield workers
     elif pool is Pool.SERVERLESS:
         from rollart.activities.reward import RewardActivities
 
         rewards = RewardActivities()
         # a worker stopped by the autoscaler (SIGTERM) finishes the rewards it holds before it exits
-        yield [Worker(client, task_queue=pool.value, activities=[rewards.reward, rewards.reward_batch],
+        yield [Worker(client, task_queue=queue, activities=[rewards.reward, rewards.reward_batch],
                       graceful_shutdown_timeout=timedelta(seconds=60), **common)]  # fmt: skip
     elif pool is Pool.TRAINER:
         from rollart.activities.trainer import TrainerActivities
@@ -188,12 +164,61 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep, ranks=ranks)
         try:
             # one step at a time: the model and optimizer are this process's (or its ranks') state
-            yield [Worker(client, task_queue=pool.value, activities=[trainer.train_step], identity=worker_id,
+            yield [Worker(client, task_queue=queue, activities=[trainer.train_step], identity=worker_id,
                           max_concurrent_activities=1)]  # fmt: skip
         finally:
             await asyncio.to_thread(ranks.close)
     else:
         raise ValueError(f"pool {pool.value!r} has no worker")
+
+
+def _env_activities(worker_id: str, pool: Pool, prefix: str) -> EnvActivities:
+    """This worker's env sessions, stepped through its own queue `<prefix><pool>@<worker>` (sticky routing)."""
+    from rollart.activities.env import EnvActivities
+
+    return EnvActivities(worker_id, queue=session_queue(worker_id, prefix, pool))
+
+
+def _shared_env(envs: EnvActivities) -> list[Callable[..., Any]]:
+    """The env activities any env worker of the pool may take: they start (or rebuild) sessions, or keep none."""
+    return [envs.reset, envs.reset_group, envs.restore, envs.prompts, envs.check]
+
+
+def _session_worker(client: Client, envs: EnvActivities, common: dict[str, Any]) -> Worker:
+    """The worker polling this process's private queue: `step`/`close` of the sessions it holds."""
+    return Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common)
+
+
+@contextlib.asynccontextmanager
+async def _generation_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
+    """`generate` on the engine, plus rewards and env sessions when the job places them on this pool."""
+    from rollart.activities.generate import GenerateActivities
+    from rollart.infra.store import open_store
+
+    pool, prefix = settings.pool, settings.temporal.task_queue_prefix
+    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
+    async with _engine(settings) as engine:
+        weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
+        base = settings.model_dir / "model.safetensors"
+        gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
+        stats = asyncio.create_task(_log_engine_throughput(engine, pool))
+        activities: list[Callable[..., Any]] = [gen.generate, gen.generate_batch]
+        if settings.serve_rewards:  # colocated: rewards compete with generation in this process
+            from rollart.activities.reward import RewardActivities
+
+            rewards = RewardActivities()
+            activities += [rewards.reward, rewards.reward_batch]
+        envs = _env_activities(worker_id, pool, prefix) if settings.serve_envs else None
+        workers = [] if envs is None else [_session_worker(client, envs, common)]
+        activities += [] if envs is None else _shared_env(envs)
+        try:
+            yield [Worker(client, task_queue=queue_name(pool, prefix), activities=activities,
+                          graceful_shutdown_timeout=timedelta(seconds=60), **common), *workers]  # fmt: skip
+        finally:
+            stats.cancel()
+            shutil.rmtree(weights_dir, ignore_errors=True)
+            if envs is not None:
+                envs.shutdown()
 
 
 def _rank_group(settings: WorkerSettings) -> RankGroup:

@@ -71,11 +71,15 @@ class RankCommand(_Message):
 
 
 class RankError(_Message):
-    """Why a rank failed; `non_retryable` for what a restart cannot fix (bad input, a model it cannot train)."""
+    """Why a rank failed; `non_retryable` for what a restart cannot fix (bad input, a model it cannot train).
+
+    `cause` is the exception as `Type: text` (no rank number): the agent compares it across attempts of a step.
+    """
 
     type: str
     message: str
     non_retryable: bool = False
+    cause: str = ""
 
 
 class RankReply(_Message):

@@ -39,6 +39,18 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _step_error_type(e: BaseException) -> str | None:
+    """TrainStepFailed for an exception the step's own code raised and would raise again (an IndexError, a
+    ValueError, ...); None when it may be a peer's death or the infrastructure: RuntimeError (gloo and NCCL
+    report a dead peer as one, and torch its shape errors), OSError, the store's errors. The agent fails a step
+    whose fresh ranks fail it again with the same cause."""
+    from rollart.contracts.errors import ErrorType
+
+    if isinstance(e, Exception) and not isinstance(e, RuntimeError | OSError):
+        return ErrorType.TRAIN_STEP_FAILED.value
+    return None
+
+
 def _non_retryable(e: BaseException) -> bool:
     from rollart.activities.training.devices import DeviceUnavailable
     from rollart.activities.training.megatron.checkpoint import TensorParallelMismatch
@@ -63,11 +75,13 @@ def run(args: argparse.Namespace) -> int:
     store = dist.TCPStore(host, int(port), is_master=False, timeout=COMMAND_WAIT)
     gen = args.gen
 
-    def fail(e: BaseException, during: str) -> int:
-        err = RankError(type=type(e).__name__, message=f"trainer rank {args.rank} failed {during}: {e}",
-                        non_retryable=_non_retryable(e))  # fmt: skip
+    def fail(e: BaseException, during: str, in_step: bool = False) -> int:
+        deterministic = _step_error_type(e) if in_step else None
+        err = RankError(type=deterministic or type(e).__name__, message=f"trainer rank {args.rank} failed {during}: "
+                        f"{type(e).__name__}: {e}", non_retryable=deterministic is not None or _non_retryable(e),
+                        cause=f"{type(e).__name__}: {e}")  # fmt: skip
         log.exception("rank %d failed %s", args.rank, during)
-        store.set(key(gen, "failed"), err.model_dump_json())
+        store.compare_set(key(gen, "failed"), "", err.model_dump_json())  # the first failure is the cause
         return 1
 
     try:
@@ -105,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
                 return fail(e, f"in step {cmd.step.step}")
             reply = RankReply(error=RankError(type=e.type or "ApplicationError", message=e.message, non_retryable=True))
         except BaseException as e:
-            return fail(e, f"in step {cmd.step.step}")
+            return fail(e, f"in step {cmd.step.step}", in_step=True)
         if ranks.is_leader:
             store.set(key(gen, "result", n), reply.model_dump_json())
         n += 1

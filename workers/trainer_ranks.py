@@ -7,7 +7,9 @@ job if they are not running (a new *generation*), posts the step and waits for r
 Other nodes' agents follow the current generation: they start their ranks when it changes and
 stop them when it ends. Any rank that exits, or posts a failure, ends the generation on every
 node; the step fails with a retryable error and its retry launches a fresh generation, which
-resumes from the last checkpoint and recorded steps (the step itself is idempotent).
+resumes from the last checkpoint and recorded steps (the step itself is idempotent). A step whose
+own code raised fails non-retryable (`TrainStepFailed`): at once when the rank can tell (an
+exception that is no RuntimeError or OSError), else when fresh ranks fail it again with the same cause.
 """
 
 from __future__ import annotations
@@ -36,9 +38,13 @@ POLL_S = 0.02
 """How often the agent looks at its ranks and the store while it waits."""
 
 
-def _rank_failed(err: RankError, step: int | None) -> ApplicationError:
-    """The activity error for a failed generation: retryable unless a restart cannot help (then: bad input)."""
-    what = f"train step {step}" if step is not None else "starting the trainer ranks"
+def _rank_failed(err: RankError, step: int | None, job: str = "") -> ApplicationError:
+    """The activity error for a failed generation: retryable unless a restart cannot help (the step's own error,
+    or bad input)."""
+    what = f"train step {step} of job {job!r}" if step is not None else "starting the trainer ranks"
+    if err.type == ErrorType.TRAIN_STEP_FAILED.value:
+        return ApplicationError(f"{what} failed: {err.message}; a retry would fail the same way, fix the cause and "
+                                "resume", type=ErrorType.TRAIN_STEP_FAILED, non_retryable=True)  # fmt: skip
     if err.non_retryable:
         return ApplicationError(f"{what} failed: {err.message}", type=ErrorType.INVALID_INPUT, non_retryable=True)
     return ApplicationError(f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step "
@@ -70,6 +76,7 @@ class RankGroup:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._launches = 0
+        self._last_failure: tuple[str, int, str] | None = None  # (job, step, cause) of the last step that failed
 
     # ---- node 0: run steps ----------------------------------------------------------------------
 
@@ -140,8 +147,23 @@ class RankGroup:
             raise ApplicationError(f"train step {step} was cancelled", type=ErrorType.TRAINER_RANK_FAILED)
         err = self._failure(gen)
         if err is not None:
+            job = self._spec.job_id if self._spec is not None else ""
             self._end_generation(err.message)
-            raise _rank_failed(err, step)
+            raise _rank_failed(self._repeated(err, job, step), step, job)
+
+    def _repeated(self, err: RankError, job: str, step: int | None) -> RankError:
+        """`err`, made TrainStepFailed when the previous attempt of this step failed with the same cause.
+
+        Fresh ranks (a new generation) failing a step the same way again means the step's own code
+        fails, not a rank: a dead peer shows as another cause (a connection error naming its address).
+        """
+        seen = (job, step, err.cause) if err.cause and step is not None else None
+        repeated = seen is not None and seen == self._last_failure
+        self._last_failure = seen
+        if not repeated:
+            return err
+        return err.model_copy(update={"type": ErrorType.TRAIN_STEP_FAILED.value, "non_retryable": True,
+                                      "message": f"{err.message} (again, on fresh ranks)"})  # fmt: skip
 
     def _failure(self, gen: str) -> RankError | None:
         """The generation's posted failure, or one this agent sees: a local rank that exited."""
@@ -152,8 +174,8 @@ class RankGroup:
             if code is not None:
                 err = RankError(type="TrainerRankDied", message=f"trainer rank {rank} (pid {proc.pid}, node "
                                 f"{self.node_rank}) exited with code {code}")  # fmt: skip
-                self.store.set(key(gen, "failed"), err.model_dump_json())
-                return err
+                posted = self.store.compare_set(key(gen, "failed"), "", err.model_dump_json())  # a rank's own first
+                return RankError.model_validate_json(posted)
         return None
 
     # ---- every node: local rank processes -------------------------------------------------------
@@ -176,8 +198,8 @@ class RankGroup:
     def _end_generation(self, why: str) -> None:
         """Kill this node's ranks (they may be stuck in a collective) and mark the generation over for every node."""
         gen = self._gen
-        if gen is not None and not self.store.check([key(gen, "failed")]):
-            self.store.set(key(gen, "failed"), RankError(type="GenerationEnded", message=why).model_dump_json())
+        if gen is not None:  # unless a rank posted why first
+            self.store.compare_set(key(gen, "failed"), "", RankError(type="GenerationEnded", message=why).model_dump_json())
         self._kill_local(why)
         self._gen, self._spec = None, None
 

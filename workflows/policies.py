@@ -111,9 +111,10 @@ REWARD = ActivityPolicy(
 
 TRAIN_STEP = ActivityPolicy(
     # One step at a time on the trainer's process; it heartbeats every 5 s, so a killed trainer is
-    # noticed in 20 s and a replacement retries the (idempotent) step from the last checkpoint.
+    # noticed in 20 s and a replacement retries the (idempotent) step from the last checkpoint, as often
+    # as it takes. A step whose own code raised fails at once (TrainStepFailed): it would raise again.
     start_to_close=timedelta(minutes=30),
     heartbeat=timedelta(seconds=20),
     retry=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
-                      non_retryable_error_types=[ErrorType.INVALID_INPUT.value]),
+                      non_retryable_error_types=[ErrorType.INVALID_INPUT.value, ErrorType.TRAIN_STEP_FAILED.value]),
 )

@@ -19,28 +19,37 @@ from collections.abc import Awaitable
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
     from rollart.contracts.activities import ActivityName, SampleRef, TrainStepInput, TrainStepResult
-    from rollart.infra import search_attributes as sa
-    from rollart.infra.config import JobSpec, TaskSpec
-    from rollart.infra.pools import Pool
-    from rollart.workflows import policies
-    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
-    from rollart.workflows.group_rollout import GroupRolloutInput, GroupRolloutWorkflow, GroupSeed
+    from rollart.contracts.rollouts import (
+        BatchRolloutInput,
+        GroupRolloutInput,
+        GroupSeed,
+        TrajectoryInput,
+        TrajectoryResult,
+        batch_member_id,
+        member_id,
+    )
     from rollart.contracts.training import (
         HISTORY_KEPT,
         InFlight,
         StepRecord,
         TrainingInput,
+        TrainingPlan,
         TrainingResult,
         TrainingState,
         TrainingStatus,
     )
-    from rollart.workflows.trajectory import TRAJECTORIES_DONE, TrajectoryWorkflow
-    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
+    from rollart.infra import search_attributes as sa
+    from rollart.infra.config import TaskSpec
+    from rollart.infra.pools import Pool, queue_name
+    from rollart.workflows import policies
+    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
+    from rollart.workflows.group_rollout import GroupRolloutWorkflow
+    from rollart.workflows.reporting import TRAJECTORIES_DONE
+    from rollart.workflows.trajectory import TrajectoryWorkflow
 
 __all__ = ["TrainingWorkflow"]
 
@@ -53,8 +62,9 @@ class TrainingWorkflow:
 
     @workflow.init
     def __init__(self, inp: TrainingInput) -> None:
+        assert inp.plan is not None  # TrainingInput makes one from `job`
         self.inp = inp
-        self.job = inp.job
+        self.plan: TrainingPlan = inp.plan
         self.s = inp.state or TrainingState()
         self.finishing = False
         self.done = False
@@ -104,7 +114,7 @@ class TrainingWorkflow:
     @workflow.query
     def status(self) -> TrainingStatus:
         """Where the loop is, and every term of the trajectory ledger."""
-        t = self.job.training
+        t = self.plan.training
         return TrainingStatus(
             job_id=self.inp.job_id, step=self.s.step, steps=t.steps, version=self.s.step,
             async_bound=t.async_bound, rollout_mode=t.rollout_mode,
@@ -121,8 +131,7 @@ class TrainingWorkflow:
     async def run(self, inp: TrainingInput) -> TrainingResult:
         if inp.state is None:
             self.s.started_at = workflow.now().timestamp()
-        _check_groups_fit(inp.job)
-        t = inp.job.training
+        t = self.plan.training
         steps_this_run = 0
         # Wake up for stale ready groups too: when they fill the buffer, nothing else would ever wake the loop.
         wake_on_stale = workflow.patched("wake-on-stale-groups")
@@ -138,17 +147,17 @@ class TrainingWorkflow:
                 steps_this_run += 1
                 if steps_this_run >= t.continue_as_new_every and self.s.step < t.steps:
                     await workflow.wait_condition(workflow.all_handlers_finished)
-                    workflow.continue_as_new(TrainingInput(job=inp.job, job_id=inp.job_id, run_dir=inp.run_dir,
+                    workflow.continue_as_new(TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir,
                                                            state=self.s))  # fmt: skip
         return await self._finish()
 
     def _capacity(self) -> int:
-        t = self.job.training
+        t = self.plan.training
         return (t.async_bound + 1) * t.batch_size
 
     def _next_launch_size(self) -> int:
-        if self.job.training.rollout_mode == "batch":
-            return self.job.training.batch_size
+        if self.plan.training.rollout_mode == "batch":
+            return self.plan.training.batch_size
         return self._next_task().group_size
 
     def _can_launch(self) -> bool:
@@ -159,9 +168,9 @@ class TrainingWorkflow:
 
     def _next_task(self) -> TaskSpec:
         """Tasks drawn by weight, reproducibly: group g's task depends only on (seed, g)."""
-        job = self.job
-        rng = random.Random(job.training.seed * 1_000_003 + self.s.next_group)
-        return rng.choices(job.tasks, weights=[task.weight for task in job.tasks])[0]
+        plan = self.plan
+        rng = random.Random(plan.training.seed * 1_000_003 + self.s.next_group)
+        return rng.choices(plan.tasks, weights=[task.weight for task in plan.tasks])[0]
 
     async def _launch(self) -> None:
         """Start as many groups (or lockstep batches) as admission allows, all in one workflow task.
@@ -175,10 +184,10 @@ class TrainingWorkflow:
         """
         starts: list[Awaitable[object]] = []
         grouped: dict[str, tuple[str, list[tuple[str, TaskSpec, int]]]] = {}  # task → (workflow id, its groups)
-        batch_mode = self.job.training.rollout_mode == "batch"
+        batch_mode = self.plan.training.rollout_mode == "batch"
         while self._can_launch():
             wave: list[tuple[str, TaskSpec, int]] = []
-            target = self.job.training.batch_size if batch_mode else 1
+            target = self.plan.training.batch_size if batch_mode else 1
             while sum(task.group_size for _, task, _ in wave) < target or not wave:
                 wave.append(self._new_group())
             # batch mode: grouped multi-turn tasks play as lockstep groups (older runs: in the per-episode batch)
@@ -195,7 +204,7 @@ class TrainingWorkflow:
                     wid, groups = grouped.setdefault(t.name, (f"{g}-w", []))
                     groups.append((g, t, seed))
                     for m in range(t.group_size):  # tracked now: admission must see them
-                        self._track(f"{g}-{m}", g, wid)
+                        self._track(member_id(g, m), g, wid)
         starts += [self._start_groups(wid, groups) for wid, groups in grouped.values()]
         if starts:
             await asyncio.gather(*starts)
@@ -203,7 +212,7 @@ class TrainingWorkflow:
     def _new_group(self) -> tuple[str, TaskSpec, int]:
         task = self._next_task()
         group_id = f"{self.inp.job_id}-g{self.s.next_group:06d}"
-        seed = self.job.training.seed * 1_000_003 + self.s.next_group
+        seed = self.plan.training.seed * 1_000_003 + self.s.next_group
         self.s.next_group += 1
         self.s.unfinished[group_id] = task.group_size
         return group_id, task, seed
@@ -215,18 +224,21 @@ class TrainingWorkflow:
     def _trajectory_input(self, task: TaskSpec, seed: int, group_id: str) -> TrajectoryInput:
         return TrajectoryInput(
             task=task, seed=seed, job_id=self.inp.job_id, group_id=group_id,
-            min_version=self.s.step, report_to=workflow.info().workflow_id,
+            min_version=self.s.step, report_to=workflow.info().workflow_id, queue_prefix=self.plan.queue_prefix,
         )  # fmt: skip
+
+    def _queue(self, pool: Pool) -> str:
+        return queue_name(pool, self.plan.queue_prefix)
 
     def _start_trajectories(self, group_id: str, task: TaskSpec, seed: int) -> list[Awaitable[object]]:
         starts = []
         for m in range(task.group_size):
-            tid = f"{group_id}-{m}"
+            tid = member_id(group_id, m)
             self._track(tid, group_id, tid)
             starts.append(
                 workflow.start_child_workflow(
                     TrajectoryWorkflow.run, self._trajectory_input(task, seed, group_id), id=tid,
-                    task_queue=Pool.CONTROL.value, parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                    task_queue=self._queue(Pool.CONTROL), parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                     search_attributes=self._child_attributes(task),
                 )  # fmt: skip
             )
@@ -235,23 +247,27 @@ class TrainingWorkflow:
     def _start_groups(self, wid: str, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
         task = groups[0][1]
         inp = GroupRolloutInput(
-            task=task, groups=[GroupSeed(group_id=g, seed=seed) for g, _, seed in groups], job_id=self.inp.job_id,
-            min_version=self.s.step, report_to=workflow.info().workflow_id,
-            lockstep=self.job.training.rollout_mode == "batch",
+            task=task, job_id=self.inp.job_id, min_version=self.s.step, report_to=workflow.info().workflow_id,
+            groups=[GroupSeed(group_id=g, seed=seed, member_ids=[member_id(g, m) for m in range(t.group_size)])
+                    for g, t, seed in groups],
+            queue_prefix=self.plan.queue_prefix,
+            lockstep=self.plan.training.rollout_mode == "batch",
         )  # fmt: skip
         return workflow.start_child_workflow(
-            GroupRolloutWorkflow.run, inp, id=wid, task_queue=Pool.CONTROL.value,
+            GroupRolloutWorkflow.run, inp, id=wid, task_queue=self._queue(Pool.CONTROL),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON, search_attributes=self._child_attributes(task),
         )  # fmt: skip
 
     def _start_batch(self, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
         batch_id = f"{groups[0][0]}-b"
-        trajectories = [self._trajectory_input(t, seed, g) for g, t, seed in groups for _ in range(t.group_size)]
-        for i, t in enumerate(trajectories):
-            self._track(f"{batch_id}-{i:03d}", t.group_id, batch_id)
+        members = [(g, t, seed) for g, t, seed in groups for _ in range(t.group_size)]
+        trajectories = [self._trajectory_input(t, seed, g).model_copy(update={"trajectory_id": batch_member_id(batch_id, i)})
+                        for i, (g, t, seed) in enumerate(members)]  # fmt: skip
+        for t in trajectories:
+            self._track(t.trajectory_id, t.group_id, batch_id)
         return workflow.start_child_workflow(
             BatchRolloutWorkflow.run, BatchRolloutInput(trajectories=trajectories, report_to=workflow.info().workflow_id),
-            id=batch_id, task_queue=Pool.CONTROL.value, parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            id=batch_id, task_queue=self._queue(Pool.CONTROL), parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             search_attributes=self._child_attributes(trajectories[0].task),
         )  # fmt: skip
 
@@ -265,7 +281,7 @@ class TrainingWorkflow:
     # ------------------------------------------------------------ batches
 
     def _is_stale(self, group_id: str) -> bool:
-        bound = self.job.training.async_bound
+        bound = self.plan.training.async_bound
         return any(self.s.step - x.policy_version_min > bound for x in self.s.buffer if x.group_id == group_id)
 
     def _stale_ready(self) -> bool:
@@ -281,7 +297,7 @@ class TrainingWorkflow:
 
     def _batch_ready(self) -> bool:
         ready = set(g for g in self.s.ready_groups if not self._is_stale(g))
-        return sum(1 for x in self.s.buffer if x.group_id in ready) >= self.job.training.batch_size
+        return sum(1 for x in self.s.buffer if x.group_id in ready) >= self.plan.training.batch_size
 
     def _stalled(self) -> bool:
         """Nothing in flight, no room to launch, a partial batch ready (failures shrank it): train on that."""
@@ -290,7 +306,7 @@ class TrainingWorkflow:
 
     def _take_batch(self) -> list[SampleRef]:
         batch: list[SampleRef] = []
-        size = self.job.training.batch_size
+        size = self.plan.training.batch_size
         while len(batch) < size and self.s.ready_groups:
             group = self.s.ready_groups.pop(0)
             batch += [x for x in self.s.buffer if x.group_id == group]
@@ -303,9 +319,9 @@ class TrainingWorkflow:
         step = self.s.step
         result: TrainStepResult = await workflow.execute_activity(
             ActivityName.TRAIN_STEP.value,
-            TrainStepInput(job_id=inp.job_id, step=step, samples=batch, model_dir=str(inp.job.model_dir),
-                           run_dir=inp.run_dir, trainer=inp.job.trainer),  # fmt: skip
-            task_queue=Pool.TRAINER.value,
+            TrainStepInput(job_id=inp.job_id, step=step, samples=batch, model_dir=self.plan.model_dir,
+                           run_dir=inp.run_dir, trainer=self.plan.trainer),  # fmt: skip
+            task_queue=self._queue(Pool.TRAINER),
             result_type=TrainStepResult,
             **policies.TRAIN_STEP.kwargs(),
         )
@@ -360,11 +376,3 @@ def _sample(r: TrajectoryResult) -> SampleRef:
         completion_index=r.completion_index,
     )  # fmt: skip
 
-
-def _check_groups_fit(job: JobSpec) -> None:
-    bad = [t.name for t in job.tasks if job.training.batch_size % t.group_size]
-    if bad:
-        raise ApplicationError(
-            f"training.batch_size {job.training.batch_size} is not a multiple of group_size of task(s) {', '.join(bad)}",
-            type="InvalidInput", non_retryable=True,
-        )  # fmt: skip

@@ -1,25 +1,23 @@
 """TrajectoryWorkflow: one agentic episode, reset → (generate → step)* → reward → close.
 
-Each activity goes to its pool's queue: reset to "cpu", generate to the task's
-generation pool, step/close to the private queue of the env worker holding the
-session (sticky), reward to "serverless". Deterministic: no I/O, no clock, no
-heavy imports — only names and pydantic types cross into this module.
+Each activity goes to its pool's queue: reset to the env pool ("cpu"), generate to the task's generation
+pool, step/close to the private queue of the env worker holding the session (sticky), reward to
+"serverless". The calls and their failure handling are the rollout driver's (workflows/driver).
 """
 
 from __future__ import annotations
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from rollart.workflows.episode import BAD_INPUT_TYPES, Episode, describe, error_type, reject_multi_sample
     from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+    from rollart.workflows.driver.episode import Episode
+    from rollart.workflows.driver.lockstep import play
+    from rollart.workflows.reporting import TRAJECTORIES_DONE, report, reporter
+    from rollart.workflows.temporal_calls import TemporalCalls
 
 __all__ = ["TRAJECTORIES_DONE", "TrajectoryWorkflow", "report"]
-
-TRAJECTORIES_DONE = "trajectories_done"
-"""The signal a finished trajectory (or lockstep batch) sends to the workflow named in `report_to`."""
 
 
 @workflow.defn(name="TrajectoryWorkflow", failure_exception_types=[ValidationError])
@@ -36,30 +34,6 @@ class TrajectoryWorkflow:
 
     @workflow.run
     async def run(self, inp: TrajectoryInput) -> TrajectoryResult:
-        reject_multi_sample(inp)
-        ep = self._episode = Episode(inp=inp, trajectory_id=workflow.info().workflow_id)
-        try:
-            await ep.reset()
-            while not ep.over:
-                await ep.step(await ep.generate())
-            score = await ep.score()
-            result = ep.result(status="completed", reward=score.value, success=score.success)
-        except ActivityError as err:
-            if error_type(err) in BAD_INPUT_TYPES:
-                raise ApplicationError(describe(err), type=error_type(err), non_retryable=True) from err
-            workflow.logger.warning("trajectory %s failed: %s", ep.trajectory_id, describe(err))
-            result = ep.result(status="failed", error=describe(err))
-        finally:
-            await ep.close()
-        await report(inp.report_to, [result])
+        self._episode = Episode(TemporalCalls(), inp, inp.trajectory_id or workflow.info().workflow_id)
+        [result] = await play([self._episode], reporter(inp.report_to))
         return result
-
-
-async def report(report_to: str | None, results: list[TrajectoryResult]) -> None:
-    """Signal finished trajectories to the training workflow (by id: it reaches its latest run)."""
-    if not report_to:
-        return
-    try:
-        await workflow.get_external_workflow_handle(report_to).signal(TRAJECTORIES_DONE, results)
-    except Exception as err:  # the training workflow is gone (stopped, terminated): nothing to report to
-        workflow.logger.warning("could not report %d trajectories to %s: %s", len(results), report_to, err)

@@ -24,6 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from rollart.contracts.activities import FinishReason
 from rollart.infra.config import SamplingParams
 
 __all__ = [
@@ -56,7 +57,7 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-    finish_reason: str  # "stop" | "length" | "abort" ...
+    finish_reason: FinishReason
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,8 @@ class VllmEngine(Engine):
             ids = list(c.token_ids)
             lps = c.logprobs or []
             logprobs = [float(lps[i][tok].logprob) for i, tok in enumerate(ids)]
-            completions.append(Completion(ids, logprobs, c.text, str(c.finish_reason)))
+            # a final output without a reason did not finish on its own: an aborted request
+            completions.append(Completion(ids, logprobs, c.text, c.finish_reason or "abort"))
             self._tokens += len(ids)
         return EngineOutput(
             prompt_ids=list(final.prompt_token_ids or []),

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from pydantic import ValidationError
 from rollart.contracts.activities import SampleRef
+from rollart.contracts.store import StoredTurn
 from rollart.infra.store import Store, StoreKeyError
 
 __all__ = [
@@ -68,23 +69,29 @@ class MicroBatch:
                                                    self.behav_logprobs, self.advantages)))  # fmt: skip
 
 
-def _completion(record: Any, key: str, index: int) -> tuple[list[int], list[int], list[float]]:
-    """Validated (prompt_ids, token_ids, logprobs) of completion `index` of a turn record."""
+def _read_turn(store: Store, key: str, sample: SampleRef) -> StoredTurn:
+    """The turn record under `key`, or `InvalidSample` naming the key when it is missing or malformed."""
     try:
-        prompt_ids = [int(t) for t in record["prompt_ids"]]
-        completion = record["completions"][index]
-        ids = [int(t) for t in completion["token_ids"]]
-        lps = [float(x) for x in completion["logprobs"]]
-    except (KeyError, IndexError, TypeError, ValueError) as e:
+        return StoredTurn.from_bytes(store.get(key))
+    except StoreKeyError as e:
         raise InvalidSample(
-            f"turn record {key!r} is malformed or has no completion #{index} ({type(e).__name__}: {e}); "
-            "it must be what generate's turn_record() writes"
+            f"turn record {key!r} of trajectory {sample.trajectory_id!r} is not in the store ({e}); "
+            "drop that sample or regenerate it"
         ) from e
-    if len(ids) != len(lps):
-        raise InvalidSample(f"turn record {key!r} completion #{index} has {len(ids)} tokens but {len(lps)} logprobs")
-    if not prompt_ids:
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors())
+        raise InvalidSample(f"turn record {key!r} is malformed ({problems}); it must be a StoredTurn, what "
+                            "generate writes") from e  # fmt: skip
+
+
+def _completion(record: StoredTurn, key: str, index: int) -> tuple[list[int], list[int], list[float]]:
+    """(prompt_ids, token_ids, logprobs) of completion `index` of a turn record, checked trainable."""
+    if not 0 <= index < len(record.completions):
+        raise InvalidSample(f"turn record {key!r} has no completion #{index} (it has {len(record.completions)})")
+    if not record.prompt_ids:
         raise InvalidSample(f"turn record {key!r} has an empty prompt; a sequence needs a prompt token to predict from")
-    return prompt_ids, ids, lps
+    completion = record.completions[index]
+    return record.prompt_ids, completion.token_ids, completion.logprobs
 
 
 def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Sequence[float]) -> list[TrainSequence]:
@@ -97,21 +104,15 @@ def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Seque
     """
     if len(samples) != len(advantages):
         raise ValueError(f"got {len(samples)} samples but {len(advantages)} advantages")
-    records: dict[str, Any] = {}
+    records: dict[str, StoredTurn] = {}
     out: list[TrainSequence] = []
     for sample, adv in zip(samples, advantages):
         for key in sample.turn_keys:
             if key not in records:
-                try:
-                    records[key] = store.get_json(key)
-                except StoreKeyError as e:
-                    raise InvalidSample(
-                        f"turn record {key!r} of trajectory {sample.trajectory_id!r} is not in the store ({e}); "
-                        "drop that sample or regenerate it"
-                    ) from e
+                records[key] = _read_turn(store, key, sample)
             prompt_ids, ids, lps = _completion(records[key], key, sample.completion_index)
             if ids:
-                out.append(TrainSequence(prompt_ids, ids, lps, float(adv)))
+                out.append(TrainSequence(list(prompt_ids), list(ids), list(lps), float(adv)))
     return out
 
 

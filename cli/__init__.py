@@ -1,0 +1,5 @@
+"""The `rollart` command line: one module per command, assembled by `main`. Every command has --help."""
+
+from rollart.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,31 @@
+"""`rollart init-model`: build the tiny random-init Qwen2 model and its tokenizer, offline."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `init-model` and its flags."""
+    s = sub.add_parser("init-model", help="build the tiny random-init Qwen2 model and tokenizer (offline)")
+    s.add_argument("--out", type=Path, required=True, help="directory to write the model to")
+    s.add_argument("--seed", type=int, default=0, help="init seed (same seed, same weights)")
+    s.add_argument("--force", action="store_true", help="rebuild even if DIR already holds a model")
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the model unless --out already holds one (then say so and leave it)."""
+    from rollart.infra.tiny_model import build_tiny_model
+
+    if (args.out / "config.json").exists() and not args.force:
+        print(f"{args.out} already holds a model (use --force to rebuild)")
+        return 0
+    t0 = time.monotonic()
+    path = build_tiny_model(args.out, seed=args.seed)
+    print(f"built tiny model in {path} ({time.monotonic() - t0:.1f}s)")
+    return 0

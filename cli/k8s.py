@@ -1,0 +1,79 @@
+"""`rollart k8s render|apply`: a job's Kubernetes manifests (a Deployment per pool, a StatefulSet of trainer nodes)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollart.cli.errors import UserError
+from rollart.cli.spec import load_spec
+
+if TYPE_CHECKING:
+    from rollart.infra.k8s import Manifest
+
+__all__ = ["add_parser", "apply", "render"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `k8s` with its two sub-commands, `render` and `apply`."""
+    k8s = sub.add_parser("k8s", help="render or apply Kubernetes manifests for a job (a Deployment per pool, "
+                         "a StatefulSet of trainer nodes)")
+    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
+    s = k8s_sub.add_parser("render", help="write the job's manifests to a directory, one YAML file per object")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON); its `kubernetes` section is optional")
+    s.add_argument("-o", "--out", type=Path, required=True, help="directory to write the manifests to")
+    _add_k8s_args(s)
+    s.set_defaults(func=render)
+    s = k8s_sub.add_parser("apply", help="server-side dry-run every object, then apply them (current kubeconfig)")
+    s.add_argument("job", type=Path, help="job spec (YAML or JSON); its `kubernetes` section is optional")
+    s.add_argument("--dry-run", action="store_true", help="only the server-side dry-run; change nothing")
+    s.add_argument("--context", help="kubeconfig context (default: the current one)")
+    _add_k8s_args(s)
+    s.set_defaults(func=apply)
+
+
+def _add_k8s_args(s: argparse.ArgumentParser) -> None:
+    # each overrides a field of the job's `kubernetes` section (cli/spec.py's FLAGS)
+    s.add_argument("--image", help="the CPU image, for pools without GPUs (overrides kubernetes.image)")
+    s.add_argument("--gpu-image", help="the GPU image, for generation pools and trainer ranks on GPUs "
+                   "(overrides kubernetes.gpu_image)")
+    s.add_argument("--temporal-address", metavar="HOST:PORT", dest="k8s_temporal_address",
+                   help="Temporal frontend as the pods see it (overrides kubernetes.temporal_address)")
+    s.add_argument("--hpa", action="store_true", help="scale serverless with a CPU HPA instead of KEDA")
+
+
+def render(args: argparse.Namespace) -> int:
+    """Write one YAML file per object, for review before `kubectl apply`."""
+    from rollart.infra.k8s import write_manifests
+
+    manifests = _manifests(args)
+    for path in write_manifests(manifests, args.out):
+        print(f"wrote {path}")
+    print(f"inspect them, then `kubectl apply -f {args.out}` or `rollart k8s apply {args.job}`")
+    return 0
+
+
+def apply(args: argparse.Namespace) -> int:
+    """Server-side dry-run every object, then apply them (unless --dry-run)."""
+    from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
+
+    manifests = _manifests(args)
+    try:
+        report = apply_manifests(connect(args.context), manifests, dry_run_only=args.dry_run)
+    except ApplyError as e:
+        raise UserError(str(e)) from e
+    for line in report.lines:
+        print(line)
+    print("applied." if report.applied else "dry run only: nothing was changed.")
+    return 0
+
+
+def _manifests(args: argparse.Namespace) -> list[Manifest]:
+    from rollart.infra.k8s import K8sRenderError, render
+
+    job = load_spec(args.job, args)
+    try:
+        return render(job)
+    except (K8sRenderError, ValueError) as e:
+        raise UserError(f"{args.job}: {e}") from e

@@ -1,0 +1,69 @@
+"""Assembles the commands' sub-parsers into `rollart` and runs one: logging, signals, errors → exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from rollart.cli import autoscale, evaluate, init_model, k8s, plot, rollout, status, train, up, worker
+from rollart.cli.errors import EXIT_BAD_INPUT, UserError
+from rollart.infra.devserver import DevServerError
+from rollart.workers.local_stack import StackError
+
+__all__ = ["build_parser", "main"]
+
+# In the order `rollart --help` lists them; each module owns its sub-parser and its command.
+COMMANDS = (init_model, worker, autoscale, up, rollout, train, plot, evaluate, status, k8s)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script; exits via os._exit to dodge a known SDK crash at interpreter exit."""
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    # SIGTERM (a scheduler, `kill`) stops as Ctrl-C does: the local stack is torn down, never orphaned.
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell
+        signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
+    try:
+        rc = args.func(args)
+    except KeyboardInterrupt:
+        rc = 130
+    except (DevServerError, StackError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = 1
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        rc = EXIT_BAD_INPUT
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole `rollart` parser; each parsed command carries its function as `args.func`."""
+    p = argparse.ArgumentParser(
+        prog="rollart",
+        description="Agentic RL on disaggregated hardware pools, orchestrated by Temporal.",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return p
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    for noisy in ("temporalio", "vllm", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

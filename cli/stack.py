@@ -1,0 +1,88 @@
+"""Local stack or remote server: where `rollart rollout` and `train` run their workflows.
+
+A job that names a Temporal server (`temporal.address`, or `--temporal-address`) runs there; otherwise
+the command starts a local stack (dev server + one worker process per pool the job needs) and stops
+it when done.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollart.cli.errors import UserError
+from rollart.cli.model import ensure_model
+
+if TYPE_CHECKING:
+    from rollart.infra.config import JobSpec
+    from temporalio.client import Client
+
+__all__ = ["Server", "add_stack_args", "connect_client", "home", "prepare_local_stack", "server_for"]
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where a command's workflows run: the job pointed at it, the UI base URL for links, and whether it is ours."""
+
+    job: JobSpec
+    ui: str
+    local: bool
+
+
+def add_stack_args(s: argparse.ArgumentParser) -> None:
+    """--home, --port and --ui-port, for commands that may start the local stack."""
+    s.add_argument("--home", type=Path, help="where the local stack keeps its database, logs and store (default .rollart)")
+    s.add_argument("--port", type=int, default=7233, help="local Temporal gRPC port (default 7233)")
+    s.add_argument("--ui-port", type=int, default=8233, help="local Temporal UI port (default 8233)")
+
+
+def home(args: argparse.Namespace) -> Path:
+    """The local stack's directory: --home, else `.rollart`."""
+    from rollart.infra.config import DEFAULT_HOME
+
+    return args.home or DEFAULT_HOME
+
+
+@contextmanager
+def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Iterator[Server]:
+    """The job's own server when it names one; else a local stack with the pools the job needs, stopped on exit."""
+    if job.temporal.address:
+        yield Server(job, args.ui_url or f"http://{job.temporal.address.rsplit(':', 1)[0]}:8233", local=False)
+        return
+    from rollart.workers.local_stack import LocalStack, pools_for_job
+
+    prepare_local_stack(job, str(args.job))
+    stack = LocalStack(job=job, pools=pools_for_job(job, training=training), home=home(args), port=args.port,
+                       ui_port=args.ui_port)  # fmt: skip
+    print(f"starting the local stack (Temporal on {stack.address}, workers: "
+          f"{', '.join(p.value for p in stack.pools)}) ...")  # fmt: skip
+    with stack:
+        local_job = job.model_copy(update={"temporal": stack.temporal, "store": stack.store})
+        yield Server(local_job, args.ui_url or stack.ui_url or "", local=True)
+        print(f"history kept in {stack.home / 'temporal.db'}; `rollart up` serves it again in the UI")
+
+
+def prepare_local_stack(job: JobSpec, source: str) -> None:
+    """Before this machine's workers start: the devices the job asks for exist, and its model is there."""
+    if job.trainer.device == "cuda":
+        from rollart.activities.training.devices import DeviceUnavailable, resolve_device
+
+        try:
+            resolve_device("cuda")
+        except DeviceUnavailable as e:
+            raise UserError(f"the job's trainer cannot run on this machine: {e}") from e
+    ensure_model(job, source)
+
+
+async def connect_client(job: JobSpec) -> Client:
+    """A client of the job's Temporal server; an unreachable one is a UserError."""
+    from rollart.infra.temporal import connect
+
+    try:
+        return await connect(job.temporal, job.store)
+    except ConnectionError as e:
+        raise UserError(str(e)) from e

@@ -1,0 +1,77 @@
+"""`rollart up`: the local Temporal dev server and one worker process per pool, until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollart.cli.errors import UserError
+from rollart.cli.spec import load_spec
+from rollart.cli.stack import add_stack_args, home, prepare_local_stack
+
+if TYPE_CHECKING:
+    from rollart.infra.config import JobSpec
+    from rollart.infra.pools import Pool
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `up` and its flags."""
+    s = sub.add_parser("up", help="start the local Temporal dev server and one worker per pool; Ctrl-C stops all")
+    s.add_argument("--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)")
+    s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless,trainer)")
+    add_stack_args(s)
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the stack, print where everything is, wait for Ctrl-C/SIGTERM, then drain and stop it all."""
+    from rollart.workers.local_stack import LocalStack
+
+    job = load_spec(args.job, args)
+    pools = _pools(args.pools)
+    prepare_local_stack(job, str(args.job or "the default job"))
+    _warn_unserved_rewards(job, pools)
+    stack = LocalStack(job=job, pools=pools, home=home(args), port=args.port, ui_port=args.ui_port)
+    stop = _stop_on_signals()
+    print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")
+    with stack:
+        print(f"ready. Temporal UI: {stack.ui_url}   server: {stack.address}   logs: {stack.home / 'logs'}")
+        if stack.mooncake:
+            master = stack.mooncake.address
+            print(f"Mooncake master: {master} (workers on other machines: --store-master {master})")
+        for name, pid in stack.worker_pids().items():
+            print(f"  worker {name:<14} pid {pid}")
+        print("Ctrl-C stops everything.")
+        stop.wait()
+        print("stopping workers (draining in-flight work) and the server ...")
+    print("stopped.")
+    return 0
+
+
+def _pools(names: str | None) -> list[Pool]:
+    from rollart.infra.pools import WORKER_POOLS, Pool
+
+    try:
+        return [Pool(p.strip()) for p in names.split(",")] if names else list(WORKER_POOLS)
+    except ValueError as e:
+        raise UserError(f"--pools: {e}") from e
+
+
+def _warn_unserved_rewards(job: JobSpec, pools: list[Pool]) -> None:
+    unserved = sorted({t.reward_queue for t in job.tasks} - {p.value for p in pools})
+    if unserved:
+        print(f"warning: the job's rewards run on {', '.join(unserved)}, which --pools does not start here; "
+              "run those workers elsewhere (or `rollart autoscale`), or rewards will wait", file=sys.stderr)  # fmt: skip
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop

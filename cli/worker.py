@@ -1,0 +1,102 @@
+"""`rollart worker`: one Temporal worker process for one pool (one per pool per machine)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rollart.cli.errors import UserError
+from rollart.cli.spec import add_temporal_args, override, read_spec
+
+if TYPE_CHECKING:
+    from rollart.infra.config import JobSpec
+    from rollart.workers.pool_worker import TrainerNodes, WorkerSettings
+
+__all__ = ["add_parser", "check_store", "run", "worker_settings"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register `worker` and its flags (the trainer-node flags in their own group)."""
+    from rollart.infra.pools import Pool
+
+    s = sub.add_parser("worker", help="run one Temporal worker for one pool (one per pool per machine)")
+    s.add_argument("--pool", choices=[p.value for p in Pool], help="the pool to serve")
+    s.add_argument("--job", type=Path, help="job spec to take the model, engine, store and Temporal settings from")
+    add_temporal_args(s)
+    s.add_argument("--model-dir", type=Path, help="model for generation pools (default: the job's, or the tiny model)")
+    s.add_argument("--engine", choices=["vllm", "hf"], help="inference engine for generation pools (default vllm)")
+    s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
+    s.add_argument("--store-master", metavar="HOST:PORT",
+                   help="Mooncake master to use (sets store.kind: mooncake; its keeper holds the data)")
+    t = s.add_argument_group("trainer nodes", "a multi-node trainer: one `rollart worker --pool trainer` per node "
+                             "(torchrun-style); each starts its share of the job's trainer.parallel ranks")
+    t.add_argument("--nnodes", type=int, default=1, help="trainer nodes in all (default 1)")
+    t.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..NNODES-1; node 0 polls Temporal")
+    t.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's rendezvous address, reachable from every node "
+                   "(node 0 listens there)")
+    s.add_argument("--settings-file", type=Path, help=argparse.SUPPRESS)
+    s.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the pool until SIGTERM/Ctrl-C, then drain; settings come from --settings-file (the local stack's)
+    or from the job and flags."""
+    from rollart.workers.pool_worker import WorkerSettings, run_worker
+
+    if args.settings_file:
+        settings = WorkerSettings.model_validate_json(args.settings_file.read_text())
+    else:
+        if not args.pool:
+            raise UserError("--pool is required (one of control, cpu, h800, h20, serverless)")
+        settings = worker_settings(args, read_spec(args.job) if args.job else None)
+    from rollart.activities.training.devices import DeviceUnavailable
+
+    try:
+        return run_worker(settings)
+    except DeviceUnavailable as e:
+        raise UserError(f"the {settings.pool.value} worker cannot run on this machine: {e}") from e
+
+
+def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
+    """This worker's settings: the job's for its pool (the defaults without a job) with the flags laid over them."""
+    from rollart.cli.model import check_model_dir
+    from rollart.infra.pools import GENERATION_POOLS, Pool
+    from rollart.workers.pool_worker import WorkerSettings
+
+    pool = Pool(args.pool)
+    if job is not None:
+        settings = WorkerSettings.from_job(override(job, args, str(args.job)), pool)
+    else:
+        settings = override(WorkerSettings(pool=pool), args, None)
+    check_store(settings)
+    if pool in GENERATION_POOLS:
+        check_model_dir(settings.model_dir, "--model-dir" if args.model_dir else str(args.job))
+    if args.nnodes != 1 or args.node_rank or args.rdzv:
+        settings = settings.model_copy(update={"nodes": _trainer_nodes(args, settings, job)})
+    return settings
+
+
+def check_store(settings: WorkerSettings) -> None:
+    """A worker outside the local stack must be told where the Mooncake master is."""
+    if settings.store.kind == "mooncake" and not settings.store.mooncake.master:
+        raise UserError("the job's store is Mooncake but no master is given: pass --store-master HOST:PORT "
+                        "(the address `rollart up` prints, or your cluster's mooncake_master)")
+
+
+def _trainer_nodes(args: argparse.Namespace, settings: WorkerSettings, job: JobSpec | None) -> TrainerNodes:
+    from pydantic import ValidationError
+    from rollart.infra.pools import Pool
+    from rollart.workers.pool_worker import TrainerNodes
+
+    if settings.pool is not Pool.TRAINER:
+        raise UserError("--nnodes/--node-rank/--rdzv are for --pool trainer only")
+    try:
+        nodes = TrainerNodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv=args.rdzv)
+    except ValidationError as e:
+        raise UserError("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())) from e
+    parallel = settings.trainer.parallel
+    if job is not None and parallel.world_size % args.nnodes:
+        raise UserError(f"{args.job}: trainer.parallel tensor {parallel.tensor} x data {parallel.data} = "
+                        f"{parallel.world_size} ranks do not split over --nnodes {args.nnodes}")  # fmt: skip
+    return nodes

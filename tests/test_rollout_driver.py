@@ -1,0 +1,126 @@
+"""The rollout driver without a server: real env and reward activities in this process, a scripted generator.
+
+The driver is what every workflow, `rollart eval` and the bench's plain loop run; here it runs over
+`InProcessCalls`, so its logic — phases, masking, ids, single-turn failures per group — is checked in
+milliseconds. (The same driver under Temporal: test_trajectory_workflow, test_training_workflow, test_replay.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from rollart.activities.env import EnvActivities
+from rollart.activities.reward import RewardActivities
+from rollart.client.in_process import InProcessCalls
+from rollart.contracts.activities import (
+    ActivityName,
+    Completion,
+    GenerateBatchInput,
+    GenerateInput,
+    GenerateResult,
+    PromptsInput,
+)
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
+from rollart.workflows.driver.episode import Episode
+from rollart.workflows.driver.group import GroupEpisode
+from rollart.workflows.driver.lockstep import play
+from rollart.workflows.driver.single_turn import play_single_turn
+from temporalio.exceptions import ApplicationError
+
+from tests.support.tasks import frozenlake_task
+
+
+class ScriptedGenerator:
+    """Answers every prompt with `text` (one completion per sample), or fails prompts containing `fail_on`."""
+
+    def __init__(self, text: str = "right", fail_on: str | None = None) -> None:
+        self.text, self.fail_on = text, fail_on
+
+    def _result(self, prompt: str, key: str, n: int) -> GenerateResult:
+        if self.fail_on is not None and self.fail_on in prompt:
+            raise RuntimeError(f"engine died on {prompt!r}")
+        return GenerateResult(completions=[Completion(text=self.text, num_tokens=1, finish_reason="stop")] * n,
+                              prompt_tokens=3, policy_version=0, policy_version_end=0, data_key=key)  # fmt: skip
+
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        return self._result(inp.prompt, inp.data_key, inp.sampling.n)
+
+    async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
+        return [self._result(p, k, 1) for p, k in zip(inp.prompts, inp.data_keys)]
+
+
+@pytest.fixture
+async def envs() -> AsyncIterator[EnvActivities]:
+    envs = EnvActivities("driver-test", queue="driver-test", env_threads=4)
+    yield envs
+    envs.shutdown()
+
+
+def calls(envs: EnvActivities, gen: ScriptedGenerator | None = None) -> InProcessCalls:
+    return InProcessCalls.of(envs, gen or ScriptedGenerator(), RewardActivities())
+
+
+async def test_an_episode_plays_every_turn_then_scores_and_closes(envs: EnvActivities) -> None:
+    c = calls(envs)
+    task = frozenlake_task(max_turns=3, env_args={"maps": "standard", "invalid_action": "noop"})
+    ep = Episode(c, TrajectoryInput(task=task, seed=1), "t-1")
+    [result] = await play([ep])
+    assert result.status == "completed" and result.trajectory_id == "t-1" and result.reward is not None
+    assert result.turns == len(ep.turns) and 1 <= result.turns <= 3
+    assert dict(c.counts) == {"reset": 1, "generate": result.turns, "step": result.turns, "reward": 1, "close": 1}
+
+
+async def test_a_broken_env_fails_its_episode_unscored_and_still_closes(envs: EnvActivities) -> None:
+    c = calls(envs)
+    ep = Episode(c, TrajectoryInput(task=frozenlake_task(env="tests.support.envs:BrokenStepEnv", env_args={}), seed=1), "t-broken")
+    [result] = await play([ep])
+    assert result.status == "failed" and result.reward is None
+    assert result.error is not None and result.error.startswith("step failed: EnvBroken")
+    assert c.counts["reward"] == 0 and c.counts["close"] == 1
+
+
+async def test_bad_input_fails_the_run_not_the_episode(envs: EnvActivities) -> None:
+    c = calls(envs)
+    with pytest.raises(ApplicationError) as err:
+        await play([Episode(c, TrajectoryInput(task=frozenlake_task(env="nope"), seed=1), "t-nope")])
+    assert err.value.type == "UnknownComponent" and err.value.non_retryable and "nope" in err.value.message
+
+
+async def test_a_lockstep_batch_masks_only_the_failed_episode(envs: EnvActivities) -> None:
+    c = calls(envs)
+    good = TrajectoryInput(task=frozenlake_task(max_turns=2), seed=3)
+    bad = TrajectoryInput(task=frozenlake_task(max_turns=2, env="tests.support.envs:BrokenStepEnv", env_args={}), seed=3)
+    results = await play([Episode(c, good, "b-000"), Episode(c, bad, "b-001"), Episode(c, good, "b-002")])
+    assert [r.status for r in results] == ["completed", "failed", "completed"]
+    assert c.counts["reward"] == 2 and c.counts["close"] == 3
+
+
+async def test_a_group_plays_in_one_session_under_the_ids_its_parent_gave(envs: EnvActivities) -> None:
+    c = calls(envs)
+    task = frozenlake_task(max_turns=3, group_size=4, rollout_unit="group")
+    group = GroupSeed(group_id="g7", seed=7, member_ids=["a", "b", "c", "d"])
+    results = await play([GroupEpisode(c, GroupRolloutInput(task=task, groups=[group]), group)])
+    assert [r.trajectory_id for r in results] == ["a", "b", "c", "d"]
+    assert all(r.status == "completed" and r.group_id == "g7" for r in results)
+    turns = max(r.turns for r in results)
+    assert c.counts["reset_group"] == 1 and c.counts["generate_batch"] == turns == c.counts["step_group"]
+    assert c.counts["reward_batch"] == 1 and c.counts["close"] == 1
+
+
+async def test_older_groups_name_their_members_as_the_parent_always_did() -> None:
+    assert GroupSeed(group_id="g1", seed=0).members(3) == ["g1-0", "g1-1", "g1-2"]
+
+
+async def test_a_failed_single_turn_generation_fails_only_its_group(envs: EnvActivities) -> None:
+    task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=2)
+    prompts = await calls(envs).call(ActivityName.PROMPTS, PromptsInput(env=task.env, seeds=[11, 12, 13]), queue="cpu")
+    gen = ScriptedGenerator(text="0", fail_on=prompts[1])  # the second group's prompt kills the engine
+    c = calls(envs, gen)
+    inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=f"g{s}", seed=s) for s in (11, 12, 13)])
+    results = await play_single_turn(c, inp)
+    by_group = {g: [r.status for r in results if r.group_id == g] for g in ("g11", "g12", "g13")}
+    assert by_group == {"g11": ["completed"] * 2, "g12": ["failed"] * 2, "g13": ["completed"] * 2}
+    assert "engine died" in next(r.error for r in results if r.group_id == "g12")
+    assert c.counts["check"] == 1 and c.counts["reward_batch"] == 1
+

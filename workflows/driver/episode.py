@@ -1,0 +1,164 @@
+"""One trajectory with its own env session: what it has seen so far, and each of its calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollart.contracts.activities import (
+    ActivityName,
+    EnvHandle,
+    EnvOptions,
+    GenerateInput,
+    GenerateResult,
+    GroupHandle,
+    ResetInput,
+    RewardInput,
+    RewardResult,
+    StepInput,
+    StepResult,
+    Transcript,
+    TurnRecord,
+    WeightsRef,
+    turn_key,
+)
+from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+from rollart.infra.pools import queue_name
+from rollart.workflows.driver.calls import Calls
+from rollart.workflows.driver.session import call_sticky, close_session
+
+__all__ = ["Episode"]
+
+
+@dataclass
+class Episode:
+    """The state of one episode between calls; a unit of `lockstep.play` (start, generate, step, score, close)."""
+
+    calls: Calls
+    inp: TrajectoryInput
+    trajectory_id: str
+    handle: EnvHandle | None = None
+    observation: str = ""
+    turns: list[TurnRecord] = field(default_factory=list)
+    gens: list[GenerateResult] = field(default_factory=list)
+    done: bool = False
+    restores: int = 0
+    error: str | None = None  # why the episode failed, once it has
+    _pending: GenerateResult | None = None  # this turn's generation, until it is stepped
+
+    @property
+    def over(self) -> bool:
+        """No more turns to play: the env said done, or max_turns is reached."""
+        return self.done or len(self.turns) >= self.inp.task.max_turns
+
+    @property
+    def playing(self) -> bool:
+        """Turns left to play, and no failure so far."""
+        return self.error is None and not self.over
+
+    @property
+    def members(self) -> list[Episode]:
+        """The trajectories sharing this episode's session: itself."""
+        return [self]
+
+    @property
+    def owner_id(self) -> str:
+        return self.trajectory_id
+
+    def queue(self, pool: object) -> str:
+        """The task queue of `pool` for this episode's job."""
+        return queue_name(str(pool), self.inp.queue_prefix)
+
+    async def start(self) -> None:
+        """Reset an env session on the task's env pool."""
+        task = self.inp.task
+        self.handle = await self.calls.call(
+            ActivityName.RESET,
+            ResetInput(env=task.env, env_args=task.env_args, seed=self.inp.seed, trajectory_id=self.trajectory_id,
+                       options=EnvOptions.of(task)),  # fmt: skip
+            queue=self.queue(task.env_queue),
+            result_type=EnvHandle,
+        )
+        self.observation = self.handle.observation
+
+    async def generate(self) -> None:
+        """Sample this turn's action from the current observation (kept for `step`)."""
+        task, inp = self.inp.task, self.inp
+        weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
+        self._pending = await self.calls.call(
+            ActivityName.GENERATE,
+            GenerateInput(prompt=self.observation, sampling=task.sampling, weights=weights,
+                          data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns))),  # fmt: skip
+            queue=self.queue(task.generate_pool),
+            result_type=GenerateResult,
+        )
+
+    async def step(self) -> None:
+        """Play the generated text as this turn's action, on the worker holding the session (restored if gone)."""
+        gen, self._pending = self._pending, None
+        assert gen is not None and self.handle is not None
+        step = await call_sticky(
+            self.calls, self, ActivityName.STEP,
+            lambda h: StepInput(session_id=h.session_id, action=gen.completions[0].text),
+            result_type=StepResult, timeout_s=self.handle.step_timeout_s,
+        )  # fmt: skip
+        self.record(gen, step)
+
+    def rehome(self, handle: GroupHandle) -> None:
+        """The session now lives on another worker (restored)."""
+        self.handle = EnvHandle(session_id=handle.session_id, queue=handle.queue, worker_id=handle.worker_id,
+                                observation=self.observation, step_timeout_s=handle.step_timeout_s)  # fmt: skip
+
+    def record(self, gen: GenerateResult, step: StepResult) -> None:
+        """Book one played turn: the action the model chose and what the env answered."""
+        self.gens.append(gen)
+        self.turns.append(TurnRecord(observation=self.observation, action=gen.completions[0].text,
+                                     env_reward=step.reward, done=step.done, info=step.info))  # fmt: skip
+        self.observation = step.observation
+        self.done = step.done
+
+    def transcript(self) -> Transcript:
+        """The episode as a reward function sees it."""
+        return Transcript(task=self.inp.task.name, seed=self.inp.seed, turns=self.turns,
+                          final_observation=self.observation)  # fmt: skip
+
+    async def score(self) -> list[RewardResult]:
+        """Score the finished episode (on "serverless", or the generation pool when colocated)."""
+        task = self.inp.task
+        score = await self.calls.call(
+            ActivityName.REWARD,
+            RewardInput(reward=task.reward, transcript=self.transcript(), reward_args=task.reward_args),
+            queue=self.queue(task.reward_queue),
+            result_type=RewardResult,
+        )
+        return [score]
+
+    async def close(self) -> None:
+        """Release the env session, if one was opened."""
+        if self.handle is not None:
+            await close_session(self.calls, self.handle.session_id, self.handle.queue)
+
+    def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]:
+        """The unit's results: completed with its score, or failed with its error (never scored)."""
+        if scores is None:
+            return [self.result(status="failed", error=self.error)]
+        return [self.result(status="completed", reward=scores[0].value, success=scores[0].success)]
+
+    def result(self, **outcome: Any) -> TrajectoryResult:
+        """The compact result; `outcome` gives status and reward/success or error."""
+        versions = [v for g in self.gens for v in (g.policy_version, g.policy_version_end)]
+        return TrajectoryResult(
+            trajectory_id=self.trajectory_id,
+            task=self.inp.task.name,
+            seed=self.inp.seed,
+            group_id=self.inp.group_id,
+            turns=len(self.turns),
+            policy_version_min=min(versions) if versions else None,
+            policy_version_max=max(versions) if versions else None,
+            prompt_tokens=sum(g.prompt_tokens for g in self.gens),
+            completion_tokens=sum(c.num_tokens for g in self.gens for c in g.completions),
+            turn_keys=[g.data_key for g in self.gens],
+            env_worker=self.handle.worker_id if self.handle else None,
+            restores=self.restores,
+            **outcome,
+        )

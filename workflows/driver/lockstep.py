@@ -1,0 +1,104 @@
+"""Play rollout units — episodes or lockstep groups — phase by phase; a failed call fails its unit, not the rest.
+
+One unit is one trajectory (or group) advancing on its own; several are the synchronous baseline's barrier:
+every unit's phase before any unit's next, so the slowest reset, answer or step holds up the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol, TypeVar
+
+from rollart.contracts.activities import RewardResult
+from rollart.contracts.rollouts import TrajectoryResult
+from rollart.workflows.driver.calls import CallFailed, Calls
+
+__all__ = ["Unit", "play"]
+
+T = TypeVar("T")
+
+Report = Callable[[list[TrajectoryResult]], Awaitable[None]]
+
+
+class Unit(Protocol):
+    """What `play` drives: an `Episode` (its own session) or a `GroupEpisode` (members sharing one)."""
+
+    calls: Calls
+    error: str | None
+
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def playing(self) -> bool: ...
+    async def start(self) -> None: ...
+    async def generate(self) -> None: ...
+    async def step(self) -> None: ...
+    async def score(self) -> list[RewardResult]: ...
+    async def close(self) -> None: ...
+    def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]: ...
+
+
+async def play(units: Sequence[Unit], report: Report | None = None, *, finish_together: bool = False) -> list[TrajectoryResult]:
+    """start → (generate → step)* while any member plays → score → close, for every unit in lockstep.
+
+    A call that fails for good fails its unit (later phases skip it; its members end `failed`, never
+    scored); a bad input fails the whole run. Each unit reports its results (`report`) as soon as it is
+    scored and closed — or, with `finish_together` (lockstep batches recorded before the driver), all
+    units are scored, then all closed, then reported at once.
+    """
+    try:
+        await _phase(units, lambda u: u.start())
+        while live := [u for u in units if u.playing]:
+            await _phase(live, lambda u: u.generate())
+            await _phase(live, lambda u: u.step())
+    except BaseException:
+        await asyncio.gather(*(u.close() for u in units))
+        raise
+    if finish_together:
+        return await _finish_together(units, report)
+    per_unit = await asyncio.gather(*(_finish(u, report) for u in units))
+    return [r for results in per_unit for r in results]
+
+
+async def _finish(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
+    try:
+        scores = await guarded(unit, unit.score)
+    finally:
+        await unit.close()
+    results = unit.results(scores)
+    if report is not None:
+        await report(results)
+    return results
+
+
+async def _finish_together(units: Sequence[Unit], report: Report | None) -> list[TrajectoryResult]:
+    try:
+        scores = await _phase(units, lambda u: u.score())
+    finally:
+        await asyncio.gather(*(u.close() for u in units))
+    results = [r for u, s in zip(units, scores) for r in u.results(s)]
+    if report is not None:
+        await report(results)
+    return results
+
+
+async def _phase(units: Sequence[Unit], call: Callable[[Unit], Awaitable[T]]) -> list[T | None]:
+    """`call` for every unit at once (the barrier); None for a unit that failed (now or before)."""
+    outcomes = await asyncio.gather(*(guarded(u, lambda u=u: call(u)) for u in units), return_exceptions=True)
+    for out in outcomes:
+        if isinstance(out, BaseException):
+            raise out
+    return outcomes  # type: ignore[return-value]
+
+
+async def guarded(unit: Unit, action: Callable[[], Awaitable[T]]) -> T | None:
+    """Run one of a unit's calls unless it has failed: a call that failed for good fails the unit (logged,
+    later phases skipped); a bad input fails the run with a non-retryable error."""
+    if unit.error is not None:
+        return None
+    try:
+        return await action()
+    except CallFailed as err:
+        unit.error = err.mask(unit.calls, unit.owner_id)
+        return None

@@ -1,0 +1,136 @@
+"""Single-turn GRPO groups: an episode needs no env session, so a wave of groups takes four kinds of calls.
+
+One `prompts` for every group's seed, one `generate` per group with n = group size (the engine shares the
+prompt's prefix), then one `check` and one `reward_batch` for every answer. A group whose generation
+fails ends `failed` on its own; the others are checked and scored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollart.contracts.activities import (
+    ActivityName,
+    CheckInput,
+    GenerateInput,
+    GenerateResult,
+    PromptsInput,
+    RewardBatchInput,
+    RewardResult,
+    StepResult,
+    Transcript,
+    TurnRecord,
+    WeightsRef,
+    turn_key,
+)
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
+from rollart.infra.pools import queue_name
+from rollart.workflows.driver.calls import CallFailed, Calls
+
+__all__ = ["PER_GROUP_FAILURES", "play_single_turn"]
+
+PER_GROUP_FAILURES = "single-turn-failures-per-group"
+"""Patch: a failed generation fails only its group (before it, every group launched with it)."""
+
+
+async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[TrajectoryResult]:
+    """prompts → generate (n = group size, per group) → check → reward_batch; failures masked, never scored."""
+    try:
+        prompts = await _prompts(calls, inp)
+    except CallFailed as err:
+        return _all_failed(calls, inp, inp.groups, err)
+    gens = await _generate_all(calls, inp, prompts)
+    ok = [(g, p, gen) for g, p, gen in zip(inp.groups, prompts, gens) if isinstance(gen, GenerateResult)]
+    by_group = {g.group_id: _failed(inp, g, gen.message) for g, gen in zip(inp.groups, gens) if isinstance(gen, CallFailed)}
+    if ok:
+        try:
+            scored = await _check_and_score(calls, inp, ok)
+        except CallFailed as err:
+            scored = _all_failed(calls, inp, [g for g, _, _ in ok], err)
+        for r in scored:
+            by_group.setdefault(r.group_id, []).append(r)
+    return [r for g in inp.groups for r in by_group[g.group_id]]
+
+
+def _all_failed(calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], err: CallFailed) -> list[TrajectoryResult]:
+    """A call every group in `groups` needed failed for good: they all end failed (a bad input fails the run)."""
+    error = err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in groups))
+    return [r for g in groups for r in _failed(inp, g, error)]
+
+
+async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
+    task = inp.task
+    return await calls.call(ActivityName.PROMPTS,
+                            PromptsInput(env=task.env, env_args=task.env_args, seeds=[g.seed for g in inp.groups]),
+                            queue=queue_name(task.env_queue, inp.queue_prefix), result_type=list[str])  # fmt: skip
+
+
+async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
+    """Every group's generation at once; with the patch a failure stays its group's (else it fails them all)."""
+    work = [_generate(calls, inp, g, p) for g, p in zip(inp.groups, prompts)]
+    if not calls.patched(PER_GROUP_FAILURES):
+        try:
+            return list(await asyncio.gather(*work))
+        except CallFailed as err:
+            err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
+            return [err] * len(inp.groups)
+    outcomes = await asyncio.gather(*work, return_exceptions=True)
+    for group, out in zip(inp.groups, outcomes):
+        if isinstance(out, CallFailed):
+            out.mask(calls, f"single-turn group {group.group_id}")
+        elif isinstance(out, BaseException):
+            raise out
+    return list(outcomes)  # type: ignore[arg-type]
+
+
+async def _generate(calls: Calls, inp: GroupRolloutInput, group: GroupSeed, prompt: str) -> GenerateResult:
+    weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
+    sampling = inp.task.sampling.model_copy(update={"n": inp.task.group_size})
+    return await calls.call(
+        ActivityName.GENERATE,
+        GenerateInput(prompt=prompt, sampling=sampling, data_key=turn_key(inp.job_id, group.group_id, 0), weights=weights),
+        queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=GenerateResult,
+    )  # fmt: skip
+
+
+async def _check_and_score(calls: Calls, inp: GroupRolloutInput,
+                           ok: list[tuple[GroupSeed, str, GenerateResult]]) -> list[TrajectoryResult]:  # fmt: skip
+    task = inp.task
+    seeds = [g.seed for g, _, _ in ok]
+    answers = [[c.text for c in gen.completions] for _, _, gen in ok]
+    steps: list[list[StepResult]] = await calls.call(
+        ActivityName.CHECK, CheckInput(env=task.env, env_args=task.env_args, seeds=seeds, answers=answers),
+        queue=queue_name(task.env_queue, inp.queue_prefix), result_type=list[list[StepResult]],
+    )  # fmt: skip
+    transcripts = [
+        Transcript(task=task.name, seed=g.seed, final_observation=s.observation,
+                   turns=[TurnRecord(observation=prompt, action=text, env_reward=s.reward, done=s.done, info=s.info)])
+        for (g, prompt, _), texts, row in zip(ok, answers, steps) for text, s in zip(texts, row)
+    ]  # fmt: skip
+    scores: list[RewardResult] = await calls.call(
+        ActivityName.REWARD_BATCH, RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args),
+        queue=queue_name(task.reward_queue, inp.queue_prefix), result_type=list[RewardResult],
+    )  # fmt: skip
+    return _completed(inp, [(g, gen) for g, _, gen in ok], scores)
+
+
+def _completed(inp: GroupRolloutInput, groups: list[tuple[GroupSeed, GenerateResult]],
+               scores: list[RewardResult]) -> list[TrajectoryResult]:  # fmt: skip
+    results, k = [], 0
+    for group, gen in groups:
+        for m, (tid, c) in enumerate(zip(group.members(inp.task.group_size), gen.completions)):
+            results.append(TrajectoryResult(
+                trajectory_id=tid, task=inp.task.name, seed=group.seed, group_id=group.group_id,
+                status="completed", reward=scores[k].value, success=scores[k].success, turns=1,
+                policy_version_min=gen.policy_version, policy_version_max=gen.policy_version_end,
+                prompt_tokens=gen.prompt_tokens, completion_tokens=c.num_tokens, turn_keys=[gen.data_key],
+                completion_index=m,
+            ))  # fmt: skip
+            k += 1
+    return results
+
+
+def _failed(inp: GroupRolloutInput, group: GroupSeed, error: str) -> list[TrajectoryResult]:
+    return [TrajectoryResult(trajectory_id=tid, task=inp.task.name, seed=group.seed, group_id=group.group_id,
+                             status="failed", error=error)
+            for tid in group.members(inp.task.group_size)]  # fmt: skip

@@ -1,0 +1,60 @@
+"""The rollout driver's calls as Temporal activities: each on its queue, with its kind's timeouts and retries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+from rollart.contracts.activities import ActivityName
+from rollart.workflows import policies
+from rollart.workflows.driver.calls import CallFailed
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+__all__ = ["TemporalCalls", "call_failed"]
+
+POLICIES: dict[ActivityName, policies.ActivityPolicy] = {
+    ActivityName.RESET: policies.RESET,
+    ActivityName.RESET_GROUP: policies.RESET,
+    ActivityName.PROMPTS: policies.RESET,
+    ActivityName.RESTORE: policies.RESTORE,
+    ActivityName.STEP: policies.STEP,
+    ActivityName.STEP_GROUP: policies.STEP,
+    ActivityName.CLOSE: policies.CLOSE,
+    ActivityName.CHECK: policies.CHECK,
+    ActivityName.GENERATE: policies.GENERATE,
+    ActivityName.GENERATE_BATCH: policies.GENERATE,
+    ActivityName.REWARD: policies.REWARD,
+    ActivityName.REWARD_BATCH: policies.REWARD,
+}
+"""How each call may fail (workflows/policies.py); `train_step` is the training workflow's own call."""
+
+
+class TemporalCalls:
+    """`Calls` inside a workflow: `workflow.execute_activity`, an ActivityError turned into `CallFailed`."""
+
+    logger = workflow.logger
+
+    async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
+                   timeout_s: float | None = None) -> Any:  # fmt: skip
+        try:
+            return await workflow.execute_activity(activity.value, arg, task_queue=queue, result_type=result_type,
+                                                   **POLICIES[activity].kwargs(timeout_s=timeout_s))  # fmt: skip
+        except ActivityError as err:
+            raise call_failed(err) from err
+
+    def patched(self, patch_id: str) -> bool:
+        return workflow.patched(patch_id)
+
+
+def call_failed(err: ActivityError) -> CallFailed:
+    """Which activity failed, and why: its ApplicationError's type and message, or the kind of timeout."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError):
+        why = f"{cause.type}: {cause.message}" if cause.type else cause.message
+        return CallFailed(err.activity_type or "activity", why, error_type=cause.type)
+    if isinstance(cause, TemporalTimeoutError):
+        why = f"timed out ({cause.type.name if cause.type else 'timeout'})"
+        return CallFailed(err.activity_type or "activity", why, timed_out=True)
+    return CallFailed(err.activity_type or "activity", str(cause or err))
