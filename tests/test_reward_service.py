@@ -21,7 +21,7 @@ from rollart.contracts.activities import (
     TurnRecord,
 )
 from rollart.infra.config import ElasticPoolConfig, JobSpec, TaskSpec
-from rollart.infra.pools import Pool
+from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_reward
 from rollart.workers.pool_worker import WorkerSettings
 from rollart.client.rollout import JobCheckError, check_job_components
@@ -162,32 +162,37 @@ async def test_bad_reward_args_fail_without_retry() -> None:
 
 
 @pytest.mark.orchestration
-@pytest.mark.parametrize(("placement", "queue"), [("serverless", "serverless"), ("colocated", "h800")])
-async def test_trajectory_reward_goes_where_the_task_places_it(bare_env: WorkflowEnvironment, placement: str,
-                                                               queue: str) -> None:  # fmt: skip
-    s = StandIns(turns=2)
-    async with standin_workers(bare_env.client, s, workflows=[TrajectoryWorkflow], reward_pools=("serverless", queue)):
+@pytest.mark.parametrize(("placement", "pool"), [("serverless", "serverless"), ("colocated", "h800")])
+async def test_trajectory_reward_goes_where_the_task_places_it(bare_env: WorkflowEnvironment, queue_prefix: str,
+                                                               placement: str, pool: str) -> None:  # fmt: skip
+    s = StandIns(prefix=queue_prefix, turns=2)
+    inp = TrajectoryInput(task=frozenlake_task(reward_placement=placement), seed=1, queue_prefix=queue_prefix)
+    async with standin_workers(bare_env.client, s, workflows=[TrajectoryWorkflow], reward_pools=("serverless", pool)):
         result = await bare_env.client.execute_workflow(
-            TrajectoryWorkflow.run, TrajectoryInput(task=frozenlake_task(reward_placement=placement), seed=1),
-            id=f"t-{uuid.uuid4().hex[:8]}", task_queue="control",
+            TrajectoryWorkflow.run, inp, id=f"t-{uuid.uuid4().hex[:8]}",
+            task_queue=queue_name(Pool.CONTROL, queue_prefix),
         )  # fmt: skip
     assert result.status == "completed" and result.success
-    assert [(c.name, c.queue) for c in s.called("reward")] == [("reward", queue)]
+    assert [(c.name, c.queue) for c in s.called("reward")] == [("reward", queue_name(pool, queue_prefix))]
 
 
 @pytest.mark.orchestration
-async def test_single_turn_group_reward_goes_to_the_generation_pool_when_colocated(bare_env: WorkflowEnvironment) -> None:
-    s = StandIns()
+async def test_single_turn_group_reward_goes_to_the_generation_pool_when_colocated(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    s = StandIns(prefix=queue_prefix)
     task = TaskSpec(name="arith", env="arithmetic", reward="reward_model", reward_args={"weight": 0.0},
                     reward_placement="colocated", generate_pool="h20", max_turns=1, group_size=4)  # fmt: skip
+    inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g0", seed=3)], queue_prefix=queue_prefix)
     async with standin_workers(bare_env.client, s, workflows=[GroupRolloutWorkflow], reward_pools=["h20"]):
         results = await bare_env.client.execute_workflow(
-            GroupRolloutWorkflow.run, GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g0", seed=3)]),
-            id=f"g-{uuid.uuid4().hex[:8]}", task_queue="control",
+            GroupRolloutWorkflow.run, inp, id=f"g-{uuid.uuid4().hex[:8]}",
+            task_queue=queue_name(Pool.CONTROL, queue_prefix),
         )  # fmt: skip
     assert len(results) == 4 and all(r.status == "completed" for r in results)
-    assert [(c.queue, c.inp.reward_args) for c in s.called("reward_batch")] == [("h20", {"weight": 0.0})]
-    assert all(c.queue != "serverless" for c in s.calls)  # no serverless worker ran: none was needed
+    h20 = queue_name(Pool.H20, queue_prefix)
+    assert [(c.queue, c.inp.reward_args) for c in s.called("reward_batch")] == [(h20, {"weight": 0.0})]
+    assert all(c.queue != queue_name(Pool.SERVERLESS, queue_prefix) for c in s.calls)  # no serverless worker needed
 
 
 def test_default_stack_job_autoscales_serverless_between_1_and_4(tmp_path: Path) -> None:

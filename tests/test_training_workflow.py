@@ -13,18 +13,21 @@ import uuid
 import pytest
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support.standins import StandIns, full_marks, standin_workers
-from tests.support.tasks import frozenlake_task
+from tests.support.tasks import frozenlake_task, with_queue_prefix
 
 pytestmark = pytest.mark.orchestration
 
 
-def world(**config: object) -> StandIns:
-    """Stand-ins for training: a one-step env (member i of a group plays i + 1 turns), every reward 1, 50 ms steps."""
-    return StandIns(**{"turns": 1, "stagger": 1, "score": full_marks, "train_delay_s": 0.05, **config})
+def world(prefix: str, **config: object) -> StandIns:
+    """Stand-ins for training on queues of `prefix`: a one-step env (member i of a group plays i + 1 turns), every
+    reward 1, 50 ms steps."""
+    return StandIns(**{"prefix": prefix, "turns": 1, "stagger": 1, "score": full_marks, "train_delay_s": 0.05,
+                       **config})  # fmt: skip
 
 
 def job(**training: object) -> JobSpec:
@@ -33,13 +36,14 @@ def job(**training: object) -> JobSpec:
 
 
 async def train(env: WorkflowEnvironment, w: StandIns, spec: JobSpec) -> tuple[TrainingResult, TrainingStatus]:
-    """Run a training job to its end on the stand-ins; its result and final status."""
+    """Run a training job to its end on the stand-ins, on their queues; its result and final status."""
     await ensure_registered(env.client)
     job_id = f"train-{uuid.uuid4().hex[:8]}"
+    spec = with_queue_prefix(spec, w.prefix)
     async with standin_workers(env.client, w):
         handle = await env.client.start_workflow(
             "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-            task_queue="control", result_type=TrainingResult,
+            task_queue=queue_name(Pool.CONTROL, w.prefix), result_type=TrainingResult,
         )  # fmt: skip
         result = await asyncio.wait_for(handle.result(), 120)
         status = await handle.query("status", result_type=TrainingStatus)
@@ -53,8 +57,8 @@ def assert_ledger(result: TrainingResult) -> None:
 
 
 @pytest.mark.parametrize("bound", [0, 1, 2])
-async def test_versions_advance_within_the_bound(bare_env: WorkflowEnvironment, bound: int) -> None:
-    w = world(turn_delay_s=0.02)
+async def test_versions_advance_within_the_bound(bare_env: WorkflowEnvironment, queue_prefix: str, bound: int) -> None:
+    w = world(queue_prefix, turn_delay_s=0.02)
     result, status = await train(bare_env, w, job(async_bound=bound))
     assert [s.step for s in w.inputs("train_step")] == [0, 1, 2] and result.version == 3
     for s in w.inputs("train_step"):
@@ -70,8 +74,9 @@ async def test_versions_advance_within_the_bound(bare_env: WorkflowEnvironment, 
         assert all(x.policy_version_min == s.step for s in w.inputs("train_step") for x in s.samples)
 
 
-async def test_continue_as_new_every_step_conserves_trajectories(bare_env: WorkflowEnvironment) -> None:
-    w = world(turn_delay_s=0.03)
+async def test_continue_as_new_every_step_conserves_trajectories(bare_env: WorkflowEnvironment,
+                                                                 queue_prefix: str) -> None:  # fmt: skip
+    w = world(queue_prefix, turn_delay_s=0.03)
     result, status = await train(bare_env, w, job(async_bound=2, steps=4, continue_as_new_every=1))
     assert result.version == 4 and [s.step for s in w.inputs("train_step")] == [0, 1, 2, 3]
     assert len(w.trained_ids) == len(set(w.trained_ids)) == result.trained
@@ -79,9 +84,9 @@ async def test_continue_as_new_every_step_conserves_trajectories(bare_env: Workf
     assert status.ledger_balanced
 
 
-async def test_failed_trajectories_are_masked_not_scored(bare_env: WorkflowEnvironment) -> None:
+async def test_failed_trajectories_are_masked_not_scored(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
     seeds = [0 * 1_000_003 + g for g in range(40)]
-    w = world(fail_seeds=set(seeds[1::3]))  # every third group's env crashes
+    w = world(queue_prefix, fail_seeds=set(seeds[1::3]))  # every third group's env crashes
     result, _ = await train(bare_env, w, job(async_bound=1))
     assert result.failed > 0
     failed_ids = {c.what for c in w.called("reset")} - set(w.trained_ids)
@@ -91,8 +96,8 @@ async def test_failed_trajectories_are_masked_not_scored(bare_env: WorkflowEnvir
     assert_ledger(result)
 
 
-async def test_batch_mode_is_lockstep(bare_env: WorkflowEnvironment) -> None:
-    w = world()
+async def test_batch_mode_is_lockstep(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
+    w = world(queue_prefix)
     spec = job(async_bound=0, rollout_mode="batch", steps=2)
     spec = spec.model_copy(update={"tasks": [frozenlake_task(group_size=2, max_turns=3)]})
     result, _ = await train(bare_env, w, spec)
@@ -104,14 +109,16 @@ async def test_batch_mode_is_lockstep(bare_env: WorkflowEnvironment) -> None:
     assert_ledger(result)
 
 
-async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment) -> None:
+async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
     await ensure_registered(bare_env.client)
-    w = world(turn_delay_s=0.05)
+    w = world(queue_prefix, turn_delay_s=0.05)
     job_id = f"ctl-{uuid.uuid4().hex[:8]}"
     async with standin_workers(bare_env.client, w):
         handle = await bare_env.client.start_workflow(
-            "TrainingWorkflow", TrainingInput(job=job(async_bound=1, steps=1000), job_id=job_id, run_dir="/tmp/x"),
-            id=job_id, task_queue="control", result_type=TrainingResult, start_signal="pause",
+            "TrainingWorkflow", TrainingInput(job=with_queue_prefix(job(async_bound=1, steps=1000), queue_prefix),
+                                              job_id=job_id, run_dir="/tmp/x"),
+            id=job_id, task_queue=queue_name(Pool.CONTROL, queue_prefix), result_type=TrainingResult,
+            start_signal="pause",
         )  # fmt: skip
         await asyncio.sleep(1.0)
         paused = await handle.query("status", result_type=TrainingStatus)
@@ -126,9 +133,10 @@ async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment) -> None:
 
 
 @pytest.mark.parametrize("mode", ["trajectory", "batch"])
-async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: WorkflowEnvironment, mode: str) -> None:
+async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: WorkflowEnvironment,
+                                                                  queue_prefix: str, mode: str) -> None:  # fmt: skip
     """A multitask job: single-turn groups run as one generate with n = group size, plus batched calls."""
-    w = world()
+    w = world(queue_prefix)
     math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
                            max_turns=1, group_size=4)  # fmt: skip
     spec = job(async_bound=1, steps=3, batch_size=8, rollout_mode=mode)
@@ -149,9 +157,10 @@ async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: Work
     assert any(int(c.what) > 1 for c in w.called("prompts"))  # groups launched together share calls
 
 
-async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_env: WorkflowEnvironment) -> None:
+async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_env: WorkflowEnvironment,
+                                                                         queue_prefix: str) -> None:  # fmt: skip
     """rollout_unit group: one reset, one generate_batch and one step_group per turn for the whole group."""
-    w = world(fail_seeds={2})  # the third group's env crashes: all its members fail, masked
+    w = world(queue_prefix, fail_seeds={2})  # the third group's env crashes: all its members fail, masked
     task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
     spec = JobSpec(name="wf", tasks=[task], training=TrainingConfig(steps=3, batch_size=8, async_bound=1))
     result, status = await train(bare_env, w, spec)
@@ -171,15 +180,16 @@ async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_en
 
 
 @pytest.mark.parametrize("mode", ["batch", "trajectory"])
-async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(bare_env: WorkflowEnvironment,
-                                                                             mode: str) -> None:  # fmt: skip
+async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(
+    bare_env: WorkflowEnvironment, queue_prefix: str, mode: str
+) -> None:
     """Batch mode, rollout_unit group: every group's generations before any group's step (the baseline's barrier);
     trajectory mode: a group steps while another still waits for its answer."""
     task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
     spec = JobSpec(name="wf", tasks=[task], training=TrainingConfig(steps=2, batch_size=8, async_bound=0,
                                                                     rollout_mode=mode))  # fmt: skip
     # the first group is held; g000002's generation and g000003's env crash: both masked
-    w = world(held_group="-g000000", broken_engine_group="-g000002", fail_seeds={3})
+    w = world(queue_prefix, held_group="-g000000", broken_engine_group="-g000002", fail_seeds={3})
     result, status = await train(bare_env, w, spec)
     assert result.version == 2 and status.ledger_balanced and result.failed == 8
     assert_ledger(result)
@@ -192,9 +202,10 @@ async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(ba
         assert first_batch == ["reset_group"] * 2 + (["generate_batch"] * 2 + ["step_group"] * 2) * 3 + ["reward_batch"] * 2
 
 
-async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(bare_env: WorkflowEnvironment) -> None:
+async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(bare_env: WorkflowEnvironment,
+                                                                               queue_prefix: str) -> None:  # fmt: skip
     """Slow turns and bound 2 leave trajectories in flight at the last step; their cancellation is no failure."""
-    w = world(turn_delay_s=0.3)
+    w = world(queue_prefix, turn_delay_s=0.3)
     result, status = await train(bare_env, w, job(async_bound=2, steps=2))
     assert result.version == 2 and status.ledger_balanced
     assert result.cancelled_in_flight > 0 and result.failed == 0

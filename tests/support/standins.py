@@ -44,6 +44,7 @@ from rollart.contracts.activities import (
     Transcript,
 )
 from rollart.contracts.errors import ErrorType
+from rollart.infra.pools import queue_name, session_queue
 from rollart.workflows import ALL_WORKFLOWS
 from temporalio import activity
 from temporalio.client import Client
@@ -91,7 +92,7 @@ class _Session:
 class StandIns:
     """Scripted env, engine, reward and trainer activities; configure failures and latencies, read `calls`."""
 
-    prefix: str = ""  # task queue prefix: workers listen on f"{prefix}{pool}", sessions live on f"{prefix}cpu@..."
+    prefix: str = ""  # the job's task queue prefix (a test's own): workers listen on f"{prefix}{pool}"
     # the env and the reward
     turns: int = 1
     stagger: int = 0
@@ -121,12 +122,12 @@ class StandIns:
     @property
     def session_queue(self) -> str:
         """The private queue of the (only) live env worker: step, step_group and close go there."""
-        return f"{self.prefix}cpu@stand-in"
+        return session_queue("stand-in", self.prefix)
 
     @property
     def dead_queue(self) -> str:
         """The private queue of an env worker that was killed: nobody polls it."""
-        return f"{self.prefix}cpu@dead-stand-in"
+        return session_queue("dead-stand-in", self.prefix)
 
     def called(self, name: str) -> list[Call]:
         """The calls of one activity, in order."""
@@ -286,16 +287,16 @@ async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[ty
     p = s.prefix
     engine = [s.generate, s.generate_batch]
     queues: dict[str, list[Callable[..., Any]]] = {
-        f"{p}cpu": [s.reset, s.reset_group, s.restore, s.prompts, s.check],
+        queue_name("cpu", p): [s.reset, s.reset_group, s.restore, s.prompts, s.check],
         s.session_queue: [s.step, s.step_group, s.close],
-        f"{p}h800": list(engine),
-        f"{p}h20": list(engine),
-        f"{p}trainer": [s.train_step],
+        queue_name("h800", p): list(engine),
+        queue_name("h20", p): list(engine),
+        queue_name("trainer", p): [s.train_step],
     }
     for pool in dict.fromkeys(reward_pools):
-        queues.setdefault(f"{p}{pool}", []).extend([s.reward, s.reward_batch])
+        queues.setdefault(queue_name(pool, p), []).extend([s.reward, s.reward_batch])
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(Worker(client, task_queue=f"{p}control", workflows=list(workflows)))
+        await stack.enter_async_context(Worker(client, task_queue=queue_name("control", p), workflows=list(workflows)))
         for queue, acts in queues.items():
             await stack.enter_async_context(Worker(client, task_queue=queue, activities=acts))
         yield

@@ -1,10 +1,10 @@
-"""Job pieces many tests build: the default FrozenLake task, with overrides."""
+"""Job pieces many tests build: the default FrozenLake task with overrides, a job on its own task queues."""
 
 from __future__ import annotations
 
-from rollart.infra.config import TaskSpec
+from rollart.infra.config import JobSpec, TaskSpec
 
-__all__ = ["frozenlake_task"]
+__all__ = ["frozenlake_task", "with_queue_prefix"]
 
 
 def frozenlake_task(**overrides: object) -> TaskSpec:
@@ -18,3 +18,8 @@ def frozenlake_task(**overrides: object) -> TaskSpec:
         "max_turns": 6,
     }
     return TaskSpec.model_validate({**base, **overrides})
+
+
+def with_queue_prefix(job: JobSpec, prefix: str) -> JobSpec:
+    """The job with every task queue prefixed, as `temporal: {task_queue_prefix: ...}` in its YAML would."""
+    return job.model_copy(update={"temporal": job.temporal.model_copy(update={"task_queue_prefix": prefix})})
