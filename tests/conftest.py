@@ -2,7 +2,7 @@
 
 Tiers (markers, registered in pyproject.toml), each with its own timeout per test:
   unit           no server, no subprocess (the default for an unmarked test; a guard fails one that spawns)
-  orchestration  a Temporal server (time-skipping where the test allows) and stand-in activities
+  orchestration  a Temporal dev server and stand-in activities (why not the time-skipping server: bare_env)
   integration    real processes: the local stack (dev server, worker processes, vLLM), Mooncake, the CLI
   chaos          kills processes and restarts the server mid-training (also integration)
 
@@ -28,17 +28,18 @@ from temporalio.testing import WorkflowEnvironment
 from tests.support.spawn_guard import no_spawning
 from tests.support.tasks import frozenlake_task
 
-# Seconds per test (setup, call and teardown), by tier: about 5x the slowest test of the tier on a loaded
-# 2-core machine. A test may still set its own with @pytest.mark.timeout.
+TIERS = ("unit", "orchestration", "integration", "chaos")  # cheapest first
+
+# Seconds per test (setup, call and teardown), by tier. Measured on the shared 2-core machine, the slowest unit
+# test takes 3 s and the slowest orchestration test 10 s (the schedule-to-start failover); an integration test
+# may first wait up to 300 s for the stack, and a chaos run trains a whole job around its kill (about a minute).
+# A test may still set its own with @pytest.mark.timeout.
 TIMEOUT_S = {"unit": 60, "orchestration": 120, "integration": 900, "chaos": 1200}
 
 
 def tier(item: pytest.Item) -> str:
     """The tier of a test: its most demanding tier marker, `unit` when it has none."""
-    return next((t for t in ("chaos", "integration", "orchestration") if item.get_closest_marker(t)), "unit")
-
-
-TIERS = ("unit", "orchestration", "integration", "chaos")
+    return next((t for t in reversed(TIERS[1:]) if item.get_closest_marker(t)), "unit")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: unmarked tests must already carry `unit`
