@@ -44,6 +44,7 @@ def tier(item: pytest.Item) -> str:
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: unmarked tests must already carry `unit`
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give every test its tier's marker and timeout, and run the tiers cheapest first."""
     # Tier by tier, cheapest first (stable: file order within a tier): a failing unit test shows at once,
     # and no server or stack of a later tier is up yet while the spawn guard watches the unit tests.
     items.sort(key=lambda item: TIERS.index(tier(item)))
@@ -58,6 +59,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _guarded(item: pytest.Item) -> Generator[None, None, None]:
+    """Run a test phase; for a unit test under the spawn guard, failing it if it tried to start anything."""
     if tier(item) != "unit":
         return (yield)
     with no_spawning() as attempts:
@@ -71,11 +73,13 @@ def _guarded(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    """Fixtures count: a unit test must not reach a server fixture either."""
     return (yield from _guarded(item))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    """The test body, under the guard when it is a unit test."""
     return (yield from _guarded(item))
 
 

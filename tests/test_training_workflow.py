@@ -31,6 +31,7 @@ def world(prefix: str, **config: object) -> StandIns:
 
 
 def job(**training: object) -> JobSpec:
+    """A 2-member multi-turn FrozenLake job, 3 steps of 4 trajectories unless `training` says otherwise."""
     task = frozenlake_task(group_size=2, max_turns=2)  # multi-turn: a TrajectoryWorkflow per member
     return JobSpec(name="wf", tasks=[task], training=TrainingConfig(**{"steps": 3, "batch_size": 4, **training}))
 

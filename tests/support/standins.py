@@ -143,20 +143,24 @@ class StandIns:
         return [s.trajectory_id for inp in self.inputs("train_step") for s in inp.samples]
 
     def _record(self, name: str, what: str, inp: Any) -> None:
+        """Note a call with the queue it arrived on, for the test to assert on afterwards."""
         self.calls.append(Call(name, activity.info().task_queue, what, inp))
 
     def _check(self, ok: bool, message: str) -> None:
+        """Keep a failed check for the test body: an assert here would only fail (and mask) one trajectory."""
         if not ok:
             self.violations.append(message)
 
     # ------------------------------------------------------------------ env
 
     def _open(self, owner: str, seed: int, members: int, taken: list[int] | None = None) -> str:
+        """A new session for `owner`; `taken` (steps per member) when it is a restore."""
         sid = f"{owner}/s{len(self._sessions) + 1}"
         self._sessions[sid] = _Session(seed=seed, taken=taken or [0] * members, restored=taken is not None)
         return sid
 
     def _step(self, sid: str, actions: Sequence[str | None]) -> list[StepResult | None]:
+        """One turn of the members still playing (action not None), or the failure this session is scripted for."""
         s = self._sessions[sid]
         if not s.restored and self.lose_after is not None and max(s.taken) >= self.lose_after:
             raise ApplicationError(f"no session {sid!r}", type=ErrorType.SESSION_LOST, non_retryable=True)
@@ -230,6 +234,7 @@ class StandIns:
     # ------------------------------------------------------------------ engine
 
     def _generation(self, data_key: str, n: int, min_version: int | None) -> GenerateResult:
+        """n answers "R" with the version served, checking the caller asked for no version not yet published."""
         k = len(self.called("generate")) - 1
         v = self.version if self.versions is None else self.versions[min(max(k, 0), len(self.versions) - 1)]
         self._check(min_version is None or v >= min_version,
