@@ -28,6 +28,7 @@ from rollart.activities.env_pool import ResetPool
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import (
+    STICKY_START_S,
     CheckInput,
     CloseInput,
     EnvHandle,
@@ -76,9 +77,10 @@ class _Session:
 class EnvActivities:
     """Holds this worker's env sessions; its bound methods are the registered activities."""
 
-    def __init__(self, worker_id: str, queue: str, env_threads: int = 64) -> None:
+    def __init__(self, worker_id: str, queue: str, env_threads: int = 64, sticky_start_s: float = STICKY_START_S) -> None:
         self.worker_id = worker_id
         self.queue = queue
+        self.sticky_start_s = sticky_start_s  # a call left waiting this long on `queue` means this worker is dead
         self._sessions: dict[str, _Session] = {}
         self._executor = ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="env")
         self._injectors: dict[FaultModel, FaultInjector] = {}
@@ -175,6 +177,7 @@ class EnvActivities:
             worker_id=self.worker_id,
             observation=observation,
             step_timeout_s=entry.step_timeout_s,
+            sticky_start_s=self.sticky_start_s,
         )
 
     @activity.defn(name="step")
@@ -194,6 +197,7 @@ class EnvActivities:
             worker_id=self.worker_id,
             observations=[observation for _, observation in ready],
             step_timeout_s=entry.step_timeout_s,
+            sticky_start_s=self.sticky_start_s,
         )
 
     @activity.defn(name="restore")
@@ -229,6 +233,7 @@ class EnvActivities:
             worker_id=self.worker_id,
             observations=list(inp.observations),
             step_timeout_s=entry.step_timeout_s,
+            sticky_start_s=self.sticky_start_s,
         )
 
     async def _replay_step(self, session: _Session, member: int, action: str) -> StepResult:

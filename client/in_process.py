@@ -58,7 +58,7 @@ class InProcessCalls:
         return cls(handlers)
 
     async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
-                   timeout_s: float | None = None) -> Any:  # fmt: skip
+                   timeout_s: float | None = None, start_wait_s: float | None = None) -> Any:  # fmt: skip
         env = ActivityEnvironment()  # a unique activity id: vLLM request ids are derived from it
         env.info = dataclasses.replace(env.info, activity_id=uuid.uuid4().hex, activity_type=activity.value,
                                        task_queue=queue, workflow_id="in-process")  # fmt: skip

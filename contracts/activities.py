@@ -15,6 +15,7 @@ from rollart.infra.config import FaultModel, SamplingParams, TaskSpec, TrainerCo
 from rollart.infra.store_keys import key_word
 
 __all__ = [
+    "STICKY_START_S",
     "ActivityName",
     "CheckInput",
     "CloseInput",
@@ -110,6 +111,11 @@ class RestoreInput(_Message):
     options: EnvOptions | None = None
 
 
+STICKY_START_S = 10.0
+"""How long a step/close may wait on an env worker's private queue before that worker is taken for dead (and the
+session restored elsewhere), unless its handle says otherwise."""
+
+
 class EnvHandle(_Message):
     """A live env session: `step`/`close` must go to `queue`, the private queue of the worker holding it."""
 
@@ -118,6 +124,7 @@ class EnvHandle(_Message):
     worker_id: str
     observation: str
     step_timeout_s: float = 30.0
+    sticky_start_s: float = Field(STICKY_START_S, gt=0.0)
 
 
 class StepInput(_Message):
@@ -161,6 +168,7 @@ class GroupHandle(_Message):
     worker_id: str
     observations: list[str]
     step_timeout_s: float = 30.0
+    sticky_start_s: float = Field(STICKY_START_S, gt=0.0)
 
 
 class GroupStepInput(_Message):

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+from rollart.contracts.activities import STICKY_START_S
 from rollart.contracts.errors import NEVER_RETRY, ErrorType
 from temporalio.common import RetryPolicy
 
 __all__ = ["ActivityPolicy", "CHECK", "CLOSE", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
 
-STICKY_START = timedelta(seconds=10)
+STICKY_START = timedelta(seconds=STICKY_START_S)
 """How long a step/close may wait on an env worker's private queue before its worker is taken for dead.
 
 Only that worker polls the queue, so a task not picked up within this time means the worker is gone (or
@@ -31,14 +32,16 @@ class ActivityPolicy:
     heartbeat: timedelta | None = None
     schedule_to_start: timedelta | None = None
 
-    def kwargs(self, timeout_s: float | None = None) -> dict:
-        """`timeout_s` overrides start-to-close (an env's own step timeout, say)."""
+    def kwargs(self, timeout_s: float | None = None, start_wait_s: float | None = None) -> dict:
+        """`timeout_s` overrides start-to-close (an env's own step timeout, say), `start_wait_s` schedule-to-start
+        (how long the env worker holding a session may leave a call waiting before it is taken for dead)."""
+        start = self.schedule_to_start if start_wait_s is None else timedelta(seconds=start_wait_s)
         return {
             "start_to_close_timeout": self.start_to_close if timeout_s is None else timedelta(seconds=timeout_s),
             "schedule_to_close_timeout": self.schedule_to_close,
             "heartbeat_timeout": self.heartbeat,
             "retry_policy": self.retry,
-            **({"schedule_to_start_timeout": self.schedule_to_start} if self.schedule_to_start else {}),
+            **({"schedule_to_start_timeout": start} if start else {}),
         }
 
 

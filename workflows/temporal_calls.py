@@ -37,10 +37,11 @@ class TemporalCalls:
     logger = workflow.logger
 
     async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
-                   timeout_s: float | None = None) -> Any:  # fmt: skip
+                   timeout_s: float | None = None, start_wait_s: float | None = None) -> Any:  # fmt: skip
+        kwargs = POLICIES[activity].kwargs(timeout_s=timeout_s, start_wait_s=start_wait_s)
         try:
             return await workflow.execute_activity(activity.value, arg, task_queue=queue, result_type=result_type,
-                                                   **POLICIES[activity].kwargs(timeout_s=timeout_s))  # fmt: skip
+                                                   **kwargs)  # fmt: skip
         except ActivityError as err:
             raise call_failed(err) from err
 

@@ -53,6 +53,7 @@ from temporalio.worker import Worker
 
 __all__ = ["Call", "StandIns", "full_marks", "reward_per_turn", "reward_on_success", "standin_workers"]
 
+DEAD_AFTER_S = 1.0  # the stand-in env worker's handles: a step left waiting 1 s on its queue means it is dead
 HELD_WAIT_S = 3.0  # how long a held group's first generation waits for another group to step
 
 
@@ -184,14 +185,15 @@ class StandIns:
             raise unknown_component(f"unknown env {inp.env!r}")
         sid = self._open(inp.trajectory_id, inp.seed, 1)
         queue = self.dead_queue if self.dead_resets else self.session_queue
-        return EnvHandle(session_id=sid, queue=queue, worker_id="w1", observation="0")
+        return EnvHandle(session_id=sid, queue=queue, worker_id="w1", observation="0", sticky_start_s=DEAD_AFTER_S)
 
     @activity.defn(name="reset_group")
     async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
         self._record("reset_group", inp.group_id, inp)
         sid = self._open(inp.group_id, inp.seed, inp.size)
         queue = self.dead_queue if self.dead_resets else self.session_queue
-        return GroupHandle(session_id=sid, queue=queue, worker_id="w1", observations=["0"] * inp.size)
+        return GroupHandle(session_id=sid, queue=queue, worker_id="w1", observations=["0"] * inp.size,
+                           sticky_start_s=DEAD_AFTER_S)  # fmt: skip
 
     @activity.defn(name="restore")
     async def restore(self, inp: RestoreInput) -> GroupHandle:

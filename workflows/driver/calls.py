@@ -62,8 +62,9 @@ class Calls(Protocol):
     logger: logging.Logger | logging.LoggerAdapter
 
     async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
-                   timeout_s: float | None = None) -> Any:  # fmt: skip
-        """`timeout_s` overrides the activity's start-to-close timeout (an env's own step timeout, say)."""
+                   timeout_s: float | None = None, start_wait_s: float | None = None) -> Any:  # fmt: skip
+        """`timeout_s` overrides the activity's start-to-close timeout (an env's own step timeout, say);
+        `start_wait_s` how long it may wait to start (a session's worker that leaves it waiting is dead)."""
         ...
 
     def patched(self, patch_id: str) -> bool:

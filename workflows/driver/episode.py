@@ -107,7 +107,8 @@ class Episode:
     def rehome(self, handle: GroupHandle) -> None:
         """The session now lives on another worker (restored)."""
         self.handle = EnvHandle(session_id=handle.session_id, queue=handle.queue, worker_id=handle.worker_id,
-                                observation=self.observation, step_timeout_s=handle.step_timeout_s)  # fmt: skip
+                                observation=self.observation, step_timeout_s=handle.step_timeout_s,
+                                sticky_start_s=handle.sticky_start_s)  # fmt: skip
 
     def record(self, gen: GenerateResult, step: StepResult) -> None:
         """Book one played turn: the action the model chose and what the env answered."""
@@ -136,7 +137,7 @@ class Episode:
     async def close(self) -> None:
         """Release the env session, if one was opened."""
         if self.handle is not None:
-            await close_session(self.calls, self.handle.session_id, self.handle.queue)
+            await close_session(self.calls, self.handle)
 
     def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]:
         """The unit's results: completed with its score, or failed with its error (never scored)."""

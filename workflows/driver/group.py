@@ -75,7 +75,7 @@ class GroupEpisode:
         self.handle = handle
         for ep in self.members:
             ep.handle = EnvHandle(session_id=handle.session_id, queue=handle.queue, worker_id=handle.worker_id,
-                                  observation=ep.observation)  # fmt: skip
+                                  observation=ep.observation, sticky_start_s=handle.sticky_start_s)  # fmt: skip
 
     async def generate(self) -> None:
         """One `generate_batch` for the members still playing (kept for `step`)."""

@@ -6,7 +6,15 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel
-from rollart.contracts.activities import ActivityName, CloseInput, EnvOptions, GroupHandle, RestoreInput, TurnRecord
+from rollart.contracts.activities import (
+    ActivityName,
+    CloseInput,
+    EnvHandle,
+    EnvOptions,
+    GroupHandle,
+    RestoreInput,
+    TurnRecord,
+)
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.calls import CallFailed, Calls
@@ -31,7 +39,7 @@ async def call_sticky(calls: Calls, owner: Any, activity: ActivityName, make_arg
     while True:
         try:
             return await calls.call(activity, make_arg(owner.handle), queue=owner.handle.queue, result_type=result_type,
-                                    timeout_s=timeout_s)  # fmt: skip
+                                    timeout_s=timeout_s, start_wait_s=owner.handle.sticky_start_s)  # fmt: skip
         except CallFailed as err:
             if not err.session_lost or owner.members[0].restores >= MAX_RESTORES:
                 raise
@@ -54,9 +62,11 @@ async def restore(calls: Calls, inp: TrajectoryInput, owner_id: str, members: li
     )
 
 
-async def close_session(calls: Calls, session_id: str, queue: str) -> None:
+async def close_session(calls: Calls, handle: EnvHandle | GroupHandle) -> None:
     """Release a session; failure here only logs (the session dies with its worker anyway)."""
+    session_id = handle.session_id
     try:
-        await calls.call(ActivityName.CLOSE, CloseInput(session_id=session_id), queue=queue)
+        await calls.call(ActivityName.CLOSE, CloseInput(session_id=session_id), queue=handle.queue,
+                         start_wait_s=handle.sticky_start_s)  # fmt: skip
     except CallFailed as err:
         calls.logger.warning("closing session %s failed: %s", session_id, err.message)
