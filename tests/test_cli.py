@@ -201,7 +201,8 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
     spec = tmp_path / "job.json"
     spec.write_text(job.model_dump_json())
     cmd = [*ROLLART, "train", str(spec), "--steps", "50", "--home", str(tmp_path / "home"), "--run-dir",
-           str(tmp_path / "run"), "--port", str(free_port()), "--ui-port", str(free_port())]  # fmt: skip
+           str(tmp_path / "run"), "--port", str(free_port()), "--ui-port", str(free_port()),
+           "--task-queue-prefix", "it-"]  # every worker, the job and its children on it-* queues  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         _wait_for_line(proc, "step 2/50", 240)
@@ -210,6 +211,9 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
         assert "interrupted: terminated the job's" in out
         assert proc.returncode != 0
         assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 2
+        logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "home").rglob("*.log"))
+        for pool in ("control", "cpu", "h800", "serverless", "trainer"):
+            assert f"queues=[it-{pool}" in logs, pool
         leftovers = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True, text=True)
         assert leftovers.stdout.strip() == ""  # no worker or server outlives the command
     finally:
