@@ -27,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
-from tests.test_trainer import frozenlake_batch, load_model
+from tests.support.batches import frozenlake_batch, load_model
 
 pytestmark = pytest.mark.integration  # real rank processes
 

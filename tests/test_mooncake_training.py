@@ -23,7 +23,7 @@ from rollart.workers.local_stack import LocalStack
 from rollart.contracts.training import TrainingResult
 from temporalio.client import Client
 
-from tests.test_training_e2e import run_job
+from tests.support.training_runs import run_job
 
 pytestmark = pytest.mark.integration
 

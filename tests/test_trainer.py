@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
@@ -18,59 +17,15 @@ from rollart.infra.weights import latest_weights, weights_key
 from rollart.workflows import policies
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-JOB = "job"
-PROMPTS = ["SFFF\nFHFH\nFFFH\nHFFG\nmove:", "SAFF\nFHFH\nFFFH\nHFFG\nmove:", "SFFF\nAHFH\nFFFH\nHFFG\nmove:"]
+from tests.support.batches import JOB, frozenlake_batch, load_model
+
 METRICS = {
     "loss", "pg_loss", "entropy", "kl", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
     "grad_norm", "samples", "sequences", "tokens", "reward_mean", "success_rate", "adv_abs_mean",
     "groups_with_signal", "staleness_mean", "staleness_max", "train_s",
 }  # fmt: skip
-
-
-def load_model(model_dir: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-
-@torch.no_grad()
-def sample_record(model: torch.nn.Module, prompt_ids: list[int], n: int, max_tokens: int, gen: torch.Generator) -> dict:
-    """What `generate` would store: n sampled completions with their behaviour logprobs (raw log-softmax)."""
-    completions = []
-    for _ in range(n):
-        ids: list[int] = []
-        lps: list[float] = []
-        for _ in range(max_tokens):
-            logp = torch.log_softmax(model(torch.tensor([prompt_ids + ids])).logits[0, -1], -1)
-            tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
-            ids.append(tok)
-            lps.append(float(logp[tok]))
-        completions.append({"text": "", "token_ids": ids, "logprobs": lps, "finish_reason": "length"})
-    return {"prompt": "", "prompt_ids": prompt_ids, "policy_version": 0, "policy_version_end": 0,
-            "completions": completions}  # fmt: skip
-
-
-def frozenlake_batch(store: LocalStore, model: torch.nn.Module, tok, *, seed: int = 0) -> list[SampleRef]:
-    """16 samples in 4 groups of 4 (n=4 completions per record), one of them a two-turn trajectory."""
-    rng = random.Random(seed)
-    gen = torch.Generator().manual_seed(seed)
-    samples = []
-    for g in range(4):
-        prompt_ids = tok(PROMPTS[g % len(PROMPTS)], add_special_tokens=False)["input_ids"]
-        key = turn_key(JOB, f"g{g}", 0)
-        store.put_json(key, sample_record(model, prompt_ids, 4, 2, gen))
-        for i in range(4):
-            keys = [key]
-            if g == 0 and i == 0:  # a second turn for one trajectory
-                keys.append(turn_key(JOB, "g0-0", 1))
-                store.put_json(keys[1], sample_record(model, prompt_ids, 1, 2, gen))
-            reward = float(rng.random() < 0.5)
-            samples.append(
-                SampleRef(trajectory_id=f"g{g}-{i}", task="frozenlake", group_id=f"g{g}", reward=reward,
-                          success=reward > 0, turn_keys=keys, policy_version_min=0, policy_version_max=0,
-                          completion_index=i if len(keys) == 1 else 0)
-            )  # fmt: skip
-    return samples
 
 
 @pytest.fixture(scope="module")

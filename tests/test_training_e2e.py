@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import JobSpec, TrainerConfig, TrainingConfig
+from rollart.infra.config import JobSpec, TrainerConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights
-from rollart.client.train import MetricsWriter, follow, start_training
-from rollart.contracts.training import TrainingResult, TrainingStatus
 from temporalio.client import Client
 
-from tests.support.tasks import frozenlake_task
+from tests.support.training_runs import run_job
 
 pytestmark = pytest.mark.integration
-
-
-async def run_job(client: Client, base: JobSpec, tmp_path: Path, unit: str = "trajectory",
-                  trainer: TrainerConfig | None = None,
-                  **training: object) -> tuple[JobSpec, TrainingResult, TrainingStatus, list[dict]]:
-    job = base.model_copy(update={
-        "tasks": [frozenlake_task(group_size=4, max_turns=4, env_args={"maps": "standard"}, rollout_unit=unit)],
-        "training": TrainingConfig(**{"steps": 3, "batch_size": 8, **training}),
-        "trainer": trainer or base.trainer,
-    })  # fmt: skip
-    job_id = f"e2e-{uuid.uuid4().hex[:8]}"
-    handle = await start_training(client, job, job_id, tmp_path / job_id)
-    rows: list[dict] = []
-    result = await follow(handle, MetricsWriter(tmp_path / job_id), rows.append, poll_s=0.2)
-    status = await handle.query("status", result_type=TrainingStatus)
-    return job.model_copy(update={"name": job_id}), result, status, rows
 
 
 MEGATRON_T2 = TrainerConfig(backend="megatron", parallel={"tensor": 2})
