@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from rollart.activities.env_pool import ResetPool
+from rollart.activities.env_pool import ResetPool, close_quietly
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import (
@@ -84,7 +84,7 @@ class EnvActivities:
         self._sessions: dict[str, _Session] = {}
         self._executor = ThreadPoolExecutor(max_workers=env_threads, thread_name_prefix="env")
         self._injectors: dict[FaultModel, FaultInjector] = {}
-        self.pool = ResetPool()
+        self.pool = ResetPool(discard=self._discard_spare)
 
     @property
     def open_sessions(self) -> int:
@@ -97,6 +97,13 @@ class EnvActivities:
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         """`fn(*args)` on the env threads: env code may block, the event loop must not."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def _discard_spare(self, env: Any) -> None:
+        """A spare env the pool drops is closed on the env threads, never on the event loop (a close may be slow)."""
+        try:
+            self._executor.submit(close_quietly, env)
+        except RuntimeError:  # the worker is shutting down: its env threads are gone
+            close_quietly(env)
 
     async def _close(self, entry: EnvEntry, env: Any, owner: str) -> None:
         """`env.close()` on the env threads; a close that raises is logged, never raised (the env is done anyway)."""

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ResetPool"]
+__all__ = ["ResetPool", "close_quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,9 @@ class _Spare:
 class ResetPool:
     """Spares per key; `take` never waits for more resets than it needs."""
 
-    def __init__(self, max_idle_s: float = 120.0) -> None:
+    def __init__(self, max_idle_s: float = 120.0, discard: Callable[[Any], None] | None = None) -> None:
         self.max_idle_s = max_idle_s
+        self._discard = discard or close_quietly  # how a spare nobody will use is closed (the env threads, in a worker)
         self._spares: dict[Hashable, deque[_Spare]] = {}
         self._limits: dict[Hashable, int] = {}
         self.hits = 0
@@ -82,7 +83,7 @@ class ResetPool:
     def _keep(self, key: Hashable, ready: Ready) -> None:
         spares = self._spares.setdefault(key, deque())
         if len(spares) >= self._limits.get(key, 1):
-            _close(ready[0])
+            self._discard(ready[0])
             return
         spares.append(_Spare(env=ready[0], observation=ready[1], since=time.monotonic()))
 
@@ -91,12 +92,13 @@ class ResetPool:
         for key in list(self._spares):
             spares = self._spares[key]
             while spares and now - spares[0].since > self.max_idle_s:
-                _close(spares.popleft().env)
+                self._discard(spares.popleft().env)
             if not spares:
                 del self._spares[key]
 
 
-def _close(env: Any) -> None:
+def close_quietly(env: Any) -> None:
+    """Close a spare nobody will use; an env whose close raises is only logged."""
     try:
         env.close()
     except Exception:  # a spare nobody will use: nothing to do but log

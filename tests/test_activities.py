@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 from pathlib import Path
@@ -15,6 +16,7 @@ from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities, as_reward_result
 from rollart.contracts.activities import (
+    EnvOptions,
     CheckInput,
     CloseInput,
     GenerateInput,
@@ -165,6 +167,26 @@ async def test_throwaway_envs_are_closed_off_the_event_loop_even_when_they_raise
     assert all(e.closed_on is not None and e.closed_on != loop_thread for e in ClosingEnv.built), [
         e.closed_on for e in ClosingEnv.built
     ]
+    acts.shutdown()
+
+
+async def test_spares_the_reset_pool_drops_are_closed_off_the_event_loop() -> None:
+    """Spares the pre-reset pool expires are closed on the env threads, not the event loop (a close may be slow)."""
+    acts = EnvActivities("w1", queue="cpu@w1")
+    name = "tests.test_activities:ClosingEnv"
+    ClosingEnv.built.clear()
+    options = EnvOptions(reset_pool_size=3)  # a reset hedges with 3 envs: one answers, two stay as spares
+    await ENV.run(acts.reset, ResetInput(env=name, seed=5, trajectory_id="t0", options=options))
+    await asyncio.sleep(0.2)  # the late hedges land as spares
+    assert len(ClosingEnv.built) == 3
+    acts.pool.max_idle_s = 0.0  # every spare is now stale: the next reset drops them
+    await ENV.run(acts.reset, ResetInput(env=name, seed=6, trajectory_id="t1", options=options))
+    for _ in range(100):
+        if sum(e.closed_on is not None for e in ClosingEnv.built) >= 2:
+            break
+        await asyncio.sleep(0.02)
+    dropped = [e.closed_on for e in ClosingEnv.built if e.closed_on is not None]
+    assert len(dropped) >= 2 and threading.current_thread().name not in dropped, dropped
     acts.shutdown()
 
 
