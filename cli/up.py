@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     job = load_spec(args.job, args)
     pools = _pools(args.pools)
     prepare_local_stack(job, str(args.job or "the default job"))
-    _warn_unserved_rewards(job, pools)
+    _warn_unserved(job, pools)
     stack = LocalStack(job=job, pools=pools, home=home(args), port=args.port, ui_port=args.ui_port)
     stop = _stop_on_signals()
     print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")
@@ -63,11 +63,14 @@ def _pools(names: str | None) -> list[Pool]:
         raise UserError(f"--pools: {e}") from e
 
 
-def _warn_unserved_rewards(job: JobSpec, pools: list[Pool]) -> None:
-    unserved = sorted({t.reward_queue for t in job.tasks} - {p.value for p in pools})
-    if unserved:
-        print(f"warning: the job's rewards run on {', '.join(unserved)}, which --pools does not start here; "
-              "run those workers elsewhere (or `rollart autoscale`), or rewards will wait", file=sys.stderr)  # fmt: skip
+def _warn_unserved(job: JobSpec, pools: list[Pool]) -> None:
+    """Work the job routes to a pool that --pools leaves out would wait forever: say so before it does."""
+    started = {p.value for p in pools}
+    for what, queues in (("envs", {t.env_queue for t in job.tasks}), ("rewards", {t.reward_queue for t in job.tasks})):
+        unserved = sorted(queues - started)
+        if unserved:
+            print(f"warning: the job's {what} run on {', '.join(unserved)}, which --pools does not start here; "
+                  "run those workers elsewhere (or `rollart autoscale`), or they will wait", file=sys.stderr)  # fmt: skip
 
 
 def _stop_on_signals() -> threading.Event:

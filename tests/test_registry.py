@@ -150,6 +150,18 @@ def test_an_env_runs_on_the_pool_it_declares() -> None:
     assert TaskSpec(name="t", env="frozenlake", reward="success").env_queue == "cpu"
 
 
+def test_rollart_up_warns_when_pools_leave_the_envs_or_rewards_unserved(capsys: pytest.CaptureFixture[str]) -> None:
+    from rollart.cli.up import _warn_unserved
+    from rollart.infra.config import JobSpec, TaskSpec
+
+    job = JobSpec(tasks=[TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800")])
+    _warn_unserved(job, [Pool.CONTROL, Pool.CPU, Pool.H800])
+    err = capsys.readouterr().err
+    assert "the job's envs run on h20" in err and "the job's rewards run on serverless" in err
+    _warn_unserved(job, [Pool.CONTROL, Pool.H20, Pool.H800, Pool.SERVERLESS])
+    assert capsys.readouterr().err == ""
+
+
 def test_an_env_on_a_pool_that_cannot_hold_sessions_is_refused_when_declared() -> None:
     with pytest.raises(ValueError, match=r"env 'x': pool 'serverless' cannot hold env sessions.*cpu, h20, h800"):
         env("x", pool="serverless")
