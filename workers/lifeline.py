@@ -1,0 +1,148 @@
+"""Nothing outlives its worker: the engine processes a worker starts die with it, even when it is SIGKILLed.
+
+vLLM's `AsyncLLM` runs its `EngineCore` in a multiprocessing child (forked here; spawned where CUDA is
+already initialised) that never checks for its parent, so a SIGKILLed worker used to leave it running,
+holding its memory (and a GPU). Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`) fixes that, but it
+is cleared by fork and must be set inside each child: `children_die_with_me()` sets it in every child the
+worker forks from its main thread (an at-fork hook), and in multiprocessing children it spawns (vLLM loads
+`vllm_plugin` in every engine process; it reads `DIE_WITH_PARENT_ENV`). Each engine child also carries
+`ENGINE_MARK_ENV` (pool, worker pid, model dir) so that a starting worker can find what a dead one left
+behind (`leftover_engines`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["DIE_WITH_PARENT_ENV", "ENGINE_MARK_ENV", "Leftover", "children_die_with_me", "die_with_parent",
+           "leftover_engines", "mark_engine_children", "reclaim", "vllm_plugin"]  # fmt: skip
+
+log = logging.getLogger(__name__)
+
+DIE_WITH_PARENT_ENV = "ROLLART_DIE_WITH_PARENT"
+"""Set in a worker's environment: multiprocessing children it spawns ask for the parent-death signal."""
+ENGINE_MARK_ENV = "ROLLART_ENGINE_OF"
+"""`<pool>|<worker pid>|<model dir>`, in the environment of every engine process a worker starts."""
+
+_PR_SET_PDEATHSIG = 1
+_forker: int | None = None  # the pid forking from its main thread, set just before a fork; read by the child
+_hooked = False
+
+
+def die_with_parent(parent: int | None = None, sig: signal.Signals = signal.SIGKILL) -> bool:
+    """Ask Linux to send `sig` to this process when its parent (pid `parent`) dies; exit now if it already has."""
+    parent = os.getppid() if parent is None else parent
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not Linux: nothing to ask
+        return False
+    if libc.prctl(_PR_SET_PDEATHSIG, int(sig)) != 0:
+        return False
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+    return True
+
+
+def children_die_with_me() -> None:
+    """From now on every child this process forks from its main thread, or spawns via multiprocessing, dies with it.
+
+    Only main-thread forks: Linux sends the parent-death signal when the *thread* that forked exits, and the
+    main thread lives as long as the process. vLLM starts its EngineCore from the thread that builds the engine,
+    the worker's event loop (the main thread).
+    """
+    global _hooked
+    os.environ[DIE_WITH_PARENT_ENV] = str(os.getpid())
+    if not _hooked:
+        os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+        _hooked = True
+
+
+def mark_engine_children(pool: str, model_dir: Path) -> None:
+    """Tag this process's environment, which its engine children inherit, with the pool, pid and model dir."""
+    os.environ[ENGINE_MARK_ENV] = f"{pool}|{os.getpid()}|{Path(model_dir).resolve()}"
+
+
+def vllm_plugin() -> None:
+    """vLLM general plugin (entry point `vllm.general_plugins`), run in every vLLM process: children of a
+    rollart worker ask for the parent-death signal."""
+    parent = multiprocessing.parent_process()
+    if os.environ.get(DIE_WITH_PARENT_ENV) and parent is not None and parent.pid is not None:
+        die_with_parent(parent.pid)
+
+
+def _before_fork() -> None:
+    global _forker
+    _forker = os.getpid() if threading.current_thread() is threading.main_thread() else None
+
+
+def _after_fork_in_child() -> None:
+    if _forker is not None:
+        die_with_parent(_forker)
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """An engine process whose worker is gone: what it is, and what it holds."""
+
+    pid: int
+    pool: str
+    worker_pid: int
+    model_dir: str
+    rss_mib: float
+    cmdline: str
+
+
+def leftover_engines(pool: str | None = None) -> list[Leftover]:
+    """Engine processes of this user (of `pool`, or any) whose worker is dead: orphans of a killed worker."""
+    import psutil
+
+    found = []
+    me = os.getuid()
+    for p in psutil.process_iter(["pid", "uids", "cmdline"]):
+        try:
+            if p.info["uids"] is None or p.info["uids"].real != me or p.pid == os.getpid():
+                continue
+            mark = p.environ().get(ENGINE_MARK_ENV)
+            if not mark:
+                continue
+            mark_pool, worker, model_dir = mark.split("|", 2)
+            if int(worker) == p.pid or (pool is not None and mark_pool != pool) or _alive(int(worker), p):
+                continue
+            rss = p.memory_info().rss / 2**20
+            found.append(Leftover(p.pid, mark_pool, int(worker), model_dir, rss, " ".join(p.info["cmdline"] or [])))
+        except (psutil.Error, ValueError):
+            continue
+    return found
+
+
+def reclaim(leftovers: list[Leftover], model_dir: Path) -> list[Leftover]:
+    """SIGKILL the leftovers that are safe to end (this user's, same model dir, worker dead); returns them."""
+    import psutil
+
+    killed = []
+    for left in leftovers:
+        if left.model_dir != str(Path(model_dir).resolve()):
+            continue
+        try:
+            psutil.Process(left.pid).kill()
+            killed.append(left)
+        except psutil.Error:
+            continue
+    return killed
+
+
+def _alive(worker_pid: int, engine: object) -> bool:
+    """Is the worker that started `engine` still running (and still its ancestor, not a reused pid)?"""
+    import psutil
+
+    try:
+        return any(a.pid == worker_pid for a in engine.parents())  # type: ignore[attr-defined]
+    except psutil.Error:
+        return False
