@@ -70,10 +70,16 @@ def mark_engine_children(pool: str, model_dir: Path) -> None:
 
 
 def vllm_plugin() -> None:
-    """vLLM general plugin (entry point `vllm.general_plugins`), run in every vLLM process: children of a
-    rollart worker ask for the parent-death signal."""
+    """vLLM general plugin (entry point `vllm.general_plugins`), run in every vLLM process: the worker's own
+    multiprocessing children (the EngineCore) ask for the parent-death signal.
+
+    Only direct children of the worker, which starts them from its main thread: vLLM's tensor-parallel
+    processes, the EngineCore's children, already end with it (vLLM's death pipe), and may be started from a
+    thread whose exit would fire the signal early.
+    """
     parent = multiprocessing.parent_process()
-    if os.environ.get(DIE_WITH_PARENT_ENV) and parent is not None and parent.pid is not None:
+    worker = os.environ.get(DIE_WITH_PARENT_ENV)
+    if worker and parent is not None and parent.pid == int(worker):
         die_with_parent(parent.pid)
 
 
