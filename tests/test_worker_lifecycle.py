@@ -100,6 +100,26 @@ def test_a_worker_started_before_its_server_waits_then_serves(tmp_path: Path) ->
 
 
 @pytest.mark.integration
+def test_a_worker_waits_for_its_mooncake_master(tmp_path: Path) -> None:
+    from rollart.infra.mooncake_service import MooncakeService
+
+    mooncake = MooncakeService(StoreConfig(kind="mooncake", path=tmp_path / "store", mooncake={"keeper_segment_mib": 64}),
+                               log_dir=tmp_path / "logs")  # fmt: skip
+    with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
+        worker = _cpu_worker(server.address, tmp_path / "store", "mc-", "--store-master", mooncake.address)
+        try:
+            worker.wait_for(f"waiting for the Mooncake master at {mooncake.address} (attempt 2)", 30)
+            mooncake.start()
+            ready_after = worker.wait_for("ready: pool=cpu", 30)
+            print(f"master up -> worker ready {ready_after:.1f}s")
+            handle = asyncio.run(_one_reset(server.address, tmp_path / "store", "mc-"))
+            assert handle.worker_id.startswith("cpu-")
+        finally:
+            worker.stop()
+            mooncake.stop()
+
+
+@pytest.mark.integration
 def test_a_worker_keeps_serving_across_a_server_restart(tmp_path: Path) -> None:
     server = DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None).start()
     worker = _cpu_worker(server.address, tmp_path, "restart-")
