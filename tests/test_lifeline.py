@@ -30,7 +30,8 @@ def test_only_a_workers_own_engine_child_asks_to_die_with_it(monkeypatch: pytest
     assert asked == ([parent_pid] if asks else [])
 
 
-def test_engine_children_are_marked_with_pool_pid_and_model_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_engine_children_are_marked_with_pool_pid_and_model_dir(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
     monkeypatch.delenv(lifeline.ENGINE_MARK_ENV, raising=False)
     lifeline.mark_engine_children("h800", tmp_path / "m")
     assert os.environ[lifeline.ENGINE_MARK_ENV] == f"h800|{os.getpid()}|{(tmp_path / 'm').resolve()}"

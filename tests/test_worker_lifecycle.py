@@ -103,8 +103,8 @@ def test_a_worker_started_before_its_server_waits_then_serves(tmp_path: Path) ->
 def test_a_worker_waits_for_its_mooncake_master(tmp_path: Path) -> None:
     from rollart.infra.mooncake_service import MooncakeService
 
-    mooncake = MooncakeService(StoreConfig(kind="mooncake", path=tmp_path / "store", mooncake={"keeper_segment_mib": 64}),
-                               log_dir=tmp_path / "logs")  # fmt: skip
+    store = StoreConfig(kind="mooncake", path=tmp_path / "store", mooncake={"keeper_segment_mib": 64})
+    mooncake = MooncakeService(store, log_dir=tmp_path / "logs")
     with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
         worker = _cpu_worker(server.address, tmp_path / "store", "mc-", "--store-master", mooncake.address)
         try:
