@@ -100,6 +100,20 @@ def test_a_worker_started_before_its_server_waits_then_serves(tmp_path: Path) ->
 
 
 @pytest.mark.integration
+def test_sigterm_stops_a_worker_still_waiting_for_its_server(tmp_path: Path) -> None:
+    worker = _cpu_worker(f"127.0.0.1:{free_port()}", tmp_path, "term-")
+    try:
+        worker.wait_for("waiting for Temporal at", 30)
+        t0 = time.monotonic()
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(10) == 0
+        worker.wait_for("stopped while waiting for Temporal", 2)
+        assert time.monotonic() - t0 < 3
+    finally:
+        worker.stop()
+
+
+@pytest.mark.integration
 def test_a_worker_waits_for_its_mooncake_master(tmp_path: Path) -> None:
     from rollart.infra.mooncake_service import MooncakeService
 

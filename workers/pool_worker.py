@@ -22,10 +22,10 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["TrainerNodes", "WorkerSettings", "run_worker", "serve"]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class TrainerNodes(BaseModel):
@@ -116,9 +118,10 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
         if settings.nodes.node_rank > 0:
             await _follow_trainer_node0(settings, stop)
             return
-    backoff = Backoff(timeout_s=settings.connect_timeout_s)
-    await _wait_for_store(settings.store, backoff)
-    client = await connect(settings.temporal, settings.store, wait=backoff)
+    client = await _unless_stopped(_dependencies(settings), stop)
+    if client is None:
+        log.info("stopped while waiting for Temporal at %s", settings.temporal.address)
+        return
     worker_id = new_worker_id(settings.pool)
     async with _pool_workers(settings, client, worker_id) as workers:
         async with contextlib.AsyncExitStack() as stack:
@@ -133,6 +136,27 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
             await stop.wait()
             log.info("worker %s draining", worker_id)
     log.info("worker %s stopped", worker_id)
+
+
+async def _dependencies(settings: WorkerSettings) -> Client:
+    """Wait for the Mooncake master (if the store is Mooncake), then for Temporal; a client once both answer."""
+    backoff = Backoff(timeout_s=settings.connect_timeout_s)
+    await _wait_for_store(settings.store, backoff)
+    return await connect(settings.temporal, settings.store, wait=backoff)
+
+
+async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event) -> _T | None:
+    """`work`'s result, or None (the work cancelled) if `stop` is set first: SIGTERM ends a worker still waiting."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
 
 
 async def _wait_for_store(store: StoreConfig, backoff: Backoff) -> None:
