@@ -235,6 +235,31 @@ def test_a_forked_child_dies_with_its_sigkilled_parent_only_when_hooked(mode: st
             child.kill()
 
 
+@pytest.mark.integration
+def test_a_worker_started_by_a_stack_drains_and_exits_when_the_stack_is_killed(tmp_path: Path) -> None:
+    stack = subprocess.Popen([sys.executable, "-m", "tests.support.spawn_parent", str(tmp_path),
+                              f"127.0.0.1:{free_port()}"], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    assert stack.stdout is not None
+    worker = psutil.Process(int(stack.stdout.readline()))
+    try:
+        log = tmp_path / "logs" / "worker-cpu-0.log"
+        deadline = time.monotonic() + 30
+        while "waiting for Temporal" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+            time.sleep(0.1)
+        stack.kill()
+        stack.wait()
+        t0 = time.monotonic()
+        worker.wait(5)  # not our child: psutil raises TimeoutExpired if it is still there
+        print(f"worker exited {time.monotonic() - t0:.2f}s after its stack was SIGKILLed")
+        assert "stopped while waiting for Temporal" in log.read_text()  # SIGTERM from the kernel: a clean stop
+    finally:
+        with contextlib.suppress(psutil.Error):
+            worker.kill()
+        stack.kill()
+        stack.wait()
+
+
 @pytest.mark.chaos
 def test_a_sigkilled_generation_worker_leaves_no_process(tmp_path: Path, tiny_model: Path) -> None:
     gone = subprocess.Popen(["true"])

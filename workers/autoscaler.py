@@ -65,7 +65,7 @@ def spawn_worker(settings: WorkerSettings, name: str, home: Path) -> WorkerProce
     logs.mkdir(parents=True, exist_ok=True)
     ready = run / f"{name}.ready"
     ready.unlink(missing_ok=True)
-    settings = settings.model_copy(update={"ready_file": ready})
+    settings = settings.model_copy(update={"ready_file": ready, "parent_pid": os.getpid()})  # it dies with us
     settings_file = run / f"{name}.json"
     settings_file.write_text(settings.model_dump_json(indent=2))
     log_file = logs / f"worker-{name}.log"

@@ -92,6 +92,8 @@ class WorkerSettings(BaseModel):
     connect_timeout_s: float | None = Field(None, gt=0)
     """How long to wait for Temporal (and the Mooncake master) before exiting; None: as long as it takes."""
     ready_file: Path | None = None
+    parent_pid: int | None = None
+    """The local stack or autoscaler that started this worker: its death sends the worker SIGTERM (drain, exit)."""
 
     @classmethod
     def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
@@ -343,6 +345,9 @@ async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30
 
 def run_worker(settings: WorkerSettings) -> int:
     """Blocking entry point: serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
+
+    if settings.parent_pid is not None:  # started by a local stack or autoscaler: drain and exit when it dies
+        lifeline.die_with_parent(settings.parent_pid, signal.SIGTERM)
 
     async def main() -> None:
         stop = asyncio.Event()
