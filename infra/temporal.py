@@ -43,8 +43,9 @@ async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | 
     """A client for the job's server (the local default when no address is set).
 
     Without `wait` (clients) an unreachable server fails at once. With it (workers) a server that is
-    down or still starting is waited for, with `wait`'s backoff and limit; a malformed or unresolvable
-    address and a namespace the server lacks fail at once either way.
+    down or still starting is waited for, with `wait`'s backoff and limit, while a malformed or
+    unresolvable address (`TemporalAddressError`) or a namespace the server lacks (`NamespaceNotFound`)
+    fails at once.
     """
     address = temporal.address or DEFAULT_ADDRESS
     if wait is None:
@@ -56,9 +57,10 @@ async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | 
                 "Start one with `rollart up`, or pass --temporal-address HOST:PORT."
             ) from e
     _check_address(address)
+    converter = data_converter(store)
 
     async def attempt() -> Client:
-        client = await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store))
+        client = await Client.connect(address, namespace=temporal.namespace, data_converter=converter)
         await _check_namespace(client, address, temporal.namespace)
         return client
 
