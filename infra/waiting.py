@@ -8,13 +8,14 @@ missing namespace), or when its optional time limit runs out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["Backoff", "DependencyTimeout", "tcp_reachable", "wait_for"]
+__all__ = ["Backoff", "DependencyTimeout", "tcp_reachable", "unless_stopped", "wait_for"]
 
 log = logging.getLogger("rollart.waiting")
 
@@ -72,3 +73,17 @@ async def tcp_reachable(host: str, port: int, timeout_s: float = 3.0) -> None:
     _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
     writer.close()
     await writer.wait_closed()
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None (the work cancelled) if `stop` is set first: SIGTERM ends a process still waiting."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None

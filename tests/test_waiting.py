@@ -9,7 +9,7 @@ import pytest
 from rollart.cli.main import build_parser
 from rollart.cli.worker import worker_settings
 from rollart.infra.temporal import TemporalAddressError, _check_address, _transient
-from rollart.infra.waiting import Backoff, DependencyTimeout, wait_for
+from rollart.infra.waiting import Backoff, DependencyTimeout, unless_stopped, wait_for
 from temporalio.service import RPCError, RPCStatusCode
 
 REFUSED = ('Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError('
@@ -86,3 +86,23 @@ def test_connect_timeout_flag_sets_the_worker_setting() -> None:
     assert worker_settings(args, None).connect_timeout_s == 2.5
     args = build_parser().parse_args(["worker", "--pool", "cpu"])
     assert worker_settings(args, None).connect_timeout_s is None
+
+
+def test_unless_stopped_returns_the_result_or_cancels_the_work_when_stopped() -> None:
+    async def main() -> tuple[str | None, str | None, bool]:
+        stop = asyncio.Event()
+        done = await unless_stopped(asyncio.sleep(0, result="up"), stop)
+        cancelled = asyncio.Event()
+
+        async def forever() -> str:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return "never"
+
+        asyncio.get_running_loop().call_later(0.05, stop.set)
+        return done, await unless_stopped(forever(), stop), cancelled.is_set()
+
+    assert asyncio.run(main()) == ("up", None, True)

@@ -114,6 +114,18 @@ def test_sigterm_stops_a_worker_still_waiting_for_its_server(tmp_path: Path) -> 
 
 
 @pytest.mark.integration
+def test_the_autoscaler_waits_for_its_server_and_stops_on_sigterm(tmp_path: Path) -> None:
+    scaler = Lines([*ROLLART, "autoscale", "--min", "0", "--max", "1", "--temporal-address", f"127.0.0.1:{free_port()}",
+                    "--store-path", str(tmp_path / "store"), "--home", str(tmp_path)])  # fmt: skip
+    try:
+        scaler.wait_for("waiting for Temporal at 127.0.0.1:", 30)
+        scaler.proc.send_signal(signal.SIGTERM)
+        assert scaler.proc.wait(10) == 0, scaler.text
+    finally:
+        scaler.stop()
+
+
+@pytest.mark.integration
 def test_a_worker_waits_for_its_mooncake_master(tmp_path: Path) -> None:
     from rollart.infra.mooncake_service import MooncakeService
 

@@ -22,17 +22,17 @@ import socket
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
 from rollart.infra.temporal import connect
-from rollart.infra.waiting import Backoff, tcp_reachable, wait_for
+from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
 from rollart.workers import lifeline
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["TrainerNodes", "WorkerSettings", "run_worker", "serve"]
 
 log = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 
 class TrainerNodes(BaseModel):
@@ -120,7 +118,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
         if settings.nodes.node_rank > 0:
             await _follow_trainer_node0(settings, stop)
             return
-    client = await _unless_stopped(_dependencies(settings), stop)
+    client = await unless_stopped(_dependencies(settings), stop)
     if client is None:
         log.info("stopped while waiting for Temporal at %s", settings.temporal.address)
         return
@@ -145,20 +143,6 @@ async def _dependencies(settings: WorkerSettings) -> Client:
     backoff = Backoff(timeout_s=settings.connect_timeout_s)
     await _wait_for_store(settings.store, backoff)
     return await connect(settings.temporal, settings.store, wait=backoff)
-
-
-async def _unless_stopped(work: Awaitable[_T], stop: asyncio.Event) -> _T | None:
-    """`work`'s result, or None (the work cancelled) if `stop` is set first: SIGTERM ends a worker still waiting."""
-    task = asyncio.ensure_future(work)
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    return None
 
 
 async def _wait_for_store(store: StoreConfig, backoff: Backoff) -> None:
