@@ -272,6 +272,29 @@ def test_a_worker_started_by_a_stack_drains_and_exits_when_the_stack_is_killed(t
         stack.wait()
 
 
+@pytest.mark.integration
+def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path: Path) -> None:
+    stack = subprocess.Popen([sys.executable, "-m", "tests.support.server_parent", str(tmp_path)],
+                             stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    assert stack.stdout is not None
+    children = [psutil.Process(int(pid)) for pid in stack.stdout.readline().split()]
+    try:
+        assert len(children) == 3
+        assert [c.name() for c in children] == ["temporal", "mooncake_master", "mooncake_client"]  # exec kept the pid
+        stack.kill()
+        stack.wait()
+        t0 = time.monotonic()
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"outlived their SIGKILLed stack: {alive}"
+        print(f"dev server, Mooncake master and keeper gone {time.monotonic() - t0:.2f}s after the stack was killed")
+    finally:
+        for c in children:
+            with contextlib.suppress(psutil.Error):
+                c.kill()
+        stack.kill()
+        stack.wait()
+
+
 @pytest.mark.chaos
 def test_a_sigkilled_generation_worker_leaves_no_process(tmp_path: Path, tiny_model: Path) -> None:
     gone = subprocess.Popen(["true"])

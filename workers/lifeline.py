@@ -12,14 +12,14 @@ behind (`leftover_engines`).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
-import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from rollart.infra.parent_death import die_with_parent
 
 __all__ = ["DIE_WITH_PARENT_ENV", "ENGINE_MARK_ENV", "Leftover", "children_die_with_me", "die_with_parent",
            "leftover_engines", "mark_engine_children", "reclaim", "vllm_plugin"]  # fmt: skip
@@ -31,23 +31,8 @@ DIE_WITH_PARENT_ENV = "ROLLART_DIE_WITH_PARENT"
 ENGINE_MARK_ENV = "ROLLART_ENGINE_OF"
 """`<pool>|<worker pid>|<model dir>`, in the environment of every engine process a worker starts."""
 
-_PR_SET_PDEATHSIG = 1
 _forker: int | None = None  # the pid forking from its main thread, set just before a fork; read by the child
 _hooked = False
-
-
-def die_with_parent(parent: int | None = None, sig: signal.Signals = signal.SIGKILL) -> bool:
-    """Ask Linux to send `sig` to this process when its parent (pid `parent`) dies; exit now if it already has."""
-    parent = os.getppid() if parent is None else parent
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:  # not Linux: nothing to ask
-        return False
-    if libc.prctl(_PR_SET_PDEATHSIG, int(sig)) != 0:
-        return False
-    if os.getppid() != parent:  # the parent died before the request took effect
-        os._exit(1)
-    return True
 
 
 def children_die_with_me() -> None:
