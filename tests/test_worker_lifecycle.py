@@ -295,6 +295,29 @@ def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path
         stack.wait()
 
 
+@pytest.mark.integration
+def test_a_sigkilled_rollart_up_leaves_nothing_running(tmp_path: Path) -> None:
+    up = Lines([*ROLLART, "up", "--pools", "control,cpu,serverless", "--home", str(tmp_path), "--port",
+                str(free_port()), "--ui-port", str(free_port())])  # fmt: skip
+    family: list[psutil.Process] = []
+    try:
+        up.wait_for("Ctrl-C stops everything", 120)
+        family = psutil.Process(up.proc.pid).children(recursive=True)
+        names = sorted(p.name() for p in family)
+        assert "temporal" in names and len(family) >= 3, names  # the server, the control and cpu workers, ...
+        up.proc.kill()
+        up.proc.wait()
+        t0 = time.monotonic()
+        _, alive = psutil.wait_procs(family, timeout=20)
+        assert not alive, f"outlived their SIGKILLed `rollart up`: {alive}"
+        print(f"{names} of a SIGKILLed `rollart up` gone after {time.monotonic() - t0:.2f}s")
+    finally:
+        up.stop()
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
 @pytest.mark.chaos
 def test_a_sigkilled_generation_worker_leaves_no_process(tmp_path: Path, tiny_model: Path) -> None:
     gone = subprocess.Popen(["true"])
