@@ -35,3 +35,11 @@ def test_engine_children_are_marked_with_pool_pid_and_model_dir(monkeypatch: pyt
     monkeypatch.delenv(lifeline.ENGINE_MARK_ENV, raising=False)
     lifeline.mark_engine_children("h800", tmp_path / "m")
     assert os.environ[lifeline.ENGINE_MARK_ENV] == f"h800|{os.getpid()}|{(tmp_path / 'm').resolve()}"
+
+
+def test_the_vllm_plugin_is_installed_and_its_absence_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    assert lifeline.plugin_problem() is None  # pyproject's entry point, installed by `make setup`
+    monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
+    assert "VLLM_PLUGINS='lora_filesystem_resolver' leaves out the plugin 'rollart_die_with_parent'" in str(
+        lifeline.plugin_problem())

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from rollart.infra.parent_death import die_with_parent
 
-__all__ = ["DIE_WITH_PARENT_ENV", "ENGINE_MARK_ENV", "Leftover", "children_die_with_me", "die_with_parent",
-           "leftover_engines", "mark_engine_children", "reclaim", "vllm_plugin"]  # fmt: skip
+__all__ = ["DIE_WITH_PARENT_ENV", "ENGINE_MARK_ENV", "PLUGIN", "Leftover", "children_die_with_me", "die_with_parent",
+           "leftover_engines", "mark_engine_children", "plugin_problem", "reclaim", "vllm_plugin"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ DIE_WITH_PARENT_ENV = "ROLLART_DIE_WITH_PARENT"
 ENGINE_MARK_ENV = "ROLLART_ENGINE_OF"
 """`<pool>|<worker pid>|<model dir>`, in the environment of every engine process a worker starts."""
 
+PLUGIN = "rollart_die_with_parent"
+"""The entry point's name in pyproject.toml (group `vllm.general_plugins`)."""
 _forker: int | None = None  # the pid forking from its main thread, set just before a fork; read by the child
 _hooked = False
 
@@ -47,6 +49,19 @@ def children_die_with_me() -> None:
     if not _hooked:
         os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
         _hooked = True
+
+
+def plugin_problem() -> str | None:
+    """Why vLLM will not load `vllm_plugin` in its spawned engine processes (None: it will)."""
+    from importlib.metadata import entry_points
+
+    names = {ep.name for ep in entry_points(group="vllm.general_plugins") if ep.value.endswith(":vllm_plugin")}
+    if PLUGIN not in names:
+        return f"the vLLM plugin {PLUGIN!r} is not installed (re-run `make setup`, or `pip install -e .`)"
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN not in allowed.split(","):
+        return f"VLLM_PLUGINS={allowed!r} leaves out the plugin {PLUGIN!r}"
+    return None
 
 
 def mark_engine_children(pool: str, model_dir: Path) -> None:

@@ -293,6 +293,8 @@ async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
         ensure_tiny_model(settings.model_dir)  # the embedded default is built on first use
     _reclaim_leftover_engines(settings.pool, settings.model_dir)
     lifeline.children_die_with_me()  # the EngineCore child dies with this process, even a SIGKILLed one
+    if settings.engine.kind == "vllm" and (problem := lifeline.plugin_problem()):
+        log.warning("%s: a spawned vLLM engine would outlive this worker if it were killed", problem)
     lifeline.mark_engine_children(settings.pool.value, settings.model_dir)
     engine = create_engine(settings.model_dir, settings.engine)
     log.info("starting %s engine on %s", settings.engine.kind, settings.model_dir)
