@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
     s.add_argument("--store-master", metavar="HOST:PORT",
                    help="Mooncake master to use (sets store.kind: mooncake; its keeper holds the data)")
+    s.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                   help="give up (exit 1) if Temporal, or the job's Mooncake master, is still unreachable after this "
+                   "long (default: wait as long as it takes, retrying with backoff up to every 10 s)")
     t = s.add_argument_group("trainer nodes", "a multi-node trainer: one `rollart worker --pool trainer` per node "
                              "(torchrun-style); each starts its share of the job's trainer.parallel ranks")
     t.add_argument("--nnodes", type=int, default=1, help="trainer nodes in all (default 1)")
@@ -51,11 +55,18 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--pool is required (one of control, cpu, h800, h20, serverless)")
         settings = worker_settings(args, read_spec(args.job) if args.job else None)
     from rollart.activities.training.devices import DeviceUnavailable
+    from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError
+    from rollart.infra.waiting import DependencyTimeout
 
     try:
         return run_worker(settings)
     except DeviceUnavailable as e:
         raise UserError(f"the {settings.pool.value} worker cannot run on this machine: {e}") from e
+    except (NamespaceNotFound, TemporalAddressError) as e:
+        raise UserError(str(e)) from e
+    except DependencyTimeout as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
@@ -72,6 +83,10 @@ def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSett
     check_store(settings)
     if pool in GENERATION_POOLS:
         check_model_dir(settings.model_dir, "--model-dir" if args.model_dir else str(args.job))
+    if args.connect_timeout is not None:
+        if args.connect_timeout <= 0:
+            raise UserError(f"--connect-timeout must be positive, got {args.connect_timeout:g}")
+        settings = settings.model_copy(update={"connect_timeout_s": args.connect_timeout})
     if args.nnodes != 1 or args.node_rank or args.rdzv:
         settings = settings.model_copy(update={"nodes": _trainer_nodes(args, settings, job)})
     return settings

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rollart.infra.parent_death import guarded
+
 __all__ = ["DevServer", "DevServerError", "find_temporal_cli", "port_in_use", "free_port"]
 
 log = logging.getLogger(__name__)
@@ -125,7 +127,9 @@ class DevServer:
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         log.info("starting Temporal dev server: %s", " ".join(self.command()))
-        self._proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # its own session (a terminal's Ctrl-C reaches the stack, which stops it in order), but it dies with us
+        self._proc = subprocess.Popen(guarded(self.command()), stdout=out, stderr=subprocess.STDOUT,
+                                      start_new_session=True)  # fmt: skip
         if out is not subprocess.DEVNULL:
             out.close()
         self._wait_healthy(timeout_s)

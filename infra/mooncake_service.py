@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rollart.infra.config import StoreConfig
 from rollart.infra.devserver import free_port
+from rollart.infra.parent_death import guarded
 from rollart.infra.mooncake_store import mooncake_env
 from rollart.infra.store import StoreError
 
@@ -127,8 +128,8 @@ class MooncakeService:
 
     def _spawn(self, cmd: list[str], log_name: str) -> subprocess.Popen:
         with open(self.log_dir / log_name, "ab") as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **mooncake_env()},
-                                    start_new_session=True)  # fmt: skip
+            env = {**os.environ, **mooncake_env()}  # its own session, but it dies with the stack (parent_death)
+            return subprocess.Popen(guarded(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def _wait_until(self, ready: Callable[[], bool], proc: subprocess.Popen, what: str, log_name: str,
                     timeout_s: float) -> None:  # fmt: skip

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.payload_storage import external_storage
 from rollart.infra.store import open_store
+from rollart.infra.waiting import Backoff, wait_for
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
+from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["DEFAULT_ADDRESS", "connect", "data_converter", "ui_url"]
+__all__ = ["DEFAULT_ADDRESS", "NamespaceNotFound", "TemporalAddressError", "connect", "data_converter", "ui_url"]
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 
@@ -24,16 +28,83 @@ def data_converter(store: StoreConfig) -> DataConverter:
     )
 
 
-async def connect(temporal: TemporalConfig, store: StoreConfig) -> Client:
-    """A client for the job's server (the local default when no address is set)."""
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
+
+
+class TemporalAddressError(ConnectionError):
+    """The address cannot name a server (malformed, or a host that does not resolve): waiting will not help."""
+
+
+class NamespaceNotFound(ConnectionError):
+    """The server answers but has no such namespace: waiting will not help."""
+
+
+async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | None = None) -> Client:
+    """A client for the job's server (the local default when no address is set).
+
+    Without `wait` (clients) an unreachable server fails at once. With it (workers) a server that is
+    down or still starting is waited for, with `wait`'s backoff and limit, while a malformed or
+    unresolvable address (`TemporalAddressError`) or a namespace the server lacks (`NamespaceNotFound`)
+    fails at once.
+    """
     address = temporal.address or DEFAULT_ADDRESS
+    if wait is None:
+        try:
+            return await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store))
+        except RuntimeError as e:
+            raise ConnectionError(
+                f"cannot reach the Temporal server at {address} (namespace {temporal.namespace!r}): {e}. "
+                "Start one with `rollart up`, or pass --temporal-address HOST:PORT."
+            ) from e
+    _check_address(address)
+    converter = data_converter(store)
+
+    async def attempt() -> Client:
+        client = await Client.connect(address, namespace=temporal.namespace, data_converter=converter)
+        await _check_namespace(client, address, temporal.namespace)
+        return client
+
+    return await wait_for(f"Temporal at {address}", attempt, lambda e: _transient(e, address), wait)
+
+
+def _check_address(address: str) -> None:
+    """HOST:PORT with a port in range; anything else is a configuration error, not a server that is down."""
+    m = _HOST_PORT.match(address)
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        raise TemporalAddressError(f"bad Temporal address {address!r}: expected HOST:PORT (e.g. 127.0.0.1:7233)")
+
+
+async def _check_namespace(client: Client, address: str, namespace: str) -> None:
+    """Fail at once, naming it, when the server has no such namespace (Client.connect does not check)."""
     try:
-        return await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store))
-    except RuntimeError as e:
-        raise ConnectionError(
-            f"cannot reach the Temporal server at {address} (namespace {temporal.namespace!r}): {e}. "
-            "Start one with `rollart up`, or pass --temporal-address HOST:PORT."
-        ) from e
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=namespace))
+    except RPCError as e:
+        if e.status is RPCStatusCode.NOT_FOUND:
+            raise NamespaceNotFound(
+                f"the Temporal server at {address} has no namespace {namespace!r}: create it "
+                f"(`temporal operator namespace create --namespace {namespace}`) or pass --namespace"
+            ) from e
+        raise
+
+
+def _transient(e: BaseException, address: str) -> str | None:
+    """Why `e` is worth waiting out (the server is down, starting or restarting), or None to fail now."""
+    text = str(e)
+    if isinstance(e, RPCError):
+        return f"{e.status.name if e.status else 'error'}: {e.message}" if e.status in _TRANSIENT_RPC else None
+    if not isinstance(e, RuntimeError):
+        return None
+    if "dns error" in text:
+        raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {text}") from e
+    for needle, why in (("ConnectionRefused", "connection refused"), ("Connection refused", "connection refused"),
+                        ("ConnectionReset", "connection reset"), ("timed out", "timed out"),
+                        ("Unavailable", "unavailable"), ("tcp connect error", "cannot connect")):  # fmt: skip
+        if needle in text:
+            return why
+    return None
+
+
+_TRANSIENT_RPC = {RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED}
 
 
 def ui_url(ui_base: str, namespace: str, workflow_id: str, run_id: str | None = None) -> str:

@@ -29,6 +29,7 @@ from rollart.infra.backlog import QueueStats, queue_stats
 from rollart.infra.pools import queue_name
 from rollart.infra.config import ElasticPoolConfig
 from rollart.infra.temporal import connect
+from rollart.infra.waiting import Backoff, unless_stopped
 from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleDecision, ScaleState, decide
 
@@ -65,7 +66,7 @@ def spawn_worker(settings: WorkerSettings, name: str, home: Path) -> WorkerProce
     logs.mkdir(parents=True, exist_ok=True)
     ready = run / f"{name}.ready"
     ready.unlink(missing_ok=True)
-    settings = settings.model_copy(update={"ready_file": ready})
+    settings = settings.model_copy(update={"ready_file": ready, "parent_pid": os.getpid()})  # it dies with us
     settings_file = run / f"{name}.json"
     settings_file.write_text(settings.model_dump_json(indent=2))
     log_file = logs / f"worker-{name}.log"
@@ -172,8 +173,11 @@ class Autoscaler:
 
     async def run(self, stop: asyncio.Event, stats: StatsReader | None = None) -> None:
         """Poll, decide, reconcile; on `stop`, SIGTERM every worker and wait for them to drain."""
-        if stats is None:
-            client = await connect(self.procs.settings.temporal, self.procs.settings.store)
+        if stats is None:  # a server that is down or still starting is waited for, as the workers do
+            settings = self.procs.settings
+            client = await unless_stopped(connect(settings.temporal, settings.store, wait=Backoff()), stop)
+            if client is None:
+                return
 
             async def stats() -> QueueStats:
                 return await queue_stats(client, self.queue)

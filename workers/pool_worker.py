@@ -32,6 +32,8 @@ from rollart.activities.engines.base import Engine
 from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
 from rollart.infra.temporal import connect
+from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
+from rollart.workers import lifeline
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -85,7 +87,11 @@ class WorkerSettings(BaseModel):
     trainer: TrainerConfig = TrainerConfig()
     """Trainer pool: the job's trainer section (the megatron backend's ranks are laid out by it)."""
     nodes: TrainerNodes = TrainerNodes()
+    connect_timeout_s: float | None = Field(None, gt=0)
+    """How long to wait for Temporal (and the Mooncake master) before exiting; None: as long as it takes."""
     ready_file: Path | None = None
+    parent_pid: int | None = None
+    """The local stack or autoscaler that started this worker: its death sends the worker SIGTERM (drain, exit)."""
 
     @classmethod
     def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
@@ -112,7 +118,10 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
         if settings.nodes.node_rank > 0:
             await _follow_trainer_node0(settings, stop)
             return
-    client = await connect(settings.temporal, settings.store)
+    client = await unless_stopped(_dependencies(settings), stop)
+    if client is None:
+        log.info("stopped while waiting for Temporal at %s", settings.temporal.address)
+        return
     worker_id = new_worker_id(settings.pool)
     async with _pool_workers(settings, client, worker_id) as workers:
         async with contextlib.AsyncExitStack() as stack:
@@ -127,6 +136,29 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
             await stop.wait()
             log.info("worker %s draining", worker_id)
     log.info("worker %s stopped", worker_id)
+
+
+async def _dependencies(settings: WorkerSettings) -> Client:
+    """Wait for the Mooncake master (if the store is Mooncake), then for Temporal; a client once both answer."""
+    backoff = Backoff(timeout_s=settings.connect_timeout_s)
+    await _wait_for_store(settings.store, backoff)
+    return await connect(settings.temporal, settings.store, wait=backoff)
+
+
+async def _wait_for_store(store: StoreConfig, backoff: Backoff) -> None:
+    """A Mooncake store's master must answer before the store opens (its client would give up after ~5 s)."""
+    master = store.mooncake.master if store.kind == "mooncake" else None
+    if not master:
+        return
+    host, _, port = master.rpartition(":")
+
+    def transient(e: BaseException) -> str | None:
+        if isinstance(e, socket.gaierror):  # a host that does not resolve is a typo, not a master still starting
+            return None
+        return f"{type(e).__name__}: {e}" if isinstance(e, OSError | asyncio.TimeoutError) else None
+
+    await wait_for(f"the Mooncake master at {master}", lambda: tcp_reachable(host.strip("[]"), int(port)),
+                   transient, backoff)  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -259,6 +291,11 @@ async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
 
     if settings.model_dir == WorkerSettings.model_fields["model_dir"].default:
         ensure_tiny_model(settings.model_dir)  # the embedded default is built on first use
+    _reclaim_leftover_engines(settings.pool, settings.model_dir)
+    lifeline.children_die_with_me()  # the EngineCore child dies with this process, even a SIGKILLed one
+    if settings.engine.kind == "vllm" and (problem := lifeline.plugin_problem()):
+        log.warning("%s: a spawned vLLM engine would outlive this worker if it were killed", problem)
+    lifeline.mark_engine_children(settings.pool.value, settings.model_dir)
     engine = create_engine(settings.model_dir, settings.engine)
     log.info("starting %s engine on %s", settings.engine.kind, settings.model_dir)
     await engine.start()
@@ -266,6 +303,18 @@ async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
         yield engine
     finally:
         await engine.shutdown()
+
+
+def _reclaim_leftover_engines(pool: Pool, model_dir: Path) -> None:
+    """Report engine processes a dead worker of this pool left behind; end those on this model dir (ours to end)."""
+    leftovers = lifeline.leftover_engines(pool.value)
+    if not leftovers:
+        return
+    killed = {left.pid for left in lifeline.reclaim(leftovers, model_dir)}
+    for left in leftovers:
+        what = "killed it" if left.pid in killed else f"left running (model dir {left.model_dir})"
+        log.warning("leftover %s engine of dead worker pid %d: pid %d, %.0f MiB resident: %s", left.pool,
+                    left.worker_pid, left.pid, left.rss_mib, what)  # fmt: skip
 
 
 async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30.0) -> None:
@@ -282,6 +331,9 @@ async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30
 
 def run_worker(settings: WorkerSettings) -> int:
     """Blocking entry point: serve until SIGINT/SIGTERM, then drain. Returns the exit code."""
+
+    if settings.parent_pid is not None:  # started by a local stack or autoscaler: drain and exit when it dies
+        lifeline.die_with_parent(settings.parent_pid, signal.SIGTERM)
 
     async def main() -> None:
         stop = asyncio.Event()
