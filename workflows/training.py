@@ -19,10 +19,19 @@ from collections.abc import Awaitable
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from rollart.contracts.activities import ActivityName, SampleRef, TrainStepInput, TrainStepResult
+    from rollart.contracts.activities import (
+        ActivityName,
+        DescribeQueuesInput,
+        DescribeQueuesResult,
+        QueueState,
+        SampleRef,
+        TrainStepInput,
+        TrainStepResult,
+    )
     from rollart.contracts.rollouts import (
         BatchRolloutInput,
         GroupRolloutInput,
@@ -45,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import TaskSpec
     from rollart.infra.pools import Pool, queue_name
-    from rollart.workflows import policies
+    from rollart.workflows import policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
@@ -68,6 +77,7 @@ class TrainingWorkflow:
         self.s = inp.state or TrainingState()
         self.finishing = False
         self.done = False
+        self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
 
     # ------------------------------------------------------------ control surface
 
@@ -80,6 +90,8 @@ class TrainingWorkflow:
         """
         if self.finishing:
             return
+        if any(r.trajectory_id in self.s.in_flight for r in results):
+            self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
         for r in results:
             running = self.s.in_flight.pop(r.trajectory_id, None)
             if running is None:
@@ -122,7 +134,7 @@ class TrainingWorkflow:
             in_flight=len(self.s.in_flight), buffered=len(self.s.buffer),
             paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
             ledger_balanced=self.s.ledger_balanced, history=self.s.history, started_at=self.s.started_at,
-            restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored,
+            restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored, stalls=self.s.stall.stalls,
         )  # fmt: skip
 
     # ------------------------------------------------------------ the loop
@@ -131,6 +143,21 @@ class TrainingWorkflow:
     async def run(self, inp: TrainingInput) -> TrainingResult:
         if inp.state is None:
             self.s.started_at = workflow.now().timestamp()
+        if not (self.plan.training.stall.enabled and workflow.patched("stall-detection")):
+            return await self._loop(inp)
+        watcher = asyncio.create_task(self._watch_stalls())
+        loop = asyncio.create_task(self._loop(inp))
+        await workflow.wait_condition(lambda: loop.done() or self.fatal is not None)
+        watcher.cancel()
+        if not loop.done() and self.fatal is not None:
+            loop.cancel()
+            self.finishing = True
+            await self._cancel_in_flight()
+            raise self.fatal
+        return loop.result()
+
+    async def _loop(self, inp: TrainingInput) -> TrainingResult:
+        """Launch, wait, train, continue-as-new now and then; the job's result at the end."""
         t = self.plan.training
         steps_this_run = 0
         # Wake up for stale ready groups too: when they fill the buffer, nothing else would ever wake the loop.
@@ -327,6 +354,7 @@ class TrainingWorkflow:
         )
         self.s.step = result.version
         self.s.trained += len(batch)
+        self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
 
@@ -349,12 +377,7 @@ class TrainingWorkflow:
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
         self.finishing = True
-        in_flight = sorted(set(self._in_flight_workflows()))
-        for wid in in_flight:
-            try:
-                await workflow.get_external_workflow_handle(wid).cancel()
-            except Exception as err:  # already finished between its signal and now
-                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+        await self._cancel_in_flight()
         self.done = True
         return TrainingResult(
             job_id=self.inp.job_id, steps=self.s.step, version=self.s.step,
@@ -362,6 +385,54 @@ class TrainingWorkflow:
             cancelled_in_flight=len(self.s.in_flight), buffered_unused=len(self.s.buffer),
             last=self.s.history[-1] if self.s.history else None,
         )  # fmt: skip
+
+    async def _cancel_in_flight(self) -> None:
+        """Cancel the workflows of the trajectories still in flight (their results can no longer be used)."""
+        for wid in sorted(set(self._in_flight_workflows())):
+            try:
+                await workflow.get_external_workflow_handle(wid).cancel()
+            except Exception as err:  # already finished between its signal and now
+                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+
+    # ------------------------------------------------------------ stalls
+
+    async def _watch_stalls(self) -> None:
+        """Every `check_every_s`: describe the job's queues (one small activity) and keep the stall bookkeeping."""
+        cfg = self.plan.training.stall
+        pools = stalls.watched_pools(self.plan.tasks)
+        inp = DescribeQueuesInput(queues=[queue_name(p, self.plan.queue_prefix) for p in pools])
+        while True:
+            await workflow.sleep(cfg.check_every_s)
+            try:
+                res: DescribeQueuesResult = await workflow.execute_activity(
+                    ActivityName.DESCRIBE_QUEUES.value, inp, task_queue=self._queue(Pool.CONTROL),
+                    result_type=DescribeQueuesResult, **policies.DESCRIBE_QUEUES.kwargs(),
+                )  # fmt: skip
+            except ActivityError as err:
+                workflow.logger.warning("stall check skipped: %s", err.cause or err)
+                continue
+            self._checked(dict(zip(pools, res.queues)))
+
+    def _checked(self, queues: dict[str, QueueState]) -> None:
+        """Update the stalls from one check; say so in the log and the UI when they appear or clear."""
+        cfg = self.plan.training.stall
+        before = {(x.reason, x.pool) for x in self.s.stall.stalls}
+        self.s.stall = stalls.check(self.s.stall, queues, workflow.now().timestamp(), len(self.s.in_flight), cfg)
+        now = {(x.reason, x.pool) for x in self.s.stall.stalls}
+        for x in self.s.stall.stalls:
+            if (x.reason, x.pool) not in before:
+                workflow.logger.warning("job %s stalled: %s", self.inp.job_id, x.describe())
+        for reason, pool in before - now:
+            workflow.logger.info("job %s: stall cleared (%s%s)", self.inp.job_id, reason, f" on {pool}" if pool else "")
+        if before or now:
+            workflow.set_current_details(stalls.summary(self.s.stall.stalls))
+        over = stalls.overdue(self.s.stall, cfg)
+        if over is not None:
+            self.fatal = ApplicationError(
+                f"job {self.inp.job_id} stalled: {over.describe()}; gave up after training.stall.fail_after_s = "
+                f"{cfg.fail_after_s:g} s (start a worker for the pool, or raise or unset fail_after_s)",
+                {"reason": over.reason, "pool": over.pool, "since": over.since}, type="JobStalled", non_retryable=True,
+            )  # fmt: skip
 
     def _in_flight_workflows(self) -> list[str]:
         """Workflow ids behind the in-flight trajectories (a lockstep batch or a group wave is one workflow)."""
