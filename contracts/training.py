@@ -9,7 +9,7 @@ from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "Stall", "StallWatch", "TrainingPlan", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
+__all__ = ["InFlight", "Stall", "StallWatch", "stall_summary", "TrainingPlan", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
@@ -58,6 +58,11 @@ class Stall(BaseModel):
         if self.reason == "no_worker":
             return f"no worker on {self.pool} for {for_s:.0f} s, {self.backlog} activities waiting"
         return f"no trajectory finished for {for_s:.0f} s, {self.in_flight} in flight"
+
+
+def stall_summary(stalls: list[Stall], now: float | None = None) -> str:
+    """"stalled: no worker on h800 for 60 s, 10 activities waiting; ..." or "" when nothing is stalled."""
+    return "stalled: " + "; ".join(x.describe(now) for x in stalls) if stalls else ""
 
 
 class StallWatch(BaseModel):

@@ -101,3 +101,35 @@ def test_old_status_and_state_payloads_still_decode() -> None:
                             stopping=False, done=False, ledger_balanced=True)  # fmt: skip
     assert status.stalls == []
     assert TrainingConfig.model_validate({"steps": 3}).stall.enabled
+
+
+def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import time
+
+    from rollart.cli import status as cli_status
+    from rollart.client import train as client_train
+    from rollart.contracts.training import Stall
+    from rollart.infra import temporal
+
+    now = time.time()
+    stall = Stall(reason="no_worker", pool="h800", since=now - 60, seen_at=now - 1, backlog=10, reported=True)
+    status = TrainingStatus(job_id="j", step=1, steps=3, version=1, async_bound=1, rollout_mode="trajectory",
+                            started=8, trained=4, dropped=0, failed=0, in_flight=4, buffered=0, paused=False,
+                            stopping=False, done=False, ledger_balanced=True, stalls=[stall])  # fmt: skip
+
+    class _Client:
+        def get_workflow_handle(self, job_id: str) -> str:
+            return job_id
+
+    async def connect(*_: object) -> _Client:
+        return _Client()
+
+    async def status_of(_: object) -> TrainingStatus:
+        return status
+
+    monkeypatch.setattr(temporal, "connect", connect)
+    monkeypatch.setattr(client_train, "status_of", status_of)
+    args = argparse.Namespace(job_id="j", temporal_address="127.0.0.1:1", namespace="default")
+    assert cli_status.run(args) == 0
+    assert "STALLED: no worker on h800 for 60 s, 10 activities waiting (since " in capsys.readouterr().out

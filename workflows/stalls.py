@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 from rollart.contracts.activities import QueueState
-from rollart.contracts.training import Stall, StallWatch
+from rollart.contracts.training import Stall, StallWatch, stall_summary
 from rollart.infra.config import StallConfig, TaskSpec
 from rollart.infra.pools import Pool
 
@@ -79,6 +79,4 @@ def overdue(watch: StallWatch, cfg: StallConfig) -> Stall | None:
     return next((x for x in watch.stalls if x.seen_at - x.since >= cfg.fail_after_s), None)
 
 
-def summary(stalls: list[Stall], now: float | None = None) -> str:
-    """"stalled: no worker on h800 for 60 s, 10 activities waiting; ..." or "" when nothing is stalled."""
-    return "stalled: " + "; ".join(x.describe(now) for x in stalls) if stalls else ""
+summary = stall_summary

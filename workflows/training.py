@@ -378,6 +378,9 @@ class TrainingWorkflow:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
         self.finishing = True
         await self._cancel_in_flight()
+        if self.s.stall.open:  # a job that ends is stalled no more
+            self.s.stall = self.s.stall.model_copy(update={"open": []})
+            workflow.set_current_details("")
         self.done = True
         return TrainingResult(
             job_id=self.inp.job_id, steps=self.s.step, version=self.s.step,

@@ -1,0 +1,100 @@
+"""Stall detection against a real dev server: a generation pool with no worker is reported, clears, or ends the job.
+
+The stand-ins serve every pool but `h800` at first, so every trajectory's `generate` waits on a queue nobody polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
+from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.pools import Pool, queue_name
+from rollart.infra.search_attributes import ensure_registered
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.support.standins import StandIns, full_marks, standin_workers
+from tests.support.tasks import frozenlake_task, with_queue_prefix
+
+pytestmark = pytest.mark.orchestration
+
+FAST = {"check_every_s": 1, "no_worker_after_s": 2, "no_progress_min_s": 120}
+
+
+def job(prefix: str, **stall: object) -> JobSpec:
+    """2 steps of 4 FrozenLake trajectories (groups of 2) on h800, with stall checks every second."""
+    spec = JobSpec(name="stall", tasks=[frozenlake_task(group_size=2, max_turns=2)],
+                   training=TrainingConfig(steps=2, batch_size=4, stall={**FAST, **stall}))  # fmt: skip
+    return with_queue_prefix(spec, prefix)
+
+
+async def start(env: WorkflowEnvironment, spec: JobSpec, prefix: str) -> WorkflowHandle:
+    await ensure_registered(env.client)
+    job_id = f"stall-{uuid.uuid4().hex[:8]}"
+    return await env.client.start_workflow(
+        "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
+        task_queue=queue_name(Pool.CONTROL, prefix), result_type=TrainingResult,
+    )  # fmt: skip
+
+
+async def status_until(handle: WorkflowHandle, ok, timeout_s: float = 30.0) -> TrainingStatus:  # noqa: ANN001
+    """Query `status` every 0.25 s until `ok(status)`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = await handle.query("status", result_type=TrainingStatus)
+        if ok(status) or time.monotonic() > deadline:
+            return status
+        await asyncio.sleep(0.25)
+
+
+async def details(handle: WorkflowHandle) -> str:
+    """The workflow's current details, as the Temporal UI shows them."""
+    meta = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    return meta.current_details
+
+
+async def test_a_pool_without_workers_is_reported_then_clears(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    t0 = time.monotonic()
+    timeline: list[str] = []
+    async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
+        handle = await start(bare_env, job(queue_prefix), queue_prefix)
+        timeline.append(f"{time.monotonic() - t0:5.1f} s  job started, no worker on h800")
+        stalled = await status_until(handle, lambda s: s.stalls)
+        [stall] = stalled.stalls
+        assert (stall.reason, stall.pool) == ("no_worker", "h800") and stall.backlog > 0
+        assert stall.seen_at - stall.since >= FAST["no_worker_after_s"]
+        assert (await details(handle)).startswith("stalled: no worker on h800 for ")
+        timeline.append(f"{time.monotonic() - t0:5.1f} s  reported: {stall.describe()}")
+        async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix),
+                          activities=[w.generate, w.generate_batch]):  # fmt: skip
+            timeline.append(f"{time.monotonic() - t0:5.1f} s  h800 worker started")
+            cleared = await status_until(handle, lambda s: not s.stalls)
+            assert cleared.stalls == []
+            timeline.append(f"{time.monotonic() - t0:5.1f} s  stall cleared at step {cleared.step}")
+            result = await asyncio.wait_for(handle.result(), 60)
+            timeline.append(f"{time.monotonic() - t0:5.1f} s  job finished: {result.steps} steps")
+        status = await handle.query("status", result_type=TrainingStatus)
+        assert await details(handle) == ""
+    print("\n" + "\n".join(timeline))
+    assert result.version == 2 and status.ledger_balanced and status.stalls == []
+    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+                              + result.buffered_unused)  # fmt: skip
+
+
+async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
+        handle = await start(bare_env, job(queue_prefix, fail_after_s=3), queue_prefix)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 60)
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "JobStalled" and cause.non_retryable
+    assert "no worker on h800" in cause.message and "fail_after_s = 3 s" in cause.message
