@@ -14,11 +14,12 @@ from rollart.contracts.training import TrainingInput, TrainingResult, TrainingSt
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
+from rollart.workflows import ALL_WORKFLOWS
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
@@ -28,10 +29,10 @@ pytestmark = pytest.mark.orchestration
 FAST = {"check_every_s": 1, "no_worker_after_s": 2, "no_progress_min_s": 120}
 
 
-def job(prefix: str, **stall: object) -> JobSpec:
-    """2 steps of 4 FrozenLake trajectories (groups of 2) on h800, with stall checks every second."""
+def job(prefix: str, steps: int = 2, **stall: object) -> JobSpec:
+    """`steps` steps of 4 FrozenLake trajectories (groups of 2) on h800, with stall checks every second."""
     spec = JobSpec(name="stall", tasks=[frozenlake_task(group_size=2, max_turns=2)],
-                   training=TrainingConfig(steps=2, batch_size=4, stall={**FAST, **stall}))  # fmt: skip
+                   training=TrainingConfig(steps=steps, batch_size=4, stall={**FAST, **stall}))  # fmt: skip
     return with_queue_prefix(spec, prefix)
 
 
@@ -60,12 +61,19 @@ async def details(handle: WorkflowHandle) -> str:
     return meta.current_details
 
 
+async def assert_replays(env: WorkflowEnvironment, handle: WorkflowHandle) -> None:
+    """The run's history (stall checks, current details, the failure) replays deterministically."""
+    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=env.client.data_converter)
+    result = await replayer.replay_workflow(await handle.fetch_history(), raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+
+
 async def test_a_pool_without_workers_is_reported_then_clears(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
-    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=0.2)
     t0 = time.monotonic()
     timeline: list[str] = []
     async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
-        handle = await start(bare_env, job(queue_prefix), queue_prefix)
+        handle = await start(bare_env, job(queue_prefix, steps=12), queue_prefix)
         timeline.append(f"{time.monotonic() - t0:5.1f} s  job started, no worker on h800")
         stalled = await status_until(handle, lambda s: s.stalls)
         [stall] = stalled.stalls
@@ -77,14 +85,15 @@ async def test_a_pool_without_workers_is_reported_then_clears(bare_env: Workflow
                           activities=[w.generate, w.generate_batch]):  # fmt: skip
             timeline.append(f"{time.monotonic() - t0:5.1f} s  h800 worker started")
             cleared = await status_until(handle, lambda s: not s.stalls)
-            assert cleared.stalls == []
+            assert cleared.stalls == [] and not cleared.done  # cleared by a check, while the job runs on
             timeline.append(f"{time.monotonic() - t0:5.1f} s  stall cleared at step {cleared.step}")
             result = await asyncio.wait_for(handle.result(), 60)
             timeline.append(f"{time.monotonic() - t0:5.1f} s  job finished: {result.steps} steps")
         status = await handle.query("status", result_type=TrainingStatus)
         assert await details(handle) == ""
     print("\n" + "\n".join(timeline))
-    assert result.version == 2 and status.ledger_balanced and status.stalls == []
+    assert result.version == 12 and status.ledger_balanced and status.stalls == []
+    await assert_replays(bare_env, handle)
     assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
 
@@ -98,3 +107,4 @@ async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnviron
     cause = failure.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "JobStalled" and cause.non_retryable
     assert "no worker on h800" in cause.message and "fail_after_s = 3 s" in cause.message
+    await assert_replays(bare_env, handle)
