@@ -9,7 +9,8 @@ from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "Stall", "StallWatch", "stall_summary", "TrainingPlan", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
+__all__ = ["InFlight", "Stall", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
+           "TrainingState", "TrainingStatus", "stall_summary"]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""

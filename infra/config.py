@@ -388,6 +388,8 @@ class StallConfig(_Strict):
     no_progress_factor: float = Field(10.0, gt=1.0)
     no_progress_min_s: float = Field(60.0, ge=0.0)
     fail_after_s: float | None = Field(None, gt=0.0)
+    history_events_max: int = Field(10_000, ge=100, description="while stalled, continue-as-new once the run's "
+                                    "history has this many events (a long stall adds ~11 per check)")
 
 
 class TrainingConfig(_Strict):

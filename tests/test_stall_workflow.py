@@ -108,3 +108,23 @@ async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnviron
     assert isinstance(cause, ApplicationError) and cause.type == "JobStalled" and cause.non_retryable
     assert "no worker on h800" in cause.message and "fail_after_s = 3 s" in cause.message
     await assert_replays(bare_env, handle)
+
+
+async def test_a_long_stall_continues_as_new_and_keeps_its_clock(bare_env: WorkflowEnvironment,
+                                                                 queue_prefix: str) -> None:  # fmt: skip
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
+        handle = await start(bare_env, job(queue_prefix, check_every_s=0.5, history_events_max=100), queue_prefix)
+        first_run = (await handle.describe()).run_id
+        deadline = time.monotonic() + 60
+        while (await handle.describe()).run_id == first_run and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+        assert (await handle.describe()).run_id != first_run  # stalled, its history full: a fresh run
+        [stall] = (await status_until(handle, lambda s: s.stalls)).stalls
+        assert stall.pool == "h800" and stall.seen_at - stall.since >= 2.0  # the same stall, its clock carried over
+        async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix),
+                          activities=[w.generate, w.generate_batch]):  # fmt: skip
+            result = await asyncio.wait_for(handle.result(), 60)
+    assert result.version == 2 and len(w.trained_ids) == len(set(w.trained_ids)) == result.trained
+    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+                              + result.buffered_unused)  # fmt: skip

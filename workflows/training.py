@@ -78,6 +78,7 @@ class TrainingWorkflow:
         self.finishing = False
         self.done = False
         self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
+        self.parked = False  # the loop waits for work between launches and steps
 
     # ------------------------------------------------------------ control surface
 
@@ -147,13 +148,18 @@ class TrainingWorkflow:
             return await self._loop(inp)
         watcher = asyncio.create_task(self._watch_stalls())
         loop = asyncio.create_task(self._loop(inp))
-        await workflow.wait_condition(lambda: loop.done() or self.fatal is not None)
+        await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
         watcher.cancel()
         if not loop.done() and self.fatal is not None:
             loop.cancel()
             self.finishing = True
             await self._cancel_in_flight()
             raise self.fatal
+        if not loop.done():  # stalled long, parked between launches: a fresh history, the same state
+            loop.cancel()
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir,
+                                                   state=self.s))  # fmt: skip
         return loop.result()
 
     async def _loop(self, inp: TrainingInput) -> TrainingResult:
@@ -164,10 +170,12 @@ class TrainingWorkflow:
         wake_on_stale = workflow.patched("wake-on-stale-groups")
         while self.s.step < t.steps and not self.s.stop_requested:
             await self._launch()
+            self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
             await workflow.wait_condition(
                 lambda: self._batch_ready() or self._can_launch() or self._stalled() or self.s.stop_requested
                 or (wake_on_stale and self._stale_ready())
             )
+            self.parked = False
             self._drop_stale()
             if self._batch_ready() or self._stalled():
                 await self._train_step()
@@ -415,6 +423,11 @@ class TrainingWorkflow:
                 workflow.logger.warning("stall check skipped: %s", err.cause or err)
                 continue
             self._checked(dict(zip(pools, res.queues)))
+
+    def _stalled_history_full(self) -> bool:
+        """A long stall keeps adding checks to the history: start a fresh one (steps would, but none come)."""
+        full = workflow.info().get_current_history_length() >= self.plan.training.stall.history_events_max
+        return self.parked and bool(self.s.stall.stalls) and full
 
     def _checked(self, queues: dict[str, QueueState]) -> None:
         """Update the stalls from one check; say so in the log and the UI when they appear or clear."""
