@@ -10,14 +10,17 @@ import time
 import uuid
 
 import pytest
+from rollart.contracts.activities import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
 from rollart.workflows import ALL_WORKFLOWS
+from temporalio import activity
 from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
@@ -46,10 +49,16 @@ async def start(env: WorkflowEnvironment, spec: JobSpec, prefix: str) -> Workflo
 
 
 async def status_until(handle: WorkflowHandle, ok, timeout_s: float = 30.0) -> TrainingStatus:  # noqa: ANN001
-    """Query `status` every 0.25 s until `ok(status)`."""
+    """Query `status` every 0.25 s until `ok(status)`; a query the server drops is retried, as `rollart train` does."""
     deadline = time.monotonic() + timeout_s
     while True:
-        status = await handle.query("status", result_type=TrainingStatus)
+        try:
+            status = await handle.query("status", result_type=TrainingStatus)
+        except RPCError:  # "buffered query cleared, please retry": its workflow task did not complete
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.25)
+            continue
         if ok(status) or time.monotonic() > deadline:
             return status
         await asyncio.sleep(0.25)
@@ -128,3 +137,28 @@ async def test_a_long_stall_continues_as_new_and_keeps_its_clock(bare_env: Workf
     assert result.version == 2 and len(w.trained_ids) == len(set(w.trained_ids)) == result.trained
     assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
+
+
+async def test_no_trajectory_finishing_is_a_stall_too(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    gate, calls = asyncio.Event(), [0]
+
+    @activity.defn(name="generate")
+    async def generate(inp: GenerateInput) -> GenerateResult:
+        """The stand-in engine, which hangs after its 10th answer until the gate opens (a wedged engine)."""
+        calls[0] += 1
+        if calls[0] > 10:
+            await gate.wait()
+        return await w.generate(inp)
+
+    async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
+        async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix), activities=[generate]):
+            spec = job(queue_prefix, steps=4, no_progress_factor=2, no_progress_min_s=2)
+            handle = await start(bare_env, spec, queue_prefix)
+            [stall] = (await status_until(handle, lambda s: s.stalls)).stalls
+            assert (stall.reason, stall.pool) == ("no_progress", None) and stall.in_flight > 0
+            assert stall.describe().startswith("no trajectory finished for ")
+            gate.set()
+            assert (await status_until(handle, lambda s: not s.stalls or s.done)).stalls == []
+            result = await asyncio.wait_for(handle.result(), 60)
+    assert result.version == 4

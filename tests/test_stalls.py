@@ -133,3 +133,32 @@ def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys
     args = argparse.Namespace(job_id="j", temporal_address="127.0.0.1:1", namespace="default")
     assert cli_status.run(args) == 0
     assert "STALLED: no worker on h800 for 60 s, 10 activities waiting (since " in capsys.readouterr().out
+
+
+async def test_follow_hands_each_status_to_the_progress_bar(tmp_path) -> None:  # noqa: ANN001
+    import asyncio
+
+    from rollart.client.train import MetricsWriter, follow
+    from rollart.contracts.training import Stall, TrainingResult
+
+    stall = Stall(reason="no_worker", pool="h20", since=0.0, seen_at=5.0, backlog=3, reported=True)
+
+    class _Handle:
+        queries = 0
+
+        async def query(self, name: str, result_type: type) -> TrainingStatus:
+            self.queries += 1
+            return TrainingStatus(job_id="j", step=0, steps=1, version=0, async_bound=1, rollout_mode="trajectory",
+                                  started=0, trained=0, dropped=0, failed=0, in_flight=0, buffered=0, paused=False,
+                                  stopping=False, done=False, ledger_balanced=True,
+                                  stalls=[stall] if self.queries < 3 else [])  # fmt: skip
+
+        async def result(self) -> TrainingResult:
+            await asyncio.sleep(0.2)
+            return TrainingResult(job_id="j", steps=1, version=1, started=0, trained=0, dropped=0, failed=0,
+                                  cancelled_in_flight=0, buffered_unused=0)  # fmt: skip
+
+    seen: list[str] = []
+    await follow(_Handle(), MetricsWriter(tmp_path), lambda row: None, poll_s=0.01,  # type: ignore[arg-type]
+                 on_status=lambda s: seen.append(stalls.summary(s.stalls)))  # fmt: skip
+    assert seen[:2] == ["stalled: no worker on h20 for 5 s, 3 activities waiting"] * 2 and seen[-1] == ""
