@@ -96,7 +96,11 @@ async def test_a_pool_without_workers_is_reported_then_clears(bare_env: Workflow
             cleared = await status_until(handle, lambda s: not s.stalls)
             assert cleared.stalls == [] and not cleared.done  # cleared by a check, while the job runs on
             timeline.append(f"{time.monotonic() - t0:5.1f} s  stall cleared at step {cleared.step}")
-            result = await asyncio.wait_for(handle.result(), 60)
+            try:
+                result = await asyncio.wait_for(handle.result(), 60)
+            except TimeoutError:
+                late = await handle.query("status", result_type=TrainingStatus)
+                raise AssertionError(f"{timeline}\n{late.model_dump(exclude={'history'})}") from None
             timeline.append(f"{time.monotonic() - t0:5.1f} s  job finished: {result.steps} steps")
         status = await handle.query("status", result_type=TrainingStatus)
         assert await details(handle) == ""

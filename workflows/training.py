@@ -79,6 +79,7 @@ class TrainingWorkflow:
         self.done = False
         self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
         self.parked = False  # the loop waits for work between launches and steps
+        self.watching = False  # stall checks run beside the loop (runs started since the "stall-detection" patch)
 
     # ------------------------------------------------------------ control surface
 
@@ -91,7 +92,7 @@ class TrainingWorkflow:
         """
         if self.finishing:
             return
-        if any(r.trajectory_id in self.s.in_flight for r in results):
+        if self.watching and any(r.trajectory_id in self.s.in_flight for r in results):
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
         for r in results:
             running = self.s.in_flight.pop(r.trajectory_id, None)
@@ -142,10 +143,12 @@ class TrainingWorkflow:
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingResult:
+        """The loop, watched for stalls beside it (newer runs): a stall past `fail_after_s` ends the job."""
         if inp.state is None:
             self.s.started_at = workflow.now().timestamp()
         if not (self.plan.training.stall.enabled and workflow.patched("stall-detection")):
             return await self._loop(inp)
+        self.watching = True
         watcher = asyncio.create_task(self._watch_stalls())
         loop = asyncio.create_task(self._loop(inp))
         await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
@@ -362,7 +365,8 @@ class TrainingWorkflow:
         )
         self.s.step = result.version
         self.s.trained += len(batch)
-        self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
+        if self.watching:
+            self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
 
@@ -422,6 +426,8 @@ class TrainingWorkflow:
             except ActivityError as err:
                 workflow.logger.warning("stall check skipped: %s", err.cause or err)
                 continue
+            if self.finishing:  # the job is ending: nothing is waited on any more
+                return
             self._checked(dict(zip(pools, res.queues)))
 
     def _stalled_history_full(self) -> bool:
