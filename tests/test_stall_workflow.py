@@ -144,25 +144,25 @@ async def test_a_long_stall_continues_as_new_and_keeps_its_clock(bare_env: Workf
 
 
 async def test_no_trajectory_finishing_is_a_stall_too(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
-    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=0.05)
     gate, calls = asyncio.Event(), [0]
 
     @activity.defn(name="generate")
     async def generate(inp: GenerateInput) -> GenerateResult:
-        """The stand-in engine, which hangs after its 10th answer until the gate opens (a wedged engine)."""
+        """The stand-in engine, which hangs after its 24th answer until the gate opens (a wedged engine)."""
         calls[0] += 1
-        if calls[0] > 10:
+        if calls[0] > 24:
             await gate.wait()
         return await w.generate(inp)
 
     async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
         async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix), activities=[generate]):
-            spec = job(queue_prefix, steps=4, no_progress_factor=2, no_progress_min_s=2)
+            spec = job(queue_prefix, steps=8, no_progress_factor=2, no_progress_min_s=2)
             handle = await start(bare_env, spec, queue_prefix)
-            [stall] = (await status_until(handle, lambda s: s.stalls)).stalls
+            [stall] = (await status_until(handle, lambda s: s.stalls, timeout_s=45)).stalls
             assert (stall.reason, stall.pool) == ("no_progress", None) and stall.in_flight > 0
             assert stall.describe().startswith("no trajectory finished for ")
             gate.set()
             assert (await status_until(handle, lambda s: not s.stalls or s.done)).stalls == []
             result = await asyncio.wait_for(handle.result(), 60)
-    assert result.version == 4
+    assert result.version == 8

@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -153,6 +153,7 @@ class TrainingWorkflow:
         loop = asyncio.create_task(self._loop(inp))
         await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
         watcher.cancel()
+        await workflow.wait([watcher])  # its cancellation lands before the run's last command, not after it
         if not loop.done() and self.fatal is not None:
             loop.cancel()
             self.finishing = True
@@ -416,7 +417,7 @@ class TrainingWorkflow:
         cfg = self.plan.training.stall
         pools = stalls.watched_pools(self.plan.tasks)
         inp = DescribeQueuesInput(queues=[queue_name(p, self.plan.queue_prefix) for p in pools])
-        while True:
+        while not self.finishing:  # once the job ends no command may follow its completion: no new timer
             await workflow.sleep(cfg.check_every_s)
             try:
                 res: DescribeQueuesResult = await workflow.execute_activity(
@@ -424,11 +425,12 @@ class TrainingWorkflow:
                     result_type=DescribeQueuesResult, **policies.DESCRIBE_QUEUES.kwargs(),
                 )  # fmt: skip
             except ActivityError as err:
+                if is_cancelled_exception(err):  # the watcher itself was cancelled (the run ends): stop here
+                    raise
                 workflow.logger.warning("stall check skipped: %s", err.cause or err)
                 continue
-            if self.finishing:  # the job is ending: nothing is waited on any more
-                return
-            self._checked(dict(zip(pools, res.queues)))
+            if not self.finishing:
+                self._checked(dict(zip(pools, res.queues)))
 
     def _stalled_history_full(self) -> bool:
         """A long stall keeps adding checks to the history: start a fresh one (steps would, but none come)."""
