@@ -6,15 +6,17 @@ The stand-ins serve every pool but `h800` at first, so every trajectory's `gener
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 
 import pytest
 from rollart.contracts.activities import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
+from rollart.workers.pool_worker import WorkerSettings, _pool_workers
 from rollart.workflows import ALL_WORKFLOWS
 from temporalio import activity
 from temporalio.api.sdk.v1 import WorkflowMetadata
@@ -111,9 +113,18 @@ async def test_a_pool_without_workers_is_reported_then_clears(bare_env: Workflow
                               + result.buffered_unused)  # fmt: skip
 
 
-async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
+@pytest.mark.parametrize("control", ["stand-in", "rollart worker --pool control"])
+async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnvironment, queue_prefix: str,
+                                                       control: str) -> None:  # fmt: skip
     w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
-    async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
+    real = control != "stand-in"  # the control worker `rollart worker` runs: the workflows and describe_queues
+    settings = WorkerSettings(pool=Pool.CONTROL, temporal=TemporalConfig(task_queue_prefix=queue_prefix))
+    async with contextlib.AsyncExitStack() as stack:
+        missing = ["h800", "control"] if real else ["h800"]
+        await stack.enter_async_context(standin_workers(bare_env.client, w, missing_pools=missing))
+        if real:
+            for worker in await stack.enter_async_context(_pool_workers(settings, bare_env.client, "control-test")):
+                await stack.enter_async_context(worker)
         handle = await start(bare_env, job(queue_prefix, fail_after_s=3), queue_prefix)
         with pytest.raises(WorkflowFailureError) as failure:
             await asyncio.wait_for(handle.result(), 60)

@@ -306,8 +306,10 @@ async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[ty
     for pool in dict.fromkeys(reward_pools):
         queues.setdefault(queue_name(pool, p), []).extend([s.reward, s.reward_batch])
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(Worker(client, task_queue=queue_name("control", p), workflows=list(workflows),
-                                               activities=[QueueActivities(client).describe_queues]))  # fmt: skip
+        if "control" not in missing_pools:
+            control = Worker(client, task_queue=queue_name("control", p), workflows=list(workflows),
+                             activities=[QueueActivities(client).describe_queues])  # fmt: skip
+            await stack.enter_async_context(control)
         for queue, acts in queues.items():
             if any(queue == queue_name(pool, p) for pool in missing_pools):
                 continue
