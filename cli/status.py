@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 from rollart.cli.errors import UserError
 from rollart.cli.spec import load_spec
@@ -41,6 +42,8 @@ async def _status(args: argparse.Namespace) -> int:
           f"{st.rollout_mode} rollout, async bound {st.async_bound}")  # fmt: skip
     print(f"trajectories: started {st.started} = trained {st.trained} + dropped {st.dropped} + failed {st.failed} "
           f"+ in flight {st.in_flight} + buffered {st.buffered}  ({'balanced' if st.ledger_balanced else 'UNBALANCED'})")  # fmt: skip
+    for stall in st.stalls:  # a pool with work waiting and no worker, or no trajectory finishing (training.stall)
+        print(f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})")
     for r in st.history[-5:]:
         print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
               f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}")  # fmt: skip

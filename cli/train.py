@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,10 +81,12 @@ async def _follow_with_bar(handle: WorkflowHandle, writer: MetricsWriter, steps:
     """Follow the job to its end: a progress bar on a terminal, one line per step in a log file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rollart.client.train import follow
+    from rollart.contracts.training import TrainingStatus, stall_summary
 
-    columns = [TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[stats]}")]
+    columns = [TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[stats]}"),
+               TextColumn("[red]{task.fields[stall]}")]
     with Progress(*columns) as bar:
-        task = bar.add_task("train", total=steps, stats="rolling out ...")
+        task = bar.add_task("train", total=steps, stats="rolling out ...", stall="")
 
         def on_step(row: dict) -> None:
             tasks = " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items())) if len(row["task_success"]) > 1 else ""
@@ -94,7 +97,17 @@ async def _follow_with_bar(handle: WorkflowHandle, writer: MetricsWriter, steps:
             if not bar.console.is_terminal:  # a log file gets one line per step instead of a bar
                 print(f"step {row['step'] + 1}/{steps} {row['elapsed_s']:.0f}s {stats}", flush=True)
 
-        return await follow(handle, writer, on_step)
+        shown: list[set[tuple[str, str | None]]] = [set()]
+
+        def on_status(status: TrainingStatus) -> None:
+            line = stall_summary(status.stalls, time.time())
+            bar.update(task, stall=line)
+            stalled = {(x.reason, x.pool) for x in status.stalls}
+            if not bar.console.is_terminal and stalled != shown[0]:  # a log file: a line when stalls come or go
+                print(line or "stall cleared", flush=True)
+            shown[0] = stalled
+
+        return await follow(handle, writer, on_step, on_status=on_status)
 
 
 async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingResult, writer: MetricsWriter) -> None:

@@ -72,8 +72,10 @@ async def follow(
     writer: MetricsWriter,
     on_step: Callable[[dict], None],
     poll_s: float = 1.0,
+    on_status: Callable[[TrainingStatus], None] | None = None,
 ) -> TrainingResult:
-    """Poll the status query until the workflow ends; every new step goes to metrics.jsonl and `on_step`."""
+    """Poll the status query until the workflow ends; every new step goes to metrics.jsonl and `on_step`,
+    every status to `on_status` (the progress bar's stall line)."""
     result_task = asyncio.create_task(handle.result())
     started_at: float | None = None
     while True:
@@ -82,6 +84,8 @@ async def follow(
             started_at = status.started_at
             for row in writer.write(status.history, started_at):
                 on_step(row)
+            if on_status is not None:
+                on_status(status)
         except RPCError:
             pass  # between runs (continue-as-new) or the server is restarting: try again
         done, _ = await asyncio.wait({result_task}, timeout=poll_s)

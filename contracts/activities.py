@@ -19,6 +19,9 @@ __all__ = [
     "ActivityName",
     "CheckInput",
     "CloseInput",
+    "DescribeQueuesInput",
+    "DescribeQueuesResult",
+    "QueueState",
     "Completion",
     "EnvHandle",
     "EnvOptions",
@@ -63,6 +66,7 @@ class ActivityName(str, Enum):
     GENERATE_BATCH = "generate_batch"
     TRAIN_STEP = "train_step"
     RESTORE = "restore"
+    DESCRIBE_QUEUES = "describe_queues"
 
 
 class _Message(BaseModel):
@@ -329,6 +333,27 @@ class TrainStepResult(_Message):
     weights_key: str
     metrics: dict[str, float] = Field(default_factory=dict)
     replayed: bool = False
+
+
+class DescribeQueuesInput(_Message):
+    """The activity queues whose backlog and pollers the training workflow watches for stalls."""
+
+    queues: list[str] = Field(min_length=1)
+
+
+class QueueState(_Message):
+    """One queue as Temporal describes it: tasks waiting, how long the oldest has waited, workers polling."""
+
+    queue: str
+    backlog: int
+    backlog_age_s: float = 0.0
+    pollers: int = 0
+
+
+class DescribeQueuesResult(_Message):
+    """Every asked-for queue, in the order asked."""
+
+    queues: list[QueueState] = Field(default_factory=list)
 
 
 def turn_key(job_id: str, trajectory_id: str, turn: int) -> str:

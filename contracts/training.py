@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "TrainingPlan", "StepRecord", "TrainingInput", "TrainingResult", "TrainingState", "TrainingStatus"]
+__all__ = ["InFlight", "Stall", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
+           "TrainingState", "TrainingStatus", "stall_summary"]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
@@ -33,6 +36,46 @@ class StepRecord(BaseModel):
     in_flight: int = 0
     buffered: int = 0
     train: dict[str, float] = Field(default_factory=dict)
+
+
+class Stall(BaseModel):
+    """A pool with work waiting and no worker polling it, or a job in which nothing finishes: since when.
+
+    Times are workflow time (epoch seconds): `since` when the condition was first seen (for `no_progress`,
+    the last sign of progress), `seen_at` the last check that still saw it.
+    """
+
+    reason: Literal["no_worker", "no_progress"]
+    pool: str | None = None
+    since: float
+    seen_at: float
+    backlog: int = 0
+    in_flight: int = 0
+    reported: bool = False  # past its threshold: in the status query, the log and the UI
+
+    def describe(self, now: float | None = None) -> str:
+        """One line for people: "no worker on h800 for 60 s, 10 activities waiting"."""
+        for_s = max(0.0, (self.seen_at if now is None else now) - self.since)
+        if self.reason == "no_worker":
+            return f"no worker on {self.pool} for {for_s:.0f} s, {self.backlog} activities waiting"
+        return f"no trajectory finished for {for_s:.0f} s, {self.in_flight} in flight"
+
+
+def stall_summary(stalls: list[Stall], now: float | None = None) -> str:
+    """"stalled: no worker on h800 for 60 s, 10 activities waiting; ..." or "" when nothing is stalled."""
+    return "stalled: " + "; ".join(x.describe(now) for x in stalls) if stalls else ""
+
+
+class StallWatch(BaseModel):
+    """The stall bookkeeping the loop carries across continue-as-new (workflows/stalls.py keeps it)."""
+
+    open: list[Stall] = Field(default_factory=list)  # conditions seen at the last check, reported or not yet
+    finishes: list[float] = Field(default_factory=list)  # workflow times of the recent trajectory reports
+    active_at: float = 0.0  # the last sign of progress: a trajectory reported or a step trained
+
+    @property
+    def stalls(self) -> list[Stall]:
+        return [x for x in self.open if x.reported]
 
 
 class InFlight(BaseModel):
@@ -64,6 +107,7 @@ class TrainingState(BaseModel):
     paused: bool = False
     stop_requested: bool = False
     started_at: float = 0.0
+    stall: StallWatch = Field(default_factory=StallWatch)
 
     @property
     def ledger_balanced(self) -> bool:
@@ -141,6 +185,7 @@ class TrainingStatus(BaseModel):
     restores: int = 0
     duplicates_ignored: int = 0
     history: list[StepRecord] = Field(default_factory=list)
+    stalls: list[Stall] = Field(default_factory=list)  # pools without workers, or no progress: see training.stall
 
 
 class TrainingResult(BaseModel):

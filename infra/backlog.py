@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -9,7 +10,11 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 
-__all__ = ["QueueStats", "queue_stats"]
+__all__ = ["POLLER_FRESH_S", "QueueStats", "queue_stats"]
+
+POLLER_FRESH_S = 90.0
+"""A poller last seen longer ago than this is taken for gone (Temporal lists pollers for ~5 min after they
+stop; a live worker with free slots polls again at once, and an idle long poll ends within ~70 s)."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,7 @@ class QueueStats:
     backlog_age_s: float
     add_rate: float
     dispatch_rate: float
+    pollers: int = 0  # workers seen polling the queue in the last POLLER_FRESH_S
 
 
 async def queue_stats(client: Client, queue: str, namespace: str | None = None) -> QueueStats:
@@ -37,9 +43,12 @@ async def queue_stats(client: Client, queue: str, namespace: str | None = None) 
     )
     st = resp.stats
     age = st.approximate_backlog_age
+    now = time.time()
+    fresh = [p for p in resp.pollers if now - p.last_access_time.ToSeconds() <= POLLER_FRESH_S]
     return QueueStats(
         backlog=int(st.approximate_backlog_count),
         backlog_age_s=age.seconds + age.nanos / 1e9,
         add_rate=float(st.tasks_add_rate),
         dispatch_rate=float(st.tasks_dispatch_rate),
+        pollers=len(fresh),
     )

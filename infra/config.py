@@ -34,6 +34,7 @@ __all__ = [
     "LossConfig",
     "MooncakeConfig",
     "ParallelConfig",
+    "StallConfig",
     "RewardPlacement",
     "SamplingParams",
     "StoreConfig",
@@ -371,6 +372,26 @@ class TrainerConfig(_Strict):
         return self
 
 
+class StallConfig(_Strict):
+    """When the job calls itself stalled, and whether it then gives up (`training.stall`).
+
+    Every `check_every_s` the training workflow reads the backlog and pollers of the queues its tasks use.
+    A queue with work waiting and no worker polling for `no_worker_after_s` is a stall on that pool; so is
+    no trajectory finishing for `no_progress_factor` × the recent median interval between finishes (at
+    least `no_progress_min_s`) while some are in flight. With `fail_after_s` a stall that lasts that long
+    ends the job with an error naming the pool; without it the job waits, and resumes when a worker appears.
+    """
+
+    enabled: bool = True
+    check_every_s: float = Field(15.0, gt=0.0)
+    no_worker_after_s: float = Field(60.0, ge=0.0)
+    no_progress_factor: float = Field(10.0, gt=1.0)
+    no_progress_min_s: float = Field(60.0, ge=0.0)
+    fail_after_s: float | None = Field(None, gt=0.0)
+    history_events_max: int = Field(10_000, ge=100, description="while stalled, continue-as-new once the run's "
+                                    "history has this many events (a long stall adds ~11 per check)")
+
+
 class TrainingConfig(_Strict):
     """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
 
@@ -385,6 +406,7 @@ class TrainingConfig(_Strict):
     rollout_mode: Literal["trajectory", "batch"] = "trajectory"
     continue_as_new_every: int = Field(20, ge=1)
     seed: int = 0
+    stall: StallConfig = StallConfig()
 
 
 def check_batches_hold_groups(training: TrainingConfig, tasks: list[TaskSpec]) -> None:

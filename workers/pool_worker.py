@@ -167,9 +167,12 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
     queue = queue_name(pool, settings.temporal.task_queue_prefix)
     common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
     if pool is Pool.CONTROL:
+        from rollart.activities.queues import QueueActivities
         from rollart.workflows import ALL_WORKFLOWS
 
-        yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id)]
+        # the training workflow's stall checks read queue descriptions through this worker's client
+        yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id,
+                      activities=[QueueActivities(client).describe_queues])]  # fmt: skip
     elif pool is Pool.CPU:
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         try:

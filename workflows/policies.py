@@ -9,7 +9,7 @@ from rollart.contracts.activities import STICKY_START_S
 from rollart.contracts.errors import NEVER_RETRY, ErrorType
 from temporalio.common import RetryPolicy
 
-__all__ = ["ActivityPolicy", "CHECK", "CLOSE", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
+__all__ = ["ActivityPolicy", "CHECK", "CLOSE", "DESCRIBE_QUEUES", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
 
 STICKY_START = timedelta(seconds=STICKY_START_S)
 """How long a step/close may wait on an env worker's private queue before its worker is taken for dead.
@@ -120,4 +120,12 @@ TRAIN_STEP = ActivityPolicy(
     heartbeat=timedelta(seconds=20),
     retry=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
                       non_retryable_error_types=[ErrorType.INVALID_INPUT.value, ErrorType.TRAIN_STEP_FAILED.value]),
+)
+
+DESCRIBE_QUEUES = ActivityPolicy(
+    # The training workflow's stall check: a few DescribeTaskQueue calls on the control worker. A check that
+    # fails is skipped (the next one comes `check_every_s` later), never waited on.
+    start_to_close=timedelta(seconds=10),
+    schedule_to_close=timedelta(seconds=20),
+    retry=_retry(attempts=2, first_s=1.0),
 )

@@ -19,10 +19,19 @@ from collections.abc import Awaitable
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from rollart.contracts.activities import ActivityName, SampleRef, TrainStepInput, TrainStepResult
+    from rollart.contracts.activities import (
+        ActivityName,
+        DescribeQueuesInput,
+        DescribeQueuesResult,
+        QueueState,
+        SampleRef,
+        TrainStepInput,
+        TrainStepResult,
+    )
     from rollart.contracts.rollouts import (
         BatchRolloutInput,
         GroupRolloutInput,
@@ -45,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import TaskSpec
     from rollart.infra.pools import Pool, queue_name
-    from rollart.workflows import policies
+    from rollart.workflows import policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
@@ -68,6 +77,9 @@ class TrainingWorkflow:
         self.s = inp.state or TrainingState()
         self.finishing = False
         self.done = False
+        self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
+        self.parked = False  # the loop waits for work between launches and steps
+        self.watching = False  # stall checks run beside the loop (runs started since the "stall-detection" patch)
 
     # ------------------------------------------------------------ control surface
 
@@ -80,6 +92,8 @@ class TrainingWorkflow:
         """
         if self.finishing:
             return
+        if self.watching and any(r.trajectory_id in self.s.in_flight for r in results):
+            self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
         for r in results:
             running = self.s.in_flight.pop(r.trajectory_id, None)
             if running is None:
@@ -122,25 +136,50 @@ class TrainingWorkflow:
             in_flight=len(self.s.in_flight), buffered=len(self.s.buffer),
             paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
             ledger_balanced=self.s.ledger_balanced, history=self.s.history, started_at=self.s.started_at,
-            restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored,
+            restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored, stalls=self.s.stall.stalls,
         )  # fmt: skip
 
     # ------------------------------------------------------------ the loop
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingResult:
+        """The loop, watched for stalls beside it (newer runs): a stall past `fail_after_s` ends the job."""
         if inp.state is None:
             self.s.started_at = workflow.now().timestamp()
+        if not (self.plan.training.stall.enabled and workflow.patched("stall-detection")):
+            return await self._loop(inp)
+        self.watching = True
+        watcher = asyncio.create_task(self._watch_stalls())
+        loop = asyncio.create_task(self._loop(inp))
+        await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
+        watcher.cancel()
+        await workflow.wait([watcher])  # its cancellation lands before the run's last command, not after it
+        if not loop.done() and self.fatal is not None:
+            loop.cancel()
+            self.finishing = True
+            await self._cancel_in_flight()
+            raise self.fatal
+        if not loop.done():  # stalled long, parked between launches: a fresh history, the same state
+            loop.cancel()
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir,
+                                                   state=self.s))  # fmt: skip
+        return loop.result()
+
+    async def _loop(self, inp: TrainingInput) -> TrainingResult:
+        """Launch, wait, train, continue-as-new now and then; the job's result at the end."""
         t = self.plan.training
         steps_this_run = 0
         # Wake up for stale ready groups too: when they fill the buffer, nothing else would ever wake the loop.
         wake_on_stale = workflow.patched("wake-on-stale-groups")
         while self.s.step < t.steps and not self.s.stop_requested:
             await self._launch()
+            self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
             await workflow.wait_condition(
                 lambda: self._batch_ready() or self._can_launch() or self._stalled() or self.s.stop_requested
                 or (wake_on_stale and self._stale_ready())
             )
+            self.parked = False
             self._drop_stale()
             if self._batch_ready() or self._stalled():
                 await self._train_step()
@@ -327,6 +366,8 @@ class TrainingWorkflow:
         )
         self.s.step = result.version
         self.s.trained += len(batch)
+        if self.watching:
+            self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
 
@@ -349,12 +390,10 @@ class TrainingWorkflow:
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
         self.finishing = True
-        in_flight = sorted(set(self._in_flight_workflows()))
-        for wid in in_flight:
-            try:
-                await workflow.get_external_workflow_handle(wid).cancel()
-            except Exception as err:  # already finished between its signal and now
-                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+        await self._cancel_in_flight()
+        if self.s.stall.open:  # a job that ends is stalled no more
+            self.s.stall = self.s.stall.model_copy(update={"open": []})
+            workflow.set_current_details("")
         self.done = True
         return TrainingResult(
             job_id=self.inp.job_id, steps=self.s.step, version=self.s.step,
@@ -362,6 +401,62 @@ class TrainingWorkflow:
             cancelled_in_flight=len(self.s.in_flight), buffered_unused=len(self.s.buffer),
             last=self.s.history[-1] if self.s.history else None,
         )  # fmt: skip
+
+    async def _cancel_in_flight(self) -> None:
+        """Cancel the workflows of the trajectories still in flight (their results can no longer be used)."""
+        for wid in sorted(set(self._in_flight_workflows())):
+            try:
+                await workflow.get_external_workflow_handle(wid).cancel()
+            except Exception as err:  # already finished between its signal and now
+                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+
+    # ------------------------------------------------------------ stalls
+
+    async def _watch_stalls(self) -> None:
+        """Every `check_every_s`: describe the job's queues (one small activity) and keep the stall bookkeeping."""
+        cfg = self.plan.training.stall
+        pools = stalls.watched_pools(self.plan.tasks)
+        inp = DescribeQueuesInput(queues=[queue_name(p, self.plan.queue_prefix) for p in pools])
+        while not self.finishing:  # once the job ends no command may follow its completion: no new timer
+            await workflow.sleep(cfg.check_every_s)
+            try:
+                res: DescribeQueuesResult = await workflow.execute_activity(
+                    ActivityName.DESCRIBE_QUEUES.value, inp, task_queue=self._queue(Pool.CONTROL),
+                    result_type=DescribeQueuesResult, **policies.DESCRIBE_QUEUES.kwargs(),
+                )  # fmt: skip
+            except ActivityError as err:
+                if is_cancelled_exception(err):  # the watcher itself was cancelled (the run ends): stop here
+                    raise
+                workflow.logger.warning("stall check skipped: %s", err.cause or err)
+                continue
+            if not self.finishing:
+                self._checked(dict(zip(pools, res.queues)))
+
+    def _stalled_history_full(self) -> bool:
+        """A long stall keeps adding checks to the history: start a fresh one (steps would, but none come)."""
+        full = workflow.info().get_current_history_length() >= self.plan.training.stall.history_events_max
+        return self.parked and bool(self.s.stall.stalls) and full
+
+    def _checked(self, queues: dict[str, QueueState]) -> None:
+        """Update the stalls from one check; say so in the log and the UI when they appear or clear."""
+        cfg = self.plan.training.stall
+        before = {(x.reason, x.pool) for x in self.s.stall.stalls}
+        self.s.stall = stalls.check(self.s.stall, queues, workflow.now().timestamp(), len(self.s.in_flight), cfg)
+        now = {(x.reason, x.pool) for x in self.s.stall.stalls}
+        for x in self.s.stall.stalls:
+            if (x.reason, x.pool) not in before:
+                workflow.logger.warning("job %s stalled: %s", self.inp.job_id, x.describe())
+        for reason, pool in before - now:
+            workflow.logger.info("job %s: stall cleared (%s%s)", self.inp.job_id, reason, f" on {pool}" if pool else "")
+        if before or now:
+            workflow.set_current_details(stalls.summary(self.s.stall.stalls))
+        over = stalls.overdue(self.s.stall, cfg)
+        if over is not None:
+            self.fatal = ApplicationError(
+                f"job {self.inp.job_id} stalled: {over.describe()}; gave up after training.stall.fail_after_s = "
+                f"{cfg.fail_after_s:g} s (start a worker for the pool, or raise or unset fail_after_s)",
+                {"reason": over.reason, "pool": over.pool, "since": over.since}, type="JobStalled", non_retryable=True,
+            )  # fmt: skip
 
     def _in_flight_workflows(self) -> list[str]:
         """Workflow ids behind the in-flight trajectories (a lockstep batch or a group wave is one workflow)."""

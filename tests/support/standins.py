@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
 from rollart.activities.errors import env_broken, unknown_component
+from rollart.activities.queues import QueueActivities
 from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
@@ -285,10 +286,12 @@ class StandIns:
 
 @contextlib.asynccontextmanager
 async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[type] = ALL_WORKFLOWS,
-                          reward_pools: Sequence[str] = ("serverless",)) -> AsyncIterator[None]:  # fmt: skip
+                          reward_pools: Sequence[str] = ("serverless",),
+                          missing_pools: Sequence[str] = ()) -> AsyncIterator[None]:  # fmt: skip
     """A worker per queue the workflows route to, serving what a real worker of that pool serves.
 
-    Rewards are served on `reward_pools` (a colocated reward goes to the generation pool). When the
+    Rewards are served on `reward_pools` (a colocated reward goes to the generation pool); `missing_pools` get
+    no worker (their work waits, as after a lost node). The control worker serves the real `describe_queues`. When the
     block ends without an error, any check a stand-in failed fails the test.
     """
     p = s.prefix
@@ -303,8 +306,13 @@ async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[ty
     for pool in dict.fromkeys(reward_pools):
         queues.setdefault(queue_name(pool, p), []).extend([s.reward, s.reward_batch])
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(Worker(client, task_queue=queue_name("control", p), workflows=list(workflows)))
+        if "control" not in missing_pools:
+            control = Worker(client, task_queue=queue_name("control", p), workflows=list(workflows),
+                             activities=[QueueActivities(client).describe_queues])  # fmt: skip
+            await stack.enter_async_context(control)
         for queue, acts in queues.items():
+            if any(queue == queue_name(pool, p) for pool in missing_pools):
+                continue
             await stack.enter_async_context(Worker(client, task_queue=queue, activities=acts))
         yield
     assert not s.violations, "the stand-ins saw calls they should not have:\n" + "\n".join(s.violations)
