@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.cli.errors import UserError
@@ -13,7 +14,7 @@ from rollart.cli.spec import load_spec
 if TYPE_CHECKING:
     from rollart.client.connection import Outage
     from rollart.contracts.training import TrainingStatus
-    from temporalio.client import WorkflowHandle
+    from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["add_parser", "run"]
 
@@ -24,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("job_id", help="the job id `rollart train` printed (= the TrainingWorkflow's id)")
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
     s.add_argument("--namespace", default="default", help="Temporal namespace")
+    s.add_argument("--store-path", type=Path, help="the job's local store, for payloads kept out of history "
+                                                   "(default .rollart/store)")  # fmt: skip
     s.add_argument("--follow", action="store_true",
                    help="keep printing the status (a line per new step) until the job ends; rides out server outages")
     s.add_argument("--interval", type=float, default=2.0, help="seconds between polls with --follow (default 2)")
@@ -55,18 +58,20 @@ async def _status(args: argparse.Namespace) -> int:
         raise UserError(f"cannot get the status of {args.job_id!r} from {args.temporal_address}: {e}") from e
     _print_status(st)
     if args.follow:
-        await _follow(handle, st, outage, args.interval)
+        await _follow(client, handle, st, outage, args.interval)
     return 0
 
 
-async def _follow(handle: WorkflowHandle, st: TrainingStatus, outage: Outage, interval_s: float) -> None:
+async def _follow(client: Client, handle: WorkflowHandle, st: TrainingStatus, outage: Outage, interval_s: float) -> None:
     """A line per step the job finishes, then the whole status once it is done."""
-    from rollart.client.connection import retry_unreachable
+    from rollart.client.connection import probe, retry_unreachable
     from rollart.client.train import status_of
 
     last = st.step
     while not st.done:
-        await asyncio.sleep(interval_s)
+        await asyncio.sleep(outage.next_delay() if outage.down else interval_s)
+        if not await probe(client, outage):
+            continue
         st = await retry_unreachable(lambda: status_of(handle), outage)
         for r in st.history:
             if r.step >= last:

@@ -83,7 +83,7 @@ async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_d
     writer = MetricsWriter(run_dir)
     interrupted = _cancel_on_signals()
     try:
-        result = await _follow_with_bar(handle, writer, steps)
+        result = await _follow_with_bar(client, handle, writer, steps)
     except asyncio.CancelledError:
         if not interrupted.is_set():
             raise
@@ -127,7 +127,7 @@ def is_workflow_failure(e: BaseException) -> bool:
     return isinstance(e, WorkflowFailureError)
 
 
-async def _follow_with_bar(handle: WorkflowHandle, writer: MetricsWriter, steps: int) -> TrainingResult:
+async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: MetricsWriter, steps: int) -> TrainingResult:
     """Follow the job to its end: a progress bar on a terminal, one line per step in a log file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rollart.client.connection import Outage
@@ -149,7 +149,7 @@ async def _follow_with_bar(handle: WorkflowHandle, writer: MetricsWriter, steps:
         def say(line: str) -> None:
             print(line, flush=True)  # above the bar on a terminal (rich redirects stdout), a line in a log file
 
-        return await follow(handle, writer, on_step, outage=Outage(say=say))
+        return await follow(handle, writer, on_step, outage=Outage(say=say), client=client)
 
 
 async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingResult, writer: MetricsWriter) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -19,7 +20,7 @@ from rollart.infra.temporal import connect
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["Outage", "connect_retrying", "is_unreachable", "retry_unreachable"]
+__all__ = ["Outage", "connect_retrying", "is_unreachable", "probe", "retry_unreachable"]
 
 T = TypeVar("T")
 
@@ -72,6 +73,19 @@ class Outage:
         """The wait before the next try during an outage: doubling, capped at `max_delay_s`."""
         delay, self._delay_s = self._delay_s, min(max(self._delay_s, self.min_delay_s) * 2, self.max_delay_s)
         return max(delay, self.min_delay_s)
+
+
+async def probe(client: Client, outage: Outage, timeout_s: float = 2.0) -> bool:
+    """One health check without the SDK's retries (which take ~10 s to give up): is the server there now?"""
+    try:
+        await client.service_client.check_health(retry=False, timeout=timedelta(seconds=timeout_s))
+    except Exception as e:
+        if not is_unreachable(e):
+            raise
+        outage.failed(e)
+        return False
+    outage.ok()
+    return True
 
 
 async def retry_unreachable(call: Callable[[], Awaitable[T]], outage: Outage) -> T:

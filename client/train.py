@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from rollart.client.connection import Outage, is_unreachable
+from rollart.client.connection import Outage, is_unreachable, probe
 from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
@@ -94,18 +94,21 @@ async def follow(
     on_step: Callable[[dict], None],
     poll_s: float = 1.0,
     outage: Outage | None = None,
+    client: Client | None = None,
 ) -> TrainingResult:
     """Poll the status query until the workflow ends; every new step goes to metrics.jsonl and `on_step`.
 
     A server outage is waited out: the status poll backs off (capped) and the result wait, which dies with
-    the connection, is started again; `outage` says when the server went away and when it came back.
+    the connection, is started again; `outage` says when the server went away and when it came back (at
+    once with `client`, whose health is checked before each poll; else when the SDK's retries give up).
     """
     outage = outage or Outage()
     result_task = asyncio.create_task(handle.result())
     started_at: float | None = None
     try:
         while True:
-            started_at = await _poll(handle, writer, on_step, outage, started_at)
+            if client is None or await probe(client, outage):
+                started_at = await _poll(handle, writer, on_step, outage, started_at)
             done, _ = await asyncio.wait({result_task}, timeout=outage.next_delay() if outage.down else poll_s)
             if not done:
                 continue

@@ -71,19 +71,25 @@ async def _until(check: object, timeout_s: float, what: str) -> None:
 
 
 @pytest.mark.chaos
-@pytest.mark.timeout(150)
-async def test_follow_rides_out_a_server_outage(server: DevServer, server_client: Client, tmp_path: Path,
-                                                queue_prefix: str) -> None:  # fmt: skip
-    w, steps = _world(queue_prefix, train_delay_s=0.5), 8
+@pytest.mark.timeout(180)
+async def test_followers_ride_out_a_server_outage(server: DevServer, server_client: Client, tmp_path: Path,
+                                                  queue_prefix: str) -> None:  # fmt: skip
+    """`follow` in this process, `rollart attach` and `rollart status --follow` follow one job through a 20 s outage."""
+    w, steps = _world(queue_prefix, train_delay_s=0.5), 16
     job_id = f"outage-{uuid.uuid4().hex[:6]}"
     events: list[tuple[float, str]] = []
     rows: list[dict] = []
+    address = ("--temporal-address", server.address, "--store-path", str(_store(server).path))
     async with standin_workers(server_client, w):
         handle = await start_training(server_client, _job(queue_prefix, steps), job_id, tmp_path / job_id)
         outage = Outage(say=lambda line: events.append((time.monotonic(), line)), max_delay_s=2.0)
         following = asyncio.create_task(follow(handle, MetricsWriter(tmp_path / job_id), rows.append, poll_s=0.2,
-                                               outage=outage))  # fmt: skip
-        await _until(lambda: len(rows) >= 2, 60, "step 2")
+                                               outage=outage, client=server_client))  # fmt: skip
+        attach = await _cli("attach", job_id, *address, "--run-dir", str(tmp_path / "attached"))
+        status = await _cli("status", job_id, *address, "--follow", "--interval", "0.5")
+        seen: list[str] = []
+        await _read_until(attach, "step 2/", 60, seen)
+        assert len(rows) < steps - 4, "the job ran too far before the outage"
         t_kill = time.monotonic()
         os.kill(server.pid, signal.SIGKILL)  # type: ignore[arg-type]
         await asyncio.to_thread(server.stop)
@@ -93,22 +99,31 @@ async def test_follow_rides_out_a_server_outage(server: DevServer, server_client
         t_healthy = time.monotonic()
         result: TrainingResult = await asyncio.wait_for(following, 90)
         t_end = time.monotonic()
-        status = await handle.query("status", result_type=TrainingStatus)
-    said = [line for _, line in events]
+        attached = "".join(seen) + (await asyncio.wait_for(attach.communicate(), 60))[0].decode(errors="replace")
+        statused = (await asyncio.wait_for(status.communicate(), 60))[0].decode(errors="replace")
+        final = await handle.query("status", result_type=TrainingStatus)
     timeline = {"killed": 0.0, "restart begun": t_up - t_kill, "healthy": t_healthy - t_kill,
                 **{line.split(" (")[0]: t - t_kill for t, line in events}, "job end": t_end - t_kill}  # fmt: skip
     print("outage timeline (s after the kill):", {k: round(v, 1) for k, v in timeline.items()})
+    said = [line for _, line in events]
     assert sum("Temporal unreachable, retrying" in line for line in said) == 1, said
     assert sum(line.startswith("Temporal is back after") for line in said) == 1, said
+    assert events[0][0] - t_kill < 5  # noticed within a poll or two, not after the SDK's ~10 s of retries
     assert result.steps == steps and result.version == steps
     assert [r["step"] for r in rows] == list(range(steps))  # the bar resumed where the job was, no step twice
-    assert status.done and status.ledger_balanced
-    assert result.failed == 0 and status.failed == 0
+    assert final.done and final.ledger_balanced
+    assert result.failed == 0 and final.failed == 0
     by_step: dict[int, set[str]] = {}  # a train_step whose answer the outage lost is retried: same step, same batch
     for inp in w.inputs("train_step"):
         ids = {x.trajectory_id for x in inp.samples}
         assert by_step.setdefault(inp.step, ids) == ids
     assert sum(len(ids) for ids in by_step.values()) == len(set().union(*by_step.values())) == result.trained
+    for name, proc, out in (("attach", attach, attached), ("status --follow", status, statused)):
+        assert proc.returncode == 0, f"{name}:\n{out}"
+        assert out.count("Temporal unreachable, retrying") == 1 and out.count("Temporal is back after") == 1, out
+    assert f"done: {steps} steps, policy v{steps}" in attached
+    assert len((tmp_path / "attached" / "metrics.jsonl").read_text().splitlines()) == steps
+    assert f"job {job_id}: done, step {steps}/{steps}" in statused
 
 
 async def _read_until(proc: asyncio.subprocess.Process, needle: str, timeout_s: float, seen: list[str]) -> None:
