@@ -108,7 +108,7 @@ async def follow(
     try:
         while True:
             if client is None or await probe(client, outage):
-                started_at = await _poll(handle, writer, on_step, outage, started_at)
+                started_at = await _poll(handle, writer, on_step, outage, started_at, client)
             done, _ = await asyncio.wait({result_task}, timeout=outage.next_delay() if outage.down else poll_s)
             if not done:
                 continue
@@ -119,6 +119,7 @@ async def follow(
                 continue
             result: TrainingResult = result_task.result()
             outage.ok()
+            started_at = await _poll(handle, writer, on_step, outage, started_at, client)  # steps since the last poll
             if result.last is not None and started_at is not None:
                 for row in writer.write([result.last], started_at):
                     on_step(row)
@@ -128,10 +129,18 @@ async def follow(
 
 
 async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable[[dict], None], outage: Outage,
-                started_at: float | None) -> float | None:  # fmt: skip
-    """One status query: new steps to the writer and `on_step`; returns the job's start time once known."""
+                started_at: float | None, client: Client | None) -> float | None:  # fmt: skip
+    """One status query: new steps to the writer and `on_step`; returns the job's start time once known.
+
+    With `client`, a query that has not answered in 3 s is dropped and the server's health checked: the
+    SDK would retry a call to a dead server for ~10 s before saying so.
+    """
     try:
-        status = await status_of(handle)
+        status = await asyncio.wait_for(status_of(handle), 3.0) if client else await status_of(handle)
+    except asyncio.TimeoutError:
+        if client is not None:
+            await probe(client, outage)
+        return started_at
     except RPCError as e:
         if is_unreachable(e):
             outage.failed(e)
