@@ -106,7 +106,7 @@ async def _leave(client: Client, job: JobSpec, job_id: str, why: str, *, stop_on
         try:
             n = await terminate_job(client, job_id, f"rollart train was {why}")
             print(f"{why}: terminated job {job_id} ({n} running workflows)"
-                  + (" with the local stack it ran on" if local else ""), flush=True)  # fmt: skip
+                  + ("; the local stack stops with this command" if local else ""), flush=True)  # fmt: skip
         except Exception as e:  # the server may be the thing that failed
             print(f"{why}: could not terminate job {job_id}: {e}", flush=True)
         return

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from rollart.client.connection import Outage
+from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig, TrainingConfig
@@ -207,3 +208,24 @@ async def test_ctrl_c_on_a_remote_server_detaches_and_says_how_to_attach(server:
         await handle.signal("stop")
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.steps < 1000
+
+
+@pytest.mark.chaos
+async def test_rollout_rides_out_a_server_outage(server: DevServer, server_client: Client, queue_prefix: str) -> None:
+    """`run_rollout` (what `rollart rollout` runs) waits out a 15 s outage: every trajectory completes."""
+    w = StandIns(prefix=queue_prefix, turns=12, score=full_marks, turn_delay_s=0.5)
+    spec = with_queue_prefix(JobSpec(name="outage", tasks=[frozenlake_task(group_size=2, max_turns=12)]), queue_prefix)
+    said: list[str] = []
+    async with standin_workers(server_client, w):
+        inputs = plan_trajectories(spec, 4, seed=0, job_id=f"ro-{uuid.uuid4().hex[:6]}")
+        rolling = asyncio.create_task(run_rollout(server_client, inputs, inputs[0].job_id,
+                                                  outage=Outage(say=said.append, max_delay_s=2.0)))  # fmt: skip
+        await _until(lambda: len(w.called("generate")) >= 8, 60, "two turns each")
+        os.kill(server.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        await asyncio.to_thread(server.stop)
+        await asyncio.sleep(15)
+        await asyncio.to_thread(server.start)
+        outcomes = await asyncio.wait_for(rolling, 90)
+    assert [o.status for o in outcomes] == ["completed"] * 4
+    assert sum("Temporal unreachable, retrying" in line for line in said) == 1, said
+    assert sum(line.startswith("Temporal is back after") for line in said) == 1, said
