@@ -153,14 +153,16 @@ async def _cli(*args: str) -> asyncio.subprocess.Process:
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("command", [["attach", "{job}", "--store-path", "{store}"], ["train", "--attach", "{job}"]])
 async def test_attach_follows_a_running_job_to_its_end(server: DevServer, server_client: Client, tmp_path: Path,
-                                                       queue_prefix: str) -> None:  # fmt: skip
+                                                       queue_prefix: str, command: list[str]) -> None:  # fmt: skip
     w, steps = _world(queue_prefix, train_delay_s=1.0), 6
     job_id = f"attach-{uuid.uuid4().hex[:6]}"
     run_dir = tmp_path / job_id
     async with standin_workers(server_client, w):
         handle = await start_training(server_client, _job(queue_prefix, steps), job_id, run_dir)
-        proc = await _cli("attach", job_id, "--temporal-address", server.address, "--store-path", str(_store(server).path))
+        args = [a.format(job=job_id, store=_store(server).path) for a in command]
+        proc = await _cli(*args, "--temporal-address", server.address)
         seen: list[str] = []
         try:
             await _read_until(proc, f"run dir {run_dir}", 60, seen)  # the run dir the job was started with
