@@ -132,11 +132,11 @@ async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable
                 started_at: float | None, client: Client | None) -> float | None:  # fmt: skip
     """One status query: new steps to the writer and `on_step`; returns the job's start time once known.
 
-    With `client`, a query that has not answered in 3 s is dropped and the server's health checked: the
-    SDK would retry a call to a dead server for ~10 s before saying so.
+    A query that has not answered in 5 s is dropped (no worker answers, or the server is gone: the SDK would
+    retry a call to a dead server for ~10 s before saying so) and, with `client`, the server's health checked.
     """
     try:
-        status = await asyncio.wait_for(status_of(handle), 3.0) if client else await status_of(handle)
+        status = await asyncio.wait_for(status_of(handle), 5.0)
     except asyncio.TimeoutError:
         if client is not None:
             await probe(client, outage)

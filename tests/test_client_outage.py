@@ -109,7 +109,7 @@ async def test_followers_ride_out_a_server_outage(server: DevServer, server_clie
     said = [line for _, line in events]
     assert sum("Temporal unreachable, retrying" in line for line in said) == 1, said
     assert sum(line.startswith("Temporal is back after") for line in said) == 1, said
-    assert events[0][0] - t_kill < 5  # noticed within a poll or two, not after the SDK's ~10 s of retries
+    assert events[0][0] - t_kill < 7  # noticed within a poll or two, not after the SDK's ~10 s of retries
     assert result.steps == steps and result.version == steps
     assert [r["step"] for r in rows] == list(range(steps))  # the bar resumed where the job was, no step twice
     assert final.done and final.ledger_balanced
