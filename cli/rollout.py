@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rollart.client.connection import Outage
     from rollart.client.rollout import new_job_id, plan_trajectories, run_rollout
 
     client = await connect_client(job)
@@ -62,7 +63,8 @@ async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
             wins[1] += 1
             bar.update(task, advance=1, stats=f"success {wins[0]}/{wins[1]}")
 
-        outcomes = await run_rollout(client, inputs, job_id, on_done=done)
+        outage = Outage(say=lambda line: print(line, flush=True))  # above the bar: rich redirects stdout
+        outcomes = await run_rollout(client, inputs, job_id, on_done=done, outage=outage)
     wall = time.monotonic() - t0
     _print_table(job_id, outcomes, ui, job.temporal.namespace)
     _print_summary(outcomes, wall)

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollart.cli.errors import UserError
 from rollart.cli.spec import load_spec
+
+if TYPE_CHECKING:
+    from rollart.client.connection import Outage
+    from rollart.contracts.training import TrainingStatus
+    from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["add_parser", "run"]
 
@@ -18,25 +26,64 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("job_id", help="the job id `rollart train` printed (= the TrainingWorkflow's id)")
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
     s.add_argument("--namespace", default="default", help="Temporal namespace")
+    s.add_argument("--store-path", type=Path, help="the job's local store, for payloads kept out of history "
+                                                   "(default .rollart/store)")  # fmt: skip
+    s.add_argument("--follow", action="store_true",
+                   help="keep printing the status (a line per new step) until the job ends; rides out server outages")
+    s.add_argument("--interval", type=float, default=2.0, help="seconds between polls with --follow (default 2)")
     s.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Query the TrainingWorkflow once and print its state and ledger."""
+    """Query the TrainingWorkflow and print its state and ledger: once, or with --follow until the job ends."""
     return asyncio.run(_status(args))
 
 
 async def _status(args: argparse.Namespace) -> int:
+    from rollart.client.connection import Outage, connect_retrying, retry_unreachable
     from rollart.client.train import status_of
     from rollart.infra.temporal import connect
     from temporalio.service import RPCError
 
     job = load_spec(None, args)  # the connection settings: the defaults with --temporal-address and --namespace
     try:
-        client = await connect(job.temporal, job.store)
-        st = await status_of(client.get_workflow_handle(args.job_id))
+        if args.follow:
+            outage = Outage()
+            client = await connect_retrying(job.temporal, job.store, outage, give_up_after_s=60)
+            handle = client.get_workflow_handle(args.job_id)
+            st = await retry_unreachable(lambda: status_of(handle), outage)
+        else:
+            client = await connect(job.temporal, job.store)
+            st = await status_of(client.get_workflow_handle(args.job_id))
     except (ConnectionError, RPCError) as e:
         raise UserError(f"cannot get the status of {args.job_id!r} from {args.temporal_address}: {e}") from e
+    _print_status(st)
+    if args.follow:
+        await _follow(client, handle, st, outage, args.interval)
+    return 0
+
+
+async def _follow(client: Client, handle: WorkflowHandle, st: TrainingStatus, outage: Outage, interval_s: float) -> None:
+    """A line per step the job finishes, then the whole status once it is done."""
+    from rollart.client.connection import probe, retry_unreachable
+    from rollart.client.train import status_of
+
+    last = st.step
+    while not st.done:
+        await asyncio.sleep(outage.next_delay() if outage.down else interval_s)
+        if not await probe(client, outage):
+            continue
+        st = await retry_unreachable(lambda: status_of(handle), outage)
+        for r in st.history:
+            if r.step >= last:
+                print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
+                      f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}", flush=True)  # fmt: skip
+        last = st.step
+    _print_status(st)
+
+
+def _print_status(st: TrainingStatus) -> None:
+    """State, step and version, the ledger, the last five steps."""
     state = "done" if st.done else "stopping" if st.stopping else "paused" if st.paused else "running"
     print(f"job {st.job_id}: {state}, step {st.step}/{st.steps} (policy v{st.version}), "
           f"{st.rollout_mode} rollout, async bound {st.async_bound}")  # fmt: skip
@@ -47,4 +94,4 @@ async def _status(args: argparse.Namespace) -> int:
     for r in st.history[-5:]:
         print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
               f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}")  # fmt: skip
-    return 0
+    sys.stdout.flush()

@@ -18,17 +18,21 @@ if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
     from temporalio.client import Client, WorkflowHandle
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "attach_command", "follow_job", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `train`; --steps, --async-bound and --rollout-mode override the job's `training` section."""
     s = sub.add_parser("train", help="train a policy: rollout and training overlapped under the async bound")
-    s.add_argument("job", type=Path, help="job spec (YAML or JSON)")
+    s.add_argument("job", type=Path, nargs="?", help="job spec (YAML or JSON); optional with --attach")
     s.add_argument("--steps", type=int, help="train steps (default: the job's training.steps)")
     s.add_argument("--async-bound", type=int, help="max policy versions a trajectory may lag (0 = on-policy)")
     s.add_argument("--rollout-mode", choices=["trajectory", "batch"], help="trajectory (RollArt) or batch (lockstep)")
     s.add_argument("--run-dir", type=Path, help="where metrics.jsonl, checkpoints and plots go (default runs/JOB_ID)")
+    s.add_argument("--attach", metavar="JOB_ID", help="follow a running job instead of starting one (= rollart attach)")
+    s.add_argument("--stop-on-exit", action="store_true",
+                   help="on a remote server, terminate the job when this command is interrupted or fails "
+                        "(default: detach and print how to re-attach; the local stack always stops its job)")
     add_temporal_args(s)
     s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
     add_stack_args(s)
@@ -37,49 +41,97 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Train on the job's server, or on a local stack started for the run (and stopped after it)."""
+    from rollart.cli.errors import UserError
     from rollart.client.rollout import new_job_id
 
+    if args.attach:
+        from rollart.cli.attach import attach_job
+
+        return attach_job(load_spec(args.job, args), args.attach, args.run_dir, args.ui_url)
+    if args.job is None:
+        raise UserError("give a job spec to train (or --attach JOB_ID to follow a running job)")
     job = load_spec(args.job, args)
     check_components(job, args.job)
     job_id = new_job_id(job)
     run_dir = (args.run_dir or Path("runs") / job_id).resolve()
     with server_for(job, args, training=True) as server:
-        return asyncio.run(_train(server.job, job_id, run_dir, server.ui, terminate_on_interrupt=server.local))
+        stop = server.local or args.stop_on_exit
+        return asyncio.run(_train(server.job, job_id, run_dir, server.ui, stop_on_exit=stop, local=server.local))
 
 
-async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, terminate_on_interrupt: bool) -> int:
-    """Start and follow a job. Interrupted: on the local stack the job is terminated (its workers are going
-    away with the stack); on a shared server it keeps running and `rollart status` finds it again."""
-    from rollart.client.train import MetricsWriter, start_training, terminate_job
-    from rollart.infra.temporal import ui_url
+async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, *, stop_on_exit: bool, local: bool) -> int:
+    """Start and follow a job. Interrupted (or failing): with `stop_on_exit` (always on the local stack, whose
+    workers go away with it) the job is terminated; otherwise it keeps running and the re-attach command is printed."""
+    from rollart.client.train import start_training
 
     client = await connect_client(job)
     t = job.training
     handle = await start_training(client, job, job_id, run_dir)
     print(f"job {job_id}: {t.steps} steps, batch {t.batch_size}, async bound {t.async_bound}, "
           f"{t.rollout_mode} rollout; run dir {run_dir}")  # fmt: skip
+    return await follow_job(client, handle, job, run_dir, ui, t.steps, stop_on_exit=stop_on_exit, local=local)
+
+
+async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_dir: Path, ui: str, steps: int, *,
+                     stop_on_exit: bool, local: bool) -> int:  # fmt: skip
+    """Follow a started (or re-attached) job to its end and report; on Ctrl-C or a failure, stop or detach."""
+    from rollart.client.train import MetricsWriter
+    from rollart.infra.temporal import ui_url
+
+    job_id = handle.id
     if ui:
         print(f"Temporal UI: {ui_url(ui, job.temporal.namespace, job_id)}")
     writer = MetricsWriter(run_dir)
     interrupted = _cancel_on_signals()
     try:
-        result = await _follow_with_bar(handle, writer, t.steps)
+        result = await _follow_with_bar(client, handle, writer, steps)
     except asyncio.CancelledError:
         if not interrupted.is_set():
             raise
-        if terminate_on_interrupt:
-            n = await terminate_job(client, job_id, "rollart train was interrupted")
-            print(f"interrupted: terminated the job's {n} running workflows", flush=True)
-        else:
-            print(f"interrupted: job {job_id} keeps running on {job.temporal.address}", flush=True)
+        await _leave(client, job, job_id, "interrupted", stop_on_exit=stop_on_exit, local=local)
         return 130
+    except Exception as e:
+        if is_workflow_failure(e):
+            raise
+        await _leave(client, job, job_id, f"failed ({type(e).__name__}: {e})", stop_on_exit=stop_on_exit, local=local)
+        raise
     await _report(client, job_id, run_dir, result, writer)
     return 0
 
 
-async def _follow_with_bar(handle: WorkflowHandle, writer: MetricsWriter, steps: int) -> TrainingResult:
+async def _leave(client: Client, job: JobSpec, job_id: str, why: str, *, stop_on_exit: bool, local: bool) -> None:
+    """The client is going away: terminate the job if asked to, else say how to follow it again."""
+    from rollart.client.train import terminate_job
+
+    if stop_on_exit:
+        try:
+            n = await terminate_job(client, job_id, f"rollart train was {why}")
+            print(f"{why}: terminated job {job_id} ({n} running workflows)"
+                  + ("; the local stack stops with this command" if local else ""), flush=True)  # fmt: skip
+        except Exception as e:  # the server may be the thing that failed
+            print(f"{why}: could not terminate job {job_id}: {e}", flush=True)
+        return
+    print(f"{why}: job {job_id} keeps running on {job.temporal.address}; follow it again with:\n"
+          f"  {attach_command(job, job_id)}", flush=True)
+
+
+def attach_command(job: JobSpec, job_id: str) -> str:
+    """The command line that re-attaches to a job on the job's server."""
+    cmd = f"rollart attach {job_id} --temporal-address {job.temporal.address}"
+    return cmd + (f" --namespace {job.temporal.namespace}" if job.temporal.namespace != "default" else "")
+
+
+def is_workflow_failure(e: BaseException) -> bool:
+    """The job itself failed (an answer from Temporal, not a client problem): nothing to detach from."""
+    from temporalio.client import WorkflowFailureError
+
+    return isinstance(e, WorkflowFailureError)
+
+
+async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: MetricsWriter, steps: int) -> TrainingResult:
     """Follow the job to its end: a progress bar on a terminal, one line per step in a log file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rollart.client.connection import Outage
     from rollart.client.train import follow
     from rollart.contracts.training import TrainingStatus, stall_summary
 
@@ -107,7 +159,10 @@ async def _follow_with_bar(handle: WorkflowHandle, writer: MetricsWriter, steps:
                 print(line or "stall cleared", flush=True)
             shown[0] = stalled
 
-        return await follow(handle, writer, on_step, on_status=on_status)
+        def say(line: str) -> None:
+            print(line, flush=True)  # above the bar on a terminal (rich redirects stdout), a line in a log file
+
+        return await follow(handle, writer, on_step, on_status=on_status, outage=Outage(say=say), client=client)
 
 
 async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingResult, writer: MetricsWriter) -> None:

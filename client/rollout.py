@@ -10,11 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from rollart.client.connection import Outage, retry_unreachable
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",
            "run_rollout", "unit_input"]
@@ -85,23 +87,29 @@ async def run_rollout(
     job_id: str,
     on_done: Callable[[RolloutOutcome], None] | None = None,
     max_starts_in_flight: int = 64,
+    outage: Outage | None = None,
 ) -> list[RolloutOutcome]:
     """Start every trajectory on the control queue and wait for all; order follows `inputs`.
+
+    A server outage is waited out (`outage` says when it starts and ends): starts and result waits that
+    fail because the server is unreachable are tried again.
 
     Members of a group of a `rollout_unit: group` task (consecutive inputs on one seed) play in one
     GroupRolloutWorkflow, as in training; every other input is a TrajectoryWorkflow of its own.
     """
     starts = asyncio.Semaphore(max_starts_in_flight)
+    watch = outage or Outage()
 
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
         workflow_type, workflow_id, inp = unit_input(first, members, job_id)
         result_type = TrajectoryResult if workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         t0 = time.monotonic()
+        queue = queue_name(Pool.CONTROL, members[0].queue_prefix)
         async with starts:
-            handle = await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type,
-                                                 task_queue=queue_name(Pool.CONTROL, members[0].queue_prefix))  # fmt: skip
+            handle = await retry_unreachable(lambda: _start(client, workflow_type, inp, workflow_id, queue, result_type),
+                                             watch)  # fmt: skip
         try:
-            result, error = await handle.result(), None
+            result, error = await retry_unreachable(handle.result, watch), None
         except WorkflowFailureError as e:
             result, error = None, str(e.cause or e)
         results = result if isinstance(result, list) else [result] * len(members)
@@ -113,6 +121,15 @@ async def run_rollout(
 
     units = await asyncio.gather(*(unit(first, members) for first, members in rollout_units(inputs)))
     return [outcome for outcomes in units for outcome in outcomes]
+
+
+async def _start(client: Client, workflow_type: str, inp: object, workflow_id: str, queue: str,
+                 result_type: type) -> WorkflowHandle:  # fmt: skip
+    """Start one unit's workflow; one already started (a retried start whose answer was lost) is taken as it is."""
+    try:
+        return await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type, task_queue=queue)
+    except WorkflowAlreadyStartedError:
+        return client.get_workflow_handle(workflow_id, result_type=result_type)
 
 
 def unit_input(first: int, members: list[TrajectoryInput], job_id: str) -> tuple[str, str, TrajectoryInput | GroupRolloutInput]:

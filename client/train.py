@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from rollart.client.connection import Outage, is_unreachable, probe
 from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
@@ -15,7 +16,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.service import RPCError
 
-__all__ = ["MetricsWriter", "follow", "start_training", "status_of", "terminate_job"]
+__all__ = ["MetricsWriter", "follow", "run_dir_of", "start_training", "status_of", "terminate_job"]
 
 
 async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Path) -> WorkflowHandle:
@@ -34,19 +35,39 @@ async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Pat
     )
 
 
+async def run_dir_of(client: Client, job_id: str) -> Path:
+    """The run dir a job was started with: read from its current run's input (continue-as-new carries it)."""
+    handle = client.get_workflow_handle(job_id)
+    async for event in handle.fetch_history_events():
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        (inp,) = await client.data_converter.decode(payloads, [TrainingInput])
+        return Path(inp.run_dir)
+    raise ValueError(f"workflow {job_id!r} has no history")
+
+
 async def status_of(handle: WorkflowHandle) -> TrainingStatus:
     """The live status query."""
     return await handle.query("status", result_type=TrainingStatus)
 
 
 class MetricsWriter:
-    """Appends each new step record to `metrics.jsonl` once, with elapsed time and rates since the start."""
+    """Appends each new step record to `metrics.jsonl` once, with elapsed time and rates since the start.
+
+    A file already there (a re-attached client) is continued: its steps are not written again.
+    """
 
     def __init__(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
         self.written = -1
         self.last_time: float | None = None
+        text = self.path.read_text() if self.path.exists() else ""
+        if text and not text.endswith("\n"):  # the last client died mid-line: drop it, its step is written again
+            text = text[: text.rfind("\n") + 1]
+            self.path.write_text(text)
+        for line in text.splitlines():
+            row = json.loads(line)
+            self.written, self.last_time = row["step"], row["time"]
 
     def write(self, records: list[StepRecord], started_at: float) -> list[dict]:
         """Write the records not yet written; returns them as dicts (with derived fields)."""
@@ -72,29 +93,69 @@ async def follow(
     writer: MetricsWriter,
     on_step: Callable[[dict], None],
     poll_s: float = 1.0,
+    outage: Outage | None = None,
+    client: Client | None = None,
     on_status: Callable[[TrainingStatus], None] | None = None,
 ) -> TrainingResult:
     """Poll the status query until the workflow ends; every new step goes to metrics.jsonl and `on_step`,
-    every status to `on_status` (the progress bar's stall line)."""
+    every status to `on_status` (the progress bar's stall line).
+
+    A server outage is waited out: the status poll backs off (capped) and the result wait, which dies with
+    the connection, is started again; `outage` says when the server went away and when it came back (at
+    once with `client`, whose health is checked before each poll; else when the SDK's retries give up).
+    """
+    outage = outage or Outage()
     result_task = asyncio.create_task(handle.result())
     started_at: float | None = None
-    while True:
-        try:
-            status = await status_of(handle)
-            started_at = status.started_at
-            for row in writer.write(status.history, started_at):
-                on_step(row)
-            if on_status is not None:
-                on_status(status)
-        except RPCError:
-            pass  # between runs (continue-as-new) or the server is restarting: try again
-        done, _ = await asyncio.wait({result_task}, timeout=poll_s)
-        if done:
+    try:
+        while True:
+            if client is None or await probe(client, outage):
+                started_at = await _poll(handle, writer, on_step, outage, started_at, client, on_status)
+            done, _ = await asyncio.wait({result_task}, timeout=outage.next_delay() if outage.down else poll_s)
+            if not done:
+                continue
+            error = result_task.exception()
+            if error is not None and is_unreachable(error):
+                outage.failed(error)
+                result_task = asyncio.create_task(handle.result())  # the wait died with the connection
+                continue
             result: TrainingResult = result_task.result()
+            outage.ok()
+            started_at = await _poll(handle, writer, on_step, outage, started_at, client, on_status)  # steps since the last poll
             if result.last is not None and started_at is not None:
                 for row in writer.write([result.last], started_at):
                     on_step(row)
             return result
+    finally:
+        result_task.cancel()
+
+
+async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable[[dict], None], outage: Outage,
+                started_at: float | None, client: Client | None,
+                on_status: Callable[[TrainingStatus], None] | None = None) -> float | None:  # fmt: skip
+    """One status query: new steps to the writer and `on_step`; returns the job's start time once known.
+
+    A query that has not answered in 5 s is dropped (no worker answers, or the server is gone: the SDK would
+    retry a call to a dead server for ~10 s before saying so) and, with `client`, the server's health checked.
+    """
+    try:
+        status = await asyncio.wait_for(status_of(handle), 5.0)
+    except asyncio.TimeoutError:
+        if client is not None:
+            await probe(client, outage)
+        return started_at
+    except RPCError as e:
+        if is_unreachable(e):
+            outage.failed(e)
+        else:
+            outage.ok()  # the server answered (between runs of continue-as-new, no worker yet): try again
+        return started_at
+    outage.ok()
+    for row in writer.write(status.history, status.started_at):
+        on_step(row)
+    if on_status is not None:
+        on_status(status)
+    return status.started_at
 
 
 async def terminate_job(client: Client, job_id: str, reason: str) -> int:

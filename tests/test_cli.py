@@ -25,7 +25,7 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
 @pytest.mark.parametrize(
     "command",
     [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"], ["k8s"],
-     ["k8s", "render"], ["k8s", "apply"], ["eval"]],
+     ["k8s", "render"], ["k8s", "apply"], ["eval"], ["attach"]],
 )
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
@@ -208,7 +208,8 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
         _wait_for_line(proc, "step 2/50", 240)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
-        assert "interrupted: terminated the job's" in out
+        assert "interrupted: terminated job frozenlake-" in out  # the job id, though the job is gone
+        assert "the local stack stops with this command" in out
         assert proc.returncode != 0
         assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 2
         logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "home").rglob("*.log"))

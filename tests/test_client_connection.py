@@ -1,0 +1,78 @@
+"""The client side of an outage, without a server: which errors mean unreachable, one line per outage, backoff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rollart.cli.train import attach_command
+from rollart.client.connection import Outage, is_unreachable, retry_unreachable
+from rollart.client.train import MetricsWriter
+from rollart.contracts.training import StepRecord
+from rollart.infra.config import JobSpec, TemporalConfig
+from temporalio.service import RPCError, RPCStatusCode
+
+from tests.support.tasks import frozenlake_task
+
+
+def test_unreachable_is_a_lost_connection_not_an_answer() -> None:
+    assert is_unreachable(RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b""))
+    assert is_unreachable(RPCError("transport error", RPCStatusCode.UNKNOWN, b""))
+    assert is_unreachable(ConnectionError("cannot reach the Temporal server"))
+    assert not is_unreachable(RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b""))
+    assert not is_unreachable(RPCError("query timed out", RPCStatusCode.DEADLINE_EXCEEDED, b""))
+    assert not is_unreachable(ValueError("bad input"))
+
+
+def test_an_outage_is_said_once_and_its_end_once_with_a_capped_backoff() -> None:
+    said: list[str] = []
+    outage = Outage(say=said.append, min_delay_s=0.5, max_delay_s=2.0)
+    outage.ok()
+    for _ in range(5):
+        outage.failed(RPCError("tcp connect error\nmore", RPCStatusCode.UNAVAILABLE, b""))
+    assert [outage.next_delay() for _ in range(5)] == [0.5, 1.0, 2.0, 2.0, 2.0]
+    outage.ok()
+    outage.ok()
+    assert said == ["Temporal unreachable, retrying (tcp connect error)", "Temporal is back after 0 s"]
+    outage.failed(ConnectionError("refused"))
+    assert outage.down and outage.outages == 2 and outage.next_delay() == 0.5  # a new outage starts over
+
+
+async def test_retry_waits_out_unreachable_errors_and_raises_the_others() -> None:
+    said: list[str] = []
+    outage = Outage(say=said.append, min_delay_s=0.0, max_delay_s=0.0)
+    answers: list[object] = [RPCError("transport error", RPCStatusCode.UNAVAILABLE, b""), ConnectionError("x"), 7]
+
+    async def call() -> int:
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a  # type: ignore[return-value]
+
+    assert await retry_unreachable(call, outage) == 7 and len(said) == 2
+    answers.append(RPCError("not found", RPCStatusCode.NOT_FOUND, b""))
+    with pytest.raises(RPCError):
+        await retry_unreachable(call, outage)
+
+
+def _record(step: int) -> StepRecord:
+    return StepRecord(step=step, version=step + 1, time=100.0 + step, samples=4, reward_mean=1.0, success_rate=1.0)
+
+
+def test_a_reattached_metrics_writer_continues_the_file(tmp_path: Path) -> None:
+    MetricsWriter(tmp_path).write([_record(0), _record(1)], started_at=99.0)
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 2, "ti')  # the last client died mid-line
+    again = MetricsWriter(tmp_path)
+    new = again.write([_record(0), _record(1), _record(2)], started_at=99.0)
+    assert [r["step"] for r in new] == [2] and new[0]["step_interval_s"] == pytest.approx(1.0)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+
+
+def test_the_reattach_command_names_server_and_namespace() -> None:
+    job = JobSpec(tasks=[frozenlake_task()], temporal=TemporalConfig(address="10.0.0.5:7233"))
+    assert attach_command(job, "j-1") == "rollart attach j-1 --temporal-address 10.0.0.5:7233"
+    other = JobSpec(tasks=[frozenlake_task()], temporal=TemporalConfig(address="t:7233", namespace="team"))
+    assert attach_command(other, "j-2") == "rollart attach j-2 --temporal-address t:7233 --namespace team"
