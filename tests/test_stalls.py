@@ -104,10 +104,10 @@ def test_old_status_and_state_payloads_still_decode() -> None:
 
 
 def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
     import time
 
     from rollart.cli import status as cli_status
+    from rollart.cli.main import build_parser
     from rollart.client import train as client_train
     from rollart.contracts.training import Stall
     from rollart.infra import temporal
@@ -130,7 +130,7 @@ def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys
 
     monkeypatch.setattr(temporal, "connect", connect)
     monkeypatch.setattr(client_train, "status_of", status_of)
-    args = argparse.Namespace(job_id="j", temporal_address="127.0.0.1:1", namespace="default")
+    args = build_parser().parse_args(["status", "j", "--temporal-address", "127.0.0.1:1"])  # as a user types it
     assert cli_status.run(args) == 0
     assert "STALLED: no worker on h800 for 60 s, 10 activities waiting (since " in capsys.readouterr().out
 
