@@ -88,13 +88,15 @@ async def probe(client: Client, outage: Outage, timeout_s: float = 2.0) -> bool:
     return True
 
 
-async def retry_unreachable(call: Callable[[], Awaitable[T]], outage: Outage) -> T:
-    """Run `call` until it succeeds, waiting out unreachable errors; any other error is raised."""
+async def retry_unreachable(call: Callable[[], Awaitable[T]], outage: Outage, give_up_after_s: float | None = None) -> T:
+    """Run `call` until it succeeds, waiting out unreachable errors (for at most `give_up_after_s`, then the last
+    one is raised); any other error is raised at once."""
+    deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
     while True:
         try:
             value = await call()
         except Exception as e:
-            if not is_unreachable(e):
+            if not is_unreachable(e) or (deadline is not None and time.monotonic() >= deadline):
                 raise
             outage.failed(e)
             await asyncio.sleep(outage.next_delay())
@@ -106,15 +108,4 @@ async def retry_unreachable(call: Callable[[], Awaitable[T]], outage: Outage) ->
 async def connect_retrying(temporal: TemporalConfig, store: StoreConfig, outage: Outage,
                            give_up_after_s: float | None = None) -> Client:  # fmt: skip
     """Connect, retrying while the server is unreachable (up to `give_up_after_s`, then the ConnectionError)."""
-    deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
-    while True:
-        try:
-            client = await connect(temporal, store)
-        except ConnectionError as e:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise
-            outage.failed(e)
-            await asyncio.sleep(outage.next_delay())
-            continue
-        outage.ok()
-        return client
+    return await retry_unreachable(lambda: connect(temporal, store), outage, give_up_after_s)
