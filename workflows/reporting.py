@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from rollart.contracts.rollouts import TrajectoryResult
 from temporalio import workflow
 
-__all__ = ["TRAJECTORIES_DONE", "report"]
+__all__ = ["TRAJECTORIES_DONE", "report", "reporter"]
 
 TRAJECTORIES_DONE = "trajectories_done"
 """The signal a finished trajectory (or lockstep batch) sends to the workflow named in `report_to`."""
@@ -21,7 +23,7 @@ async def report(report_to: str | None, results: list[TrajectoryResult]) -> None
         workflow.logger.warning("could not report %d trajectories to %s: %s", len(results), report_to, err)
 
 
-def reporter(report_to: str | None):  # noqa: ANN201 - a Report callable for lockstep.play
+def reporter(report_to: str | None) -> Callable[[list[TrajectoryResult]], Awaitable[None]]:
     """`report` bound to one parent, as the driver's per-unit callback."""
 
     async def send(results: list[TrajectoryResult]) -> None:
