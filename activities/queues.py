@@ -1,4 +1,4 @@
-"""`describe_queues` on the control queue: backlog and pollers of a job's queues, for its stall checks."""
+"""`describe_queues` on the control queue: backlog, pollers and live workers of a job's queues, for its stall checks."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 
 from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
 from rollart.infra.backlog import queue_stats
+from rollart.infra.liveness import queue_liveness
 from temporalio import activity
 from temporalio.client import Client
 
@@ -20,9 +21,11 @@ class QueueActivities:
 
     @activity.defn(name="describe_queues")
     async def describe_queues(self, inp: DescribeQueuesInput) -> DescribeQueuesResult:
-        """One DescribeTaskQueue per queue, at once: what waits there and who polls it."""
-        stats = await asyncio.gather(*(queue_stats(self.client, q) for q in inp.queues))
-        return DescribeQueuesResult(queues=[
-            QueueState(queue=q, backlog=s.backlog, backlog_age_s=s.backlog_age_s, pollers=s.pollers)
-            for q, s in zip(inp.queues, stats)
-        ])  # fmt: skip
+        """All queues at once: what waits there, who polls it, which workers heartbeat on it."""
+        return DescribeQueuesResult(queues=list(await asyncio.gather(*(self._describe(q) for q in inp.queues))))
+
+    async def _describe(self, queue: str) -> QueueState:
+        stats, live = await asyncio.gather(queue_stats(self.client, queue), queue_liveness(self.client, queue))
+        signs = [s for s in (stats.last_poll_s_ago, live.last_heartbeat_s_ago if live else None) if s is not None]
+        return QueueState(queue=queue, backlog=stats.backlog, backlog_age_s=stats.backlog_age_s, pollers=stats.pollers,
+                          workers=live.alive if live else None, last_seen_s_ago=min(signs, default=None))  # fmt: skip

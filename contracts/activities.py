@@ -342,12 +342,19 @@ class DescribeQueuesInput(_Message):
 
 
 class QueueState(_Message):
-    """One queue as Temporal describes it: tasks waiting, how long the oldest has waited, workers polling."""
+    """One queue as Temporal describes it: tasks waiting, how long the oldest has waited, who serves it.
+
+    `workers` counts the workers whose heartbeats are current (None: the server keeps no heartbeats);
+    `last_seen_s_ago` is the time since the newest sign of any worker, a heartbeat or a poll (None: no
+    worker ever seen). Descriptions recorded before these two existed carry neither.
+    """
 
     queue: str
     backlog: int
     backlog_age_s: float = 0.0
     pollers: int = 0
+    workers: int | None = None
+    last_seen_s_ago: float | None = None
 
 
 class DescribeQueuesResult(_Message):

@@ -29,6 +29,7 @@ class QueueStats:
     add_rate: float
     dispatch_rate: float
     pollers: int = 0  # workers seen polling the queue in the last POLLER_FRESH_S
+    last_poll_s_ago: float | None = None  # since the newest poll Temporal lists; None: no poller listed
 
 
 async def queue_stats(client: Client, queue: str, namespace: str | None = None) -> QueueStats:
@@ -51,4 +52,5 @@ async def queue_stats(client: Client, queue: str, namespace: str | None = None) 
         add_rate=float(st.tasks_add_rate),
         dispatch_rate=float(st.tasks_dispatch_rate),
         pollers=len(fresh),
+        last_poll_s_ago=min((now - p.last_access_time.ToSeconds() for p in resp.pollers), default=None),
     )

@@ -229,6 +229,11 @@ class TemporalConfig(_Strict):
         description="prepended to every task queue the job's workflows and workers use (`team-a-` → `team-a-cpu`): "
         "jobs sharing one server with their own workers keep them apart",
     )  # fmt: skip
+    worker_heartbeat_s: float = Field(
+        5.0, ge=1.0, le=60.0,
+        description="how often each worker tells the server it is alive (Temporal's worker heartbeats): the stall "
+        "checks tell a dead pool from a busy one by them, within a few of these",
+    )  # fmt: skip
 
 
 class MooncakeConfig(_Strict):
@@ -375,8 +380,9 @@ class TrainerConfig(_Strict):
 class StallConfig(_Strict):
     """When the job calls itself stalled, and whether it then gives up (`training.stall`).
 
-    Every `check_every_s` the training workflow reads the backlog and pollers of the queues its tasks use.
-    A queue with work waiting and no worker polling for `no_worker_after_s` is a stall on that pool; so is
+    Every `check_every_s` the training workflow reads the backlog, the pollers and the worker heartbeats of
+    the queues its tasks use. A queue with work waiting and no sign of a live worker (a current heartbeat
+    or a poll) for `no_worker_after_s` is a stall on that pool; so is
     no trajectory finishing for `no_progress_factor` × the recent median interval between finishes (at
     least `no_progress_min_s`) while some are in flight. With `fail_after_s` a stall that lasts that long
     ends the job with an error naming the pool; without it the job waits, and resumes when a worker appears.
@@ -384,7 +390,7 @@ class StallConfig(_Strict):
 
     enabled: bool = True
     check_every_s: float = Field(15.0, gt=0.0)
-    no_worker_after_s: float = Field(60.0, ge=0.0)
+    no_worker_after_s: float = Field(30.0, ge=0.0)
     no_progress_factor: float = Field(10.0, gt=1.0)
     no_progress_min_s: float = Field(60.0, ge=0.0)
     fail_after_s: float | None = Field(None, gt=0.0)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
+from datetime import timedelta
 
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.payload_storage import external_storage
@@ -13,9 +15,11 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
+from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["DEFAULT_ADDRESS", "NamespaceNotFound", "TemporalAddressError", "connect", "data_converter", "ui_url"]
+__all__ = ["DEFAULT_ADDRESS", "NamespaceNotFound", "TemporalAddressError", "connect", "data_converter", "runtime",
+           "ui_url"]  # fmt: skip
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 
@@ -26,6 +30,16 @@ def data_converter(store: StoreConfig) -> DataConverter:
         pydantic_data_converter,
         external_storage=external_storage(open_store(store), store.payload_threshold_bytes),
     )
+
+
+@functools.cache
+def runtime(heartbeat_s: float) -> Runtime:
+    """The SDK runtime of this process's clients: the default, but with worker heartbeats every `heartbeat_s`.
+
+    The heartbeats are what the stall checks read (infra/liveness.py): a worker whose slots are all busy
+    does not poll, but it still heartbeats, and a killed one stops at once. One runtime per interval.
+    """
+    return Runtime(telemetry=TelemetryConfig(), worker_heartbeat_interval=timedelta(seconds=heartbeat_s))
 
 
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):([0-9]{1,5})$")
@@ -50,7 +64,8 @@ async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | 
     address = temporal.address or DEFAULT_ADDRESS
     if wait is None:
         try:
-            return await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store))
+            return await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store),
+                                        runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
         except RuntimeError as e:
             raise ConnectionError(
                 f"cannot reach the Temporal server at {address} (namespace {temporal.namespace!r}): {e}. "
@@ -60,7 +75,8 @@ async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | 
     converter = data_converter(store)
 
     async def attempt() -> Client:
-        client = await Client.connect(address, namespace=temporal.namespace, data_converter=converter)
+        client = await Client.connect(address, namespace=temporal.namespace, data_converter=converter,
+                                      runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
         await _check_namespace(client, address, temporal.namespace)
         return client
 

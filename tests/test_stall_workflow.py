@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from rollart.contracts.activities import GenerateInput, GenerateResult
@@ -26,6 +29,7 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from tests.support.paths import REPO
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 
@@ -177,3 +181,49 @@ async def test_no_trajectory_finishing_is_a_stall_too(bare_env: WorkflowEnvironm
             assert (await status_until(handle, lambda s: not s.stalls or s.done)).stalls == []
             result = await asyncio.wait_for(handle.result(), 60)
     assert result.version == 8
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(240)
+async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env: WorkflowEnvironment,
+                                                                        queue_prefix: str, tmp_path: Path) -> None:  # fmt: skip
+    """SIGKILL the only h800 worker (a process of its own) mid-job: the stall is reported from its last heartbeat.
+
+    Temporal lists a killed worker's poller for ~90 s, so judged by pollers the report would come after
+    90 s + `no_worker_after_s`; judged by heartbeats it comes `no_worker_after_s` after the death. A
+    replacement clears it and the job finishes with nothing lost.
+    """
+    after_s = 5.0
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=0.2)
+    address = bare_env.client.service_client.config.target_host
+    engine = subprocess.Popen([sys.executable, "-m", "tests.support.standin_engine", address, queue_prefix,
+                               str(tmp_path / "store")], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    timeline: list[str] = []
+    try:
+        assert engine.stdout is not None and engine.stdout.readline().strip() == "serving"
+        async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
+            handle = await start(bare_env, job(queue_prefix, steps=10, no_worker_after_s=after_s), queue_prefix)
+            await status_until(handle, lambda s: s.step >= 2, timeout_s=60)
+            engine.kill()
+            killed = time.monotonic()
+            timeline.append("  0.0 s  h800 worker SIGKILLed")
+            [stall] = (await status_until(handle, lambda s: s.stalls, timeout_s=60)).stalls
+            detected = time.monotonic() - killed
+            timeline.append(f"{detected:5.1f} s  reported: {stall.describe()}")
+            assert (stall.reason, stall.pool) == ("no_worker", "h800") and stall.backlog > 0
+            # heartbeats every 1 s: at most 2 missed + 5 s grace, then `after_s`, then a check (1 s); far under 90 s
+            assert detected < after_s + 2 + 5 + 1 + 10, "\n".join(timeline)
+            async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix),
+                              activities=[w.generate, w.generate_batch]):  # fmt: skip
+                timeline.append(f"{time.monotonic() - killed:5.1f} s  replacement h800 worker started")
+                await status_until(handle, lambda s: not s.stalls, timeout_s=30)
+                timeline.append(f"{time.monotonic() - killed:5.1f} s  stall cleared")
+                result = await asyncio.wait_for(handle.result(), 120)
+                timeline.append(f"{time.monotonic() - killed:5.1f} s  job finished: {result.version} steps")
+    finally:
+        engine.kill()
+        engine.wait()
+    print("\n" + "\n".join(timeline))
+    assert result.version == 10 and result.failed == 0
+    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+                              + result.buffered_unused)  # fmt: skip

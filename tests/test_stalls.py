@@ -52,6 +52,35 @@ def test_busy_or_idle_pools_are_not_stalled() -> None:
     assert watch.open == []
 
 
+def seen(backlog: int, workers: int | None, last_seen_s_ago: float | None, pollers: int = 0) -> QueueState:
+    """A description with worker heartbeats read (`workers` None: a server that keeps none)."""
+    return QueueState(queue="x", backlog=backlog, pollers=pollers, workers=workers, last_seen_s_ago=last_seen_s_ago)
+
+
+def test_a_dead_worker_is_reported_from_its_last_sign_of_life_not_from_the_first_check() -> None:
+    # killed 45 s ago: its stale heartbeat and poll are still listed, so the first check can report it
+    [stall] = run_checks([(100.0, {"h800": seen(10, workers=0, last_seen_s_ago=65.0, pollers=1)})]).stalls
+    assert (stall.pool, stall.since, stall.reported) == ("h800", 35.0, True)
+    early = run_checks([(100.0, {"h800": seen(10, workers=0, last_seen_s_ago=20.0)})])
+    assert early.stalls == [] and early.open[0].since == 80.0  # seen, under the 60 s threshold
+    # Temporal forgets the dead worker: the clock keeps the since it had
+    later = run_checks([(130.0, {"h800": seen(10, workers=0, last_seen_s_ago=None)})], early)
+    assert later.open[0].since == 80.0 and not later.stalls
+    assert run_checks([(140.0, {"h800": seen(10, workers=0, last_seen_s_ago=None)})], later).stalls
+
+
+def test_a_busy_worker_that_heartbeats_is_no_stall_even_without_polling() -> None:
+    busy = {"h800": seen(40, workers=1, last_seen_s_ago=2.0, pollers=0)}
+    assert run_checks([(t, busy) for t in range(0, 600, 15)]).open == []
+
+
+def test_without_heartbeats_a_recent_poll_is_the_sign_of_life() -> None:
+    polling = {"h800": seen(5, workers=None, last_seen_s_ago=1.0, pollers=1)}
+    assert run_checks([(t, polling) for t in range(0, 600, 15)]).stalls == []
+    gone = {"h800": seen(5, workers=None, last_seen_s_ago=61.0, pollers=1)}  # listed, but silent for 61 s
+    assert [x.pool for x in run_checks([(600.0, gone)]).stalls] == ["h800"]
+
+
 def test_no_progress_uses_the_median_interval_with_a_floor() -> None:
     watch = StallWatch()
     for t in (0.0, 2.0, 4.0, 6.0, 6.0, 8.0):  # reports every 2 s (two at once count once)

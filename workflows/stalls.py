@@ -1,8 +1,9 @@
 """Stall bookkeeping of the training workflow: pure functions from queue descriptions over time to stalls.
 
-A pool stalls when its queue has work waiting and no worker polling it for `no_worker_after_s`; the job
-stalls when no trajectory has reported for `no_progress_factor` × the recent median interval between
-reports (at least `no_progress_min_s`) while some are in flight. Deterministic: times are workflow time.
+A pool stalls when its queue has work waiting and no sign of a live worker (a current heartbeat, a poll) for
+`no_worker_after_s`; the job stalls when no trajectory has reported for `no_progress_factor` × the recent
+median interval between reports (at least `no_progress_min_s`) while some are in flight. Deterministic:
+times are workflow time.
 """
 
 from __future__ import annotations
@@ -44,10 +45,23 @@ def median_interval(finishes: list[float]) -> float | None:
 
 
 def _no_worker(prev: dict[str, Stall], pool: str, q: QueueState, now: float, cfg: StallConfig) -> Stall | None:
-    """Work waiting and nobody polling: the condition, since the first check that saw it."""
-    if q.backlog <= 0 or q.pollers > 0:
+    """Work waiting and no live worker: the condition, since the last sign of a worker.
+
+    A worker whose heartbeat is current is alive even when it does not poll (all its slots busy). Without
+    one, the clock runs from the newest heartbeat or poll, so a killed worker is reported
+    `no_worker_after_s` after its death, not after Temporal forgets its poller (minutes). Descriptions
+    recorded before heartbeats were read (no `workers`, no `last_seen_s_ago`) keep the old rule: nobody
+    polling, since the first check that saw it.
+    """
+    if q.backlog <= 0 or q.workers:
         return None
-    since = prev[pool].since if pool in prev else now
+    first_seen = prev[pool].since if pool in prev else now
+    if q.workers is None and q.last_seen_s_ago is None:  # an old description: pollers only
+        if q.pollers > 0:
+            return None
+        since = first_seen
+    else:
+        since = first_seen if q.last_seen_s_ago is None else now - q.last_seen_s_ago
     return Stall(reason="no_worker", pool=pool, since=since, seen_at=now, backlog=q.backlog,
                  reported=now - since >= cfg.no_worker_after_s)  # fmt: skip
 

@@ -1,0 +1,61 @@
+"""Which workers of a queue are alive: Temporal's worker heartbeats (ListWorkers), read for the stall checks.
+
+A poller list cannot tell a dead worker from a busy one: a worker whose slots are all taken stops polling,
+and Temporal lists a killed worker's poller for minutes. Heartbeats can: every worker of this SDK sends
+one every `temporal.worker_heartbeat_s` (infra/temporal.py sets the interval), busy or not, and a killed
+one simply stops. Servers without worker heartbeats (before 1.28, or with them turned off) answer None.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from temporalio.api.enums.v1 import WorkerStatus
+from temporalio.api.worker.v1 import WorkerHeartbeat
+from temporalio.api.workflowservice.v1 import ListWorkersRequest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+__all__ = ["HEARTBEATS_MISSED", "HEARTBEAT_GRACE_S", "QueueLiveness", "alive", "queue_liveness"]
+
+HEARTBEATS_MISSED = 2
+"""A worker that has missed this many of its heartbeats is taken for dead."""
+
+HEARTBEAT_GRACE_S = 5.0
+"""On top of the missed heartbeats: room for a slow network or a busy server."""
+
+_UNSUPPORTED = {RPCStatusCode.UNIMPLEMENTED, RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.INVALID_ARGUMENT}
+
+
+@dataclass(frozen=True)
+class QueueLiveness:
+    """The heartbeating workers of one queue: how many are alive, and how long ago any was last heard of."""
+
+    alive: int
+    last_heartbeat_s_ago: float | None  # the newest heartbeat of a running worker; None: none ever heard
+
+
+def alive(hb: WorkerHeartbeat, now: float) -> bool:
+    """Running, and heard from within HEARTBEATS_MISSED of its own intervals (plus a grace)."""
+    interval = hb.elapsed_since_last_heartbeat.ToTimedelta().total_seconds() or 60.0
+    age = now - hb.heartbeat_time.ToSeconds()
+    return hb.status == WorkerStatus.WORKER_STATUS_RUNNING and age <= HEARTBEATS_MISSED * interval + HEARTBEAT_GRACE_S
+
+
+async def queue_liveness(client: Client, queue: str, namespace: str | None = None) -> QueueLiveness | None:
+    """The workers heartbeating on `queue`; None where the server keeps no worker heartbeats."""
+    try:
+        resp = await client.workflow_service.list_workers(ListWorkersRequest(
+            namespace=namespace or client.namespace, page_size=1000, query=f"TaskQueue = '{queue}'"))  # fmt: skip
+    except RPCError as e:
+        if e.status in _UNSUPPORTED:
+            return None
+        raise
+    now = time.time()
+    beats = [w.worker_heartbeat for w in resp.workers_info
+             if w.worker_heartbeat.status == WorkerStatus.WORKER_STATUS_RUNNING]  # fmt: skip
+    return QueueLiveness(
+        alive=sum(alive(hb, now) for hb in beats),
+        last_heartbeat_s_ago=min((now - hb.heartbeat_time.ToSeconds() for hb in beats), default=None),
+    )
