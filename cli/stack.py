@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
     from temporalio.client import Client
 
-__all__ = ["Server", "add_stack_args", "connect_client", "home", "prepare_local_stack", "server_for"]
+__all__ = ["CONNECT_WAIT_S", "Server", "add_stack_args", "connect_client", "home", "prepare_local_stack", "server_for"]
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,18 @@ def prepare_local_stack(job: JobSpec, source: str) -> None:
     ensure_model(job, source)
 
 
-async def connect_client(job: JobSpec) -> Client:
-    """A client of the job's Temporal server; an unreachable one is a UserError."""
-    from rollart.infra.temporal import connect
+CONNECT_WAIT_S = 60.0
+"""How long `rollart train` and `rollart rollout` wait for a server that is down (or restarting) when they start."""
 
+
+async def connect_client(job: JobSpec, wait_s: float = CONNECT_WAIT_S) -> Client:
+    """A client of the job's Temporal server, waited for up to `wait_s` ("Temporal unreachable, retrying");
+    a server still unreachable then, or an address that cannot be one, is a UserError."""
+    from rollart.client.connection import Outage, connect_retrying
+
+    outage = Outage()
     try:
-        return await connect(job.temporal, job.store)
+        return await connect_retrying(job.temporal, job.store, outage, give_up_after_s=wait_s)
     except ConnectionError as e:
-        raise UserError(str(e)) from e
+        waited = f" (waited {wait_s:.0f} s)" if outage.down else ""
+        raise UserError(f"{e}{waited}") from e

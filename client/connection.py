@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.temporal import connect
+from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError, connect
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -32,6 +32,8 @@ _TRANSPORT_WORDS = ("transport error", "tcp connect error", "connection refused"
 
 def is_unreachable(e: BaseException) -> bool:
     """True for errors that say the server could not be reached (retry), False for answers it gave (don't)."""
+    if isinstance(e, (TemporalAddressError, NamespaceNotFound)):  # the server answered, or cannot be one
+        return False
     if isinstance(e, RPCError):
         return e.status in _UNREACHABLE or any(w in str(e).lower() for w in _TRANSPORT_WORDS)
     return isinstance(e, (ConnectionError, OSError)) or any(w in str(e).lower() for w in _TRANSPORT_WORDS)

@@ -62,16 +62,18 @@ async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | 
     fails at once.
     """
     address = temporal.address or DEFAULT_ADDRESS
+    _check_address(address)
     if wait is None:
         try:
             return await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store),
                                         runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
         except RuntimeError as e:
+            if "dns error" in str(e):
+                raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {e}") from e
             raise ConnectionError(
                 f"cannot reach the Temporal server at {address} (namespace {temporal.namespace!r}): {e}. "
                 "Start one with `rollart up`, or pass --temporal-address HOST:PORT."
             ) from e
-    _check_address(address)
     converter = data_converter(store)
 
     async def attempt() -> Client:

@@ -1,8 +1,10 @@
-"""The client side of an outage, without a server: which errors mean unreachable, one line per outage, backoff."""
+"""The client side of an outage: which errors mean unreachable, one line per outage, backoff, waiting at start."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,11 @@ from rollart.cli.train import attach_command
 from rollart.client.connection import Outage, is_unreachable, retry_unreachable
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
-from rollart.infra.config import JobSpec, TemporalConfig
+from rollart.cli.errors import UserError
+from rollart.cli.stack import connect_client
+from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig
+from rollart.infra.devserver import DevServer, free_port
+from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError
 from temporalio.service import RPCError, RPCStatusCode
 
 from tests.support.tasks import frozenlake_task
@@ -23,6 +29,8 @@ def test_unreachable_is_a_lost_connection_not_an_answer() -> None:
     assert not is_unreachable(RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b""))
     assert not is_unreachable(RPCError("query timed out", RPCStatusCode.DEADLINE_EXCEEDED, b""))
     assert not is_unreachable(ValueError("bad input"))
+    assert not is_unreachable(TemporalAddressError("bad Temporal address 'x'"))  # waiting would not help
+    assert not is_unreachable(NamespaceNotFound("no namespace 'x'"))
 
 
 def test_an_outage_is_said_once_and_its_end_once_with_a_capped_backoff() -> None:
@@ -76,3 +84,36 @@ def test_the_reattach_command_names_server_and_namespace() -> None:
     assert attach_command(job, "j-1") == "rollart attach j-1 --temporal-address 10.0.0.5:7233"
     other = JobSpec(tasks=[frozenlake_task()], temporal=TemporalConfig(address="t:7233", namespace="team"))
     assert attach_command(other, "j-2") == "rollart attach j-2 --temporal-address t:7233 --namespace team"
+
+
+def _job_on(address: str, tmp_path: Path) -> JobSpec:
+    return JobSpec(name="c", tasks=[frozenlake_task()], temporal=TemporalConfig(address=address),
+                   store=StoreConfig(path=tmp_path / "store"))  # fmt: skip
+
+
+@pytest.mark.orchestration
+@pytest.mark.timeout(120)
+async def test_train_and_rollout_wait_for_a_server_that_is_still_starting(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """`connect_client` (rollart train, rollart rollout) waits out a server that comes up 3 s later."""
+    server = DevServer(db_file=tmp_path / "temporal.db", port=free_port(), ui_port=None)
+    t0 = time.monotonic()
+    later = asyncio.get_running_loop().run_in_executor(None, lambda: (time.sleep(3), server.start()))
+    try:
+        client = await connect_client(_job_on(server.address, tmp_path), wait_s=60)
+        assert await client.service_client.check_health() and time.monotonic() - t0 >= 3
+        await later
+    finally:
+        await later
+        server.stop()
+    out = capsys.readouterr().out
+    assert "Temporal unreachable, retrying" in out and "Temporal is back after" in out
+
+
+async def test_a_bad_or_absent_server_fails_without_a_long_wait(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match="bad Temporal address"):
+        await connect_client(_job_on("no-port-here", tmp_path), wait_s=60)
+    assert time.monotonic() - t0 < 5  # a malformed address is not waited for
+    with pytest.raises(UserError, match=r"cannot reach the Temporal server .* \(waited 1 s\)"):
+        await connect_client(_job_on(f"127.0.0.1:{free_port()}", tmp_path), wait_s=1)
