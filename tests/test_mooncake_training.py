@@ -1,4 +1,4 @@
-"""Training with `store: mooncake` on the real local stack: same outcome as `local`; the master killed mid-run.
+"""Training with `store: mooncake` on the real local stack: same outcome as `local`; the master killed and restarted mid-run.
 
 The stack starts its own `mooncake_master` and store keeper on free loopback
 ports (stopped by PID with the stack). Weights reach vLLM through Mooncake
@@ -8,6 +8,7 @@ bit-exactly: on-policy steps see the trainer's logprobs equal the engine's.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -88,24 +89,47 @@ async def test_mooncake_training_matches_local(mc_stack: LocalStack, mc_client: 
     ]
 
 
-async def test_master_killed_mid_run_falls_back_to_local(mc_stack: LocalStack, mc_client: Client,
-                                                         tmp_path: Path) -> None:
-    """`fallback: local`: the master dies after the first step; every step trains a full batch, none fails."""
-    assert mc_stack.mooncake is not None
+def _steps_written(tmp_path: Path) -> int:
+    """Steps the running job has written to its metrics.jsonl (0 before its run dir exists)."""
+    run_dir = next(iter(tmp_path.glob("e2e-*")), None)
+    metrics = run_dir / "metrics.jsonl" if run_dir else None
+    return len(metrics.read_text().splitlines()) if metrics and metrics.is_file() else 0
 
-    async def kill_after_first_step() -> None:
-        run_dir = next(iter(tmp_path.glob("e2e-*")), None)
-        while run_dir is None or not (run_dir / "metrics.jsonl").is_file():
+
+async def test_master_killed_mid_run_falls_back_to_local_then_serves_again_once_restarted(
+        mc_stack: LocalStack, mc_client: Client, tmp_path: Path) -> None:  # fmt: skip
+    """`fallback: local`: the master dies after the first step and is restarted (empty) after the third.
+
+    Every step trains a full batch and none fails: the run carries on from the local copy, and once the
+    master is back (its keeper mounts again; the workers' clients reconnect) new versions go to Mooncake.
+    """
+    service = mc_stack.mooncake
+    assert service is not None
+    timeline: list[str] = []
+
+    async def kill_then_restart() -> None:
+        while _steps_written(tmp_path) < 1:
             await asyncio.sleep(0.2)
-            run_dir = next(iter(tmp_path.glob("e2e-*")), None)
-        mc_stack.mooncake.kill_master()
+        service.kill_master()
+        t0 = time.monotonic()
+        timeline.append("  0.0 s  master SIGKILLed after step 0")
+        while _steps_written(tmp_path) < 3:
+            await asyncio.sleep(0.2)
+        service.start_master()
+        timeline.append(f"{time.monotonic() - t0:5.1f} s  master restarted (empty) after step 2")
 
-    killer = asyncio.create_task(kill_after_first_step())
-    _, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path, async_bound=1, steps=4)
-    assert killer.done() and mc_stack.mooncake.master_proc.poll() is not None, "the master was not killed mid-run"
-    assert result.version == 4 and [r.step for r in status.history] == [0, 1, 2, 3]
+    chaos = asyncio.create_task(kill_then_restart())
+    job, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path, async_bound=1, steps=6)
+    print("\n" + "\n".join(timeline))
+    assert chaos.done() and len(timeline) == 2, "the master was not killed and restarted mid-run"
+    await chaos
+    assert result.version == 6 and [r.step for r in status.history] == list(range(6))
     assert status.ledger_balanced
     # no trajectory failed while the job ran (those still in flight when it ends are cancelled, whatever the store)
-    assert [r.failed for r in status.history] == [0, 0, 0, 0] and [r.samples for r in status.history] == [8] * 4
+    assert [r.failed for r in status.history] == [0] * 6 and [r.samples for r in status.history] == [8] * 6
     on_policy = [r for r in status.history if r.staleness_max == 0]
-    assert all(r.train["logprob_diff_behav"] < 1e-4 for r in on_policy)  # weights came from the local copy
+    assert all(r.train["logprob_diff_behav"] < 1e-4 for r in on_policy)  # weights came whole, from either store
+    store = open_store(mc_stack.store)
+    assert isinstance(store, MirroredStore) and isinstance(store.cache, MooncakeStore)
+    ref = latest_weights(store.cache, job.name)  # the restarted master serves the versions published since
+    assert ref is not None and ref.version == 6
