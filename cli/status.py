@@ -54,7 +54,7 @@ async def _status(args: argparse.Namespace) -> int:
             st = await retry_unreachable(lambda: status_of(handle), outage)
         else:
             client = await connect(job.temporal, job.store)
-            st = await status_of(client.get_workflow_handle(args.job_id))
+            st = await _answer(client, client.get_workflow_handle(args.job_id))
     except (ConnectionError, RPCError) as e:
         raise UserError(f"cannot get the status of {args.job_id!r} from {args.temporal_address}: {e}") from e
     _print_status(st)
@@ -67,19 +67,42 @@ async def _follow(client: Client, handle: WorkflowHandle, st: TrainingStatus, ou
     """A line per step the job finishes, then the whole status once it is done."""
     from rollart.client.connection import probe, retry_unreachable
     from rollart.client.train import status_of
+    from rollart.client.unserved import Unserved
 
-    last = st.step
+    last, unserved = st.step, Unserved()
     while not st.done:
         await asyncio.sleep(outage.next_delay() if outage.down else interval_s)
         if not await probe(client, outage):
             continue
-        st = await retry_unreachable(lambda: status_of(handle), outage)
+        try:
+            st = await asyncio.wait_for(retry_unreachable(lambda: status_of(handle), outage), QUERY_WAIT_S)
+        except asyncio.TimeoutError:
+            await unserved.no_answer(client, handle)
+            continue
+        unserved.answered()
         for r in st.history:
             if r.step >= last:
                 print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
                       f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}", flush=True)  # fmt: skip
         last = st.step
     _print_status(st)
+
+
+QUERY_WAIT_S = 10.0
+"""How long `rollart status` waits for the job to answer before it asks Temporal whether anybody serves it."""
+
+
+async def _answer(client: Client, handle: WorkflowHandle) -> TrainingStatus:
+    """The status query; unanswered within QUERY_WAIT_S, a UserError saying why (no worker serves the job, say)."""
+    from rollart.client.train import status_of
+    from rollart.client.unserved import unserved
+
+    try:
+        return await asyncio.wait_for(status_of(handle), QUERY_WAIT_S)
+    except asyncio.TimeoutError:
+        why = await unserved(client, handle)
+        raise UserError(why or f"job {handle.id!r} did not answer its status query within {QUERY_WAIT_S:.0f} s "
+                        "(its worker is busy or slow); try again") from None  # fmt: skip
 
 
 def _print_status(st: TrainingStatus) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rollart.client.connection import Outage, is_unreachable, probe
+from rollart.client.unserved import Unserved
 from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
@@ -105,12 +106,13 @@ async def follow(
     once with `client`, whose health is checked before each poll; else when the SDK's retries give up).
     """
     outage = outage or Outage()
+    unserved = Unserved(say=outage.say)
     result_task = asyncio.create_task(handle.result())
     started_at: float | None = None
     try:
         while True:
             if client is None or await probe(client, outage):
-                started_at = await _poll(handle, writer, on_step, outage, started_at, client, on_status)
+                started_at = await _poll(handle, writer, on_step, outage, unserved, started_at, client, on_status)
             done, _ = await asyncio.wait({result_task}, timeout=outage.next_delay() if outage.down else poll_s)
             if not done:
                 continue
@@ -121,7 +123,7 @@ async def follow(
                 continue
             result: TrainingResult = result_task.result()
             outage.ok()
-            started_at = await _poll(handle, writer, on_step, outage, started_at, client, on_status)  # steps since the last poll
+            started_at = await _poll(handle, writer, on_step, outage, unserved, started_at, client, on_status)  # steps since the last poll
             if result.last is not None and started_at is not None:
                 for row in writer.write([result.last], started_at):
                     on_step(row)
@@ -131,18 +133,19 @@ async def follow(
 
 
 async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable[[dict], None], outage: Outage,
-                started_at: float | None, client: Client | None,
+                unserved: Unserved, started_at: float | None, client: Client | None,
                 on_status: Callable[[TrainingStatus], None] | None = None) -> float | None:  # fmt: skip
     """One status query: new steps to the writer and `on_step`; returns the job's start time once known.
 
     A query that has not answered in 5 s is dropped (no worker answers, or the server is gone: the SDK would
-    retry a call to a dead server for ~10 s before saying so) and, with `client`, the server's health checked.
+    retry a call to a dead server for ~10 s before saying so) and, with `client`, the server's health checked;
+    a healthy server with nobody serving the job's workflow queue is said once (`unserved`).
     """
     try:
         status = await asyncio.wait_for(status_of(handle), 5.0)
     except asyncio.TimeoutError:
-        if client is not None:
-            await probe(client, outage)
+        if client is not None and await probe(client, outage):
+            await unserved.no_answer(client, handle)
         return started_at
     except RPCError as e:
         if is_unreachable(e):
@@ -151,6 +154,7 @@ async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable
             outage.ok()  # the server answered (between runs of continue-as-new, no worker yet): try again
         return started_at
     outage.ok()
+    unserved.answered()
     for row in writer.write(status.history, status.started_at):
         on_step(row)
     if on_status is not None:

@@ -14,6 +14,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rollart.activities.queues import QueueActivities
+from rollart.client.connection import Outage
+from rollart.client.train import MetricsWriter, follow
 from rollart.contracts.activities import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig
@@ -227,3 +230,32 @@ async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env
     assert result.version == 10 and result.failed == 0
     assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
+
+
+@pytest.mark.timeout(180)
+async def test_a_job_no_worker_serves_says_so_to_status_and_followers(bare_env: WorkflowEnvironment,
+                                                                      queue_prefix: str, tmp_path: Path) -> None:  # fmt: skip
+    """No control worker: nothing runs the job, so it cannot report itself; its clients ask Temporal and say so."""
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
+    async with standin_workers(bare_env.client, w, missing_pools=["control"]):
+        handle = await start(bare_env, job(queue_prefix), queue_prefix)
+        address = bare_env.client.service_client.config.target_host
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "rollart.cli", "status", handle.id, "--temporal-address", address,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO)  # fmt: skip
+        out = (await status.communicate())[0].decode()
+        control = queue_name(Pool.CONTROL, queue_prefix)
+        assert status.returncode == 2, out
+        assert f"no worker serves job {handle.id}'s workflow queue '{control}' (none seen)" in out, out
+        said: list[str] = []
+        following = asyncio.create_task(follow(handle, MetricsWriter(tmp_path), lambda row: None, poll_s=0.2,
+                                               outage=Outage(say=said.append), client=bare_env.client))  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not said and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert said and said[0].startswith(f"no worker serves job {handle.id}'s workflow queue"), said
+        async with Worker(bare_env.client, task_queue=control, workflows=list(ALL_WORKFLOWS),
+                          activities=[QueueActivities(bare_env.client).describe_queues]):  # fmt: skip
+            result = await asyncio.wait_for(following, 60)
+    assert result.version == 2
+    assert said == [said[0], "the job answers again: a worker serves its workflow queue"]
