@@ -6,6 +6,7 @@ import asyncio
 
 from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
 from rollart.infra.backlog import queue_stats
+from rollart.infra.config import TemporalConfig
 from rollart.infra.liveness import queue_liveness
 from temporalio import activity
 from temporalio.client import Client
@@ -16,8 +17,9 @@ __all__ = ["QueueActivities"]
 class QueueActivities:
     """Reads task-queue descriptions through the control worker's own client (workflows cannot)."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, heartbeat_s: float = TemporalConfig().worker_heartbeat_s) -> None:
         self.client = client
+        self.heartbeat_s = heartbeat_s  # the deployment's worker heartbeat interval (temporal.worker_heartbeat_s)
 
     @activity.defn(name="describe_queues")
     async def describe_queues(self, inp: DescribeQueuesInput) -> DescribeQueuesResult:
@@ -25,7 +27,7 @@ class QueueActivities:
         return DescribeQueuesResult(queues=list(await asyncio.gather(*(self._describe(q) for q in inp.queues))))
 
     async def _describe(self, queue: str) -> QueueState:
-        stats, live = await asyncio.gather(queue_stats(self.client, queue), queue_liveness(self.client, queue))
+        stats, live = await asyncio.gather(queue_stats(self.client, queue), queue_liveness(self.client, queue, self.heartbeat_s))
         signs = [s for s in (stats.last_poll_s_ago, live.last_heartbeat_s_ago if live else None) if s is not None]
         return QueueState(queue=queue, backlog=stats.backlog, backlog_age_s=stats.backlog_age_s, pollers=stats.pollers,
                           workers=live.alive if live else None, last_seen_s_ago=min(signs, default=None))  # fmt: skip

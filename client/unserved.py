@@ -12,16 +12,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rollart.infra.backlog import POLLER_FRESH_S, queue_stats
+from rollart.infra.config import TemporalConfig
 from rollart.infra.liveness import HEARTBEAT_GRACE_S, queue_liveness
 from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["Unserved", "unserved"]
 
 
-async def unserved(client: Client, handle: WorkflowHandle) -> str | None:
+async def unserved(client: Client, handle: WorkflowHandle,
+                   heartbeat_s: float = TemporalConfig().worker_heartbeat_s) -> str | None:  # fmt: skip
     """A line for people when no worker serves the job's workflow queue; None when one does (it is just slow)."""
     queue = (await handle.describe()).task_queue
-    live, stats = await asyncio.gather(queue_liveness(client, queue), queue_stats(client, queue))
+    live, stats = await asyncio.gather(queue_liveness(client, queue, heartbeat_s), queue_stats(client, queue))
     if live is not None and live.alive:
         return None
     poll = stats.last_poll_s_ago

@@ -36,15 +36,20 @@ class QueueLiveness:
     last_heartbeat_s_ago: float | None  # the newest heartbeat of a running worker; None: none ever heard
 
 
-def alive(hb: WorkerHeartbeat, now: float) -> bool:
-    """Running, and heard from within HEARTBEATS_MISSED of its own intervals (plus a grace)."""
-    interval = hb.elapsed_since_last_heartbeat.ToTimedelta().total_seconds() or 60.0
+def alive(hb: WorkerHeartbeat, now: float, interval_s: float) -> bool:
+    """Running, and heard from within HEARTBEATS_MISSED of its intervals (plus a grace).
+
+    Its interval is the gap it reports before its last heartbeat, or `interval_s` (this deployment's
+    `temporal.worker_heartbeat_s`) where that is shorter or missing: a first heartbeat reports a gap of 0.
+    """
+    interval = max(hb.elapsed_since_last_heartbeat.ToTimedelta().total_seconds(), interval_s)
     age = now - hb.heartbeat_time.ToSeconds()
     return hb.status == WorkerStatus.WORKER_STATUS_RUNNING and age <= HEARTBEATS_MISSED * interval + HEARTBEAT_GRACE_S
 
 
-async def queue_liveness(client: Client, queue: str, namespace: str | None = None) -> QueueLiveness | None:
-    """The workers heartbeating on `queue`; None where the server keeps no worker heartbeats."""
+async def queue_liveness(client: Client, queue: str, interval_s: float,
+                         namespace: str | None = None) -> QueueLiveness | None:  # fmt: skip
+    """The workers heartbeating on `queue` (`interval_s` as in `alive`); None where the server keeps no heartbeats."""
     try:
         resp = await client.workflow_service.list_workers(ListWorkersRequest(
             namespace=namespace or client.namespace, page_size=1000, query=f"TaskQueue = '{queue}'"))  # fmt: skip
@@ -56,6 +61,6 @@ async def queue_liveness(client: Client, queue: str, namespace: str | None = Non
     beats = [w.worker_heartbeat for w in resp.workers_info
              if w.worker_heartbeat.status == WorkerStatus.WORKER_STATUS_RUNNING]  # fmt: skip
     return QueueLiveness(
-        alive=sum(alive(hb, now) for hb in beats),
+        alive=sum(alive(hb, now, interval_s) for hb in beats),
         last_heartbeat_s_ago=min((now - hb.heartbeat_time.ToSeconds() for hb in beats), default=None),
     )

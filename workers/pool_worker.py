@@ -171,8 +171,9 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         from rollart.workflows import ALL_WORKFLOWS
 
         # the training workflow's stall checks read queue descriptions through this worker's client
+        queues = QueueActivities(client, settings.temporal.worker_heartbeat_s)
         yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id,
-                      activities=[QueueActivities(client).describe_queues])]  # fmt: skip
+                      activities=[queues.describe_queues])]  # fmt: skip
     elif pool is Pool.CPU:
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         try:
