@@ -140,23 +140,30 @@ async def test_a_failed_single_turn_generation_fails_only_its_group(envs: EnvAct
     assert c.counts["check"] == 1 and c.counts["reward_batch"] == 1
 
 
-class TimingOutBatches(InProcessCalls):
-    """In-process calls whose generate_batch times out for good, as a wedged engine's would under Temporal."""
+class FailingBatches(InProcessCalls):
+    """In-process calls whose generate_batch fails for good as `failure` says (a timeout, a cancellation)."""
+
+    def __init__(self, handlers: dict[str, Any], failure: CallFailed) -> None:
+        super().__init__(handlers)
+        self.failure = failure
 
     async def call(self, activity: ActivityName, arg: BaseModel, **kwargs: Any) -> Any:
         if activity is ActivityName.GENERATE_BATCH:
             self.counts[activity.value] += 1
-            raise CallFailed(activity.value, "timed out (HEARTBEAT)", timed_out=True)
+            raise self.failure
         return await super().call(activity, arg, **kwargs)
 
 
-async def test_a_timed_out_wave_generation_fails_every_group_of_the_wave(envs: EnvActivities) -> None:
-    """A timeout concerns the engine, which per-group calls would wait on again: the wave's groups all fail."""
+@pytest.mark.parametrize("failure", [CallFailed("generate_batch", "timed out (HEARTBEAT)", timed_out=True),
+                                     CallFailed("generate_batch", "Cancelled")], ids=["timeout", "cancelled"])  # fmt: skip
+async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the_wave(envs: EnvActivities,
+                                                                                      failure: CallFailed) -> None:  # fmt: skip
+    """A timeout concerns the engine, which per-group calls would wait on again, and a cancellation (the job
+    ended) the whole wave: its groups all fail, and nothing more is called."""
     task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=2)
-    c = TimingOutBatches(calls(envs)._handlers)
+    c = FailingBatches(calls(envs)._handlers, failure)
     inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=f"g{s}", seed=s) for s in (1, 2)])
     results = await play_single_turn(c, inp)
     assert [r.status for r in results] == ["failed"] * 4
-    assert all(r.error == "generate_batch failed: timed out (HEARTBEAT)" for r in results)
-    assert dict(c.counts) == {"prompts": 1, "generate_batch": 1}  # nothing checked or scored
-
+    assert all(r.error == failure.message for r in results)
+    assert dict(c.counts) == {"prompts": 1, "generate_batch": 1}  # no per-group generate, nothing checked or scored

@@ -187,17 +187,20 @@ async def wave_activities(env: WorkflowEnvironment, job_id: str) -> list[tuple[i
 async def test_a_wave_of_single_turn_groups_makes_one_generate_call(bare_env: WorkflowEnvironment,
                                                                     queue_prefix: str) -> None:  # fmt: skip
     """A wave of N groups: one prompts, one generate_batch (N prompts, n = group size), one check, one
-    reward_batch, whatever N; a training step costs a handful of activities."""
-    w = world(queue_prefix)
+    reward_batch, whatever N; a training step costs a handful of activities. Slow generation leaves the last
+    wave in flight at the end: cancelled, it makes no per-group calls."""
+    w = world(queue_prefix, turn_delay_s=0.3)
     result, status = await train(bare_env, w, single_turn_job())
     assert result.version == 3 and status.ledger_balanced and result.failed == 0
+    assert result.cancelled_in_flight > 0
     assert_ledger(result)
     waves = await wave_activities(bare_env, result.job_id)
     assert waves and max(n for n, _ in waves) >= 4  # the first wave: room for (bound + 1) batches of 4 groups
-    for n, activities in waves:
-        if activities:  # a wave cancelled at the job's end may not have started
-            assert activities == Counter({"prompts": 1, "generate_batch": 1, "check": 1, "reward_batch": 1}), n
-    assert sorted(len(inp.prompts) for inp in w.inputs("generate_batch")) == sorted(n for n, a in waves if a)
+    wave_calls = ["prompts", "generate_batch", "check", "reward_batch"]
+    for n, activities in waves:  # one cancelled at the job's end stops early: a prefix of the four
+        assert list(activities) == wave_calls[: len(activities)] and set(activities.values()) == {1}, (n, activities)
+    assert sum(len(a) == 4 for _, a in waves) >= 2
+    assert sorted(len(inp.prompts) for inp in w.inputs("generate_batch")) == sorted(n for n, _ in waves)
     assert not w.called("generate")
     rollout_calls = sum(sum(a.values()) for _, a in waves)
     assert rollout_calls <= 4 * (result.version + 1)  # ~ one wave of 4 calls per step (the first serves two)

@@ -3,9 +3,9 @@
 One `prompts` for every group's seed, one `generate_batch` for every group's prompt with n = group size (the
 engine batches them and shares each prompt's prefix), then one `check` and one `reward_batch` for every
 answer. A group whose generation fails ends `failed` on its own; the others are checked and scored: when
-the wave's `generate_batch` fails (not by timing out), each group is generated on its own so that the
-failure lands on the groups it concerns. (Runs started before the "single-turn-wave-generate" patch made
-one `generate` per group.)
+the wave's `generate_batch` raises (rather than timing out or being cancelled), each group is generated on
+its own so that the failure lands on the groups it concerns. (Runs started before the patch
+"single-turn-wave-generate" made one `generate` per group.)
 """
 
 from __future__ import annotations
@@ -74,18 +74,19 @@ async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
 
 
 async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
-    """Every group's generation in one `generate_batch`; if it fails, per group (a timeout fails them all).
+    """Every group's generation in one `generate_batch`; if the engine raised, per group.
 
-    A failure that is not a timeout may be one group's (a prompt the engine rejects): generating each group
-    on its own then fails only the groups it concerns, as before the patch. A timeout concerns the engine,
-    which every group's call would wait on again: all of the wave's groups end failed. A bad input raises.
+    An error the activity raised may be one group's (a prompt the engine rejects): generating each group on
+    its own then fails only the groups it concerns, as before the patch. A timeout concerns the engine, which
+    every group's call would wait on again, and a cancellation the whole wave: all of its groups end failed.
+    A bad input raises.
     """
     if not calls.patched(WAVE_GENERATE):
         return await _generate_all(calls, inp, prompts)
     try:
         return list(await _generate_batch(calls, inp, prompts))
     except CallFailed as err:
-        if not err.timed_out:
+        if err.error_type is not None and not err.bad_input:  # raised by the activity: maybe one request's
             calls.logger.info("wave generate_batch failed (%s): generating its %d groups one by one", err.message,
                               len(inp.groups))  # fmt: skip
             return await _generate_all(calls, inp, prompts)
