@@ -143,9 +143,7 @@ async def test_a_failed_single_turn_generation_fails_only_its_group(envs: EnvAct
 class FailingBatches(InProcessCalls):
     """In-process calls whose generate_batch fails for good as `failure` says (a timeout, a cancellation)."""
 
-    def __init__(self, handlers: dict[str, Any], failure: CallFailed) -> None:
-        super().__init__(handlers)
-        self.failure = failure
+    failure: CallFailed
 
     async def call(self, activity: ActivityName, arg: BaseModel, **kwargs: Any) -> Any:
         if activity is ActivityName.GENERATE_BATCH:
@@ -161,7 +159,8 @@ async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the
     """A timeout concerns the engine, which per-group calls would wait on again, and a cancellation (the job
     ended) the whole wave: its groups all fail, and nothing more is called."""
     task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=2)
-    c = FailingBatches(calls(envs)._handlers, failure)
+    c = FailingBatches.of(envs, ScriptedGenerator(), RewardActivities())
+    c.failure = failure
     inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=f"g{s}", seed=s) for s in (1, 2)])
     results = await play_single_turn(c, inp)
     assert [r.status for r in results] == ["failed"] * 4
