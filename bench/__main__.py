@@ -20,6 +20,7 @@ BENCHMARKS = {
     "reward_service": "bench.reward_service",
     "trainer": "bench.trainer",
     "gpu": "bench.gpu",
+    "single_turn": "bench.single_turn",
 }
 ALL = ["end_to_end", "affinity", "overhead", "weight_sync", "reward_service"]
 """What `all` runs, in order (`rollout` is the older single-mode throughput probe: run it by name)."""

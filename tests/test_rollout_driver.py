@@ -8,8 +8,10 @@ milliseconds. (The same driver under Temporal: test_trajectory_workflow, test_tr
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 from rollart.activities.env import EnvActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.in_process import InProcessCalls
@@ -22,6 +24,7 @@ from rollart.contracts.activities import (
     PromptsInput,
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
+from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play
@@ -47,7 +50,7 @@ class ScriptedGenerator:
         return self._result(inp.prompt, inp.data_key, inp.sampling.n)
 
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
-        return [self._result(p, k, 1) for p, k in zip(inp.prompts, inp.data_keys)]
+        return [self._result(p, k, inp.sampling.n) for p, k in zip(inp.prompts, inp.data_keys)]
 
 
 @pytest.fixture
@@ -112,7 +115,18 @@ async def test_older_groups_name_their_members_as_the_parent_always_did() -> Non
     assert GroupSeed(group_id="g1", seed=0).members(3) == ["g1-0", "g1-1", "g1-2"]
 
 
+async def test_a_wave_of_single_turn_groups_is_one_generate_batch(envs: EnvActivities) -> None:
+    task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=3)
+    c = calls(envs, ScriptedGenerator(text="0"))
+    inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=f"g{s}", seed=s) for s in range(5)])
+    results = await play_single_turn(c, inp)
+    assert [r.trajectory_id for r in results] == [f"g{s}-{m}" for s in range(5) for m in range(3)]
+    assert all(r.status == "completed" for r in results)
+    assert dict(c.counts) == {"prompts": 1, "generate_batch": 1, "check": 1, "reward_batch": 1}
+
+
 async def test_a_failed_single_turn_generation_fails_only_its_group(envs: EnvActivities) -> None:
+    """The wave's generate_batch fails; each group is then generated on its own, and only the failing one fails."""
     task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=2)
     prompts = await calls(envs).call(ActivityName.PROMPTS, PromptsInput(env=task.env, seeds=[11, 12, 13]), queue="cpu")
     gen = ScriptedGenerator(text="0", fail_on=prompts[1])  # the second group's prompt kills the engine
@@ -122,5 +136,33 @@ async def test_a_failed_single_turn_generation_fails_only_its_group(envs: EnvAct
     by_group = {g: [r.status for r in results if r.group_id == g] for g in ("g11", "g12", "g13")}
     assert by_group == {"g11": ["completed"] * 2, "g12": ["failed"] * 2, "g13": ["completed"] * 2}
     assert "engine died" in next(r.error for r in results if r.group_id == "g12")
+    assert c.counts["generate_batch"] == 1 and c.counts["generate"] == 3
     assert c.counts["check"] == 1 and c.counts["reward_batch"] == 1
 
+
+class FailingBatches(InProcessCalls):
+    """In-process calls whose generate_batch fails for good as `failure` says (a timeout, a cancellation)."""
+
+    failure: CallFailed
+
+    async def call(self, activity: ActivityName, arg: BaseModel, **kwargs: Any) -> Any:
+        if activity is ActivityName.GENERATE_BATCH:
+            self.counts[activity.value] += 1
+            raise self.failure
+        return await super().call(activity, arg, **kwargs)
+
+
+@pytest.mark.parametrize("failure", [CallFailed("generate_batch", "timed out (HEARTBEAT)", timed_out=True),
+                                     CallFailed("generate_batch", "Cancelled")], ids=["timeout", "cancelled"])  # fmt: skip
+async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the_wave(envs: EnvActivities,
+                                                                                      failure: CallFailed) -> None:  # fmt: skip
+    """A timeout concerns the engine, which per-group calls would wait on again, and a cancellation (the job
+    ended) the whole wave: its groups all fail, and nothing more is called."""
+    task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=2)
+    c = FailingBatches.of(envs, ScriptedGenerator(), RewardActivities())
+    c.failure = failure
+    inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=f"g{s}", seed=s) for s in (1, 2)])
+    results = await play_single_turn(c, inp)
+    assert [r.status for r in results] == ["failed"] * 4
+    assert all(r.error == failure.message for r in results)
+    assert dict(c.counts) == {"prompts": 1, "generate_batch": 1}  # no per-group generate, nothing checked or scored

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 
 import pytest
+from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.history import activity_spans
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.support.standins import StandIns, full_marks, standin_workers
@@ -136,7 +140,8 @@ async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment, queue_prefix
 @pytest.mark.parametrize("mode", ["trajectory", "batch"])
 async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: WorkflowEnvironment,
                                                                   queue_prefix: str, mode: str) -> None:  # fmt: skip
-    """A multitask job: single-turn groups run as one generate with n = group size, plus batched calls."""
+    """A multitask job: single-turn groups launched together run as one generate_batch with n = group size, plus
+    batched calls."""
     w = world(queue_prefix)
     math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
                            max_turns=1, group_size=4)  # fmt: skip
@@ -150,12 +155,72 @@ async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: Work
     for x in math_samples:  # one generation per group: all members share its turn record
         assert len(x.turn_keys) == 1 and x.turn_keys[0].endswith("turn-000")
     math_groups = {x.group_id for x in math_samples}
-    group_generates = [c.what for c in w.called("generate") if c.what.endswith("n=4")]
-    assert len(group_generates) >= len(math_groups)  # one n=4 call per group, not one per member
+    assert not [c for c in w.called("generate") if c.what.endswith("n=4")]  # no generate per group
+    waves = w.inputs("generate_batch")  # multi-turn FrozenLake here plays per episode: these are math's waves
+    assert {inp.sampling.n for inp in waves} == {4}
+    assert sum(len(inp.prompts) for inp in waves) >= len(math_groups)  # every group's prompt, once per wave
     resets = [c.what for c in w.called("reset")]
     assert not any(t.startswith(g) for g in math_groups for t in resets)  # no env session for single-turn
     assert w.called("reward_batch")
     assert any(int(c.what) > 1 for c in w.called("prompts"))  # groups launched together share calls
+
+
+def single_turn_job(steps: int = 3) -> JobSpec:
+    """Arithmetic alone, in groups of 4 with batches of 4 groups: with bound 1 the first wave holds 8 groups."""
+    math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
+                           max_turns=1, group_size=4)  # fmt: skip
+    return JobSpec(name="wf", tasks=[math], training=TrainingConfig(steps=steps, batch_size=16, async_bound=1))
+
+
+async def wave_activities(env: WorkflowEnvironment, job_id: str) -> list[tuple[int, Counter[str]]]:
+    """Each single-turn wave (GroupRolloutWorkflow) of the job: how many groups, and its activities by type from
+    its history."""
+    waves = []
+    async for wf in env.client.list_workflows(f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}"'):
+        history = await env.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
+        started = history.events[0].workflow_execution_started_event_attributes
+        inp = pydantic_data_converter.payload_converter.from_payloads(started.input.payloads, [GroupRolloutInput])[0]
+        waves.append((len(inp.groups), Counter(a.activity_type for a in activity_spans(history))))
+    return waves
+
+
+async def test_a_wave_of_single_turn_groups_makes_one_generate_call(bare_env: WorkflowEnvironment,
+                                                                    queue_prefix: str) -> None:  # fmt: skip
+    """A wave of N groups: one prompts, one generate_batch (N prompts, n = group size), one check, one
+    reward_batch, whatever N; a training step costs a handful of activities. Slow generation leaves the last
+    wave in flight at the end: cancelled, it makes no per-group calls."""
+    w = world(queue_prefix, turn_delay_s=0.3)
+    result, status = await train(bare_env, w, single_turn_job())
+    assert result.version == 3 and status.ledger_balanced and result.failed == 0
+    assert result.cancelled_in_flight > 0
+    assert_ledger(result)
+    waves = await wave_activities(bare_env, result.job_id)
+    assert waves and max(n for n, _ in waves) >= 4  # the first wave: room for (bound + 1) batches of 4 groups
+    wave_calls = ["prompts", "generate_batch", "check", "reward_batch"]
+    for n, activities in waves:  # one cancelled at the job's end stops early: a prefix of the four
+        assert list(activities) == wave_calls[: len(activities)] and set(activities.values()) == {1}, (n, activities)
+    assert sum(len(a) == 4 for _, a in waves) >= 2
+    assert sorted(len(inp.prompts) for inp in w.inputs("generate_batch")) == sorted(n for n, _ in waves)
+    assert not w.called("generate")
+    rollout_calls = sum(sum(a.values()) for _, a in waves)
+    assert rollout_calls <= 4 * (result.version + 1)  # ~ one wave of 4 calls per step (the first serves two)
+
+
+async def test_a_refused_request_in_a_wave_fails_only_its_group(bare_env: WorkflowEnvironment,
+                                                                queue_prefix: str) -> None:  # fmt: skip
+    """The engine refuses group 2's prompt: the wave's generate_batch fails, each of its groups is generated on
+    its own, and only group 2 ends failed (masked, never scored); the others train."""
+    w = world(queue_prefix, rejected_key="-g000002/")
+    result, status = await train(bare_env, w, single_turn_job())
+    assert result.version == 3 and status.ledger_balanced and result.failed == 4
+    assert_ledger(result)
+    first = w.inputs("generate_batch")[0]
+    assert any("-g000002/" in k for k in first.data_keys)
+    singles = [inp.data_key for inp in w.inputs("generate")]  # the failed wave's groups, one call each
+    assert sorted(singles) == sorted(first.data_keys)
+    trained_groups = {x.group_id for s in w.inputs("train_step") for x in s.samples}
+    assert not any(g.endswith("-g000002") for g in trained_groups)
+    assert any(g.endswith("-g000003") for g in trained_groups)  # its wave-mates were not failed with it
 
 
 async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_env: WorkflowEnvironment,

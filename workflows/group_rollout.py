@@ -1,7 +1,7 @@
 """GroupRolloutWorkflow: whole GRPO groups, a few activities for many samples.
 
-Single-turn: an episode needs no env session — one `prompts` call for all seeds, one `generate` per group
-with n = group size, one `check` and one `reward_batch` (workflows/driver/single_turn.py).
+Single-turn: an episode needs no env session — one `prompts` call for all seeds, one `generate_batch` for
+every group's prompt with n = group size, one `check` and one `reward_batch` (workflows/driver/single_turn.py).
 
 Multi-turn (`rollout_unit: group`): each group plays in lockstep inside one env session holding all its
 members (`reset_group`), one `generate_batch` and one `step_group` per turn for the members still
@@ -33,7 +33,7 @@ __all__ = ["GroupRolloutWorkflow"]
 
 @workflow.defn(name="GroupRolloutWorkflow", failure_exception_types=[ValidationError])
 class GroupRolloutWorkflow:
-    """Single-turn: prompts → generate (n = group size) → check → reward_batch; multi-turn: see `GroupEpisode`."""
+    """Single-turn: prompts → generate_batch (n = group size) → check → reward_batch; multi-turn: see `GroupEpisode`."""
 
     @workflow.run
     async def run(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:

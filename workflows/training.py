@@ -218,8 +218,8 @@ class TrainingWorkflow:
         `rollout_unit: group`, play inside a GroupRolloutWorkflow; in batch mode per-episode tasks join
         one lockstep BatchRolloutWorkflow per batch, and grouped ones play their groups phase by phase
         (`lockstep`). The grouped groups of a task launched together share one GroupRolloutWorkflow
-        (single-turn: one `prompts`, `check` and `reward_batch` call for all; multi-turn: each group plays
-        on its own and reports when done, or phase by phase with the others in batch mode).
+        (single-turn: one `prompts`, `generate_batch`, `check` and `reward_batch` call for all; multi-turn: each
+        group plays on its own and reports when done, or phase by phase with the others in batch mode).
         """
         starts: list[Awaitable[object]] = []
         grouped: dict[str, tuple[str, list[tuple[str, TaskSpec, int]]]] = {}  # task → (workflow id, its groups)

@@ -3,8 +3,10 @@
 Runs a short mixed job (a multi-turn task with `rollout_unit: group` and a
 single-turn task) on a dev server with the stand-in activities of
 tests.support.standins, then writes the histories that test_replay replays
-against today's workflow code. Re-record only for an intended, versioned
-change of a workflow's command sequence.
+against today's workflow code. A fixture already there is kept: after an
+intended, versioned change of a workflow's command sequence, the old fixture
+stays (older histories must keep replaying) and the new path gets a new name
+in `KINDS` or `TRAINING`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from tests.support.tasks import frozenlake_task
 from tests.support.standins import StandIns, full_marks, standin_workers
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
+TRAINING = "training-continued-as-new"
+KINDS = {"group-multi-turn": "frozenlake", "group-single-turn-wave": "math"}
+"""Fixture name → the task whose GroupRolloutWorkflow it records (`group-single-turn`: before the wave's
+generate_batch)."""
 
 
 async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
@@ -51,10 +57,10 @@ async def main() -> None:
             await handle.result()
         first_run = handle.first_execution_run_id
         HISTORIES.mkdir(exist_ok=True)
-        (HISTORIES / "training-continued-as-new.json").write_text(await _history_json(env.client, job_id, first_run))
-        kinds = {"group-multi-turn": "frozenlake", "group-single-turn": "math"}
+        if not (HISTORIES / f"{TRAINING}.json").exists():
+            (HISTORIES / f"{TRAINING}.json").write_text(await _history_json(env.client, job_id, first_run))
         async for wf in env.client.list_workflows(f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}" AND ExecutionStatus="Completed"'):
-            kind = next((k for k, task in kinds.items() if wf.search_attributes.get("RollartTask") == [task]), None)
+            kind = next((k for k, task in KINDS.items() if wf.search_attributes.get("RollartTask") == [task]), None)
             if kind and not (HISTORIES / f"{kind}.json").exists():
                 (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
         print("wrote", sorted(p.name for p in HISTORIES.glob("*.json")))

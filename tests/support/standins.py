@@ -106,6 +106,7 @@ class StandIns:
     fail_step_at: int | None = None  # a session's n-th step raises EnvBroken
     unknown_env: bool = False  # reset raises UnknownComponent
     broken_engine_group: str | None = None  # generate_batch raises EngineError for data keys naming this group
+    rejected_key: str | None = None  # generate / generate_batch refuse (RequestRejected) a data key containing this
     lose_after: int | None = None  # a session made by reset answers SessionLost once it has taken this many steps
     dead_resets: bool = False  # resets hand out sessions on a queue nobody polls (the worker is gone)
     # latencies
@@ -245,9 +246,16 @@ class StandIns:
         return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * n,
                               prompt_tokens=1, policy_version=v, policy_version_end=v, data_key=data_key)  # fmt: skip
 
+    def _reject(self, data_keys: list[str]) -> None:
+        """The engine refuses a request, as vLLM does a prompt over max_model_len: no retry can help."""
+        if self.rejected_key and any(self.rejected_key in key for key in data_keys):
+            raise ApplicationError(f"request {self.rejected_key} refused", type=ErrorType.REQUEST_REJECTED,
+                                   non_retryable=True)  # fmt: skip
+
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         self._record("generate", f"{inp.data_key} n={inp.sampling.n}", inp)
+        self._reject([inp.data_key])
         await asyncio.sleep(self.turn_delay_s)
         return self._generation(inp.data_key, inp.sampling.n, inp.weights.min_version if inp.weights else None)
 
@@ -256,6 +264,7 @@ class StandIns:
         self._record("generate_batch", str(len(inp.prompts)), inp)
         if self.broken_engine_group and f"{self.broken_engine_group}-" in inp.data_keys[0]:
             raise ApplicationError("engine crashed", type="EngineError", non_retryable=True)
+        self._reject(inp.data_keys)
         await asyncio.sleep(self.turn_delay_s)
         if self.held_group and f"{self.held_group}-" in inp.data_keys[0] and "turn-000" in inp.data_keys[0]:
             with contextlib.suppress(asyncio.TimeoutError):  # lockstep: no other group steps before this returns

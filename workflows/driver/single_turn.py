@@ -1,8 +1,11 @@
-"""Single-turn GRPO groups: an episode needs no env session, so a wave of groups takes four kinds of calls.
+"""Single-turn GRPO groups: an episode needs no env session, so a wave of groups takes four calls.
 
-One `prompts` for every group's seed, one `generate` per group with n = group size (the engine shares the
-prompt's prefix), then one `check` and one `reward_batch` for every answer. A group whose generation
-fails ends `failed` on its own; the others are checked and scored.
+One `prompts` for every group's seed, one `generate_batch` for every group's prompt with n = group size (the
+engine batches them and shares each prompt's prefix), then one `check` and one `reward_batch` for every
+answer. A group whose generation fails ends `failed` on its own; the others are checked and scored: when
+the wave's `generate_batch` raises (rather than timing out or being cancelled), each group is generated on
+its own so that the failure lands on the groups it concerns. (Runs started before the patch
+"single-turn-wave-generate" made one `generate` per group.)
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 from rollart.contracts.activities import (
     ActivityName,
     CheckInput,
+    GenerateBatchInput,
     GenerateInput,
     GenerateResult,
     PromptsInput,
@@ -24,22 +28,26 @@ from rollart.contracts.activities import (
     turn_key,
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
+from rollart.infra.config import SamplingParams
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.calls import CallFailed, Calls
 
-__all__ = ["PER_GROUP_FAILURES", "play_single_turn"]
+__all__ = ["PER_GROUP_FAILURES", "WAVE_GENERATE", "play_single_turn"]
 
 PER_GROUP_FAILURES = "single-turn-failures-per-group"
 """Patch: a failed generation fails only its group (before it, every group launched with it)."""
 
+WAVE_GENERATE = "single-turn-wave-generate"
+"""Patch: one `generate_batch` for the wave's groups (before it, one `generate` per group)."""
+
 
 async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[TrajectoryResult]:
-    """prompts → generate (n = group size, per group) → check → reward_batch; failures masked, never scored."""
+    """prompts → generate_batch (n = group size) → check → reward_batch; failures masked, never scored."""
     try:
         prompts = await _prompts(calls, inp)
     except CallFailed as err:
         return _all_failed(calls, inp, inp.groups, err)
-    gens = await _generate_all(calls, inp, prompts)
+    gens = await _generate_wave(calls, inp, prompts)
     ok = [(g, p, gen) for g, p, gen in zip(inp.groups, prompts, gens) if isinstance(gen, GenerateResult)]
     by_group = {g.group_id: _failed(inp, g, gen.message) for g, gen in zip(inp.groups, gens) if isinstance(gen, CallFailed)}
     if ok:
@@ -65,6 +73,37 @@ async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
                             queue=queue_name(task.env_queue, inp.queue_prefix), result_type=list[str])  # fmt: skip
 
 
+async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
+    """Every group's generation in one `generate_batch`; if the engine raised, per group.
+
+    An error the activity raised may be one group's (a prompt the engine rejects): generating each group on
+    its own then fails only the groups it concerns, as before the patch. A timeout concerns the engine, which
+    every group's call would wait on again, and a cancellation the whole wave: all of its groups end failed.
+    A bad input raises.
+    """
+    if not calls.patched(WAVE_GENERATE):
+        return await _generate_all(calls, inp, prompts)
+    try:
+        return list(await _generate_batch(calls, inp, prompts))
+    except CallFailed as err:
+        if err.error_type is not None and not err.bad_input:  # raised by the activity: maybe one request's
+            calls.logger.info("wave generate_batch failed (%s): generating its %d groups one by one", err.message,
+                              len(inp.groups))  # fmt: skip
+            return await _generate_all(calls, inp, prompts)
+        err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
+        return [err] * len(inp.groups)
+
+
+async def _generate_batch(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult]:
+    """One call for the wave: prompt i with n = group size, its tokens under group i's turn key."""
+    return await calls.call(
+        ActivityName.GENERATE_BATCH,
+        GenerateBatchInput(prompts=prompts, sampling=_sampling(inp), weights=_weights(inp),
+                           data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in inp.groups]),
+        queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=list[GenerateResult],
+    )  # fmt: skip
+
+
 async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
     """Every group's generation at once; with the patch a failure stays its group's (else it fails them all)."""
     work = [_generate(calls, inp, g, p) for g, p in zip(inp.groups, prompts)]
@@ -84,13 +123,22 @@ async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]
 
 
 async def _generate(calls: Calls, inp: GroupRolloutInput, group: GroupSeed, prompt: str) -> GenerateResult:
-    weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
-    sampling = inp.task.sampling.model_copy(update={"n": inp.task.group_size})
     return await calls.call(
         ActivityName.GENERATE,
-        GenerateInput(prompt=prompt, sampling=sampling, data_key=turn_key(inp.job_id, group.group_id, 0), weights=weights),
+        GenerateInput(prompt=prompt, sampling=_sampling(inp), data_key=turn_key(inp.job_id, group.group_id, 0),
+                      weights=_weights(inp)),
         queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=GenerateResult,
     )  # fmt: skip
+
+
+def _sampling(inp: GroupRolloutInput) -> SamplingParams:
+    """A group's samples come from one request: n = group size."""
+    return inp.task.sampling.model_copy(update={"n": inp.task.group_size})
+
+
+def _weights(inp: GroupRolloutInput) -> WeightsRef | None:
+    """The policy the wave needs at least (the step it was launched at); None outside a job."""
+    return WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
 
 
 async def _check_and_score(calls: Calls, inp: GroupRolloutInput,
