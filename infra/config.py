@@ -222,15 +222,14 @@ class TaskSpec(_Strict):
 class WorkerTuning(_Strict):
     """How each worker process polls Temporal and runs workflow tasks (infra/worker_tuning.py turns it into
     `Worker` options). The defaults are the fast choice measured by `python -m bench overhead` and the
-    profile in docs/benchmarks.md: with the SDK's 5 workflow-task polls, 64 workflows of an activity per
-    episode left each workflow task ~0.5–1.5 s in the server's queue while the control worker sat mostly
-    idle, and the strict sandbox costs the control worker twice the CPU per workflow run."""
+    profile in docs/benchmarks.md: with the SDK's 5 polls per queue, 64 workflows of an activity per episode
+    left each workflow task ~0.5–1.5 s in the server's queue while the control worker sat mostly idle, and
+    the strict sandbox costs the control worker twice the CPU per workflow run."""
 
     workflow_task_pollers: int = Field(32, ge=2, le=500)
     """Concurrent workflow-task polls of the control worker (sticky and non-sticky together; the SDK's is 5)."""
-    activity_task_pollers: int = Field(5, ge=1, le=500)
-    """Concurrent activity-task polls per queue of an activity worker (the SDK's 5: with 32, activities were
-    handed out sooner but each took 3-4x longer on its worker, and nothing was gained end to end)."""
+    activity_task_pollers: int = Field(32, ge=1, le=500)
+    """Concurrent activity-task polls per queue of an activity worker (the SDK's is 5)."""
     max_cached_workflows: int = Field(1000, ge=1)
     """Workflows the control worker keeps in memory (sticky execution): at least the workflows in flight, or
     each workflow task of an evicted one replays its whole history."""

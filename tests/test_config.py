@@ -102,7 +102,7 @@ def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) 
     opts = workflow_worker_options(default)
     assert opts["workflow_task_poller_behavior"].maximum == 32 and opts["max_cached_workflows"] == 1000
     assert isinstance(opts["workflow_runner"], UnsandboxedWorkflowRunner)
-    assert activity_worker_options(default)["activity_task_poller_behavior"].maximum == 5
+    assert activity_worker_options(default)["activity_task_poller_behavior"].maximum == 32
     path = write(tmp_path, "j.yaml", "tasks:\n  - {name: a, env: x, reward: y}\n"
                                      "temporal: {workers: {sandbox: strict, activity_task_pollers: 8}}\n")  # fmt: skip
     tuned = load_job(path).temporal.workers
