@@ -36,7 +36,7 @@ import time
 import uuid
 
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
-from bench.rollout import activity_timings
+from bench.rollout import activity_timings, cpu_seconds
 from bench.training_run import stack_for
 from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
 from rollart.client.in_process import InProcessCalls, in_process_activities, play_unit, started_engine
@@ -109,7 +109,9 @@ async def _temporal(stack, n: int, repeats: int) -> dict[str, list[dict]]:
     for r in range(repeats):
         for unit, rollout_unit in UNITS.items():
             for lat, latency in LATENCIES.items():
+                cpu0 = cpu_seconds(stack)
                 m = await _temporal_round(client, overhead_job(latency, rollout_unit), n, seed=r)
+                m |= _cpu_per_activity(cpu0, cpu_seconds(stack), m["activities"])
                 out.setdefault(mode("temporal", unit, lat), []).append(m)
                 print(f"  repeat {r + 1}/{repeats} {mode('temporal', unit, lat):<34} {m['wall_s']:6.2f} s  trajectory "
                       f"{m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
@@ -132,6 +134,15 @@ async def _temporal_round(client, job: JobSpec, n: int, seed: int) -> dict:
                               workflow_walls=list(workflow_walls.values()))  # fmt: skip
 
 
+def _cpu_per_activity(before: dict[str, float], after: dict[str, float], activities: int) -> dict[str, float]:
+    """CPU ms per activity of the Temporal server and of the control worker (workflow tasks) over one round: what
+    orchestration costs, read from the processes rather than the clock, so less sensitive to a busy machine."""
+    used = {k: after[k] - before.get(k, 0.0) for k in after}
+    control = sum(v for k, v in used.items() if k.startswith(f"{Pool.CONTROL.value}#"))
+    return {"server_cpu_ms_per_activity": 1000 * used.get("temporal-server", 0.0) / max(1, activities),
+            "control_cpu_ms_per_activity": 1000 * control / max(1, activities)}  # fmt: skip
+
+
 def _temporal_measures(wall: float, walls: list[float], results: list[TrajectoryResult], rows: list[dict],
                        completed: int, workflow_walls: list[float]) -> dict:  # fmt: skip
     """Wall, trajectory time (`walls`: one per trajectory) and Temporal's overhead per activity (queue wait +
@@ -140,7 +151,7 @@ def _temporal_measures(wall: float, walls: list[float], results: list[Trajectory
     overhead_ms = [r["wait_ms"] + r["return_ms"] for r in rows]
     return {
         "wall_s": wall, "trajectory_s": statistics.median(walls), "trajectories_per_s": len(walls) / wall,
-        "completed": completed, "activities_per_trajectory": len(rows) / max(1, len(walls)),
+        "completed": completed, "activities": len(rows), "activities_per_trajectory": len(rows) / max(1, len(walls)),
         "activities_per_workflow": len(rows) / max(1, len(workflow_walls)),
         "turns": statistics.fmean(r.turns for r in results) if results else 0.0,
         "overhead_ms_per_activity": statistics.median(overhead_ms),
@@ -199,6 +210,8 @@ COLUMNS = [("name", "path, unit, env latency", ""), ("wall_s", "wall s", ".2f"),
            ("activities_per_trajectory", "act/traj", ".1f"), ("work_ms", "work ms", ".1f"),
            ("wait_ms", "wait ms", ".1f"), ("return_ms", "return ms", ".1f"),
            ("overhead_ms_per_activity", "overhead ms/act", ".1f"), ("overhead_share", "share", ".0%"),
+           ("server_cpu_ms_per_activity", "server cpu ms/act", ".1f"),
+           ("control_cpu_ms_per_activity", "control cpu ms/act", ".1f"),
            ("extra_ms_per_activity", "extra ms/act", ".1f"), ("extra_share", "extra share", ".0%")]  # fmt: skip
 
 
@@ -210,7 +223,7 @@ def report(rows: list[dict], n: int, repeats: int) -> None:
     print("  overhead ms/act = median (queue wait + workflow-task return) per activity, from the histories;")
     print("  share = the sum of those over the sum of trajectory times; extra = (Temporal's median trajectory time")
     print("  - the plain loop's) / activities per workflow (a trajectory's or a group's), and its share of")
-    print("  Temporal's trajectory time")
+    print("  Temporal's trajectory time; cpu ms/act = CPU the Temporal server and the control worker used per activity")
     path = write_results("overhead", rows, n=n, repeats=repeats, latency=LATENCY, max_turns=MAX_TURNS)
     png = plot_modes("overhead", rows, f"overhead: {n} FrozenLake trajectories, Temporal vs plain asyncio",
                      extra_key="trajectory_s", extra_label="median trajectory s")  # fmt: skip

@@ -42,6 +42,7 @@ __all__ = [
     "TemporalConfig",
     "TrainerConfig",
     "TrainingConfig",
+    "WorkerTuning",
     "format_validation_error",
     "load_job",
 ]
@@ -218,6 +219,28 @@ class TaskSpec(_Strict):
         return pool
 
 
+class WorkerTuning(_Strict):
+    """How each worker process polls Temporal and runs workflow tasks (infra/worker_tuning.py turns it into
+    `Worker` options). The defaults are the fast choice measured by `python -m bench overhead` and the
+    profile in docs/benchmarks.md: with the SDK's 5 polls per queue, 64 workflows of an activity per episode
+    left each workflow task ~0.5–1.5 s in the server's queue while the control worker sat mostly idle, and
+    the strict sandbox costs the control worker twice the CPU per workflow run."""
+
+    workflow_task_pollers: int = Field(32, ge=2, le=500)
+    """Concurrent workflow-task polls of the control worker (sticky and non-sticky together; the SDK's is 5)."""
+    activity_task_pollers: int = Field(32, ge=1, le=500)
+    """Concurrent activity-task polls per queue of an activity worker (the SDK's is 5)."""
+    max_cached_workflows: int = Field(1000, ge=1)
+    """Workflows the control worker keeps in memory (sticky execution): at least the workflows in flight, or
+    each workflow task of an evicted one replays its whole history."""
+    max_concurrent_workflow_tasks: int = Field(200, ge=2)
+    sandbox: Literal["strict", "off"] = "off"
+    """`strict`: the SDK's sandbox, which re-imports each workflow's module for every run and checks calls made
+    from it; `off`: workflows run unsandboxed (half the control worker's CPU per workflow run). rollart's
+    workflow logic lives in passed-through modules (workflows/driver) that the sandbox never checked;
+    determinism is guarded by the replay tests (tests/test_replay.py, under both) and the import contracts."""
+
+
 class TemporalConfig(_Strict):
     """Where the Temporal server is. `address: null` means: start the local dev server."""
 
@@ -234,6 +257,7 @@ class TemporalConfig(_Strict):
         description="how often each worker tells the server it is alive (Temporal's worker heartbeats): the stall "
         "checks tell a dead pool from a busy one by them, within a few of these",
     )  # fmt: skip
+    workers: WorkerTuning = Field(default_factory=WorkerTuning)
 
 
 class MooncakeConfig(_Strict):

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 _DYNAMIC_CONFIG = (
     "history.transferProcessorMaxPollRPS=200",
     "history.timerProcessorMaxPollRPS=200",
+    # one partition per task queue: one matching host has nothing to spread, and with 4 (the default) a task
+    # landing on a partition with no poller waiting is forwarded to another (docs/benchmarks.md, overhead)
+    "matching.numTaskqueueReadPartitions=1",
+    "matching.numTaskqueueWritePartitions=1",
 )
 
 

@@ -91,3 +91,23 @@ def test_task_lookup_lists_known_tasks() -> None:
     assert job.task("a").name == "a"
     with pytest.raises(KeyError, match="tasks: a"):
         job.task("b")
+
+
+def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) -> None:
+    from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
+    from temporalio.worker import UnsandboxedWorkflowRunner
+    from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+    default = JobSpec(tasks=[{"name": "a", "env": "x", "reward": "y"}]).temporal.workers
+    opts = workflow_worker_options(default)
+    assert opts["workflow_task_poller_behavior"].maximum == 32 and opts["max_cached_workflows"] == 1000
+    assert isinstance(opts["workflow_runner"], UnsandboxedWorkflowRunner)
+    assert activity_worker_options(default)["activity_task_poller_behavior"].maximum == 32
+    path = write(tmp_path, "j.yaml", "tasks:\n  - {name: a, env: x, reward: y}\n"
+                                     "temporal: {workers: {sandbox: strict, activity_task_pollers: 8}}\n")  # fmt: skip
+    tuned = load_job(path).temporal.workers
+    assert isinstance(workflow_worker_options(tuned)["workflow_runner"], SandboxedWorkflowRunner)
+    assert activity_worker_options(tuned)["activity_task_poller_behavior"].maximum == 8
+    with pytest.raises(JobSpecError, match="workflow_task_pollers"):
+        load_job(write(tmp_path, "bad.yaml", "tasks:\n  - {name: a, env: x, reward: y}\n"
+                                             "temporal: {workers: {workflow_task_pollers: 1}}\n"))  # fmt: skip

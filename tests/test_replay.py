@@ -10,6 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rollart.infra.config import WorkerTuning
+from rollart.infra.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -24,9 +26,12 @@ def test_recorded_histories_exist() -> None:
             "group-multi-turn", "group-single-turn", "group-single-turn-wave", "training-continued-as-new"} <= names  # fmt: skip
 
 
+@pytest.mark.parametrize("sandbox", ["strict", "off"])
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.stem)
-async def test_recorded_history_replays(path: Path) -> None:
+async def test_recorded_history_replays(path: Path, sandbox: str) -> None:
+    """Under each workflow runner a worker may be configured with (`temporal.workers.sandbox`)."""
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=pydantic_data_converter)
+    runner = workflow_runner(WorkerTuning(sandbox=sandbox))
+    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=pydantic_data_converter, workflow_runner=runner)
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure

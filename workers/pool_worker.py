@@ -33,6 +33,7 @@ from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConf
 from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
 from rollart.infra.temporal import connect
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
+from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
 from rollart.workers import lifeline
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -165,7 +166,8 @@ async def _wait_for_store(store: StoreConfig, backoff: Backoff) -> None:
 async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
     pool = settings.pool
     queue = queue_name(pool, settings.temporal.task_queue_prefix)
-    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
+    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities,
+              **activity_worker_options(settings.temporal.workers)}  # fmt: skip
     if pool is Pool.CONTROL:
         from rollart.activities.queues import QueueActivities
         from rollart.workflows import ALL_WORKFLOWS
@@ -173,7 +175,8 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         # the training workflow's stall checks read queue descriptions through this worker's client
         queues = QueueActivities(client, settings.temporal.worker_heartbeat_s)
         yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id,
-                      activities=[queues.describe_queues])]  # fmt: skip
+                      activities=[queues.describe_queues],
+                      **workflow_worker_options(settings.temporal.workers))]  # fmt: skip
     elif pool is Pool.CPU:
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         try:
@@ -232,7 +235,8 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
     from rollart.infra.store import open_store
 
     pool, prefix = settings.pool, settings.temporal.task_queue_prefix
-    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities}
+    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities,
+              **activity_worker_options(settings.temporal.workers)}  # fmt: skip
     async with _engine(settings) as engine:
         weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
         base = settings.model_dir / "model.safetensors"

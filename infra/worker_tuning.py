@@ -1,0 +1,35 @@
+"""Worker options from `WorkerTuning`: pollers, the workflow cache and the workflow runner, one place for every worker.
+
+The replay test builds its Replayer with `workflow_runner()` too, so the runners workers may use are the ones
+whose determinism the recorded histories check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollart.infra.config import WorkerTuning
+from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+__all__ = ["activity_worker_options", "workflow_runner", "workflow_worker_options"]
+
+
+def workflow_worker_options(tuning: WorkerTuning) -> dict[str, Any]:
+    """`Worker` keyword arguments for the worker that runs workflows (the control pool)."""
+    return {
+        "workflow_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=tuning.workflow_task_pollers),
+        "max_cached_workflows": tuning.max_cached_workflows,
+        "max_concurrent_workflow_tasks": tuning.max_concurrent_workflow_tasks,
+        "workflow_runner": workflow_runner(tuning),
+    }
+
+
+def activity_worker_options(tuning: WorkerTuning) -> dict[str, Any]:
+    """`Worker` keyword arguments for a worker that runs activities only."""
+    return {"activity_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=tuning.activity_task_pollers)}
+
+
+def workflow_runner(tuning: WorkerTuning) -> WorkflowRunner:
+    """The runner `tuning.sandbox` names: the SDK's sandbox, or none."""
+    return SandboxedWorkflowRunner() if tuning.sandbox == "strict" else UnsandboxedWorkflowRunner()
