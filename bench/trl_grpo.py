@@ -141,6 +141,9 @@ def _clock_class():  # TrainerCallback is imported lazily (transformers is heavy
             elapsed = time.monotonic() - Clock.t0
             self.run.step_end_s.append(elapsed)
             recent = self.run.success[-self.window :]
+            if len(self.run.step_end_s) % 100 == 0:
+                print(f"  trl: step {len(self.run.step_end_s)}, {elapsed:.0f} s, success (last {len(recent)}) "
+                      f"{sum(recent) / max(len(recent), 1):.2f}", flush=True)  # fmt: skip
             if len(recent) == self.window and sum(recent) / self.window >= self.target:
                 self.run.stopped_because, control.should_training_stop = "target reached", True
             elif elapsed >= self.max_s:
