@@ -110,7 +110,7 @@ async def _run(stack: Any, n: int, controls: int, standins_pid: int) -> dict[str
         "name": f"{n} x {controls} control", "n": n, "controls": controls, "wall_s": wall,
         "trained": result.trained, "failed": result.failed, "dropped": result.dropped, "started": result.started,
         "ledger_balanced": status.ledger_balanced, "activities": len(waits), "activities_per_s": len(waits) / wall,
-        "peak_in_flight": h["peak_in_flight"], "wait_ms_p50": 1000 * _q(waits, 0.5), "wait_ms_p99": 1000 * _q(waits, 0.99),
+        "peak_in_flight": h["peak_in_flight"], "start_spread_s": h["start_spread_s"], "wait_ms_p50": 1000 * _q(waits, 0.5), "wait_ms_p99": 1000 * _q(waits, 0.99),
         "wft_ms_p50": 1000 * _q(wft, 0.5), "wft_ms_p99": 1000 * _q(wft, 0.99),
         "events_per_trajectory": h["events"] / max(h["trajectories"], 1), "bytes_per_trajectory": h["bytes"] / max(h["trajectories"], 1),
         "cores_server": (cpu1["temporal-server"] - cpu0["temporal-server"]) / wall,
@@ -128,7 +128,8 @@ def _q(sorted_values: list[float], q: float) -> float:
 
 async def histories(client: Client, job_id: str, concurrency: int = 16) -> dict[str, Any]:
     """From every trajectory workflow of the job: activity queue waits, workflow-task latencies, history events
-    and bytes, and the peak number of trajectories running at once (from their first and last events)."""
+    and bytes, the peak number of trajectories running at once (from their first and last events) and how long
+    the server took to start them all (the training workflow asks for the whole batch in one workflow task)."""
     ids = [(wf.id, wf.run_id) async for wf in client.list_workflows(f'{JOB_ID.name} = "{job_id}"')
            if wf.workflow_type == "TrajectoryWorkflow"]  # fmt: skip
     gate = asyncio.Semaphore(concurrency)
@@ -163,10 +164,13 @@ async def histories(client: Client, job_id: str, concurrency: int = 16) -> dict[
         running += d
         peak = max(peak, running)
     out["peak_in_flight"] = peak
+    starts = [s for s, _ in spans]
+    out["start_spread_s"] = max(starts) - min(starts) if starts else 0.0
     return out
 
 
 COLUMNS = [("n", "trajectories", ".0f"), ("controls", "control procs", ".0f"), ("peak_in_flight", "peak in flight", ".0f"),
+           ("start_spread_s", "all started in s", ".1f"),
            ("failed", "failed", ".0f"), ("ledger_balanced", "ledger", ""), ("wall_s", "wall s", ".1f"),
            ("activities_per_s", "activities/s", ".1f"), ("wait_ms_p50", "wait p50 ms", ".0f"),
            ("wait_ms_p99", "wait p99 ms", ".0f"), ("wft_ms_p50", "wf task p50 ms", ".0f"), ("wft_ms_p99", "wf task p99 ms", ".0f"),
