@@ -110,19 +110,23 @@ async def _run(stack: Any, n: int, controls: int, standins_pid: int) -> dict[str
         "name": f"{n} x {controls} control", "n": n, "controls": controls, "wall_s": wall,
         "trained": result.trained, "failed": result.failed, "dropped": result.dropped, "started": result.started,
         "ledger_balanced": status.ledger_balanced, "activities": len(waits), "activities_per_s": len(waits) / wall,
-        "peak_in_flight": h["peak_in_flight"], "start_spread_s": h["start_spread_s"], "wait_ms_p50": 1000 * _q(waits, 0.5), "wait_ms_p99": 1000 * _q(waits, 0.99),
+        "peak_in_flight": h["peak_in_flight"], "start_spread_s": h["start_spread_s"],
+        "wait_ms_p50": 1000 * _q(waits, 0.5), "wait_ms_p99": 1000 * _q(waits, 0.99),
         "wft_ms_p50": 1000 * _q(wft, 0.5), "wft_ms_p99": 1000 * _q(wft, 0.99),
-        "events_per_trajectory": h["events"] / max(h["trajectories"], 1), "bytes_per_trajectory": h["bytes"] / max(h["trajectories"], 1),
+        "events_per_trajectory": h["events"] / max(h["trajectories"], 1),
+        "bytes_per_trajectory": h["bytes"] / max(h["trajectories"], 1),
         "cores_server": (cpu1["temporal-server"] - cpu0["temporal-server"]) / wall,
         "cores_control": sum(cpu1[k] - cpu0[k] for k in cpu0 if k.startswith("control")) / wall,
         "cores_standins": (s1 - s0) / wall,
     }  # fmt: skip
-    print(f"  {row['name']:<18} {wall:6.1f} s  {row['activities_per_s']:6.1f} act/s  peak {row['peak_in_flight']} in flight  "
-          f"failed {row['failed']}  ledger {'ok' if row['ledger_balanced'] else 'UNBALANCED'}", flush=True)  # fmt: skip
+    ledger = "ok" if row["ledger_balanced"] else "UNBALANCED"
+    print(f"  {row['name']:<18} {wall:6.1f} s  {row['activities_per_s']:6.1f} act/s  "
+          f"peak {row['peak_in_flight']} in flight  failed {row['failed']}  ledger {ledger}", flush=True)  # fmt: skip
     return row
 
 
 def _q(sorted_values: list[float], q: float) -> float:
+    """The q-quantile of already sorted values (nearest rank), nan when there are none."""
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else float("nan")
 
 
@@ -173,7 +177,8 @@ COLUMNS = [("n", "trajectories", ".0f"), ("controls", "control procs", ".0f"), (
            ("start_spread_s", "all started in s", ".1f"),
            ("failed", "failed", ".0f"), ("ledger_balanced", "ledger", ""), ("wall_s", "wall s", ".1f"),
            ("activities_per_s", "activities/s", ".1f"), ("wait_ms_p50", "wait p50 ms", ".0f"),
-           ("wait_ms_p99", "wait p99 ms", ".0f"), ("wft_ms_p50", "wf task p50 ms", ".0f"), ("wft_ms_p99", "wf task p99 ms", ".0f"),
+           ("wait_ms_p99", "wait p99 ms", ".0f"), ("wft_ms_p50", "wf task p50 ms", ".0f"),
+           ("wft_ms_p99", "wf task p99 ms", ".0f"),
            ("events_per_trajectory", "events/traj", ".1f"), ("bytes_per_trajectory", "bytes/traj", ".0f"),
            ("cores_server", "server cores", ".2f"), ("cores_control", "control cores", ".2f"),
            ("cores_standins", "stand-in cores", ".2f")]  # fmt: skip
