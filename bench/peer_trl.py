@@ -101,7 +101,7 @@ async def _rollart(stack: Any, job: JobSpec, max_s: float, target: float, window
         nonlocal stopped
         rows.append(row)
         recent = [r["success_rate"] for r in rows[-window:]]
-        if row["step"] % 100 == 0:
+        if (row["step"] + 1) % 100 == 0:
             print(f"  rollart: step {row['step']}, {row['time'] - t0:.0f} s, success (last {len(recent)}) "
                   f"{sum(recent) / len(recent):.2f}", flush=True)  # fmt: skip
         if len(recent) == window and sum(recent) / window >= target:
