@@ -17,9 +17,9 @@ from rollart.infra.config import JobSpec, MooncakeConfig, StoreConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.mooncake_store import MooncakeStore
 from rollart.infra.pools import Pool
-from rollart.infra.store import MirroredStore, open_store
+from rollart.infra.store import MirroredStore, StoreUnavailable, open_store
 from rollart.infra.temporal import connect
-from rollart.infra.weights import latest_weights, publish, weights_key
+from rollart.infra.weights import PublishedWeights, latest_weights, publish, weights_key
 from rollart.workers.local_stack import LocalStack
 from rollart.contracts.training import TrainingResult
 from temporalio.client import Client
@@ -131,5 +131,18 @@ async def test_master_killed_mid_run_falls_back_to_local_then_serves_again_once_
     assert all(r.train["logprob_diff_behav"] < 1e-4 for r in on_policy)  # weights came whole, from either store
     store = open_store(mc_stack.store)
     assert isinstance(store, MirroredStore) and isinstance(store.cache, MooncakeStore)
-    ref = latest_weights(store.cache, job.name)  # the restarted master serves the versions published since
+    ref = await _latest_from_mooncake(store.cache, job.name)  # the restarted master serves the versions published since
     assert ref is not None and ref.version == 6
+
+
+async def _latest_from_mooncake(cache: MooncakeStore, job_name: str, timeout_s: float = 15.0) -> PublishedWeights | None:
+    """The job's latest weights as Mooncake serves them. This process's client last spoke to the killed master:
+    its first call after the restart fails unreachable, and it reconnects by itself (as the workers' clients did)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return latest_weights(cache, job_name)
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(1.0)
