@@ -7,7 +7,7 @@ import asyncio
 from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
 from rollart.infra.backlog import queue_stats
 from rollart.infra.config import TemporalConfig
-from rollart.infra.liveness import queue_liveness
+from rollart.infra.liveness import last_seen_s_ago, queue_liveness
 from temporalio import activity
 from temporalio.client import Client
 
@@ -28,6 +28,6 @@ class QueueActivities:
 
     async def _describe(self, queue: str) -> QueueState:
         stats, live = await asyncio.gather(queue_stats(self.client, queue), queue_liveness(self.client, queue, self.heartbeat_s))
-        signs = [s for s in (stats.last_poll_s_ago, live.last_heartbeat_s_ago if live else None) if s is not None]
         return QueueState(queue=queue, backlog=stats.backlog, backlog_age_s=stats.backlog_age_s, pollers=stats.pollers,
-                          workers=live.alive if live else None, last_seen_s_ago=min(signs, default=None))  # fmt: skip
+                          workers=live.alive if live else None,
+                          last_seen_s_ago=last_seen_s_ago(stats.last_poll_s_ago, live))  # fmt: skip

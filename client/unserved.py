@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from rollart.infra.backlog import POLLER_FRESH_S, queue_stats
 from rollart.infra.config import TemporalConfig
-from rollart.infra.liveness import HEARTBEAT_GRACE_S, queue_liveness
+from rollart.infra.liveness import HEARTBEAT_GRACE_S, last_seen_s_ago, queue_liveness
 from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["Unserved", "unserved"]
@@ -30,8 +30,8 @@ async def unserved(client: Client, handle: WorkflowHandle,
     fresh_s = POLLER_FRESH_S if live is None else HEARTBEAT_GRACE_S * 3  # no heartbeats: polls are all there is
     if poll is not None and poll <= fresh_s:
         return None
-    signs = [s for s in (poll, live.last_heartbeat_s_ago if live else None) if s is not None]
-    seen = f"last seen {min(signs):.0f} s ago" if signs else "none seen"
+    seen_s_ago = last_seen_s_ago(poll, live)
+    seen = "none seen" if seen_s_ago is None else f"last seen {seen_s_ago:.0f} s ago"
     return (f"no worker serves job {handle.id}'s workflow queue {queue!r} ({seen}): the job waits, and goes on "
             "once one starts (`rollart worker --pool control`)")  # fmt: skip
 

@@ -17,7 +17,7 @@ from temporalio.api.workflowservice.v1 import ListWorkersRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["HEARTBEATS_MISSED", "HEARTBEAT_GRACE_S", "QueueLiveness", "alive", "queue_liveness"]
+__all__ = ["HEARTBEATS_MISSED", "HEARTBEAT_GRACE_S", "QueueLiveness", "alive", "last_seen_s_ago", "queue_liveness"]
 
 HEARTBEATS_MISSED = 2
 """A worker that has missed this many of its heartbeats is taken for dead."""
@@ -34,6 +34,12 @@ class QueueLiveness:
 
     alive: int
     last_heartbeat_s_ago: float | None  # the newest heartbeat of a running worker; None: none ever heard
+
+
+def last_seen_s_ago(last_poll_s_ago: float | None, live: QueueLiveness | None) -> float | None:
+    """Since the newest sign of any worker on a queue, a poll or a heartbeat; None when there was none."""
+    signs = [s for s in (last_poll_s_ago, live.last_heartbeat_s_ago if live else None) if s is not None]
+    return min(signs, default=None)
 
 
 def alive(hb: WorkerHeartbeat, now: float, interval_s: float) -> bool:
