@@ -406,9 +406,9 @@ class StallConfig(_Strict):
 
     Every `check_every_s` the training workflow reads the backlog, the pollers and the worker heartbeats of
     the queues its tasks use. A queue with work waiting and no sign of a live worker (a current heartbeat
-    or a poll) for `no_worker_after_s` is a stall on that pool; so is
-    no trajectory finishing for `no_progress_factor` × the recent median interval between finishes (at
-    least `no_progress_min_s`) while some are in flight. With `fail_after_s` a stall that lasts that long
+    or a poll) for `no_worker_after_s` is a stall on that pool; so is no trajectory finishing for
+    `no_progress_factor` × the recent median interval between finishes (at least `no_progress_min_s`)
+    while some are in flight. With `fail_after_s` a stall that lasts that long
     ends the job with an error naming the pool; without it the job waits, and resumes when a worker appears.
     """
 
