@@ -12,7 +12,9 @@ installs the pinned version into the running venv if it is missing.
 from __future__ import annotations
 
 import copy
+import importlib
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -32,12 +34,16 @@ TRL_PIN = "trl==1.16.0"
 
 
 def ensure_trl() -> None:
-    """Install TRL_PIN into the running interpreter's environment when trl is missing, saying so first."""
+    """Install TRL_PIN into the running interpreter's environment when trl is missing, saying so first, then
+    start the bench again: transformers, already imported, decided without accelerate (trl's dependency) that
+    its Trainer cannot run, so the first run on a fresh machine failed."""
     if importlib.util.find_spec("trl") is not None:
         return
     print(f"peer_trl: trl is not installed; installing {TRL_PIN} into {sys.prefix} (the `bench` extra) ...", flush=True)
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TRL_PIN])
-    importlib.invalidate_caches()
+    print("peer_trl: trl installed; starting the bench again in a fresh interpreter", flush=True)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "bench", *sys.argv[1:]])
 
 
 def group_seed(job: JobSpec, group: int) -> int:
