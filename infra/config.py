@@ -257,6 +257,14 @@ class TemporalConfig(_Strict):
         description="how often each worker tells the server it is alive (Temporal's worker heartbeats): the stall "
         "checks tell a dead pool from a busy one by them, within a few of these",
     )  # fmt: skip
+    max_pending_children: int = Field(
+        2000, ge=1,
+        description="child workflows one workflow may have running on this server (its "
+        "`limit.numPendingChildExecutions.error`; 2,000 is Temporal's default, and the local dev server is started "
+        "with this value). With trajectory rollout every episode is a child of the training workflow, so a job "
+        "whose (async_bound + 1) x batch_size exceeds it is refused when it is loaded: past the limit the server "
+        "refuses every start and the job would hang",
+    )  # fmt: skip
     workers: WorkerTuning = Field(default_factory=WorkerTuning)
 
 
@@ -523,6 +531,22 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _batches_hold_whole_groups(self) -> JobSpec:
         check_batches_hold_groups(self.training, self.tasks)
+        return self
+
+    @model_validator(mode="after")
+    def _children_fit_the_server(self) -> JobSpec:
+        """Episodes played as workflows of their own are the training workflow's children: all of them in flight
+        must fit the server's per-workflow limit, or the job hangs once it reaches it."""
+        t, limit = self.training, self.temporal.max_pending_children
+        episodes = [task.name for task in self.tasks if not task.grouped]
+        in_flight = (t.async_bound + 1) * t.batch_size
+        if t.rollout_mode == "trajectory" and episodes and in_flight > limit:
+            raise ValueError(
+                f"training: (async_bound + 1) x batch_size = {in_flight:,} episodes of {', '.join(episodes)} in "
+                f"flight, each a child workflow of the training workflow, but temporal.max_pending_children is "
+                f"{limit:,} (the server's limit.numPendingChildExecutions.error): lower async_bound or batch_size, "
+                "play the task as groups (rollout_unit: group), or raise the server's limit and this setting"
+            )
         return self
 
     @model_validator(mode="after")

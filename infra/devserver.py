@@ -87,6 +87,8 @@ class DevServer:
     namespace: str = "default"
     log_file: Path | None = None
     search_attributes: dict[str, str] = field(default_factory=dict)
+    max_pending_children: int = 2000
+    """Children one workflow may have running (`temporal.max_pending_children`; Temporal's default)."""
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -114,7 +116,7 @@ class DevServer:
             "--log-level", "warn",
         ]  # fmt: skip
         cmd += ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"] if self.ui_port else ["--headless"]
-        for setting in _DYNAMIC_CONFIG:
+        for setting in (*_DYNAMIC_CONFIG, f"limit.numPendingChildExecutions.error={self.max_pending_children}"):
             cmd += ["--dynamic-config-value", setting]
         for name, kind in self.search_attributes.items():
             cmd += ["--search-attribute", f"{name}={kind}"]

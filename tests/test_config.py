@@ -54,6 +54,9 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
         ("tasks:\n  - {name: a, env: x, reward: y, group_size: 8}\n  - {name: b, env: x, reward: y, group_size: 6}\n"
          "training: {batch_size: 16}", ["training.batch_size 16 is not a multiple of tasks.1 (b) group_size 6"]),
         ("tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {task_queue_prefix: 'a b'}", ["temporal.task_queue_prefix"]),
+        # every episode in flight is a child of the training workflow: past the server's limit the job would hang
+        ("tasks:\n  - {name: a, env: x, reward: y}\ntraining: {batch_size: 1024, async_bound: 1}",
+         ["(async_bound + 1) x batch_size = 2,048 episodes of a in flight", "temporal.max_pending_children is 2,000"]),
     ],
 )
 def test_invalid_specs_name_file_and_field(tmp_path: Path, text: str, expected: list[str]) -> None:
@@ -84,6 +87,26 @@ def test_overrides_merge_into_sections(tmp_path: Path) -> None:
     job = load_job(path, {"temporal": {"address": "10.0.0.1:7233"}})
     assert job.temporal.address == "10.0.0.1:7233"
     assert job.temporal.namespace == "ns1"
+
+
+def test_children_in_flight_are_checked_only_where_episodes_are_children() -> None:
+    """Groups, lockstep batches and a raised server limit hold 2,048 in flight without 2,048 children."""
+    big = {"batch_size": 1024, "async_bound": 1}
+    episode = {"name": "a", "env": "x", "reward": "y", "group_size": 8}
+    JobSpec(tasks=[{**episode, "rollout_unit": "group"}], training=big)
+    JobSpec(tasks=[{**episode, "max_turns": 1}], training=big)
+    JobSpec(tasks=[episode], training={**big, "rollout_mode": "batch"})
+    JobSpec(tasks=[episode], training=big, temporal={"max_pending_children": 2048})
+    JobSpec(tasks=[episode], training={**big, "async_bound": 0})  # 1,024: bench scale's largest
+    with pytest.raises(ValueError, match="max_pending_children is 2,047"):
+        JobSpec(tasks=[episode], training=big, temporal={"max_pending_children": 2047})
+
+
+def test_the_local_dev_server_gets_the_jobs_child_limit(tmp_path: Path) -> None:
+    from rollart.infra.devserver import DevServer
+
+    cmd = DevServer(db_file=tmp_path / "t.db", max_pending_children=4096).command()
+    assert "limit.numPendingChildExecutions.error=4096" in cmd
 
 
 def test_task_lookup_lists_known_tasks() -> None:

@@ -142,6 +142,7 @@ class LocalStack:
             namespace=self.job.temporal.namespace,
             log_file=logs / "temporal.log",
             search_attributes=dev_server_flags(),
+            max_pending_children=self.job.temporal.max_pending_children,
         ).start()
         try:
             store = self.job.store
