@@ -19,9 +19,10 @@ from rollart.cli.model import ensure_model
 
 if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
+    from rollart.infra.pools import Pool
     from temporalio.client import Client
 
-__all__ = ["CONNECT_WAIT_S", "Server", "add_stack_args", "connect_client", "home", "prepare_local_stack", "server_for"]
+__all__ = ["CONNECT_WAIT_S", "Server", "add_stack_args", "connect_client", "home", "prepare_local_stack", "server_for", "stack_pools"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,27 @@ def add_stack_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--home", type=Path, help="where the local stack keeps its database, logs and store (default .rollart)")
     s.add_argument("--port", type=int, default=7233, help="local Temporal gRPC port (default 7233)")
     s.add_argument("--ui-port", type=int, default=8233, help="local Temporal UI port (default 8233)")
+    s.add_argument("--control-processes", type=_positive, default=1, metavar="N",
+                   help="control worker processes of the local stack, all on the control queue (default 1; one per "
+                   "core pays off once hundreds of trajectories are in flight: docs/benchmarks.md, scale)")  # fmt: skip
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return n
+
+
+def stack_pools(pools: list[Pool], args: argparse.Namespace) -> list[Pool]:
+    """The worker processes to start: `pools`, with --control-processes control workers where it has one."""
+    from rollart.infra.pools import Pool
+
+    extra = [Pool.CONTROL] * (args.control_processes - 1) if Pool.CONTROL in pools else []
+    return [*pools, *extra]
 
 
 def home(args: argparse.Namespace) -> Path:
@@ -56,8 +78,8 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
     from rollart.workers.local_stack import LocalStack, pools_for_job
 
     prepare_local_stack(job, str(args.job))
-    stack = LocalStack(job=job, pools=pools_for_job(job, training=training), home=home(args), port=args.port,
-                       ui_port=args.ui_port)  # fmt: skip
+    stack = LocalStack(job=job, pools=stack_pools(pools_for_job(job, training=training), args), home=home(args),
+                       port=args.port, ui_port=args.ui_port)  # fmt: skip
     print(f"starting the local stack (Temporal on {stack.address}, workers: "
           f"{', '.join(p.value for p in stack.pools)}) ...")  # fmt: skip
     with stack:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from rollart.cli.errors import UserError
 from rollart.cli.spec import load_spec
-from rollart.cli.stack import add_stack_args, home, prepare_local_stack
+from rollart.cli.stack import add_stack_args, home, prepare_local_stack, stack_pools
 
 if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     pools = _pools(args.pools)
     prepare_local_stack(job, str(args.job or "the default job"))
     _warn_unserved(job, pools)
-    stack = LocalStack(job=job, pools=pools, home=home(args), port=args.port, ui_port=args.ui_port)
+    stack = LocalStack(job=job, pools=stack_pools(pools, args), home=home(args), port=args.port, ui_port=args.ui_port)
     stop = _stop_on_signals()
     print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")
     with stack:

@@ -153,13 +153,14 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout_s: float) -
 def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     port, ui = free_port(), free_port()
     cmd = [*ROLLART, "up", "--pools", "control,cpu,serverless", "--home", str(tmp_path), "--port", str(port),
-           "--ui-port", str(ui)]  # fmt: skip
+           "--ui-port", str(ui), "--control-processes", "2"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         lines = _wait_for_line(proc, "Ctrl-C stops everything", 120)
         assert any(f"Temporal UI: http://127.0.0.1:{ui}" in line for line in lines)
         pids = [int(line.split("pid")[1]) for line in lines if line.strip().startswith("worker ")]
-        assert len(pids) == 3
+        assert len(pids) == 4  # two control processes on the one control queue
+        assert sum(line.strip().startswith(("worker control-0 ", "worker control-1 ")) for line in lines) == 2, lines
         assert any("serverless#0 (elastic)" in line for line in lines)  # the autoscaler runs the serverless pool
         with urllib.request.urlopen(f"http://127.0.0.1:{ui}/api/v1/namespaces/default/workflows", timeout=10) as r:
             assert r.status == 200
