@@ -23,7 +23,8 @@ HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 def test_recorded_histories_exist() -> None:
     names = {p.stem for p in HISTORIES}
     assert {"trajectory-completed", "trajectory-env-broken", "trajectory-invalid-input", "trajectory-unknown-env",
-            "group-multi-turn", "group-single-turn", "group-single-turn-wave", "training-continued-as-new"} <= names  # fmt: skip
+            "group-multi-turn", "group-multi-turn-close-while-scoring", "group-single-turn", "group-single-turn-wave",
+            "training-continued-as-new"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize("sandbox", ["strict", "off"])

@@ -74,6 +74,31 @@ async def test_an_episode_plays_every_turn_then_scores_and_closes(envs: EnvActiv
     assert dict(c.counts) == {"reset": 1, "generate": result.turns, "step": result.turns, "reward": 1, "close": 1}
 
 
+async def test_a_finished_episode_closes_its_session_while_it_is_scored(envs: EnvActivities) -> None:
+    """close needs neither the score nor the report, so it runs alongside them (patch close-while-scoring)."""
+    c, log = calls(envs), []
+    call = c.call
+
+    async def logged(activity: ActivityName, arg: BaseModel, **kw: Any) -> Any:
+        log.append(("start", activity.value))
+        try:
+            return await call(activity, arg, **kw)
+        finally:
+            log.append(("end", activity.value))
+
+    c.call = logged  # type: ignore[method-assign]
+    reported: list[int] = []
+
+    async def report(results: list) -> None:
+        reported.append(len(log))
+
+    ep = Episode(c, TrajectoryInput(task=frozenlake_task(max_turns=2), seed=1), "t-close")
+    [result] = await play([ep], report)
+    assert result.status == "completed" and c.counts["close"] == 1
+    assert log.index(("start", "close")) < log.index(("end", "reward")), log
+    assert reported and log.index(("end", "reward")) < reported[0], (log, reported)
+
+
 async def test_a_broken_env_fails_its_episode_unscored_and_still_closes(envs: EnvActivities) -> None:
     c = calls(envs)
     ep = Episode(c, TrajectoryInput(task=frozenlake_task(env="tests.support.envs:BrokenStepEnv", env_args={}), seed=1), "t-broken")

@@ -28,9 +28,10 @@ from tests.support.standins import StandIns, full_marks, standin_workers
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 TRAINING = "training-continued-as-new"
-KINDS = {"group-multi-turn": "frozenlake", "group-single-turn-wave": "math"}
+KINDS = {"group-multi-turn": "frozenlake", "group-single-turn-wave": "math",
+         "group-multi-turn-close-while-scoring": "frozenlake"}
 """Fixture name → the task whose GroupRolloutWorkflow it records (`group-single-turn`: before the wave's
-generate_batch)."""
+generate_batch; `group-multi-turn`: before the patch close-while-scoring)."""
 
 
 async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
@@ -60,8 +61,9 @@ async def main() -> None:
         if not (HISTORIES / f"{TRAINING}.json").exists():
             (HISTORIES / f"{TRAINING}.json").write_text(await _history_json(env.client, job_id, first_run))
         async for wf in env.client.list_workflows(f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}" AND ExecutionStatus="Completed"'):
-            kind = next((k for k, task in KINDS.items() if wf.search_attributes.get("RollartTask") == [task]), None)
-            if kind and not (HISTORIES / f"{kind}.json").exists():
+            kind = next((k for k, task in KINDS.items() if wf.search_attributes.get("RollartTask") == [task]
+                         and not (HISTORIES / f"{k}.json").exists()), None)  # fmt: skip
+            if kind:
                 (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
         print("wrote", sorted(p.name for p in HISTORIES.glob("*.json")))
     finally:

@@ -14,9 +14,13 @@ from rollart.contracts.activities import RewardResult
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.workflows.driver.calls import CallFailed, Calls
 
-__all__ = ["Unit", "play"]
+__all__ = ["CLOSE_WHILE_SCORING", "Unit", "play"]
 
 T = TypeVar("T")
+
+CLOSE_WHILE_SCORING = "close-while-scoring"
+"""Patch: a finished unit's session closes while it is scored and reported (close needs neither), so the
+close's round trip is off the episode's path; histories recorded before closed it between the two."""
 
 Report = Callable[[list[TrajectoryResult]], Awaitable[None]]
 
@@ -62,6 +66,8 @@ async def play(units: Sequence[Unit], report: Report | None = None, *, finish_to
 
 
 async def _finish(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
+    if unit.calls.patched(CLOSE_WHILE_SCORING):
+        return await _finish_closing_meanwhile(unit, report)
     try:
         scores = await guarded(unit, unit.score)
     finally:
@@ -69,6 +75,18 @@ async def _finish(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
     results = unit.results(scores)
     if report is not None:
         await report(results)
+    return results
+
+
+async def _finish_closing_meanwhile(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
+    """Score → report, with the session's close running alongside; the unit ends once both are done."""
+    closing = asyncio.ensure_future(unit.close())
+    try:
+        results = unit.results(await guarded(unit, unit.score))
+        if report is not None:
+            await report(results)
+    finally:
+        await closing
     return results
 
 
