@@ -83,6 +83,18 @@ def reward_per_turn(t: Transcript) -> RewardResult:
     return RewardResult(value=float(len(t.turns)), success=True)
 
 
+HEARTBEAT_EVERY_S = 5.0
+
+
+async def _busy(seconds: float) -> None:
+    """Take `seconds` as an engine would: heartbeating, so a long generation outlives the heartbeat timeout."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    while (left := end - loop.time()) > 0:
+        await asyncio.sleep(min(left, HEARTBEAT_EVERY_S))
+        activity.heartbeat()
+
+
 @dataclass
 class _Session:
     seed: int
@@ -256,7 +268,7 @@ class StandIns:
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         self._record("generate", f"{inp.data_key} n={inp.sampling.n}", inp)
         self._reject([inp.data_key])
-        await asyncio.sleep(self.turn_delay_s)
+        await _busy(self.turn_delay_s)
         return self._generation(inp.data_key, inp.sampling.n, inp.weights.min_version if inp.weights else None)
 
     @activity.defn(name="generate_batch")
@@ -265,7 +277,7 @@ class StandIns:
         if self.broken_engine_group and f"{self.broken_engine_group}-" in inp.data_keys[0]:
             raise ApplicationError("engine crashed", type="EngineError", non_retryable=True)
         self._reject(inp.data_keys)
-        await asyncio.sleep(self.turn_delay_s)
+        await _busy(self.turn_delay_s)
         if self.held_group and f"{self.held_group}-" in inp.data_keys[0] and "turn-000" in inp.data_keys[0]:
             with contextlib.suppress(asyncio.TimeoutError):  # lockstep: no other group steps before this returns
                 await asyncio.wait_for(self._other_group_stepped.wait(), HELD_WAIT_S)
