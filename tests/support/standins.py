@@ -90,6 +90,7 @@ async def _busy(seconds: float) -> None:
     """Take `seconds` as an engine would: heartbeating, so a long generation outlives the heartbeat timeout."""
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
+    await asyncio.sleep(0)  # yields even when there is no time to take, as the plain sleep did
     while (left := end - loop.time()) > 0:
         await asyncio.sleep(min(left, HEARTBEAT_EVERY_S))
         activity.heartbeat()
