@@ -40,8 +40,8 @@ def add_stack_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--port", type=int, default=7233, help="local Temporal gRPC port (default 7233)")
     s.add_argument("--ui-port", type=int, default=8233, help="local Temporal UI port (default 8233)")
     s.add_argument("--control-processes", type=_positive, default=1, metavar="N",
-                   help="control worker processes of the local stack, all on the control queue (default 1; one per "
-                   "core pays off once hundreds of trajectories are in flight: docs/benchmarks.md, scale)")  # fmt: skip
+                   help="control worker processes of the local stack, all on the control queue (default 1; more help "
+                   "only when the control worker, not the server, is saturated: docs/benchmarks.md, scale)")  # fmt: skip
 
 
 def _positive(text: str) -> int:
