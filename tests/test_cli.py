@@ -160,7 +160,7 @@ def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert any(f"Temporal UI: http://127.0.0.1:{ui}" in line for line in lines)
         pids = [int(line.split("pid")[1]) for line in lines if line.strip().startswith("worker ")]
         assert len(pids) == 4  # two control processes on the one control queue
-        assert sum(line.strip().startswith(("worker control-0 ", "worker control-1 ")) for line in lines) == 2, lines
+        assert sum(line.strip().startswith(("worker control#0 ", "worker control#1 ")) for line in lines) == 2, lines
         assert any("serverless#0 (elastic)" in line for line in lines)  # the autoscaler runs the serverless pool
         with urllib.request.urlopen(f"http://127.0.0.1:{ui}/api/v1/namespaces/default/workflows", timeout=10) as r:
             assert r.status == 200

@@ -92,7 +92,9 @@ class LocalStack:
         return self.mooncake.config if self.mooncake else self.job.store
 
     def worker_pids(self) -> dict[str, int]:
-        pids = {f"{w.pool.value}#{i}": w.proc.pid for i, w in enumerate(self._workers)}
+        pids: dict[str, int] = {}
+        for w in self._workers:  # numbered within their pool: control#0, control#1, cpu#0
+            pids[f"{w.pool.value}#{sum(name.startswith(f'{w.pool.value}#') for name in pids)}"] = w.proc.pid
         for scaler in self._scalers:
             pids |= {f"{scaler.queue}#{i} (elastic)": pid for i, pid in enumerate(scaler.procs.pids())}
         return pids
