@@ -50,7 +50,9 @@ async def test_routes_each_activity_to_its_pool(bare_env: WorkflowEnvironment, q
     assert result.turns == 3
     cpu, h800, serverless = (queue_name(p, queue_prefix) for p in (Pool.CPU, Pool.H800, Pool.SERVERLESS))
     expected = [("reset", cpu)] + [("generate", h800), ("step", s.session_queue)] * 3
-    assert queues(s) == expected + [("reward", serverless), ("close", s.session_queue)]
+    assert queues(s)[:-2] == expected
+    # reward and close run together (patch close-while-scoring): either may reach its worker first
+    assert sorted(queues(s)[-2:]) == [("close", s.session_queue), ("reward", serverless)]
     assert len(result.turn_keys) == 3 and all(k.endswith(f"turn-{i:03d}") for i, k in enumerate(result.turn_keys))
 
 
