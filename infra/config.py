@@ -372,6 +372,18 @@ class ParallelConfig(_Strict):
         return self.tensor * self.data
 
 
+class LRScheduleConfig(_Strict):
+    """How the learning rate moves over training steps: a linear warm-up to `trainer.lr` over `warmup_steps`,
+    then `constant`, or a `cosine` decay to `min_ratio` × lr over `decay_steps` (default: the rest of
+    `training.steps`, filled in by the job's training plan). The rate is a function of the step number alone
+    (activities/training/lr_schedule.py), so a resumed trainer or a continued job picks it up where it was."""
+
+    kind: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    decay_steps: int | None = Field(None, ge=1)
+    min_ratio: float = Field(0.0, ge=0.0, le=1.0)
+
+
 class TrainerConfig(_Strict):
     """The trainer: backend, parallel layout, device and precision, optimizer and checkpoints.
 
@@ -390,6 +402,7 @@ class TrainerConfig(_Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     activation_checkpointing: bool = False
     lr: float = Field(1e-3, gt=0.0)
+    lr_schedule: LRScheduleConfig = Field(default_factory=LRScheduleConfig)
     betas: tuple[float, float] = (0.9, 0.99)
     eps: float = Field(1e-8, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
@@ -398,6 +411,15 @@ class TrainerConfig(_Strict):
     checkpoint_every: int = Field(50, ge=1)
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
+
+    def over(self, steps: int) -> TrainerConfig:
+        """This config for a run of `steps` training steps: a cosine schedule without `decay_steps` decays
+        over the steps left after its warm-up."""
+        schedule = self.lr_schedule
+        if schedule.kind != "cosine" or schedule.decay_steps is not None:
+            return self
+        decay = max(1, steps - schedule.warmup_steps)
+        return self.model_copy(update={"lr_schedule": schedule.model_copy(update={"decay_steps": decay})})
 
     @model_validator(mode="after")
     def _parallel_needs_megatron(self) -> TrainerConfig:

@@ -24,7 +24,7 @@ from tests.support.batches import JOB, frozenlake_batch, load_model
 METRICS = {
     "loss", "pg_loss", "entropy", "kl", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
     "grad_norm", "samples", "sequences", "tokens", "reward_mean", "success_rate", "adv_abs_mean",
-    "groups_with_signal", "staleness_mean", "staleness_max", "train_s",
+    "groups_with_signal", "staleness_mean", "staleness_max", "lr", "train_s",
 }  # fmt: skip
 
 
@@ -205,6 +205,19 @@ async def test_checkpoints_and_a_fresh_trainer_resumes_at_the_right_step(tiny_mo
     r3 = await env.run(third.train_step, step_input(tiny_model, run, 3, samples, checkpoint_every=2))
     assert r3.version == 4 and r3.metrics["staleness_max"] == 3.0
     assert sorted(p.name for p in checkpoint_dir(run).iterdir()) == ["step-000001", "step-000003"]
+
+
+async def test_the_optimizer_steps_at_the_schedules_rate(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """Warm-up: step s uses lr × (s + 1) / warmup_steps, in the optimizer itself and in the step's metrics."""
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    env, acts = ActivityEnvironment(), TrainerActivities(store)
+    schedule = {"warmup_steps": 4}
+    for step, expected in enumerate([2.5e-4, 5e-4]):
+        result = await env.run(acts.train_step, step_input(tiny_model, tmp_path / "run", step, samples, lr=1e-3,
+                                                           lr_schedule=schedule))  # fmt: skip
+        assert result.metrics["lr"] == pytest.approx(expected)
+        assert acts._jobs[JOB].policy.optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
 
 
 def test_checkpoint_files_keep_the_latest_two(tiny_model: Path, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from rollart.activities.errors import bad_input
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
 from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences, micro_batches
 from rollart.activities.rl.losses import policy_loss
+from rollart.activities.training.lr_schedule import lr_at, scheduled
 from rollart.activities.training.policy import Policy
 from rollart.activities.training.ranks import Ranks
 from rollart.activities.training.records import (
@@ -172,7 +173,7 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     must drop it and build a new one (which resumes from the checkpoint and records).
     """
     t0 = time.perf_counter()
-    cfg = inp.trainer
+    cfg = scheduled(inp.trainer, inp.step)
     # The broadcast comes first: every rank takes part in it before any of them may give up on the step.
     batch = ranks.broadcast(_load_batch(store, inp) if ranks.is_leader else None)
     if inp.step != state.last_completed + 1:
@@ -223,5 +224,6 @@ def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, fl
         "groups_with_signal": groups_with_signal(batch.advantages, groups),
         "staleness_mean": sum(staleness) / len(staleness),
         "staleness_max": float(max(staleness)),
+        "lr": lr_at(inp.trainer, inp.step),
         "train_s": time.perf_counter() - t0,
     }
