@@ -346,6 +346,16 @@ class LossConfig(_Strict):
     decoupled: bool = True
     kl_coef: float = Field(0.0, ge=0.0)
     entropy_coef: float = Field(0.0, ge=0.0)
+    aggregation: Literal["token_mean", "seq_mean", "constant"] = "token_mean"
+    """How per-token terms become the batch's loss. `token_mean` (DAPO): every completion token of the batch
+    weighs the same, so long answers weigh more. `seq_mean`: every sequence weighs the same, shared by its
+    tokens. `constant` (Dr. GRPO): token sums divided by sequences × `constant_tokens`, so a token's weight
+    depends on neither its sequence's length nor the batch's. Metrics other than the losses stay token means."""
+    constant_tokens: int = Field(1024, ge=1)
+    """`aggregation: constant`'s per-sequence normaliser (Dr. GRPO uses the generation's max tokens)."""
+    normalize_advantage_std: bool = True
+    """GRPO advantages divided by their group's reward std (GRPO); False keeps the raw difference from the
+    group mean (Dr. GRPO), which does not up-weight groups whose rewards barely differ."""
 
 
 class ParallelConfig(_Strict):

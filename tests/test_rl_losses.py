@@ -10,6 +10,7 @@ from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
 from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import (
     k3_kl,
+    loss_token_weights,
     policy_loss,
     ppo_clip_surrogate,
     token_logprobs,
@@ -175,11 +176,36 @@ def test_collate_pads_on_the_right_and_masks_only_completions() -> None:
     assert [b.input_ids.shape[0] for b in micro_batches(_seqs(), 3)] == [3, 1]
 
 
-@pytest.mark.parametrize("decoupled", [True, False])
-def test_gradient_accumulation_over_micro_batches_equals_one_batch(decoupled: bool) -> None:
+def test_loss_aggregations_by_hand() -> None:
+    """Two sequences, of 1 and 3 loss tokens, each token's pg term −A (on-policy, w = 1): token_mean weighs
+    the long one 3:1, seq_mean 1:1, constant (Dr. GRPO) sums over 2 sequences x constant_tokens."""
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([1.0, -2.0])
+    logp = torch.zeros(2, 3)
+
+    def pg(**cfg: object) -> float:
+        return policy_loss(logp, logp, adv, mask, LossConfig(**cfg), total_tokens=4, total_sequences=2).metrics["pg_loss"]
+
+    assert pg() == pytest.approx((-1.0 + 3 * 2.0) / 4)  # token_mean: (−A₁ + 3·−A₂) / 4 tokens
+    assert pg(aggregation="seq_mean") == pytest.approx((-1.0 + 2.0) / 2)
+    assert pg(aggregation="constant", constant_tokens=8) == pytest.approx((-1.0 + 3 * 2.0) / (2 * 8))
+    weights = loss_token_weights(mask, LossConfig(aggregation="seq_mean"), 4, 2)
+    assert weights.tolist() == [[0.5, 0.0, 0.0], [pytest.approx(1 / 6)] * 3]
+    with pytest.raises(ValueError, match="total_sequences"):
+        loss_token_weights(mask, LossConfig(aggregation="seq_mean"), 4, None)
+
+
+def test_dr_grpo_advantages_keep_the_raw_difference_from_the_group_mean() -> None:
+    assert grpo_advantages([1.0, 0.0, 0.0, 0.0], ["g"] * 4, normalize_std=False) == [0.75, -0.25, -0.25, -0.25]
+    assert grpo_advantages([1.0, 0.0], ["g"] * 2)[0] == pytest.approx(1.0, abs=1e-5)  # std 0.5 divides
+
+
+@pytest.mark.parametrize(("decoupled", "aggregation"), [(True, "token_mean"), (False, "token_mean"),
+                                                         (True, "seq_mean"), (True, "constant")])
+def test_gradient_accumulation_over_micro_batches_equals_one_batch(decoupled: bool, aggregation: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10))
-    cfg = LossConfig(decoupled=decoupled, entropy_coef=0.01, clip_eps=0.2)
+    cfg = LossConfig(decoupled=decoupled, entropy_coef=0.01, clip_eps=0.2, aggregation=aggregation, constant_tokens=4)
     seqs = _seqs()
     total = sum(len(s.completion_ids) for s in seqs)
 
@@ -189,8 +215,9 @@ def test_gradient_accumulation_over_micro_batches_equals_one_batch(decoupled: bo
         for mb in batches:
             logp, ent = token_logprobs_and_entropy(model(mb.input_ids), mb.input_ids)
             out = policy_loss(
-                logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, cfg, total_tokens=total, entropy=ent
-            )
+                logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, cfg, total_tokens=total,
+                total_sequences=len(seqs), entropy=ent,
+            )  # fmt: skip
             out.loss.backward()
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + v

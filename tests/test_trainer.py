@@ -220,6 +220,25 @@ async def test_the_optimizer_steps_at_the_schedules_rate(tiny_model: Path, tok, 
         assert acts._jobs[JOB].policy.optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
 
 
+async def test_dr_grpo_settings_reach_the_step(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """`normalize_advantage_std: false` trains on raw group-mean differences; `aggregation` changes the loss only."""
+    from rollart.activities.rl.advantages import grpo_advantages
+
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    raw = grpo_advantages([s.reward for s in samples], [s.group_id for s in samples], normalize_std=False)
+    results = {}
+    for name, loss in {"token_mean": {}, "dr_grpo": {"aggregation": "constant", "normalize_advantage_std": False}}.items():
+        acts = TrainerActivities(store)
+        inp = step_input(tiny_model, tmp_path / name, 0, samples, loss=LossConfig(**loss)).model_copy(
+            update={"job_id": f"{JOB}-{name}"})
+        results[name] = (await ActivityEnvironment().run(acts.train_step, inp)).metrics
+    assert results["dr_grpo"]["adv_abs_mean"] == pytest.approx(sum(map(abs, raw)) / len(raw))
+    assert results["dr_grpo"]["adv_abs_mean"] != pytest.approx(results["token_mean"]["adv_abs_mean"])
+    assert results["dr_grpo"]["pg_loss"] != pytest.approx(results["token_mean"]["pg_loss"])
+    assert results["dr_grpo"]["logprob_diff_behav"] == pytest.approx(results["token_mean"]["logprob_diff_behav"])
+
+
 def test_checkpoint_files_keep_the_latest_two(tiny_model: Path, tmp_path: Path) -> None:
     model = load_model(tiny_model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -17,6 +17,7 @@ from rollart.infra.config import LossConfig
 __all__ = [
     "LossTerms",
     "k3_kl",
+    "loss_token_weights",
     "policy_loss",
     "ppo_clip_surrogate",
     "token_logprobs",
@@ -85,6 +86,18 @@ class LossTerms:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def loss_token_weights(mask: torch.Tensor, cfg: LossConfig, total_tokens: float, total_sequences: int | None) -> torch.Tensor:
+    """Each token's weight in the batch's loss under `cfg.aggregation` (0 off the mask), such that summing
+    weight × value over every micro-batch gives the batch's aggregate, however the batch is split."""
+    if cfg.aggregation == "token_mean":
+        return mask / total_tokens
+    if not total_sequences or total_sequences <= 0:
+        raise ValueError(f"aggregation {cfg.aggregation!r} needs total_sequences > 0 (the batch's sequences with loss tokens)")
+    if cfg.aggregation == "seq_mean":
+        return mask / (mask.sum(-1, keepdim=True).clamp(min=1.0) * total_sequences)
+    return mask / (float(cfg.constant_tokens) * total_sequences)
+
+
 def policy_loss(
     logp: torch.Tensor,
     logp_behav: torch.Tensor,
@@ -93,6 +106,7 @@ def policy_loss(
     cfg: LossConfig,
     *,
     total_tokens: float,
+    total_sequences: int | None = None,
     logp_prox: torch.Tensor | None = None,
     logp_ref: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
@@ -118,7 +132,9 @@ def policy_loss(
 
     Adds `kl_coef`·k3(π, π_ref) when `logp_ref` is given and subtracts
     `entropy_coef`·entropy when `entropy` is given (entropy is always
-    reported when given, even at coef 0).
+    reported when given, even at coef 0). The loss terms are aggregated per
+    `cfg.aggregation` (`loss_token_weights`; `total_sequences` counts the batch's
+    sequences with loss tokens), the metrics are token means whatever it is.
     """
     if total_tokens <= 0:
         raise ValueError("total_tokens must be > 0: a train batch needs at least one completion token")
@@ -134,6 +150,12 @@ def policy_loss(
         """Sum over loss tokens / total_tokens (this micro-batch's share of the batch mean)."""
         return (x * mask).sum() / total_tokens
 
+    weights = loss_token_weights(mask, cfg, total_tokens, total_sequences)
+
+    def aggregate(x: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's share of the batch's loss term, per `cfg.aggregation`."""
+        return (x * weights).sum()
+
     raw_w = torch.exp(logp_prox - logp_behav)
     truncated = torch.zeros_like(raw_w, dtype=torch.bool)
     if cfg.decoupled:
@@ -146,7 +168,7 @@ def policy_loss(
         ratio = torch.exp(logp - logp_behav)
         weight = torch.ones_like(raw_w)
     surrogate, clipped = ppo_clip_surrogate(ratio, adv, cfg.clip_eps)
-    pg = share(-weight * surrogate)
+    pg = aggregate(-weight * surrogate)
     loss = pg
     metrics = {
         "pg_loss": pg.item(),
@@ -156,13 +178,12 @@ def policy_loss(
         "logprob_diff_behav": share((logp_prox - logp_behav).abs()).item(),
     }
     if logp_ref is not None:
-        kl = share(k3_kl(logp, logp_ref.detach()))
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl"] = kl.item()
+        kl = k3_kl(logp, logp_ref.detach())
+        loss = loss + cfg.kl_coef * aggregate(kl)
+        metrics["kl"] = share(kl).item()
     if entropy is not None:
-        ent = share(entropy)
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * ent
-        metrics["entropy"] = ent.item()
+            loss = loss - cfg.entropy_coef * aggregate(entropy)
+        metrics["entropy"] = share(entropy).item()
     metrics["loss"] = loss.item()
     return LossTerms(loss=loss, metrics=metrics)

@@ -114,13 +114,15 @@ class _Batch:
     seqs: list[TrainSequence]
     advantages: list[float]
     total_tokens: int
+    total_sequences: int  # those with loss tokens: the unit of `aggregation: seq_mean` and `constant`
 
 
 def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     """The step's sequences with their GRPO advantages, or the reason they cannot be trained on."""
     if not inp.samples:
         return f"train step {inp.step} of job {inp.job_id!r} got no samples; the workflow must send a non-empty batch"
-    advantages = grpo_advantages([s.reward for s in inp.samples], [s.group_id for s in inp.samples])
+    advantages = grpo_advantages([s.reward for s in inp.samples], [s.group_id for s in inp.samples],
+                                 normalize_std=inp.trainer.loss.normalize_advantage_std)  # fmt: skip
     try:
         seqs = load_sequences(store, inp.samples, advantages)
     except InvalidSample as e:
@@ -128,7 +130,7 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     total = sum(len(s.completion_ids) for s in seqs)
     if total == 0:
         return f"train step {inp.step} of job {inp.job_id!r}: the samples hold no completion tokens"
-    return _Batch(seqs, advantages, total)
+    return _Batch(seqs, advantages, total, sum(1 for s in seqs if s.completion_ids))
 
 
 def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[TrainSequence]:
@@ -148,8 +150,11 @@ def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[Trai
     return mine
 
 
-def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig) -> dict[str, float]:
-    """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics."""
+def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig,
+                         total_sequences: int | None = None) -> dict[str, float]:  # fmt: skip
+    """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics.
+
+    `total_tokens` and `total_sequences` are the whole batch's (all ranks'), so the shares add up."""
     loss_cfg = cfg.loss
     policy.zero_grad()
     totals = dict.fromkeys(LOSS_METRICS, 0.0)
@@ -158,7 +163,8 @@ def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_to
         logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0)
         logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
         terms = policy_loss(logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, loss_cfg,
-                            total_tokens=total_tokens, logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+                            total_tokens=total_tokens, total_sequences=total_sequences, logp_ref=logp_ref,
+                            entropy=entropy)  # fmt: skip
         terms.loss.backward()
         for k, v in terms.metrics.items():
             totals[k] += v
@@ -181,7 +187,8 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     if isinstance(batch, str):
         raise bad_input(batch)
     mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
-    metrics = ranks.sum_over_data(accumulate_gradients(state.policy, mine, batch.total_tokens, cfg))
+    metrics = ranks.sum_over_data(accumulate_gradients(state.policy, mine, batch.total_tokens, cfg,
+                                                          batch.total_sequences))  # fmt: skip
     outcome = state.policy.step(cfg)
     if not outcome.applied:
         log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
