@@ -29,9 +29,11 @@ ALL = ["end_to_end", "affinity", "overhead", "weight_sync", "reward_service"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, add_help=sys.argv[1:2] in ([], ["-h"], ["--help"]))
+    # `-h` only as the first argument: after a benchmark's name it is that benchmark's own --help
+    own_help = sys.argv[1:2] in ([], ["-h"], ["--help"])
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, add_help=own_help)
     parser.add_argument("name", choices=[*sorted(BENCHMARKS), "all"], help="which benchmark, or all of them")
-    args, rest = parser.parse_known_args()  # a benchmark's own --help reaches its own parser
+    args, rest = parser.parse_known_args()
     if args.name == "all":
         rc = run_all(ALL, rest)
     else:

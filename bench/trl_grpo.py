@@ -12,7 +12,6 @@ installs the pinned version into the running venv if it is missing.
 from __future__ import annotations
 
 import copy
-import importlib
 import importlib.util
 import os
 import subprocess
@@ -42,7 +41,6 @@ def ensure_trl() -> None:
     print(f"peer_trl: trl is not installed; installing {TRL_PIN} into {sys.prefix} (the `bench` extra) ...", flush=True)
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TRL_PIN])
     print("peer_trl: trl installed; starting the bench again in a fresh interpreter", flush=True)
-    sys.stdout.flush()
     os.execv(sys.executable, [sys.executable, "-m", "bench", *sys.argv[1:]])
 
 

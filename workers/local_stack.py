@@ -16,6 +16,7 @@ import logging
 import signal
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -93,8 +94,10 @@ class LocalStack:
 
     def worker_pids(self) -> dict[str, int]:
         pids: dict[str, int] = {}
-        for w in self._workers:  # numbered within their pool: control#0, control#1, cpu#0
-            pids[f"{w.pool.value}#{sum(name.startswith(f'{w.pool.value}#') for name in pids)}"] = w.proc.pid
+        numbered: Counter[Pool] = Counter()  # within their pool: control#0, control#1, cpu#0
+        for w in self._workers:
+            pids[f"{w.pool.value}#{numbered[w.pool]}"] = w.proc.pid
+            numbered[w.pool] += 1
         for scaler in self._scalers:
             pids |= {f"{scaler.queue}#{i} (elastic)": pid for i, pid in enumerate(scaler.procs.pids())}
         return pids

@@ -20,7 +20,7 @@ from rollart.activities.errors import bad_input
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
 from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences, micro_batches
 from rollart.activities.rl.losses import policy_loss
-from rollart.activities.training.lr_schedule import lr_at, scheduled
+from rollart.activities.training.lr_schedule import scheduled
 from rollart.activities.training.policy import Policy
 from rollart.activities.training.ranks import Ranks
 from rollart.activities.training.records import (
@@ -189,6 +189,7 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
     metrics = ranks.sum_over_data(accumulate_gradients(state.policy, mine, batch.total_tokens, cfg,
                                                           batch.total_sequences))  # fmt: skip
+    metrics["lr"] = cfg.lr  # the schedule's rate for this step
     outcome = state.policy.step(cfg)
     if not outcome.applied:
         log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
@@ -231,6 +232,5 @@ def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, fl
         "groups_with_signal": groups_with_signal(batch.advantages, groups),
         "staleness_mean": sum(staleness) / len(staleness),
         "staleness_max": float(max(staleness)),
-        "lr": lr_at(inp.trainer, inp.step),
         "train_s": time.perf_counter() - t0,
     }
