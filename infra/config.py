@@ -404,6 +404,9 @@ class TrainerConfig(_Strict):
     GPU is visible, else cpu, so one job file serves a laptop and a GPU cluster. `dtype: bfloat16`
     computes in bf16 with float32 master weights and optimizer state. AdamW with gradient
     accumulation over micro-batches of `micro_batch_size` sequences (per data-parallel rank).
+    `mini_batches` × `ppo_epochs` optimizer updates per train step (PPO): the batch is cut into
+    `mini_batches` parts and passed over `ppo_epochs` times; the clip against the proximal policy (the
+    weights before the step's first update) engages from the second update on.
     """
 
     backend: Literal["torch", "megatron"] = "torch"
@@ -418,6 +421,8 @@ class TrainerConfig(_Strict):
     weight_decay: float = Field(0.0, ge=0.0)
     grad_clip: float = Field(1.0, gt=0.0)
     micro_batch_size: int = Field(64, ge=1)
+    mini_batches: int = Field(1, ge=1, le=1024, description="optimizer updates per pass over a train batch")
+    ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each train batch")
     checkpoint_every: int = Field(50, ge=1)
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
@@ -563,6 +568,15 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _batches_hold_whole_groups(self) -> JobSpec:
         check_batches_hold_groups(self.training, self.tasks)
+        return self
+
+    @model_validator(mode="after")
+    def _mini_batches_fit_a_batch(self) -> JobSpec:
+        if self.trainer.mini_batches > self.training.batch_size:
+            raise ValueError(
+                f"trainer.mini_batches ({self.trainer.mini_batches}) is more than training.batch_size "
+                f"({self.training.batch_size}): a mini-batch needs at least one trajectory; lower mini_batches"
+            )
         return self
 
     @model_validator(mode="after")

@@ -1,7 +1,7 @@
 """The megatron backend against the torch backend: weight conversion, log-probs, gradients, one AdamW step.
 
 Conversion is checked in one process (pure tensor functions). Numerics run the real step code
-(`activities.training.step.accumulate_gradients`, the policies' `step`) on 2 gloo ranks, once with tensor
+(`activities.training.updates.accumulate_gradients`, the policies' `step`) on 2 gloo ranks, once with tensor
 parallelism (T=2) and once with data parallelism (D=2), against the torch backend on the same HF
 weights and batch. The model is a small Qwen2 with perturbed biases and norms (so their mapping is
 exercised) and an odd vocabulary (387: padded to 388 at T=2, the padding masked).
@@ -104,12 +104,22 @@ def batch(seed: int = 0, n: int = 6, vocab: int = 387) -> list[TrainSequence]:
     return out
 
 
+def with_behaviour_logprobs(ref, seqs: list[TrainSequence]) -> list[TrainSequence]:
+    """Behaviour log-probs: the model's own, perturbed so importance weights are not all 1."""
+    with torch.no_grad():
+        lp, _ = ref.logprobs(collate(seqs, ref.pad_id), entropy_grad=False)
+    gen = torch.Generator().manual_seed(1)
+    return [TrainSequence(s.prompt_ids, s.completion_ids,
+                          (lp[i, len(s.prompt_ids): s.length] + 0.05 * torch.randn(len(s.completion_ids), generator=gen)).tolist(),
+                          s.advantage) for i, s in enumerate(seqs)]  # fmt: skip
+
+
 def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
     """On each rank: the torch backend (whole batch) and the megatron backend (its data-parallel share) take one
     step from the same weights; the leader returns the largest differences."""
     from rollart.activities.training.megatron.policy import MegatronPolicy
     from rollart.activities.training.ranks import DistributedRanks
-    from rollart.activities.training.step import accumulate_gradients, data_shard
+    from rollart.activities.training.updates import accumulate_gradients, data_shard
     from rollart.activities.training.torch_policy import TorchPolicy
 
     cpu = torch.device("cpu")
@@ -118,14 +128,7 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str)
     ref = TorchPolicy(model_dir, cfg, cpu)
     meg = MegatronPolicy(model_dir, cfg, cpu)
 
-    # behaviour log-probs: the model's own, perturbed so importance weights are not all 1
-    whole = collate(seqs, ref.pad_id)
-    with torch.no_grad():
-        lp, _ = ref.logprobs(whole, entropy_grad=False)
-    gen = torch.Generator().manual_seed(1)
-    seqs = [TrainSequence(s.prompt_ids, s.completion_ids,
-                          (lp[i, len(s.prompt_ids): s.length] + 0.05 * torch.randn(len(s.completion_ids), generator=gen)).tolist(),
-                          s.advantage) for i, s in enumerate(seqs)]  # fmt: skip
+    seqs = with_behaviour_logprobs(ref, seqs)
     whole = collate(seqs, ref.pad_id)
     valid = whole.attention_mask.bool()
     valid[:, 0] = False
@@ -180,7 +183,7 @@ def test_megatron_equals_torch_on_the_same_weights_and_batch(tmp_path: Path, ten
 
 
 def test_data_parallel_shares_are_disjoint_cover_the_batch_and_balance_tokens() -> None:
-    from rollart.activities.training.step import data_shard
+    from rollart.activities.training.updates import data_shard
 
     seqs = batch(n=37)
     for size in (1, 2, 3, 8):
@@ -195,7 +198,7 @@ def test_data_parallel_shares_are_disjoint_cover_the_batch_and_balance_tokens() 
 def precision_and_recompute(model_dir: str, seqs: list[TrainSequence]) -> dict[str, float] | None:
     """bf16 (fp32 masters) and activation recomputation on the megatron backend, against fp32 without it."""
     from rollart.activities.training.megatron.policy import MegatronPolicy
-    from rollart.activities.training.step import accumulate_gradients
+    from rollart.activities.training.updates import accumulate_gradients
 
     cpu = torch.device("cpu")
     plain = TrainerConfig(backend="megatron", parallel={"tensor": 2}, micro_batch_size=2)
@@ -234,3 +237,56 @@ def test_bf16_keeps_fp32_masters_and_recomputation_changes_no_gradient(tmp_path:
     assert d["recompute_grad"] < 1e-6, d
     assert d["bf16_params"] == d["fp32_masters"] == d["bf16_loss_finite"] == 1.0, d
     assert d["bf16_moved"] > 1e-4, d
+
+
+def ppo_compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
+    """Megatron's ranks run `ppo_updates` on their shares; the torch backend makes the same updates on the same
+    global mini-batches in one process. The leader returns the largest differences."""
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+    from rollart.activities.training.ranks import DistributedRanks
+    from rollart.activities.training.torch_policy import TorchPolicy
+    from rollart.activities.training.updates import (accumulate_gradients, data_shard, epoch_seed,
+                                                     mini_batch_parts, ppo_updates, with_proximal_logprobs)
+
+    cpu = torch.device("cpu")
+    cfg = TrainerConfig.model_validate_json(cfg_json)
+    ranks = DistributedRanks(cpu)
+    ref = TorchPolicy(model_dir, cfg, cpu)
+    meg = MegatronPolicy(model_dir, cfg, cpu)
+    seqs = with_behaviour_logprobs(ref, seqs)
+    shares = [data_shard(seqs, r, ranks.data_size) for r in range(ranks.data_size)]
+    m_m, outcomes = ppo_updates(meg, ranks, shares, cfg, step=0)
+    weights_m = meg.gathered_hf()
+    if not ranks.is_leader:
+        return None
+    proximal = [with_proximal_logprobs(ref, share, cfg.micro_batch_size) for share in shares]
+    clip = []
+    for epoch in range(cfg.ppo_epochs):
+        parts = mini_batch_parts([len(s) for s in shares], cfg.mini_batches, epoch_seed(cfg, 0, epoch))
+        for j in range(len(parts[0])):
+            chosen = [proximal[r][i] for r in range(len(shares)) for i in parts[r][j]]
+            tokens = sum(len(s.completion_ids) for s in chosen)
+            clip.append(accumulate_gradients(ref, chosen, tokens, cfg, len(chosen))["clip_frac"])
+            ref.step(cfg)
+    weights_t = ref.model.state_dict()
+    return {
+        "updates": float(len(outcomes)), "reference_updates": float(len(clip)),
+        "clip_frac": m_m["clip_frac"], "clip_frac_diff": abs(m_m["clip_frac"] - sum(clip) / len(clip)),
+        "weights": max(float((weights_t[k] - w).abs().max()) for k, w in weights_m.items()),
+        "moved": max(float((weights_t[k] - w).abs().max()) for k, w in hf_state(Path(model_dir)).items()
+                     if k in weights_t),
+    }  # fmt: skip
+
+
+@pytest.mark.integration
+def test_ppo_updates_over_data_parallel_ranks_equal_the_same_updates_in_one_process(tmp_path: Path) -> None:
+    """2 mini-batches x 2 epochs on D=2: each rank steps 4 times on its part of each mini-batch (one rank's part
+    may be smaller), normalised by the whole mini-batch, and the weights match one process making those updates."""
+    model_dir = build_model(tmp_path / "m")
+    cfg = TrainerConfig(backend="megatron", parallel={"data": 2}, eps=1e-6, lr=0.02, micro_batch_size=2,
+                        mini_batches=2, ppo_epochs=2)  # fmt: skip
+    d = run_on_ranks(ppo_compare_with_torch, 2, 1, str(model_dir), batch(n=7), cfg.model_dump_json())[0]
+    print(f"PPO D=2: {json.dumps(d)}")
+    assert d["updates"] == d["reference_updates"] == 4.0, d
+    assert d["clip_frac"] > 0 and d["clip_frac_diff"] < 1e-5, d
+    assert d["weights"] < 1e-4 and d["moved"] > 1e-2, d

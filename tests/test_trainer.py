@@ -24,7 +24,7 @@ from tests.support.batches import JOB, frozenlake_batch, load_model
 METRICS = {
     "loss", "pg_loss", "entropy", "kl", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
     "grad_norm", "samples", "sequences", "tokens", "reward_mean", "success_rate", "adv_abs_mean",
-    "groups_with_signal", "staleness_mean", "staleness_max", "lr", "train_s",
+    "groups_with_signal", "staleness_mean", "staleness_max", "lr", "train_s", "updates",
 }  # fmt: skip
 
 
@@ -237,6 +237,22 @@ async def test_dr_grpo_settings_reach_the_step(tiny_model: Path, tok, tmp_path: 
     assert results["dr_grpo"]["adv_abs_mean"] != pytest.approx(results["token_mean"]["adv_abs_mean"])
     assert results["dr_grpo"]["pg_loss"] != pytest.approx(results["token_mean"]["pg_loss"])
     assert results["dr_grpo"]["logprob_diff_behav"] == pytest.approx(results["token_mean"]["logprob_diff_behav"])
+
+
+async def test_ppo_mini_batches_and_epochs_clip_from_the_second_update(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """One update per batch never clips (the ratio is 1); 2 mini-batches x 2 epochs at a large rate do, and
+    the step's metrics say how many updates it made."""
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    results = {}
+    for name, ppo in {"one": {}, "ppo": {"mini_batches": 2, "ppo_epochs": 2}}.items():
+        acts = TrainerActivities(store)
+        inp = step_input(tiny_model, tmp_path / name, 0, samples, lr=0.05, micro_batch_size=4, **ppo)
+        results[name] = (await ActivityEnvironment().run(acts.train_step, inp.model_copy(
+            update={"job_id": f"{JOB}-{name}"}))).metrics  # fmt: skip
+    assert results["one"]["updates"] == 1.0 and results["one"]["clip_frac"] == 0.0
+    assert results["ppo"]["updates"] == 4.0 and results["ppo"]["clip_frac"] > 0.0
+    assert results["ppo"]["update_skipped"] == 0.0
 
 
 def test_checkpoint_files_keep_the_latest_two(tiny_model: Path, tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ class TrainSequence:
     completion_ids: list[int]
     behav_logprobs: list[float]
     advantage: float
+    prox_logprobs: list[float] | None = None  # the proximal policy's, when a step makes several updates
 
     @property
     def length(self) -> int:
@@ -55,6 +56,7 @@ class MicroBatch:
     completion_mask: torch.Tensor  # float, 1 on completion tokens (the loss tokens)
     behav_logprobs: torch.Tensor  # float, the engine's logprob at completion positions, 0 elsewhere
     advantages: torch.Tensor  # float [B]
+    prox_logprobs: torch.Tensor | None = None  # float, like behav_logprobs: the proximal policy's (several updates)
 
     @property
     def num_tokens(self) -> int:
@@ -65,8 +67,9 @@ class MicroBatch:
         """The same micro-batch on `device` (itself when it is already there)."""
         if self.input_ids.device == device:
             return self
+        prox = None if self.prox_logprobs is None else self.prox_logprobs.to(device)
         return MicroBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.completion_mask,
-                                                   self.behav_logprobs, self.advantages)))  # fmt: skip
+                                                   self.behav_logprobs, self.advantages)), prox)  # fmt: skip
 
 
 def _read_turn(store: Store, key: str, sample: SampleRef) -> StoredTurn:
@@ -126,14 +129,18 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int = 0) -> MicroBatch:
     attention = torch.zeros((n, width), dtype=torch.long)
     completion = torch.zeros((n, width), dtype=torch.float32)
     behav = torch.zeros((n, width), dtype=torch.float32)
+    with_prox = all(s.prox_logprobs is not None for s in seqs)
+    prox = torch.zeros((n, width), dtype=torch.float32) if with_prox else None
     for i, s in enumerate(seqs):
         p, c = len(s.prompt_ids), len(s.completion_ids)
         input_ids[i, : p + c] = torch.tensor(s.prompt_ids + s.completion_ids, dtype=torch.long)
         attention[i, : p + c] = 1
         completion[i, p : p + c] = 1.0
         behav[i, p : p + c] = torch.tensor(s.behav_logprobs, dtype=torch.float32)
+        if prox is not None:
+            prox[i, p : p + c] = torch.tensor(s.prox_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, completion, behav, advantages)
+    return MicroBatch(input_ids, attention, completion, behav, advantages, prox)
 
 
 def micro_batches(seqs: Sequence[TrainSequence], size: int, pad_id: int = 0) -> list[MicroBatch]:

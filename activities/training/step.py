@@ -4,7 +4,8 @@ The leader rank reads the batch (turn records from the payload store), computes 
 and broadcasts the sequences; each data-parallel rank takes its share (balanced by tokens); every
 rank accumulates the loss of its micro-batches — each token's loss divided by the token count of the
 *whole* batch, so shares add up to the batch's token mean on any split — then the policy syncs
-gradients and steps. The leader publishes the new weights as HF safetensors and writes the step's
+gradients and steps (or, with `trainer.mini_batches`/`ppo_epochs`, makes several PPO updates:
+`updates.py`). The leader publishes the new weights as HF safetensors and writes the step's
 record last (the commit point: `train_step` is idempotent because of it).
 """
 
@@ -13,16 +14,15 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rollart.activities.errors import bad_input
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
-from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences, micro_batches
-from rollart.activities.rl.losses import policy_loss
+from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences
 from rollart.activities.training.lr_schedule import scheduled
-from rollart.activities.training.policy import Policy
+from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.ranks import Ranks
+from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.activities.training.records import (
     checkpoint_dir,
     last_recorded_step,
@@ -36,14 +36,9 @@ from rollart.infra.store import Store
 from rollart.infra.weights import publish
 from temporalio.exceptions import ApplicationError
 
-__all__ = ["LOSS_METRICS", "TrainerState", "accumulate_gradients", "data_shard", "resume", "state_mismatch", "train_step"]
+__all__ = ["TrainerState", "resume", "state_mismatch", "train_step"]
 
 log = logging.getLogger(__name__)
-
-LOSS_METRICS = ("loss", "pg_loss", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
-                "kl", "entropy")  # fmt: skip
-"""What the loss reports per step (each a share of the batch's token mean, summed over micro-batches and ranks)."""
-
 
 @dataclass
 class TrainerState:
@@ -133,44 +128,6 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     return _Batch(seqs, advantages, total, sum(1 for s in seqs if s.completion_ids))
 
 
-def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[TrainSequence]:
-    """Data-parallel rank `rank`'s share of the sequences: longest first, each to the rank with the fewest tokens.
-
-    Every rank computes the same assignment, so the shares are disjoint and cover the batch.
-    """
-    if size == 1:
-        return list(seqs)
-    loads = [0] * size
-    mine: list[TrainSequence] = []
-    for s in sorted(seqs, key=lambda s: -s.length):
-        r = min(range(size), key=lambda i: (loads[i], i))
-        loads[r] += s.length
-        if r == rank:
-            mine.append(s)
-    return mine
-
-
-def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig,
-                         total_sequences: int | None = None) -> dict[str, float]:  # fmt: skip
-    """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics.
-
-    `total_tokens` and `total_sequences` are the whole batch's (all ranks'), so the shares add up."""
-    loss_cfg = cfg.loss
-    policy.zero_grad()
-    totals = dict.fromkeys(LOSS_METRICS, 0.0)
-    for mb in micro_batches(seqs, cfg.micro_batch_size, policy.pad_id):
-        mb = mb.to(policy.device)
-        logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0)
-        logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
-        terms = policy_loss(logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, loss_cfg,
-                            total_tokens=total_tokens, total_sequences=total_sequences, logp_ref=logp_ref,
-                            entropy=entropy)  # fmt: skip
-        terms.loss.backward()
-        for k, v in terms.metrics.items():
-            totals[k] += v
-    return totals
-
-
 def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepInput, keep_weight_versions: int) -> TrainStepResult | None:
     """Run step `inp.step` on this rank; the leader returns the (recorded) result, the others None.
 
@@ -186,13 +143,12 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
         raise state_mismatch(inp.job_id, inp.run_dir, state.last_completed, inp.step)
     if isinstance(batch, str):
         raise bad_input(batch)
-    mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
-    metrics = ranks.sum_over_data(accumulate_gradients(state.policy, mine, batch.total_tokens, cfg,
-                                                          batch.total_sequences))  # fmt: skip
+    metrics, outcomes = _update(state.policy, ranks, batch, cfg, inp.step)
     metrics["lr"] = cfg.lr  # the schedule's rate for this step
-    outcome = state.policy.step(cfg)
-    if not outcome.applied:
-        log.warning("job %s step %d: non-finite gradient norm; update skipped", inp.job_id, inp.step)
+    skipped = sum(1 for o in outcomes if not o.applied)
+    if skipped:
+        log.warning("job %s step %d: non-finite gradient norm; %d of %d updates skipped", inp.job_id, inp.step,
+                    skipped, len(outcomes))  # fmt: skip
     t_pub = time.perf_counter()
     blob = state.policy.weights_blob()  # a collective: the shards gathered and converted to one HF blob
     result = None
@@ -205,7 +161,7 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:
         result = TrainStepResult(step=inp.step, version=inp.step + 1, weights_key=ref.key,
-                                 metrics=_step_metrics(inp, batch, metrics, outcome.grad_norm, outcome.applied, t0))  # fmt: skip
+                                 metrics=_step_metrics(inp, batch, metrics, outcomes, t0))  # fmt: skip
         write_record(inp.run_dir, result)
         log.info("job %s step %d: loss %.4f, reward %.3f, %.2f s",
                  inp.job_id, inp.step, metrics["loss"], result.metrics["reward_mean"], result.metrics["train_s"])  # fmt: skip
@@ -213,16 +169,30 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     return result
 
 
-def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, float], grad_norm: float,
-                  applied: bool, t0: float) -> dict[str, float]:  # fmt: skip
+def _update(policy: Policy, ranks: Ranks, batch: _Batch, cfg: TrainerConfig, step: int
+            ) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
+    """The step's optimizer update(s) on this rank's share: one over the whole batch, or PPO's mini-batches
+    and epochs (`updates.ppo_updates`); the loss metrics and what each update did."""
+    if cfg.mini_batches == 1 and cfg.ppo_epochs == 1:
+        mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
+        metrics = ranks.sum_over_data(accumulate_gradients(policy, mine, batch.total_tokens, cfg,
+                                                              batch.total_sequences))  # fmt: skip
+        return metrics, [policy.step(cfg)]
+    shares = [data_shard(batch.seqs, r, ranks.data_size) for r in range(ranks.data_size)]
+    return ppo_updates(policy, ranks, shares, cfg, step)
+
+
+def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, float], outcomes: list[StepOutcome],
+                  t0: float) -> dict[str, float]:  # fmt: skip
     """The step's metrics: the loss terms plus what the batch and the update looked like."""
     rewards = [s.reward for s in inp.samples]
     groups = [s.group_id for s in inp.samples]
     staleness = [inp.step - s.policy_version_min for s in inp.samples]
     return {
         **loss_metrics,
-        "grad_norm": grad_norm,
-        "update_skipped": 0.0 if applied and math.isfinite(grad_norm) else 1.0,
+        "grad_norm": sum(o.grad_norm for o in outcomes) / len(outcomes),  # the mean over the step's updates
+        "update_skipped": sum(0.0 if o.applied and math.isfinite(o.grad_norm) else 1.0 for o in outcomes),
+        "updates": float(len(outcomes)),
         "samples": float(len(inp.samples)),
         "sequences": float(len(batch.seqs)),
         "tokens": float(batch.total_tokens),

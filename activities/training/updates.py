@@ -1,0 +1,130 @@
+"""Several optimizer updates per train step: PPO mini-batches and epochs.
+
+With `trainer.mini_batches: M` and `trainer.ppo_epochs: E` a step cuts its batch into M mini-batches
+and steps the optimizer once per mini-batch, E passes over the batch (reshuffled each pass): M × E
+updates. The decoupled loss's proximal policy is the policy *before the first of them*, so its
+log-probs are computed once, up front, without grad; from the second update on the ratio π/π_prox
+leaves 1 and the PPO clip bounds how far the step moves the policy. (With one update the current
+forward pass is the proximal policy, and `train_step` skips this module.)
+
+Mini-batches are cut from each data-parallel rank's share of the batch. Every rank computes every
+share, so all agree on each mini-batch's token and sequence totals (the loss normalisers) and each
+rank steps exactly M × E times, as gradient all-reduces require, even one whose part is empty.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
+from rollart.activities.rl.losses import policy_loss
+from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.ranks import Ranks
+from rollart.infra.config import TrainerConfig
+
+__all__ = ["LOSS_METRICS", "accumulate_gradients", "data_shard", "epoch_seed", "mini_batch_parts", "ppo_updates",
+           "with_proximal_logprobs"]
+
+LOSS_METRICS = ("loss", "pg_loss", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
+                "kl", "entropy")  # fmt: skip
+"""What the loss reports per step (each a share of the batch's token mean, summed over micro-batches and ranks)."""
+
+
+def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[TrainSequence]:
+    """Data-parallel rank `rank`'s share of the sequences: longest first, each to the rank with the fewest tokens.
+
+    Every rank computes the same assignment, so the shares are disjoint and cover the batch.
+    """
+    if size == 1:
+        return list(seqs)
+    loads = [0] * size
+    mine: list[TrainSequence] = []
+    for s in sorted(seqs, key=lambda s: -s.length):
+        r = min(range(size), key=lambda i: (loads[i], i))
+        loads[r] += s.length
+        if r == rank:
+            mine.append(s)
+    return mine
+
+
+def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig,
+                         total_sequences: int | None = None) -> dict[str, float]:  # fmt: skip
+    """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics.
+
+    `total_tokens` and `total_sequences` are the whole batch's (all ranks'), so the shares add up. Sequences
+    carrying `prox_logprobs` are clipped against those; otherwise the current forward pass is the proximal policy."""
+    loss_cfg = cfg.loss
+    policy.zero_grad()
+    totals = dict.fromkeys(LOSS_METRICS, 0.0)
+    for mb in micro_batches(seqs, cfg.micro_batch_size, policy.pad_id):
+        mb = mb.to(policy.device)
+        logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0)
+        logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
+        terms = policy_loss(logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, loss_cfg,
+                            total_tokens=total_tokens, total_sequences=total_sequences, logp_prox=mb.prox_logprobs,
+                            logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+        terms.loss.backward()
+        for k, v in terms.metrics.items():
+            totals[k] += v
+    return totals
+
+
+def with_proximal_logprobs(policy: Policy, seqs: Sequence[TrainSequence], micro_batch_size: int) -> list[TrainSequence]:
+    """`seqs` with `prox_logprobs` set: the current policy's log-probs of their completions (no grad)."""
+    out = list(seqs)
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].length)  # little padding, as micro_batches does
+    with torch.no_grad():
+        for start in range(0, len(order), micro_batch_size):
+            idx = order[start : start + micro_batch_size]
+            mb = collate([seqs[i] for i in idx], policy.pad_id).to(policy.device)
+            logp = policy.logprobs(mb, entropy_grad=False)[0].float().cpu()
+            for row, i in enumerate(idx):
+                p, c = len(seqs[i].prompt_ids), len(seqs[i].completion_ids)
+                out[i] = replace(seqs[i], prox_logprobs=logp[row, p : p + c].tolist())
+    return out
+
+
+def mini_batch_parts(share_sizes: Sequence[int], count: int, seed: int) -> list[list[list[int]]]:
+    """For each rank's share (of `share_sizes[r]` sequences): its `count` parts as lists of indices.
+
+    Shuffled by `seed`, then cut into parts whose sizes differ by at most one. `count` is capped by the
+    smallest non-empty share, so no rank holding data gets an empty part (ranks without data get empty
+    parts and still step: their gradient is zero).
+    """
+    held = [n for n in share_sizes if n > 0]
+    count = max(1, min([count, *held]))
+    parts: list[list[list[int]]] = []
+    for r, n in enumerate(share_sizes):
+        order = list(range(n))
+        random.Random(seed * 1_000_003 + r).shuffle(order)
+        parts.append([order[j * n // count : (j + 1) * n // count] for j in range(count)])
+    return parts
+
+
+def epoch_seed(cfg: TrainerConfig, step: int, epoch: int) -> int:
+    """The shuffle of `epoch` of train step `step`: the same on every rank and on every retry of the step."""
+    return (cfg.seed * 7919 + step) * 64 + epoch
+
+
+def ppo_updates(policy: Policy, ranks: Ranks, shares: Sequence[Sequence[TrainSequence]], cfg: TrainerConfig,
+                step: int) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
+    """Run the step's M × E updates on this rank's share; the loss metrics averaged over the updates, and
+    what each update did. `shares` is every data-parallel rank's share of the batch, in rank order."""
+    mine = with_proximal_logprobs(policy, shares[ranks.data_rank], cfg.micro_batch_size)
+    sums = dict.fromkeys(LOSS_METRICS, 0.0)
+    outcomes: list[StepOutcome] = []
+    for epoch in range(cfg.ppo_epochs):
+        parts = mini_batch_parts([len(s) for s in shares], cfg.mini_batches, epoch_seed(cfg, step, epoch))
+        for j in range(len(parts[0])):
+            chosen = [[share[i] for i in parts[r][j]] for r, share in enumerate(shares)]
+            tokens = sum(len(s.completion_ids) for part in chosen for s in part)
+            sequences = sum(1 for part in chosen for s in part if s.completion_ids)
+            own = [mine[i] for i in parts[ranks.data_rank][j]]
+            metrics = ranks.sum_over_data(accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1)))
+            outcomes.append(policy.step(cfg))
+            for k in sums:
+                sums[k] += metrics[k]
+    return {k: v / len(outcomes) for k, v in sums.items()}, outcomes
