@@ -144,7 +144,8 @@ async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: Metri
             tasks = " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items())) if len(row["task_success"]) > 1 else ""
             stats = (f"reward {row['reward_mean']:.3f} success {row['success_rate']:.2f} {tasks} "
                      f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
-                     f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s dropped {row['dropped']}")  # fmt: skip
+                     f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s dropped {row['dropped']}"
+                     + (f" filtered {row['filtered']}" if row.get("filtered") else ""))  # fmt: skip
             bar.update(task, completed=row["step"] + 1, stats=stats)
             if not bar.console.is_terminal:  # a log file gets one line per step instead of a bar
                 print(f"step {row['step'] + 1}/{steps} {row['elapsed_s']:.0f}s {stats}", flush=True)
@@ -174,7 +175,8 @@ async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingRe
     write_timeline(await collect_timeline(client, job_id), run_dir)
     plots = plot_run(run_dir)
     print(f"done: {result.steps} steps, policy v{result.version}; trajectories started {result.started} = trained "
-          f"{result.trained} + dropped {result.dropped} + failed {result.failed} + cancelled in flight "
+          f"{result.trained} + dropped {result.dropped} + {f'filtered {result.filtered} + ' if result.filtered else ''}"
+          f"failed {result.failed} + cancelled in flight "
           f"{result.cancelled_in_flight} + buffered {result.buffered_unused}")  # fmt: skip
     if result.last:
         print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.success_rate:.2f}")

@@ -87,7 +87,8 @@ def _plot_learning(rows: list[dict], out: Path) -> Path:
     axes[0].legend(loc="upper left")
     last = rows[-1]
     fig.suptitle(f"{out.parent.name}: {len(rows)} steps, staleness mean {last['staleness_mean']:.2f}, "
-                 f"dropped {last['dropped']}, failed {last['failed']}")  # fmt: skip
+                 f"dropped {last['dropped']}, " + (f"filtered {last['filtered']}, " if last.get("filtered") else "")
+                 + f"failed {last['failed']}")  # fmt: skip
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

@@ -80,7 +80,7 @@ class MetricsWriter:
                 elapsed = max(r.time - started_at, 1e-9)
                 interval = max(r.time - (self.last_time if self.last_time is not None else started_at), 1e-9)
                 row = {**r.model_dump(), "elapsed_s": elapsed, "step_interval_s": interval,
-                       "trajectories_per_s": (r.trained + r.dropped + r.failed + r.buffered) / elapsed,
+                       "trajectories_per_s": (r.trained + r.dropped + r.filtered + r.failed + r.buffered) / elapsed,
                        "tokens_per_s": r.completion_tokens / interval}  # fmt: skip
                 self.last_time = r.time
                 f.write(json.dumps(row) + "\n")

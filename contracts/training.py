@@ -35,6 +35,7 @@ class StepRecord(BaseModel):
     failed: int = 0
     in_flight: int = 0
     buffered: int = 0
+    filtered: int = 0
     train: dict[str, float] = Field(default_factory=dict)
 
 
@@ -88,7 +89,7 @@ class InFlight(BaseModel):
 class TrainingState(BaseModel):
     """Everything the loop needs to go on; carried across continue-as-new.
 
-    The ledger always balances: started = trained + dropped + failed + in flight + buffered.
+    The ledger always balances: started = trained + dropped + filtered + failed + in flight + buffered.
     """
 
     step: int = 0
@@ -96,6 +97,8 @@ class TrainingState(BaseModel):
     started: int = 0
     trained: int = 0
     dropped: int = 0
+    filtered: int = 0  # members of zero-variance groups left out (training.dynamic_sampling)
+    filtered_since_step: int = 0
     failed: int = 0
     duplicates_ignored: int = 0
     restores: int = 0  # env sessions moved to another worker because theirs died (trajectories not lost)
@@ -111,7 +114,8 @@ class TrainingState(BaseModel):
 
     @property
     def ledger_balanced(self) -> bool:
-        return self.started == self.trained + self.dropped + self.failed + len(self.in_flight) + len(self.buffer)
+        return self.started == (self.trained + self.dropped + self.filtered + self.failed + len(self.in_flight)
+                                + len(self.buffer))
 
 
 class TrainingPlan(BaseModel):
@@ -184,6 +188,7 @@ class TrainingStatus(BaseModel):
     started_at: float = 0.0
     restores: int = 0
     duplicates_ignored: int = 0
+    filtered: int = 0
     history: list[StepRecord] = Field(default_factory=list)
     stalls: list[Stall] = Field(default_factory=list)  # pools without workers, or no progress: see training.stall
 
@@ -201,3 +206,4 @@ class TrainingResult(BaseModel):
     cancelled_in_flight: int
     buffered_unused: int
     last: StepRecord | None = None
+    filtered: int = 0

@@ -12,6 +12,7 @@ so it holds pydantic models only: no I/O at import time, no heavy imports.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -467,6 +468,27 @@ class StallConfig(_Strict):
                                     "history has this many events (a long stall adds ~11 per check)")
 
 
+class DynamicSamplingConfig(_Strict):
+    """Groups whose rewards are all equal give GRPO no gradient: drop them before they enter a batch
+    (`training.dynamic_sampling`; `true` / `false` is short for `{enabled: ...}`).
+
+    Filtered trajectories free their admission slots at once, so new groups refill the batch (DAPO's
+    dynamic sampling with refill); `oversample` keeps that share more in flight so a full batch
+    usually survives the filter without waiting for a refill round. When more than `max_filtered_batches`
+    batches' worth were filtered since the last step (a policy that solves, or fails, everything), groups
+    are kept again until that step: the job goes on instead of waiting forever.
+    """
+
+    enabled: bool = False
+    oversample: float = Field(0.25, ge=0.0, le=4.0, description="extra in flight, as a share of the admission limit")
+    max_filtered_batches: float = Field(4.0, gt=0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_or_off(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
 class TrainingConfig(_Strict):
     """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
 
@@ -482,6 +504,16 @@ class TrainingConfig(_Strict):
     continue_as_new_every: int = Field(20, ge=1)
     seed: int = 0
     stall: StallConfig = StallConfig()
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+
+    @property
+    def in_flight_limit(self) -> int:
+        """Admission: trajectories in flight plus buffered, at most (async_bound + 1) × batch_size, more by
+        `dynamic_sampling.oversample` when groups are filtered."""
+        limit = (self.async_bound + 1) * self.batch_size
+        if self.dynamic_sampling.enabled:
+            limit += math.ceil(limit * self.dynamic_sampling.oversample)
+        return limit
 
 
 def check_batches_hold_groups(training: TrainingConfig, tasks: list[TaskSpec]) -> None:
@@ -585,10 +617,10 @@ class JobSpec(_Strict):
         must fit the server's per-workflow limit, or the job hangs once it reaches it."""
         t, limit = self.training, self.temporal.max_pending_children
         episodes = [task.name for task in self.tasks if not task.grouped]
-        in_flight = (t.async_bound + 1) * t.batch_size
+        in_flight = t.in_flight_limit
         if t.rollout_mode == "trajectory" and episodes and in_flight > limit:
             raise ValueError(
-                f"training: (async_bound + 1) x batch_size = {in_flight:,} episodes of {', '.join(episodes)} in "
+                f"training: (async_bound + 1) x batch_size{' (+ dynamic_sampling.oversample)' if t.dynamic_sampling.enabled else ''} = {in_flight:,} episodes of {', '.join(episodes)} in "
                 f"flight, each a child workflow of the training workflow, but temporal.max_pending_children is "
                 f"{limit:,} (the server's limit.numPendingChildExecutions.error): lower async_bound or batch_size, "
                 "play the task as groups (rollout_unit: group), or raise the server's limit and this setting"

@@ -200,7 +200,7 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
 
     assert result.version == STEPS and status.step == STEPS
     assert status.ledger_balanced and result.started == (
-        result.trained + result.dropped + result.failed + result.cancelled_in_flight + result.buffered_unused
+        result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight + result.buffered_unused
     )
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
     if victim == "trainer-rank":

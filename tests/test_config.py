@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import JobSpec, JobSpecError, load_job
+from rollart.infra.config import JobSpec, JobSpecError, TrainingConfig, load_job
 from rollart.infra.pools import Pool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -134,3 +134,13 @@ def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) 
     with pytest.raises(JobSpecError, match="workflow_task_pollers"):
         load_job(write(tmp_path, "bad.yaml", "tasks:\n  - {name: a, env: x, reward: y}\n"
                                              "temporal: {workers: {workflow_task_pollers: 1}}\n"))  # fmt: skip
+
+
+def test_dynamic_sampling_is_on_or_off_and_widens_admission_by_its_oversample() -> None:
+    assert TrainingConfig(batch_size=64, async_bound=1).in_flight_limit == 128
+    on = TrainingConfig(batch_size=64, async_bound=1, dynamic_sampling=True)
+    assert on.dynamic_sampling.enabled and on.in_flight_limit == 160  # 128 + 25 %
+    assert TrainingConfig(batch_size=64, dynamic_sampling={"enabled": True, "oversample": 0}).in_flight_limit == 128
+    assert not TrainingConfig(dynamic_sampling=False).dynamic_sampling.enabled
+    with pytest.raises(ValueError, match="oversample"):
+        TrainingConfig(dynamic_sampling={"enabled": True, "oversample": -1})

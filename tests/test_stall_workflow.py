@@ -116,7 +116,7 @@ async def test_a_pool_without_workers_is_reported_then_clears(bare_env: Workflow
     print("\n" + "\n".join(timeline))
     assert result.version == 12 and status.ledger_balanced and status.stalls == []
     await assert_replays(bare_env, handle)
-    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
 
 
@@ -157,7 +157,7 @@ async def test_a_long_stall_continues_as_new_and_keeps_its_clock(bare_env: Workf
                           activities=[w.generate, w.generate_batch]):  # fmt: skip
             result = await asyncio.wait_for(handle.result(), 60)
     assert result.version == 2 and len(w.trained_ids) == len(set(w.trained_ids)) == result.trained
-    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
 
 
@@ -228,7 +228,7 @@ async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env
         engine.wait()
     print("\n" + "\n".join(timeline))
     assert result.version == 10 and result.failed == 0
-    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
 
 

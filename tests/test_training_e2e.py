@@ -30,7 +30,7 @@ async def test_training_steps_advance_within_the_bound(client: Client, stack_job
                                               continue_as_new_every=1, rollout_mode=mode)
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2]
     assert status.ledger_balanced and result.started == (
-        result.trained + result.dropped + result.failed + result.cancelled_in_flight + result.buffered_unused
+        result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight + result.buffered_unused
     )
     assert all(r.staleness_max <= bound for r in status.history)
     assert [row["step"] for row in rows] == [0, 1, 2]  # metrics.jsonl got every step once

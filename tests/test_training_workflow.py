@@ -12,6 +12,7 @@ import uuid
 from collections import Counter
 
 import pytest
+from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TrainingConfig
@@ -57,7 +58,7 @@ async def train(env: WorkflowEnvironment, w: StandIns, spec: JobSpec) -> tuple[T
 
 def assert_ledger(result: TrainingResult) -> None:
     """Every trajectory started is accounted for exactly once."""
-    assert result.started == (result.trained + result.dropped + result.failed + result.cancelled_in_flight
+    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
                               + result.buffered_unused)  # fmt: skip
 
 
@@ -275,4 +276,37 @@ async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(b
     result, status = await train(bare_env, w, job(async_bound=2, steps=2))
     assert result.version == 2 and status.ledger_balanced
     assert result.cancelled_in_flight > 0 and result.failed == 0
+    assert_ledger(result)
+
+
+def turns_unless_flat(t: Transcript) -> RewardResult:
+    """Reward = the member's turns (members differ), except every third seed's group, where all score 1."""
+    return RewardResult(value=1.0 if t.seed % 3 == 0 else float(len(t.turns)), success=True)
+
+
+async def test_dynamic_sampling_filters_groups_without_signal_and_refills(bare_env: WorkflowEnvironment,
+                                                                          queue_prefix: str) -> None:  # fmt: skip
+    w = world(queue_prefix, score=turns_unless_flat, turn_delay_s=0.01)
+    spec = job(async_bound=1, steps=4, dynamic_sampling=True)  # groups in one session: members play 1 and 2 turns
+    spec = spec.model_copy(update={"tasks": [frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")]})
+    result, status = await train(bare_env, w, spec)
+    assert result.version == 4 and result.filtered > 0 and result.filtered % 2 == 0  # whole groups of 2
+    for s in w.inputs("train_step"):
+        assert len(s.samples) == 4  # refilled: every batch full
+        for g in {x.group_id for x in s.samples}:
+            assert len({x.reward for x in s.samples if x.group_id == g}) == 2  # only groups with a signal
+    assert_ledger(result)
+    assert status.ledger_balanced and status.filtered == result.filtered
+    assert 0 < status.history[-1].filtered <= result.filtered  # the step records carry the count
+
+
+async def test_dynamic_sampling_keeps_groups_when_nothing_has_a_signal(bare_env: WorkflowEnvironment,
+                                                                       queue_prefix: str) -> None:  # fmt: skip
+    """A policy that solves everything: after a batch's worth filtered since the last step, groups are kept
+    again, so the job finishes instead of waiting forever."""
+    w = world(queue_prefix, turn_delay_s=0.01)  # every reward 1
+    result, _ = await train(bare_env, w, job(async_bound=0, steps=3,
+                                             dynamic_sampling={"enabled": True, "max_filtered_batches": 1}))
+    assert result.version == 3 and result.trained == 12
+    assert result.filtered >= 3 * 4  # a batch's worth before each step
     assert_ledger(result)

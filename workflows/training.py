@@ -6,6 +6,8 @@
 - A batch is built from complete GRPO groups in completion order; a group is
   admissible at step k only if k − (oldest policy version any member used) ≤
   bound, else it is dropped and counted. Failed (infra) members are masked.
+  With `dynamic_sampling`, a group whose rewards are all equal is filtered
+  (counted) as it completes, and its slots refill.
 - `trajectory` mode runs every episode on its own; `batch` mode runs a whole
   batch in lockstep (the synchronous baseline), with the same accounting.
 """
@@ -108,7 +110,8 @@ class TrainingWorkflow:
             self.s.unfinished[group] -= 1
             if self.s.unfinished[group] == 0:
                 del self.s.unfinished[group]
-                self.s.ready_groups.append(group)
+                if not self._filtered(group):
+                    self.s.ready_groups.append(group)
 
     @workflow.signal
     def pause(self) -> None:
@@ -134,7 +137,7 @@ class TrainingWorkflow:
             async_bound=t.async_bound, rollout_mode=t.rollout_mode,
             started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
             in_flight=len(self.s.in_flight), buffered=len(self.s.buffer),
-            paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
+            filtered=self.s.filtered, paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
             ledger_balanced=self.s.ledger_balanced, history=self.s.history, started_at=self.s.started_at,
             restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored, stalls=self.s.stall.stalls,
         )  # fmt: skip
@@ -191,8 +194,7 @@ class TrainingWorkflow:
         return await self._finish()
 
     def _capacity(self) -> int:
-        t = self.plan.training
-        return (t.async_bound + 1) * t.batch_size
+        return self.plan.training.in_flight_limit
 
     def _next_launch_size(self) -> int:
         if self.plan.training.rollout_mode == "batch":
@@ -319,6 +321,25 @@ class TrainingWorkflow:
 
     # ------------------------------------------------------------ batches
 
+    def _filtered(self, group_id: str) -> bool:
+        """Dynamic sampling: a complete group whose rewards are all equal has no GRPO signal. Leave it out
+        and count it, unless so many were left out since the last step that the job would stop moving."""
+        ds = self.plan.training.dynamic_sampling
+        members = [x for x in self.s.buffer if x.group_id == group_id]
+        if not ds.enabled or not members:
+            return False
+        if next(t.group_size for t in self.plan.tasks if t.name == members[0].task) < 2:
+            return False  # a group of one is its own baseline: GRPO never gave it a signal to filter on
+        rewards = [x.reward for x in members]
+        if max(rewards) - min(rewards) > 1e-9:
+            return False
+        if self.s.filtered_since_step >= ds.max_filtered_batches * self.plan.training.batch_size:
+            return False
+        self.s.buffer = [x for x in self.s.buffer if x.group_id != group_id]
+        self.s.filtered += len(members)
+        self.s.filtered_since_step += len(members)
+        return True
+
     def _is_stale(self, group_id: str) -> bool:
         bound = self.plan.training.async_bound
         return any(self.s.step - x.policy_version_min > bound for x in self.s.buffer if x.group_id == group_id)
@@ -366,6 +387,7 @@ class TrainingWorkflow:
         )
         self.s.step = result.version
         self.s.trained += len(batch)
+        self.s.filtered_since_step = 0
         if self.watching:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
@@ -384,7 +406,8 @@ class TrainingWorkflow:
             staleness_mean=statistics.fmean(staleness), staleness_max=max(staleness),
             completion_tokens=sum(x.completion_tokens for x in batch),
             started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
-            in_flight=len(self.s.in_flight), buffered=len(self.s.buffer), train=result.metrics,
+            in_flight=len(self.s.in_flight), buffered=len(self.s.buffer), filtered=self.s.filtered,
+            train=result.metrics,
         )  # fmt: skip
 
     async def _finish(self) -> TrainingResult:
@@ -399,7 +422,7 @@ class TrainingWorkflow:
             job_id=self.inp.job_id, steps=self.s.step, version=self.s.step,
             started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
             cancelled_in_flight=len(self.s.in_flight), buffered_unused=len(self.s.buffer),
-            last=self.s.history[-1] if self.s.history else None,
+            last=self.s.history[-1] if self.s.history else None, filtered=self.s.filtered,
         )  # fmt: skip
 
     async def _cancel_in_flight(self) -> None:
