@@ -23,6 +23,7 @@ BENCHMARKS = {
     "single_turn": "bench.single_turn",
     "peer_trl": "bench.peer_trl",
     "scale": "bench.scale",
+    "learning": "bench.learning",
 }
 ALL = ["end_to_end", "affinity", "overhead", "weight_sync", "reward_service"]
 """What `all` runs, in order (`rollout` is the older single-mode throughput probe: run it by name)."""

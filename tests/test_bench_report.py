@@ -80,3 +80,19 @@ def test_all_ends_with_every_mode_against_its_baseline(tmp_path, monkeypatch) ->
     assert any("end_to_end: async" in line and "2.50" in line for line in lines)
     assert any("affinity: one" in line and "1.00" in line and "90" in line for line in lines)
     assert any("affinity: two" in line and "1.20" in line for line in lines)
+
+
+def test_learning_measures_time_to_target_and_how_well_it_holds() -> None:
+    from bench.learning import measure, summary_rows
+
+    success = [0.0] * 10 + [0.9] * 5 + [0.7] * 5 + [1.0] * 10  # 30 steps: the 5-step mean reaches 0.8 at step 15
+    run = {"success": success, "elapsed_s": [60.0 * (i + 1) for i in range(30)]}
+    m = measure(run, target=0.8, window=5)
+    assert m["steps_to_target"] == 15 and m["minutes_to_target"] == 15.0
+    assert m["stable_share"] == 1.0  # the last 20 % (6 steps) are all 1.0
+    assert m["last50"] == sum(success) / 30
+    never = measure({"success": [0.5] * 30, "elapsed_s": list(range(30))}, target=0.8, window=5)
+    assert never["steps_to_target"] is None and never["stable_share"] == 0.0
+    rows = summary_rows([{**m, "bound": 1, "seed": 0, "eval": 0.9, "filtered": 0, "dropped": 3},
+                         {**never, "bound": 1, "seed": 1, "eval": 0.5, "filtered": 0, "dropped": 5}])  # fmt: skip
+    assert rows[0]["reached"] == 1 and rows[0]["steps_to_target"] == 15 and rows[0]["eval"] == 0.7
