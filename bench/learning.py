@@ -30,6 +30,7 @@ from bench.report import RESULTS, format_table
 from bench.training_run import REPO, stack_for
 from rollart.client.evaluate import evaluate
 from rollart.client.train import MetricsWriter, follow, start_training
+from rollart.contracts.training import played_success
 from rollart.infra.config import JobSpec
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import pools_for_job
@@ -108,7 +109,7 @@ async def _train_and_eval(stack: Any, job: JobSpec, episodes: int) -> dict[str, 
     rows.sort(key=lambda r: r["step"])
     (task,) = job.tasks
     greedy = await evaluate(job, task, job_id, None, episodes)
-    return {"job_id": job_id, "elapsed_s": [r["time"] - t0 for r in rows], "success": [r["success_rate"] for r in rows],
+    return {"job_id": job_id, "elapsed_s": [r["time"] - t0 for r in rows], "success": [played_success(r) for r in rows],
             "filtered": result.filtered, "dropped": result.dropped, "eval": greedy.success_rate,
             "eval_version": greedy.version}  # fmt: skip
 

@@ -82,7 +82,7 @@ async def _follow(client: Client, handle: WorkflowHandle, st: TrainingStatus, ou
         unserved.answered()
         for r in st.history:
             if r.step >= last:
-                print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
+                print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.played_success:.2f} "
                       f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}", flush=True)  # fmt: skip
         last = st.step
     _print_status(st)
@@ -115,6 +115,6 @@ def _print_status(st: TrainingStatus) -> None:
     for stall in st.stalls:  # a pool with work waiting and no worker, or no trajectory finishing (training.stall)
         print(f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})")
     for r in st.history[-5:]:
-        print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.success_rate:.2f} "
+        print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.played_success:.2f} "
               f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}")  # fmt: skip
     sys.stdout.flush()

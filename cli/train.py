@@ -133,7 +133,7 @@ async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: Metri
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rollart.client.connection import Outage
     from rollart.client.train import follow
-    from rollart.contracts.training import TrainingStatus, stall_summary
+    from rollart.contracts.training import TrainingStatus, played_success, stall_summary
 
     columns = [TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[stats]}"),
                TextColumn("[red]{task.fields[stall]}")]
@@ -142,7 +142,7 @@ async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: Metri
 
         def on_step(row: dict) -> None:
             tasks = " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items())) if len(row["task_success"]) > 1 else ""
-            stats = (f"reward {row['reward_mean']:.3f} success {row['success_rate']:.2f} {tasks} "
+            stats = (f"reward {row['reward_mean']:.3f} success {played_success(row):.2f} {tasks} "
                      f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
                      f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s dropped {row['dropped']}"
                      + (f" filtered {row['filtered']}" if row.get("filtered") else ""))  # fmt: skip
@@ -179,7 +179,7 @@ async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingRe
           f"failed {result.failed} + cancelled in flight "
           f"{result.cancelled_in_flight} + buffered {result.buffered_unused}")  # fmt: skip
     if result.last:
-        print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.success_rate:.2f}")
+        print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.played_success:.2f}")
     print(f"metrics: {writer.path}   plots: {', '.join(str(p) for p in plots)}")
 
 

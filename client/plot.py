@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rollart.contracts.training import played_success
 from rollart.infra.history import busy_seconds
 
 __all__ = ["compare_runs", "plot_run"]
@@ -45,7 +46,7 @@ def compare_runs(run_dirs: list[Path], labels: list[str], out: Path, smooth: int
         rows = _read_jsonl(run_dir / "metrics.jsonl")
         if not rows:
             raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?")
-        success = _moving_mean([r["success_rate"] for r in rows], smooth)
+        success = _moving_mean([played_success(r) for r in rows], smooth)
         axes[0].plot([r["step"] for r in rows], success, color=f"C{i}", label=label)
         axes[1].plot([r["elapsed_s"] / 60 for r in rows], success, color=f"C{i}", label=label)
     for ax, xlabel in ((axes[0], "train step"), (axes[1], "wall time (min)")):
@@ -76,7 +77,7 @@ def _plot_learning(rows: list[dict], out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for ax, xs, label in ((axes[0], steps, "train step"), (axes[1], minutes, "wall time (min)")):
         ax.plot(xs, [r["reward_mean"] for r in rows], label="reward", color="tab:blue")
-        ax.plot(xs, [r["success_rate"] for r in rows], label="success", color="tab:green")
+        ax.plot(xs, [played_success(r) for r in rows], label="success", color="tab:green")
         tasks = sorted({t for r in rows for t in r.get("task_success", {})})
         if len(tasks) > 1:
             for t in tasks:

@@ -9,7 +9,7 @@ from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "Stall", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
+__all__ = ["InFlight", "Stall", "played_success", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
            "TrainingState", "TrainingStatus", "stall_summary"]
 
 HISTORY_KEPT = 50
@@ -25,6 +25,7 @@ class StepRecord(BaseModel):
     samples: int
     reward_mean: float
     success_rate: float
+    success_sampled: float | None = None  # over the batch and the groups filtered since the last step (unbiased)
     task_success: dict[str, float] = Field(default_factory=dict)
     staleness_mean: float = 0.0
     staleness_max: int = 0
@@ -37,6 +38,19 @@ class StepRecord(BaseModel):
     buffered: int = 0
     filtered: int = 0
     train: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def played_success(self) -> float:
+        """The success of what the policy played for this step (see `played_success`)."""
+        return played_success(self.model_dump(include={"success_rate", "success_sampled"}))
+
+
+def played_success(row: dict) -> float:
+    """A step's success over everything the policy played for it: its batch and the groups dynamic sampling
+    filtered out since the step before (the batch alone is biased then: all-success groups are left out).
+    Rows written before the field existed give the batch's."""
+    sampled = row.get("success_sampled")
+    return row["success_rate"] if sampled is None else sampled
 
 
 class Stall(BaseModel):
@@ -99,6 +113,7 @@ class TrainingState(BaseModel):
     dropped: int = 0
     filtered: int = 0  # members of zero-variance groups left out (training.dynamic_sampling)
     filtered_since_step: int = 0
+    filtered_successes_since_step: int = 0
     failed: int = 0
     duplicates_ignored: int = 0
     restores: int = 0  # env sessions moved to another worker because theirs died (trajectories not lost)

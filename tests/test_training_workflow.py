@@ -280,8 +280,11 @@ async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(b
 
 
 def turns_unless_flat(t: Transcript) -> RewardResult:
-    """Reward = the member's turns (members differ), except every third seed's group, where all score 1."""
-    return RewardResult(value=1.0 if t.seed % 3 == 0 else float(len(t.turns)), success=True)
+    """Reward = the member's turns (members differ; 2 turns is a success), except every third seed's group, where
+    all score 1 and none succeeds."""
+    if t.seed % 3 == 0:
+        return RewardResult(value=1.0, success=False)
+    return RewardResult(value=float(len(t.turns)), success=len(t.turns) == 2)
 
 
 async def test_dynamic_sampling_filters_groups_without_signal_and_refills(bare_env: WorkflowEnvironment,
@@ -298,6 +301,10 @@ async def test_dynamic_sampling_filters_groups_without_signal_and_refills(bare_e
     assert_ledger(result)
     assert status.ledger_balanced and status.filtered == result.filtered
     assert 0 < status.history[-1].filtered <= result.filtered  # the step records carry the count
+    assert all(r.success_rate == 0.5 for r in status.history)  # a batch of signal groups: one success of two
+    # what was played, filtered groups counted in: lower whenever a flat group was left out before the step
+    assert all(r.success_sampled <= r.success_rate for r in status.history)
+    assert any(r.success_sampled < r.success_rate for r in status.history)
 
 
 async def test_dynamic_sampling_keeps_groups_when_nothing_has_a_signal(bare_env: WorkflowEnvironment,

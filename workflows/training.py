@@ -338,6 +338,7 @@ class TrainingWorkflow:
         self.s.buffer = [x for x in self.s.buffer if x.group_id != group_id]
         self.s.filtered += len(members)
         self.s.filtered_since_step += len(members)
+        self.s.filtered_successes_since_step += sum(x.success for x in members)
         return True
 
     def _is_stale(self, group_id: str) -> bool:
@@ -387,10 +388,10 @@ class TrainingWorkflow:
         )
         self.s.step = result.version
         self.s.trained += len(batch)
-        self.s.filtered_since_step = 0
         if self.watching:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
+        self.s.filtered_since_step = self.s.filtered_successes_since_step = 0
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
 
     def _record(self, step: int, batch: list[SampleRef], result: TrainStepResult) -> StepRecord:
@@ -398,10 +399,12 @@ class TrainingWorkflow:
         for x in batch:
             by_task.setdefault(x.task, []).append(x.success)
         staleness = [step - x.policy_version_min for x in batch]
+        sampled = len(batch) + self.s.filtered_since_step  # what the policy played for this step, filtered or not
         return StepRecord(
             step=step, version=result.version, time=workflow.now().timestamp(), samples=len(batch),
             reward_mean=statistics.fmean(x.reward for x in batch),
             success_rate=statistics.fmean(float(x.success) for x in batch),
+            success_sampled=(sum(x.success for x in batch) + self.s.filtered_successes_since_step) / sampled,
             task_success={k: statistics.fmean(map(float, v)) for k, v in by_task.items()},
             staleness_mean=statistics.fmean(staleness), staleness_max=max(staleness),
             completion_tokens=sum(x.completion_tokens for x in batch),
