@@ -52,8 +52,8 @@ def bench_job(example: str, sets: list[str], steps: int | None) -> JobSpec:
         key, _, value = kv.partition("=")
         *path, last = key.split(".")
         node = raw
-        for part in path:
-            node = node.setdefault(part, {})
+        for part in path:  # tasks.0.reward: a number indexes a list
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
     return JobSpec.model_validate(raw)
 
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bounds", default="0,1,2", help="comma-separated async bounds (default 0,1,2)")
     parser.add_argument("--steps", type=int, help="train steps per run (default: the example's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a job setting, e.g. trainer.mini_batches=2 (repeatable)")  # fmt: skip
+                        help="override a job setting, e.g. trainer.mini_batches=2 or tasks.0.reward=progress (repeatable)")  # fmt: skip
     parser.add_argument("--target", type=float, default=0.8, help="training success to reach (default 0.8)")
     parser.add_argument("--window", type=int, default=5, help="steps the success is averaged over (default 5)")
     parser.add_argument("--eval-episodes", type=int, default=200, help="held-out greedy episodes (default 200)")

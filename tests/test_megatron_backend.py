@@ -104,6 +104,17 @@ def batch(seed: int = 0, n: int = 6, vocab: int = 387) -> list[TrainSequence]:
     return out
 
 
+def both_backends(model_dir: str, cfg_json: str) -> tuple:
+    """On a rank: the config, the rank's view, and the torch and megatron backends built from the same weights."""
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+    from rollart.activities.training.ranks import DistributedRanks
+    from rollart.activities.training.torch_policy import TorchPolicy
+
+    cpu = torch.device("cpu")
+    cfg = TrainerConfig.model_validate_json(cfg_json)
+    return cfg, DistributedRanks(cpu), TorchPolicy(model_dir, cfg, cpu), MegatronPolicy(model_dir, cfg, cpu)
+
+
 def with_behaviour_logprobs(ref, seqs: list[TrainSequence]) -> list[TrainSequence]:
     """Behaviour log-probs: the model's own, perturbed so importance weights are not all 1."""
     with torch.no_grad():
@@ -117,17 +128,9 @@ def with_behaviour_logprobs(ref, seqs: list[TrainSequence]) -> list[TrainSequenc
 def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
     """On each rank: the torch backend (whole batch) and the megatron backend (its data-parallel share) take one
     step from the same weights; the leader returns the largest differences."""
-    from rollart.activities.training.megatron.policy import MegatronPolicy
-    from rollart.activities.training.ranks import DistributedRanks
     from rollart.activities.training.updates import accumulate_gradients, data_shard
-    from rollart.activities.training.torch_policy import TorchPolicy
 
-    cpu = torch.device("cpu")
-    cfg = TrainerConfig.model_validate_json(cfg_json)
-    ranks = DistributedRanks(cpu)
-    ref = TorchPolicy(model_dir, cfg, cpu)
-    meg = MegatronPolicy(model_dir, cfg, cpu)
-
+    cfg, ranks, ref, meg = both_backends(model_dir, cfg_json)
     seqs = with_behaviour_logprobs(ref, seqs)
     whole = collate(seqs, ref.pad_id)
     valid = whole.attention_mask.bool()
@@ -242,17 +245,10 @@ def test_bf16_keeps_fp32_masters_and_recomputation_changes_no_gradient(tmp_path:
 def ppo_compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
     """Megatron's ranks run `ppo_updates` on their shares; the torch backend makes the same updates on the same
     global mini-batches in one process. The leader returns the largest differences."""
-    from rollart.activities.training.megatron.policy import MegatronPolicy
-    from rollart.activities.training.ranks import DistributedRanks
-    from rollart.activities.training.torch_policy import TorchPolicy
     from rollart.activities.training.updates import (accumulate_gradients, data_shard, epoch_seed,
                                                      mini_batch_parts, ppo_updates, with_proximal_logprobs)
 
-    cpu = torch.device("cpu")
-    cfg = TrainerConfig.model_validate_json(cfg_json)
-    ranks = DistributedRanks(cpu)
-    ref = TorchPolicy(model_dir, cfg, cpu)
-    meg = MegatronPolicy(model_dir, cfg, cpu)
+    cfg, ranks, ref, meg = both_backends(model_dir, cfg_json)
     seqs = with_behaviour_logprobs(ref, seqs)
     shares = [data_shard(seqs, r, ranks.data_size) for r in range(ranks.data_size)]
     m_m, outcomes = ppo_updates(meg, ranks, shares, cfg, step=0)
