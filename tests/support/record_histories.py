@@ -18,6 +18,7 @@ from pathlib import Path
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.devserver import find_temporal_cli
 from rollart.infra.search_attributes import ensure_registered
+from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.training import TrainingInput, TrainingResult
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -28,6 +29,7 @@ from tests.support.standins import StandIns, full_marks, standin_workers
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 TRAINING = "training-continued-as-new"
+FILTERING = "training-dynamic-sampling"
 KINDS = {"group-multi-turn": "frozenlake", "group-single-turn-wave": "math",
          "group-multi-turn-close-while-scoring": "frozenlake"}
 """Fixture name → the task whose GroupRolloutWorkflow it records (`group-single-turn`: before the wave's
@@ -65,9 +67,32 @@ async def main() -> None:
                          and not (HISTORIES / f"{k}.json").exists()), None)  # fmt: skip
             if kind:
                 (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
+        if not (HISTORIES / f"{FILTERING}.json").exists():
+            (HISTORIES / f"{FILTERING}.json").write_text(await _record_filtering(env.client))
         print("wrote", sorted(p.name for p in HISTORIES.glob("*.json")))
     finally:
         await env.shutdown()
+
+
+def _flat_every_other_seed(t: Transcript) -> RewardResult:
+    """Members differ (1 and 2 turns), except in groups of even seeds, where every member scores 1."""
+    return RewardResult(value=1.0 if t.seed % 2 == 0 else float(len(t.turns)), success=len(t.turns) == 2)
+
+
+async def _record_filtering(client: Client) -> str:
+    """A job with dynamic sampling on, whose flat groups are filtered and refilled: its whole history."""
+    lake = frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")
+    spec = JobSpec(name="rec-ds", tasks=[lake], training=TrainingConfig(steps=3, batch_size=4, async_bound=1,
+                                                                         dynamic_sampling=True))  # fmt: skip
+    job_id = f"rec-ds-{uuid.uuid4().hex[:6]}"
+    async with standin_workers(client, StandIns(stagger=1, score=_flat_every_other_seed, train_delay_s=0.05)):
+        handle = await client.start_workflow(
+            "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
+            task_queue="control", result_type=TrainingResult,
+        )  # fmt: skip
+        result = await handle.result()
+    assert result.filtered > 0, "the recorded job filtered no group"
+    return await _history_json(client, job_id)
 
 
 if __name__ == "__main__":
