@@ -77,6 +77,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", type=float, default=0.8, help="training success to reach (default 0.8)")
     parser.add_argument("--window", type=int, default=5, help="steps the success is averaged over (default 5)")
     parser.add_argument("--eval-episodes", type=int, default=200, help="held-out greedy episodes (default 200)")
+    parser.add_argument("--name", help="results file stem (default learning-EXAMPLE)")
     parser.add_argument("--quick", action="store_true", help="1 seed, bounds 0 and 1, 20 steps, 20 eval episodes")
     args = parser.parse_args(argv)
     if args.quick:
@@ -164,10 +165,11 @@ def report(runs: list[dict[str, Any]], job: JobSpec, args: argparse.Namespace) -
     summary = summary_rows(runs)
     print(format_table(summary, [*COLUMNS, ("reached", "seeds reaching", "")]))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"learning-{args.example}.json"
+    stem = args.name or f"learning-{args.example}"
+    path = RESULTS / f"{stem}.json"
     path.write_text(json.dumps({"example": args.example, "sets": args.set, "target": args.target, "window": args.window,
                                 "runs": runs, "summary": summary}, indent=1))  # fmt: skip
-    png = plot(runs, args, RESULTS / f"learning-{args.example}.png")
+    png = plot(runs, args, RESULTS / f"{stem}.png")
     print(f"\n  written: {path}, {png}")
 
 
