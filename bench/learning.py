@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import time
 import uuid
@@ -157,8 +158,6 @@ def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(runs: list[dict[str, Any]], job: JobSpec, args: argparse.Namespace) -> None:
     """Print per-run and per-bound tables; write the results JSON and the plot."""
-    import json
-
     print(f"\nlearning: examples/{args.example}.yaml, {job.training.steps} steps, target: {args.window}-step mean "
           f"training success ≥ {args.target}; greedy eval on {args.eval_episodes} held-out episodes")  # fmt: skip
     print(format_table(runs, COLUMNS))

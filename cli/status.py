@@ -110,8 +110,10 @@ def _print_status(st: TrainingStatus) -> None:
     state = "done" if st.done else "stopping" if st.stopping else "paused" if st.paused else "running"
     print(f"job {st.job_id}: {state}, step {st.step}/{st.steps} (policy v{st.version}), "
           f"{st.rollout_mode} rollout, async bound {st.async_bound}")  # fmt: skip
-    print(f"trajectories: started {st.started} = trained {st.trained} + dropped {st.dropped} + "
-          f"{f'filtered {st.filtered} + ' if st.filtered else ''}failed {st.failed} + in flight {st.in_flight} + buffered {st.buffered}  ({'balanced' if st.ledger_balanced else 'UNBALANCED'})")  # fmt: skip
+    filtered = f"filtered {st.filtered} + " if st.filtered else ""
+    print(f"trajectories: started {st.started} = trained {st.trained} + dropped {st.dropped} + {filtered}"
+          f"failed {st.failed} + in flight {st.in_flight} + buffered {st.buffered}  "
+          f"({'balanced' if st.ledger_balanced else 'UNBALANCED'})")  # fmt: skip
     for stall in st.stalls:  # a pool with work waiting and no worker, or no trajectory finishing (training.stall)
         print(f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})")
     for r in st.history[-5:]:

@@ -9,8 +9,8 @@ from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "Stall", "played_success", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
-           "TrainingState", "TrainingStatus", "stall_summary"]
+__all__ = ["InFlight", "Stall", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
+           "TrainingState", "TrainingStatus", "played_success", "stall_summary"]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
@@ -42,7 +42,7 @@ class StepRecord(BaseModel):
     @property
     def played_success(self) -> float:
         """The success of what the policy played for this step (see `played_success`)."""
-        return played_success(self.model_dump(include={"success_rate", "success_sampled"}))
+        return self.success_rate if self.success_sampled is None else self.success_sampled
 
 
 def played_success(row: dict) -> float:
