@@ -113,7 +113,7 @@ def run_trl(job: JobSpec, max_steps: int, max_s: float, target: float, window: i
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=1.0,
             learning_rate=trainer_cfg.lr, adam_beta1=trainer_cfg.betas[0], adam_beta2=trainer_cfg.betas[1],
             weight_decay=0.0, max_grad_norm=trainer_cfg.grad_clip, lr_scheduler_type="constant", warmup_steps=0,
-            beta=0.0, epsilon=loss.clip_eps, entropy_coef=loss.entropy_coef, shuffle_dataset=False, seed=job.training.seed,
+            beta=0.0, epsilon=loss.clip_eps, epsilon_high=loss.clip_eps_high or loss.clip_eps, entropy_coef=loss.entropy_coef, shuffle_dataset=False, seed=job.training.seed,
             dataloader_num_workers=0,
         )  # fmt: skip
         model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)

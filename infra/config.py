@@ -343,6 +343,10 @@ class LossConfig(_Strict):
     """
 
     clip_eps: float = Field(0.2, gt=0.0, lt=1.0)
+    clip_eps_high: float | None = Field(None, gt=0.0)
+    """The clip's upper side, 1 + `clip_eps_high` (DAPO's clip-higher, e.g. 0.28); None: symmetric, 1 + `clip_eps`.
+    A wider upper side lets a rare token that earned a positive advantage gain more per update, which slows the
+    collapse of entropy onto the first route that pays."""
     tis_cap: float | None = Field(2.0, gt=1.0)
     decoupled: bool = True
     kl_coef: float = Field(0.0, ge=0.0)

@@ -57,6 +57,30 @@ def test_ppo_clip_surrogate_inside_and_outside_the_clip_range() -> None:
     assert clipped.tolist() == [False, True, False, False, True, False]
 
 
+def test_clip_higher_widens_only_the_upper_side() -> None:
+    ratio = torch.tensor([1.25, 1.5, 0.5, 0.7])
+    adv = torch.tensor([1.0, 1.0, -1.0, -1.0])
+    surr, clipped = ppo_clip_surrogate(ratio, adv, 0.2, clip_eps_high=0.28)
+    # A>0: 1.25 is inside [0.8, 1.28] (symmetric PPO would clip it at 1.2); 1.5 clips at 1.28.
+    # A<0: the lower side is still 1 − 0.2: 0.5 → −0.8 (clipped), 0.7 → −0.8 (clipped)
+    assert surr.tolist() == pytest.approx([1.25, 1.28, -0.8, -0.8])
+    assert clipped.tolist() == [False, True, True, True]
+    symmetric, _ = ppo_clip_surrogate(ratio, adv, 0.2)
+    assert symmetric.tolist() == pytest.approx([1.2, 1.2, -0.8, -0.8])
+
+
+def test_policy_loss_takes_clip_higher_from_the_config() -> None:
+    behav = t(-1.0)
+    for high, expect_grad in ((None, 0.0), (0.28, -1.25)):
+        logp = (torch.tensor([[1.25]]).log() + behav).requires_grad_()
+        cfg = LossConfig(decoupled=False, clip_eps=0.2, clip_eps_high=high)
+        out = policy_loss(logp, behav, t(1.0), t(1), cfg, total_tokens=1)
+        out.loss.backward()
+        # ratio 1.25 with A > 0: clipped (no gradient) at 1 + 0.2, free under 1 + 0.28
+        assert logp.grad.item() == pytest.approx(expect_grad, abs=1e-6)
+        assert out.metrics["clip_frac"] == (1.0 if high is None else 0.0)
+
+
 def test_plain_ppo_ratio_is_against_behaviour_and_clipped_tokens_get_no_gradient() -> None:
     behav = t(-1.0, -2.0, -0.5, -3.0)
     ratios = [1.1, 1.5, 0.5, 0.5]

@@ -53,15 +53,16 @@ def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor) ->
 
 
 def ppo_clip_surrogate(
-    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_eps: float, clip_eps_high: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The PPO objective per token, min(ratio·A, clip(ratio, 1−ε, 1+ε)·A), and where the clip is active.
+    """The PPO objective per token, min(ratio·A, clip(ratio, 1−ε, 1+ε_high)·A), and where the clip is active.
 
-    Active means the clipped term is the smaller one, so the token gets no
-    gradient: A > 0 with ratio > 1+ε, or A < 0 with ratio < 1−ε.
+    ε_high defaults to ε (symmetric PPO); DAPO's clip-higher widens it. Active means the clipped term is the
+    smaller one, so the token gets no gradient: A > 0 with ratio > 1+ε_high, or A < 0 with ratio < 1−ε.
     """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
     unclipped = ratio * advantages
-    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps) * advantages
+    clipped = ratio.clamp(1.0 - clip_eps, 1.0 + high) * advantages
     return torch.minimum(unclipped, clipped), clipped < unclipped
 
 
@@ -167,7 +168,7 @@ def policy_loss(
     else:
         ratio = torch.exp(logp - logp_behav)
         weight = torch.ones_like(raw_w)
-    surrogate, clipped = ppo_clip_surrogate(ratio, adv, cfg.clip_eps)
+    surrogate, clipped = ppo_clip_surrogate(ratio, adv, cfg.clip_eps, cfg.clip_eps_high)
     pg = aggregate(-weight * surrogate)
     loss = pg
     metrics = {
