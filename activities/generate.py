@@ -13,11 +13,12 @@ import time
 from pathlib import Path
 
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
+from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
 from rollart.activities.heartbeat import heartbeating
 from rollart.contracts.activities import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredCompletion, StoredTurn
-from rollart.infra.config import SamplingParams
+from rollart.infra.config import PromptFormat, SamplingParams
 from rollart.infra.store import Store, key_word
 from rollart.infra.weights import fetch_latest
 from temporalio import activity
@@ -36,11 +37,14 @@ class GenerateActivities:
     Weights are pulled: a request that needs a newer policy than the engine holds
     makes the engine load the job's latest published version first (once, under a
     lock, whatever the number of waiting requests), so no one has to know which
-    generation workers exist.
+    generation workers exist. Observations become prompts through the model's chat template per the
+    task's `prompt` format (`renderer`; by default the model directory's, next to `base_weights`).
     """
 
-    def __init__(self, engine: Engine, store: Store, worker_id: str, weights_dir: Path, base_weights: Path) -> None:
+    def __init__(self, engine: Engine, store: Store, worker_id: str, weights_dir: Path, base_weights: Path,
+                 renderer: PromptRenderer | None = None) -> None:  # fmt: skip
         self.engine = engine
+        self.renderer = renderer or PromptRenderer(Path(base_weights).parent)
         self.store = store
         self.worker_id = worker_id
         self.weights_dir = weights_dir
@@ -54,7 +58,7 @@ class GenerateActivities:
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
-            return await self._sample(inp.prompt, inp.sampling, inp.data_key, _request_id())
+            return await self._sample(inp.prompt, inp.prompt_format, inp.sampling, inp.data_key, _request_id())
 
     @activity.defn(name="generate_batch")
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
@@ -67,12 +71,14 @@ class GenerateActivities:
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
             return list(await asyncio.gather(*(
-                self._sample(prompt, inp.sampling, key, f"{request_id}:{i}")
+                self._sample(prompt, inp.prompt_format, inp.sampling, key, f"{request_id}:{i}")
                 for i, (prompt, key) in enumerate(zip(inp.prompts, inp.data_keys))
             )))  # fmt: skip
 
-    async def _sample(self, prompt: str, sampling: SamplingParams, data_key: str, request_id: str) -> GenerateResult:
-        """One engine request; its tokens and logprobs go to the store under `data_key`."""
+    async def _sample(self, observation: str, fmt: PromptFormat | None, sampling: SamplingParams, data_key: str,
+                      request_id: str) -> GenerateResult:  # fmt: skip
+        """One engine request for `observation` rendered per `fmt`; its tokens and logprobs go to the store."""
+        prompt = await self._render(observation, fmt)
         try:
             out = await self.engine.generate(prompt, sampling, request_id)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
@@ -89,6 +95,16 @@ class GenerateActivities:
             data_key=data_key,
             worker_id=self.worker_id,
         )
+
+    async def _render(self, observation: str, fmt: PromptFormat | None) -> str:
+        if fmt is None or fmt.chat == "never":
+            return observation
+        try:
+            if not self.renderer.loaded:
+                await asyncio.to_thread(self.renderer.load)
+            return self.renderer.render(observation, fmt)
+        except PromptFormatError as e:
+            raise ApplicationError(str(e), type=ErrorType.INVALID_INPUT, non_retryable=True) from e
 
     def _current(self, want: WeightsRef) -> bool:
         if self._job is None and self.engine.policy_version == 0:

@@ -11,7 +11,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from rollart.infra.config import FaultModel, SamplingParams, TaskSpec, TrainerConfig
+from rollart.infra.config import FaultModel, PromptFormat, SamplingParams, TaskSpec, TrainerConfig
 from rollart.infra.store_keys import key_word
 
 __all__ = [
@@ -196,6 +196,8 @@ class GenerateInput(_Message):
     sampling: SamplingParams
     data_key: str
     weights: WeightsRef | None = None
+    prompt_format: PromptFormat | None = None
+    """How `prompt` (an observation) reaches the model: through its chat template or raw (None: raw)."""
 
 
 class GenerateBatchInput(_Message):
@@ -205,6 +207,7 @@ class GenerateBatchInput(_Message):
     sampling: SamplingParams
     data_keys: list[str] = Field(min_length=1)
     weights: WeightsRef | None = None
+    prompt_format: PromptFormat | None = None
 
 
 FinishReason = Literal["stop", "length", "abort", "error", "repetition", "None"]

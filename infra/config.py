@@ -35,6 +35,7 @@ __all__ = [
     "LossConfig",
     "MooncakeConfig",
     "ParallelConfig",
+    "PromptFormat",
     "StallConfig",
     "RewardPlacement",
     "SamplingParams",
@@ -74,6 +75,25 @@ class SamplingParams(_Strict):
     max_tokens: int = Field(2, ge=1, le=4096)
     n: int = Field(1, ge=1, le=256)
     stop: list[str] = Field(default_factory=list)
+
+
+class PromptFormat(_Strict):
+    """How an env's observation becomes the text the policy is prompted with.
+
+    Instruct models were trained on conversations, so by default (`chat: auto`) the observation is sent as
+    the user's message through the model's own chat template (with `system` first, if given), ending where
+    the assistant's reply starts; a model without a chat template (the tiny one) gets the observation as raw
+    text. `always` refuses a model without a template; `never` sends raw text whatever the model.
+    """
+
+    chat: Literal["auto", "always", "never"] = "auto"
+    system: str | None = Field(None, min_length=1, description="the system message, before the observation")
+
+    @model_validator(mode="after")
+    def _system_needs_a_template(self) -> PromptFormat:
+        if self.system is not None and self.chat == "never":
+            raise ValueError("prompt.system is sent through the chat template, which chat: never turns off")
+        return self
 
 
 class LatencyModel(_Strict):
@@ -131,6 +151,7 @@ class TaskSpec(_Strict):
     reward_placement: RewardPlacement = "serverless"
     generate_pool: Pool = Pool.H800
     sampling: SamplingParams = Field(default_factory=SamplingParams)
+    prompt: PromptFormat = Field(default_factory=PromptFormat)
     max_turns: int = Field(8, ge=1, le=1000)
     group_size: int = Field(1, ge=1, le=256)
     weight: float = Field(1.0, gt=0.0)

@@ -87,7 +87,7 @@ class Episode:
         weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
         self._pending = await self.calls.call(
             ActivityName.GENERATE,
-            GenerateInput(prompt=self.observation, sampling=task.sampling, weights=weights,
+            GenerateInput(prompt=self.observation, sampling=task.sampling, weights=weights, prompt_format=task.prompt,
                           data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns))),  # fmt: skip
             queue=self.queue(task.generate_pool),
             result_type=GenerateResult,

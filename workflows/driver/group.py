@@ -85,6 +85,7 @@ class GroupEpisode:
         gens: list[GenerateResult] = await self.calls.call(
             ActivityName.GENERATE_BATCH,
             GenerateBatchInput(prompts=[ep.observation for ep in playing], sampling=task.sampling, weights=weights,
+                               prompt_format=task.prompt,
                                data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing]),
             queue=self.queue(task.generate_pool),
             result_type=list[GenerateResult],

@@ -98,7 +98,7 @@ async def _generate_batch(calls: Calls, inp: GroupRolloutInput, prompts: list[st
     """One call for the wave: prompt i with n = group size, its tokens under group i's turn key."""
     return await calls.call(
         ActivityName.GENERATE_BATCH,
-        GenerateBatchInput(prompts=prompts, sampling=_sampling(inp), weights=_weights(inp),
+        GenerateBatchInput(prompts=prompts, sampling=_sampling(inp), weights=_weights(inp), prompt_format=inp.task.prompt,
                            data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in inp.groups]),
         queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=list[GenerateResult],
     )  # fmt: skip
@@ -126,7 +126,7 @@ async def _generate(calls: Calls, inp: GroupRolloutInput, group: GroupSeed, prom
     return await calls.call(
         ActivityName.GENERATE,
         GenerateInput(prompt=prompt, sampling=_sampling(inp), data_key=turn_key(inp.job_id, group.group_id, 0),
-                      weights=_weights(inp)),
+                      weights=_weights(inp), prompt_format=inp.task.prompt),
         queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=GenerateResult,
     )  # fmt: skip
 
