@@ -55,12 +55,20 @@ $(STAMP): pyproject.toml Makefile
 ifeq ($(ROLLART_BUILD),cpu)
 	$(PY) -m pip install -q '$(TORCH_cpu)' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_cpu)' --extra-index-url $(TORCH_CPU_INDEX)
 	$(PY) -m pip install -q -e '.[cpu,test]'
+	$(PY) -m pip install -q --no-deps 'gem-llm==0.1.0'  # the gem env; --no-deps: it pins reasoning-gym==0.1.23 and msgspec==0.19.0 (see pyproject.toml)
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 else
 	$(PY) -m pip install -q '$(TORCH_gpu)'
 	$(PY) -m pip install -q -e '.[gpu,test]'
+	$(PY) -m pip install -q --no-deps 'gem-llm==0.1.0'  # as for cpu
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda else 'the gpu build got a CPU torch (' + torch.__version__ + '): is a +cpu wheel on a pip find-links path?')"
 endif
+	# OpenEnv (env `openenv`, `rollart env-server`) without its declared dependencies: openenv-core 0.3.0 requires
+	# gradio (a web UI we never start), whose pillow<13 pin would downgrade the pillow vLLM and transformers use.
+	# What its server and client import is here already (fastapi, uvicorn, websockets, requests, pydantic) but
+	# fastmcp (imported by its HTTP server), which changes no installed package.
+	$(PY) -m pip install -q 'fastmcp==4.2.3'
+	$(PY) -m pip install -q --no-deps 'openenv-core==0.3.0'
 	@rm -f $(VENV)/.rollart-setup-*
 	@touch $(STAMP)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.infra.registry import reward
 
-__all__ = ["PROGRESS_WEIGHT", "VALID_ACTION_BONUS", "exact_match", "progress", "success"]
+__all__ = ["PROGRESS_WEIGHT", "VALID_ACTION_BONUS", "env_return", "exact_match", "progress", "success"]
 
 VALID_ACTION_BONUS = 0.1
 """Shaping for `success`: a random policy almost never reaches a goal, so a small reward for
@@ -52,3 +52,14 @@ def exact_match(transcript: Transcript) -> RewardResult:
         raise ValueError(f"task {transcript.task!r}: exact_match needs the env to report info['answer']")
     hit = last.action.strip() == str(last.info["answer"]).strip()
     return RewardResult(value=float(hit), success=hit)
+
+
+@reward("env_return")
+def env_return(transcript: Transcript) -> RewardResult:
+    """The env's own return (the sum of its step rewards); success is the last turn's `info["success"]`.
+
+    For envs whose step rewards are already the training signal, such as GEM's (`gem`): Sokoban's 1 on
+    solving, -0.1 for an unparsable move, a share of boxes when the turns run out.
+    """
+    success = bool(transcript.turns) and bool(transcript.turns[-1].info.get("success", False))
+    return RewardResult(value=transcript.env_return, success=success)
