@@ -142,6 +142,21 @@ def test_sokoban_invalid_and_illegal_actions_are_data() -> None:
     assert "collide" in out.observation
 
 
+def test_action_words_read_a_move_from_the_first_key_character() -> None:
+    words = {"L": "left", "d": "down", "r": "right", "u": "up"}
+    env = sokoban(observation="last", instructions=False, action_words=words)
+    grid = board(env.reset(0))
+    plan = solve_sokoban(grid)
+    letters = {"up": "xU", "down": "D!", "left": " l", "right": "zzR"}  # the first key character, any case
+    for move in plan:
+        out = env.step(letters[move])
+        assert out.info["valid"]
+    assert (out.reward, out.done, out.info["success"]) == (1.0, True, True)
+    env.reset(0)
+    out = env.step("xyz")  # no key character: the text goes to GEM as it is, an unparsable move
+    assert out.info["valid"] is False and out.done
+
+
 def _at(grid: list[list[str]], letter: str, dr: int, dc: int) -> str:
     r, c = next((r, c) for r, row in enumerate(grid) for c, ch in enumerate(row) if ch == letter)
     return grid[r + dr][c + dc]
@@ -235,6 +250,7 @@ def test_math_on_an_offline_dataset(tmp_path: Path) -> None:
         ({"id": SOKOBAN, "action_format": "{move}"}, "action_format must be"),
         ({"id": SOKOBAN, "kwargs": ["max_turns"]}, "kwargs must be a mapping"),
         ({"id": SOKOBAN, "instructions": "no"}, "instructions must be"),
+        ({"id": SOKOBAN, "action_words": {"up": "up"}}, "action_words must map single characters"),
         ({"id": SOKOBAN, "obervation": "last"}, "unknown env_args ['obervation']"),
     ],
 )

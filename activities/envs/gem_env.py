@@ -29,7 +29,10 @@ Action. The model's text, stripped of surrounding whitespace, is put into ``acti
 Every GEM env reads its answer from the *last* ``\\boxed{...}`` in the text, so
 ``action_format: "{action}"`` (default) suits a model that writes ``\\boxed{up}`` itself, and
 ``"\\\\boxed{{{action}}}"`` (in YAML double quotes; the template ``\\boxed{{{action}}}``) wraps a
-bare ``up`` for a model that does not.
+bare ``up`` for a model that does not. ``action_words`` (e.g. ``{l: left, d: down, r: right, u: up}``)
+first reads a move the way FrozenLake does: the first character of the text that is one of its keys
+(any case) picks that word, so a tiny model's one-token answers are moves; text with none of them
+goes to GEM as it is (and is GEM's invalid action).
 
 Reward, done and info. The reward is GEM's step reward (Sokoban: 1 when solved, -0.1 for an
 unparsable action, the share of boxes on targets when turns run out, else 0; ``rg:*``:
@@ -127,7 +130,7 @@ class GemEnv(Env):
 
     env_args: ``id`` (a GEM env id, required), ``kwargs`` (a dict passed to ``gem.make`` over the
     id's registered ones, e.g. ``{max_turns: 10}``), ``action_format`` (default ``"{action}"``),
-    ``observation`` ("concat" | "last", default "concat"), ``instructions`` (bool, default true),
+    ``action_words`` (letter → GEM action, default none), ``observation`` ("concat" | "last", default "concat"), ``instructions`` (bool, default true),
     ``prompt_suffix`` (str, default ""), ``dataset`` (path to a .jsonl or .json file of rows, for
     ids backed by a hub dataset; required there, refused elsewhere). The module docstring
     documents the mapping.
@@ -139,6 +142,7 @@ class GemEnv(Env):
         id: str,  # the env_args key: GEM's own name for it (shadows the builtin here only)
         kwargs: dict[str, Any] | None = None,
         action_format: str = "{action}",
+        action_words: dict[str, str] | None = None,
         observation: str = "concat",
         instructions: bool = True,
         prompt_suffix: str = "",
@@ -154,6 +158,7 @@ class GemEnv(Env):
         self._rows = _load_rows(id, spec, dataset)
         self._dataset_obj: Any = None
         self.action_format = action_format
+        self.action_words = _action_words(action_words)
         self.observation = observation
         self.instructions = instructions
         self.prompt_suffix = prompt_suffix
@@ -189,7 +194,7 @@ class GemEnv(Env):
             raise RuntimeError("GemEnv has no episode yet: call reset(seed) before step")
         if self._done:
             raise RuntimeError("GemEnv.step called after the episode ended; call reset(seed) to start a new one")
-        gem_action = self.action_format.format(action=action.strip())
+        gem_action = self.action_format.format(action=self._word(action.strip()))
         feedback, reward, terminated, truncated, info = self._call(lambda: self._env.step(gem_action))
         reward = float(reward)
         if not math.isfinite(reward):
@@ -216,6 +221,13 @@ class GemEnv(Env):
         close = getattr(gem_env, "close", None)
         if callable(close) and getattr(gem_env, "use_mp", True):  # GEM's math close() assumes its pool (use_mp)
             close()
+
+    def _word(self, text: str) -> str:
+        """The GEM action `action_words` reads from `text` (its first key character), else `text` itself."""
+        for char in text.lower():
+            if char in self.action_words:
+                return self.action_words[char]
+        return text
 
     def _prompt(self) -> str:
         return compose_prompt(self._first, self._turns, self._info, observation=self.observation,
@@ -303,6 +315,18 @@ def _load_rows(env_id: str, spec: Any, dataset: Any) -> list[dict[str, Any]] | N
         raise ValueError(f"gem: dataset {dataset!r} must hold a non-empty list of rows, each with the keys "
                          f"{keys} that {env_id!r} reads")  # fmt: skip
     return rows
+
+
+def _action_words(words: Any) -> dict[str, str]:
+    """`action_words` keyed by lower-case single characters, or ValueError naming the argument."""
+    if words is None:
+        return {}
+    if not isinstance(words, dict) or not words or not all(
+        isinstance(k, str) and len(k) == 1 and isinstance(v, str) and v for k, v in words.items()
+    ):
+        raise ValueError(f"gem: action_words must map single characters to GEM actions, e.g. {{l: left, r: right}}; "
+                         f"got {words!r}")  # fmt: skip
+    return {k.lower(): v for k, v in words.items()}
 
 
 def _validate_args(kwargs: Any, action_format: Any, observation: Any, instructions: Any, prompt_suffix: Any) -> None:
