@@ -13,7 +13,8 @@ is the only difference: `group` by default (a group's 8 members in one env
 session; batch mode: every group's phase before any group's next; trajectory
 mode: each group on its own), or `--unit trajectory` (an activity per episode
 and phase; batch mode: BatchRolloutWorkflow). Arithmetic (single-turn) runs as
-whole groups in every mode.
+whole groups in every mode. `--sokoban` adds GEM's Sokoban (h800, 10 turns, its own slower latency
+profile, `SOKOBAN_LATENCY`) as a third task, and writes end_to_end-sokoban.json.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import asyncio
 
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
 from bench.training_run import POOLS_REPORTED, measure_job, stack_for
-from bench.workload import LATENCY, multitask_job
+from bench.workload import LATENCY, SOKOBAN_LATENCY, multitask_job
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import pools_for_job
 
@@ -46,28 +47,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--unit", choices=["group", "trajectory"], default="group",
                         help="FrozenLake's rollout_unit in every mode (default group)")
+    parser.add_argument("--sokoban", action="store_true", help="add GEM's Sokoban to the mix (h800, slower env)")
     args = parser.parse_args(argv)
     steps, repeats = (6, 2) if args.quick else (args.steps, args.repeats)
-    job = multitask_job(HOME, steps, batch_size=args.batch_size, rollout_unit=args.unit)
+    job = multitask_job(HOME, steps, batch_size=args.batch_size, rollout_unit=args.unit, sokoban=args.sokoban)
     stack = stack_for(job, HOME, pools_for_job(job, training=True))
     print(f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
           flush=True)  # fmt: skip
     with stack:
-        runs = asyncio.run(_run(stack, steps, repeats, args.batch_size, args.unit))
+        runs = asyncio.run(_run(stack, steps, repeats, args.batch_size, args.unit, args.sokoban))
     rows = summarize(runs, BASELINE)
-    report(rows, steps, repeats, args.batch_size, args.unit)
+    report(rows, steps, repeats, args.batch_size, args.unit, args.sokoban)
     return 0
 
 
-async def _run(stack, steps: int, repeats: int, batch_size: int, unit: str) -> dict[str, list[dict]]:
+async def _run(stack, steps: int, repeats: int, batch_size: int, unit: str, sokoban: bool) -> dict[str, list[dict]]:
     client = await connect(stack.temporal, stack.store)
-    warm = multitask_job(HOME, 2, batch_size=batch_size, rollout_unit=unit)
+    warm = multitask_job(HOME, 2, batch_size=batch_size, rollout_unit=unit, sokoban=sokoban)
     await measure_job(client, warm, "warmup", HOME / "runs")  # first requests compile kernels, trainer warms up
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(repeats):
         for name, (mode, bound) in MODES.items():
             job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=batch_size,
-                                rollout_unit=unit)  # fmt: skip
+                                rollout_unit=unit, sokoban=sokoban)  # fmt: skip
             m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs", stack=stack)
             runs[name].append(m)
             print(f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
@@ -86,21 +88,24 @@ PROFILE = [("name", "mode", ""), ("activities", "activities", ".0f"), ("wait_ms_
            ("cores_trainer", "trainer cores", ".2f")]  # fmt: skip
 
 
-def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: str) -> None:
-    print(f"\nend_to_end: {steps} training steps of the multi-task job (FrozenLake h800 + arithmetic h20), batch "
-          f"{batch_size}, FrozenLake rollout_unit {unit}, medians of {repeats} repeat(s)")  # fmt: skip
-    print(f"  env latency (the fault model, TaskSpec.faults): reset median {LATENCY['reset_median_s']} s / p99 {LATENCY['reset_p99_s']} s, "
-          f"step median {LATENCY['step_median_s']} s / p99 {LATENCY['step_p99_s']} s")  # fmt: skip
+def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: str, sokoban: bool = False) -> None:
+    mix = "FrozenLake h800 + arithmetic h20" + (" + Sokoban h800" if sokoban else "")
+    print(f"\nend_to_end: {steps} training steps of the multi-task job ({mix}), batch "
+          f"{batch_size}, rollout_unit {unit}, medians of {repeats} repeat(s)")  # fmt: skip
+    for task, lat in [("FrozenLake", LATENCY)] + ([("Sokoban", SOKOBAN_LATENCY)] if sokoban else []):
+        print(f"  {task} env latency (the fault model, TaskSpec.faults): reset median {lat['reset_median_s']} s / "
+              f"p99 {lat['reset_p99_s']} s, step median {lat['step_median_s']} s / p99 {lat['step_p99_s']} s")  # fmt: skip
     print(format_table(rows, COLUMNS))
     print("\n  where the time goes (medians): activities run, Temporal's queue wait and workflow-task return per")
     print("  activity, the median generate call, and CPU cores used by each process group (of 2, incl. children)")
     print(format_table(rows, PROFILE))
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
-    path = write_results("end_to_end", rows, steps=steps, repeats=repeats, batch_size=batch_size,
-                         latency=LATENCY, baseline=BASELINE, paper_speedup=[1.35, 2.05],
-                         rollout_unit=unit)  # fmt: skip
-    png = plot_modes("end_to_end", rows, f"end_to_end: {steps} steps, multi-task job, batch {batch_size}",
+    name = "end_to_end-sokoban" if sokoban else "end_to_end"
+    path = write_results(name, rows, steps=steps, repeats=repeats, batch_size=batch_size,
+                         latency=LATENCY, baseline=BASELINE, paper_speedup=[1.35, 2.05], rollout_unit=unit,
+                         sokoban_latency=SOKOBAN_LATENCY if sokoban else None)  # fmt: skip
+    png = plot_modes(name, rows, f"end_to_end: {steps} steps, {mix}, batch {batch_size}",
                      extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
     print(f"\n  written: {path}, {png}")
 

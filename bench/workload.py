@@ -1,5 +1,9 @@
 """The benchmarks' workload: the multi-task job (FrozenLake on h800 + arithmetic on h20) with env latency.
 
+With `sokoban=True` GEM's Sokoban (the paper's game workload, env `gem`) joins the mix on h800 with a
+latency profile of its own, `SOKOBAN_LATENCY`: a game in a sandbox that starts slowly and steps slower
+than FrozenLake's.
+
 Env latency lives in one place, `LATENCY`: a lognormal reset latency with a long
 tail (median 0.2 s, p99 2 s) and a small lognormal step latency, injected into
 FrozenLake's env sessions through the job's fault model (`TaskSpec.faults`, the
@@ -18,12 +22,16 @@ from typing import Any
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainingConfig
 from rollart.infra.pools import Pool
 
-__all__ = ["LATENCY", "NO_LATENCY", "arithmetic_task", "frozenlake_task", "multitask_job"]
+__all__ = ["LATENCY", "NO_LATENCY", "SOKOBAN_LATENCY", "arithmetic_task", "frozenlake_task", "multitask_job",
+           "sokoban_task"]
 
 LATENCY: dict[str, float] = {"reset_median_s": 0.2, "reset_p99_s": 2.0, "step_median_s": 0.01, "step_p99_s": 0.1}
 """The env latency model of every benchmark: lognormal, given by median and p99 (σ = ln(p99/median)/2.326)."""
 
 NO_LATENCY: dict[str, float] = {k: 0.0 for k in LATENCY}
+
+SOKOBAN_LATENCY: dict[str, float] = {"reset_median_s": 0.5, "reset_p99_s": 5.0, "step_median_s": 0.05, "step_p99_s": 0.5}
+"""Sokoban's: the env of a remote sandbox (the paper's long-tail environments), resets 2.5x and steps 5x FrozenLake's."""
 
 FROZENLAKE_ARGS: dict[str, Any] = {"maps": "standard", "invalid_action": "end"}
 """As in examples/multitask.yaml."""
@@ -36,9 +44,24 @@ def frozenlake_task(latency: dict[str, float] = LATENCY, pool: Pool = Pool.H800,
     common = dict(name="frozenlake", reward="success", generate_pool=pool, max_turns=max_turns, group_size=8,
                   weight=0.5, rollout_unit=rollout_unit,
                   sampling={"temperature": 1.0, "top_k": 0, "max_tokens": 1})  # fmt: skip
-    faults = {"reset_latency": {"median_s": latency["reset_median_s"], "p99_s": latency["reset_p99_s"]},
-              "step_latency": {"median_s": latency["step_median_s"], "p99_s": latency["step_p99_s"]}}  # fmt: skip
-    return TaskSpec(env="frozenlake", env_args=args, faults=faults, **common)
+    return TaskSpec(env="frozenlake", env_args=args, faults=_faults(latency), **common)
+
+
+def sokoban_task(latency: dict[str, float] = SOKOBAN_LATENCY, pool: Pool = Pool.H800, max_turns: int = 10,
+                 rollout_unit: str = "trajectory") -> TaskSpec:  # fmt: skip
+    """GEM's Sokoban as examples/sokoban.yaml plays it (one-token moves), groups of 8, its latency injected."""
+    args = {"id": "game:Sokoban-v0-easy", "action_words": {"l": "left", "d": "down", "r": "right", "u": "up"},
+            "action_format": "\\boxed{{{action}}}", "observation": "last", "instructions": False,
+            "prompt_suffix": "\nmove:"}  # fmt: skip
+    return TaskSpec(name="sokoban", env="gem", env_args=args, reward="env_return", generate_pool=pool,
+                    max_turns=max_turns, group_size=8, weight=0.5, rollout_unit=rollout_unit, faults=_faults(latency),
+                    sampling={"temperature": 1.0, "top_k": 0, "max_tokens": 1})  # fmt: skip
+
+
+def _faults(latency: dict[str, float]) -> dict[str, Any]:
+    """The fault model that injects `latency` (medians and p99s of resets and steps) into a task's env."""
+    return {"reset_latency": {"median_s": latency["reset_median_s"], "p99_s": latency["reset_p99_s"]},
+            "step_latency": {"median_s": latency["step_median_s"], "p99_s": latency["step_p99_s"]}}  # fmt: skip
 
 
 ARITHMETIC_GROUP = 8
@@ -57,16 +80,20 @@ def arithmetic_task(pool: Pool = Pool.H20) -> TaskSpec:
 
 def multitask_job(home: Path, steps: int, *, rollout_mode: str = "trajectory", async_bound: int = 1,
                   batch_size: int = 64, single_pool: Pool | None = None, latency: dict[str, float] = LATENCY,
-                  rollout_unit: str = "group") -> JobSpec:  # fmt: skip
-    """examples/multitask.yaml's job on the tiny model, with env latency; `single_pool` routes both tasks there.
+                  rollout_unit: str = "group", sokoban: bool = False) -> JobSpec:  # fmt: skip
+    """examples/multitask.yaml's job on the tiny model, with env latency; `single_pool` routes every task there.
 
-    `rollout_unit` is FrozenLake's: `group` (the default, as in examples/frozenlake.yaml: a group's members play
-    in one env session, one generate_batch and one step_group per turn) or `trajectory` (an episode each)."""
+    `rollout_unit` is FrozenLake's (and Sokoban's): `group` (the default, as in examples/frozenlake.yaml: a group's
+    members play in one env session, one generate_batch and one step_group per turn) or `trajectory` (an episode
+    each). `sokoban` adds GEM's Sokoban (`sokoban_task`, `SOKOBAN_LATENCY`, 10 turns): a third of the trajectories."""
     tasks = [frozenlake_task(latency, pool=single_pool or Pool.H800, rollout_unit=rollout_unit),
              arithmetic_task(pool=single_pool or Pool.H20)]
+    if sokoban:
+        tasks.append(sokoban_task(SOKOBAN_LATENCY if latency is LATENCY else latency, pool=single_pool or Pool.H800,
+                                  rollout_unit=rollout_unit))  # fmt: skip
     training = TrainingConfig(steps=steps, batch_size=batch_size, async_bound=async_bound,
                               rollout_mode=rollout_mode, continue_as_new_every=1000)  # fmt: skip
     return JobSpec(name="bench", model_dir=home / "model", tasks=tasks, training=training,
-                   engine=EngineConfig(max_model_len=256, kv_cache_gib=1), store=StoreConfig(path=home / "store"),
+                   engine=EngineConfig(max_model_len=384 if sokoban else 256, kv_cache_gib=1), store=StoreConfig(path=home / "store"),
                    trainer={"lr": 1e-3, "betas": (0.9, 0.99), "grad_clip": 1.0, "checkpoint_every": 1000,
                             "loss": {"clip_eps": 0.2, "tis_cap": 2.0, "decoupled": True, "entropy_coef": 0.01}})  # fmt: skip

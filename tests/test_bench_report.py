@@ -8,7 +8,8 @@ import pytest
 from bench.__main__ import summary
 from bench.report import format_table, plot_modes, summarize, write_results
 from bench.weight_sync import as_modes
-from bench.workload import LATENCY, multitask_job
+from bench.workload import LATENCY, SOKOBAN_LATENCY, multitask_job
+from rollart.activities.envs.gem_env import GemEnv
 from rollart.infra.pools import Pool
 
 
@@ -56,6 +57,18 @@ def test_the_workload_injects_its_latency_through_the_fault_model(tmp_path) -> N
     assert frozenlake.rollout_unit == "group" and frozenlake.grouped
     assert multitask_job(tmp_path, 3, rollout_unit="trajectory").tasks[0].rollout_unit == "trajectory"
     assert {t.generate_pool.value for t in multitask_job(tmp_path, 3, single_pool=Pool.H800).tasks} == {"h800"}
+
+
+def test_sokoban_joins_the_mix_with_its_own_latency(tmp_path) -> None:
+    job = multitask_job(tmp_path, 3, sokoban=True)
+    assert [t.name for t in job.tasks] == ["frozenlake", "arithmetic", "sokoban"]
+    sokoban = job.tasks[2]
+    assert (sokoban.env, sokoban.env_args["id"], sokoban.reward) == ("gem", "game:Sokoban-v0-easy", "env_return")
+    assert sokoban.faults is not None and sokoban.faults.reset_latency.p99_s == SOKOBAN_LATENCY["reset_p99_s"]
+    assert sokoban.faults.step_latency.median_s > job.tasks[0].faults.step_latency.median_s
+    env = GemEnv(**sokoban.env_args)  # the workload's args play: a one-letter move is a move
+    env.reset(0)
+    assert env.step("u").info["valid"]
 
 
 def test_weight_sync_modes_compare_each_size_with_the_local_file() -> None:
