@@ -5,7 +5,9 @@
 stays in the process that created it, and the handle it returns names this
 worker's private queue so every later `step` and `close` of the episode comes
 back here (sticky routing). If this worker dies, `restore` (on the shared queue)
-rebuilds a session elsewhere from the seed and the recorded actions. Env calls,
+rebuilds a session elsewhere from the seed and the recorded actions; so does an
+env whose own remote session is gone (`EnvSessionLost`: an OpenEnv server that
+died), reported as `SessionLost` like a worker that restarted. Env calls,
 `close` included, run in this worker's own thread pool (slow or sleeping envs must
 not starve the default executor nor block the event loop); single-turn `prompts`
 and `check` close each throwaway env whatever happens; a task's `faults` wrap its
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from rollart.activities.env_pool import ResetPool, close_quietly
+from rollart.activities.envs.base import EnvSessionLost
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import (
@@ -217,7 +220,12 @@ class EnvActivities:
         try:
             for member, ((_, observation), actions, expected) in enumerate(zip(ready, inp.actions, inp.observations)):
                 for turn, action in enumerate(actions):
-                    observation = (await self._replay_step(session, member, action)).observation
+                    try:
+                        observation = (await self._replay_step(session, member, action)).observation
+                    except ApplicationError as e:
+                        if e.type != ErrorType.SESSION_LOST:
+                            raise
+                        raise ApplicationError(f"restore of {inp.owner_id}: {e}", type="EnvRestoreLost") from e
                     if session.done[member] and turn < len(actions) - 1:
                         raise _mismatch(inp, member, f"episode ended at turn {turn} of {len(actions)} on replay")
                 if observation != expected:
@@ -279,6 +287,14 @@ class EnvActivities:
             outcome = await self._call(session.envs[member].step, action)
         except TransientStepFault as e:  # raised before the env was touched: its state is intact, retry is safe
             raise ApplicationError(f"env {session.entry.name!r} step: {e}", type="EnvStepTransient") from e
+        except EnvSessionLost as e:  # the env's remote session is gone: the workflow restores the episode elsewhere
+            session.done[member] = True
+            if any(s is session for s in self._sessions.values()):  # first member to notice: drop the whole session
+                self._sessions = {sid: s for sid, s in self._sessions.items() if s is not session}
+                for env in session.envs:
+                    await self._close(session.entry, env, f"a lost session of {session.owner}")
+            raise ApplicationError(f"env {session.entry.name!r} lost its session: {e}", type=ErrorType.SESSION_LOST,
+                                   non_retryable=True) from e  # fmt: skip
         except Exception as e:
             session.done[member] = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
@@ -376,6 +392,8 @@ def _play_answers(name: str, env_args: dict[str, Any], seed: int, answers: list[
             _reset_now(entry, env, seed)
             try:
                 outcome = env.step(answer)
+            except EnvSessionLost as e:  # a throwaway env's server went away: a retry builds fresh ones
+                raise ApplicationError(f"env {entry.name!r} lost its session: {e}", type="EnvSessionLost") from e
             except Exception as e:
                 raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
             results.append(_step_result(entry, outcome))

@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"Mooncake master: {master} (workers on other machines: --store-master {master})")
         for name, pid in stack.worker_pids().items():
             print(f"  worker {name:<14} pid {pid}")
+        for server in job.env_servers:  # restarted by the stack if it dies
+            pid = stack.env_servers.pids().get(server.name) if stack.env_servers else None
+            print(f"  env server {server.name:<10} pid {pid}  {server.base_url} (OpenEnv: {server.env})")
         print("Ctrl-C stops everything.")
         stop.wait()
         print("stopping workers (draining in-flight work) and the server ...")

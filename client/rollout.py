@@ -48,7 +48,8 @@ def new_job_id(job: JobSpec) -> str:
 
 
 def check_job_components(job: JobSpec) -> None:
-    """Resolve every task's env and reward, build each env once with its env_args, check the reward_args."""
+    """Resolve every task's env and reward, build each env once with its env_args (and each env server's), check
+    the reward_args."""
     problems = []
     for i, task in enumerate(job.tasks):
         try:
@@ -61,6 +62,11 @@ def check_job_components(job: JobSpec) -> None:
             entry.check_args(task.reward_args)
         except Exception as e:
             problems.append(f"tasks.{i} ({task.name}): reward: {e}")
+    for i, server in enumerate(job.env_servers):
+        try:
+            lookup_env(server.env).cls(**server.env_args)
+        except Exception as e:
+            problems.append(f"env_servers.{i} ({server.name}): env: {e}")
     if problems:
         raise JobCheckError("job cannot run:\n  " + "\n  ".join(problems))
 

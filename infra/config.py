@@ -27,6 +27,7 @@ __all__ = [
     "ELASTIC_POOLS",
     "ElasticPoolConfig",
     "EngineConfig",
+    "EnvServerSpec",
     "FaultModel",
     "JobSpec",
     "LatencyModel",
@@ -583,6 +584,77 @@ class ElasticPoolConfig(_Strict):
         return self.backlog_per_worker or self.max_concurrent_activities
 
 
+OPENENV = "openenv"
+"""The env that reaches an OpenEnv server; a task of it may name one of the job's `env_servers` (`env_args.server`)."""
+
+
+class EnvServerSpec(_Strict):
+    """An env server the job runs beside its workers: a rollart env served as an OpenEnv server (`rollart env-server`).
+
+    The local stack starts one process per entry on `port` (loopback) and restarts it when it dies; `rollart k8s
+    render` makes each a Deployment and a Service. A task reaches it with `env: openenv` and `env_args: {server:
+    NAME}`, which fills the task's `base_url` with this server's `url` (default `http://127.0.0.1:PORT`, the local
+    stack's; in the pods, the Service's address).
+    """
+
+    name: str = Field(min_length=1, max_length=30, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+                      description="lower-case letters, digits and '-': it names the Kubernetes Deployment and Service")  # fmt: skip
+    env: str = Field("frozenlake", min_length=1, description="the rollart env it serves (a registered name or import path)")
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    port: int = Field(ge=1, le=65535, description="where it listens (and its Service's port on Kubernetes)")
+    max_sessions: int = Field(256, ge=1, description="concurrent sessions at most: one per episode in flight")
+    url: str | None = Field(None, pattern=r"^(http|https|ws|wss)://[^/\s]+$",
+                            description="how the workers reach it (default http://127.0.0.1:PORT, the local stack's)")  # fmt: skip
+
+    @property
+    def local_url(self) -> str:
+        """Where the local stack's process listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The URL the job's `openenv` tasks are given."""
+        return self.url or self.local_url
+
+    def command(self, host: str) -> list[str]:
+        """The `rollart env-server` command line serving it on `host` (the local stack's process, a pod's container)."""
+        return ["rollart", "env-server", "--env", self.env, "--env-args", json.dumps(self.env_args, sort_keys=True),
+                "--host", host, "--port", str(self.port), "--max-sessions", str(self.max_sessions)]  # fmt: skip
+
+
+def _resolve_env_servers(data: Any) -> Any:
+    """Fill `base_url` of every `openenv` task that names one of `env_servers` (`env_args.server`), before validation."""
+    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
+        return data
+    servers: dict[str, str] = {}
+    for i, server in enumerate(data.get("env_servers") or []):
+        try:
+            spec = EnvServerSpec.model_validate(server)
+        except ValidationError:  # reported, naming its fields, when the field itself is validated
+            continue
+        if spec.name in servers:
+            raise ValueError(f"env_servers.{i}: name {spec.name!r} is used twice; each env server needs its own name")
+        servers[spec.name] = spec.base_url
+    tasks = []
+    for i, task in enumerate(data["tasks"]):
+        args = task.get("env_args") if isinstance(task, dict) else None
+        if not isinstance(args, dict) or task.get("env") != OPENENV or "server" not in args:
+            tasks.append(task)
+            continue
+        name = args["server"]
+        if name not in servers and any(isinstance(v, dict) and v.get("name") == name for v in data.get("env_servers") or []):
+            tasks.append(task)  # that server's own fields do not validate: its errors say why
+            continue
+        if name not in servers:
+            known = ", ".join(sorted(servers)) or "none: add an env_servers section"
+            raise ValueError(f"tasks.{i}.env_args.server: no env server {name!r} in env_servers (defined: {known})")
+        if args.get("base_url") not in (None, servers[name]):
+            raise ValueError(f"tasks.{i}.env_args: give base_url or server, not both (server {name!r} is at "
+                             f"{servers[name]}, base_url says {args['base_url']!r})")  # fmt: skip
+        tasks.append({**task, "env_args": {**args, "base_url": servers[name]}})
+    return {**data, "tasks": tasks}
+
+
 def _default_pools() -> dict[str, ElasticPoolConfig]:
     return {Pool.SERVERLESS.value: ElasticPoolConfig()}
 
@@ -602,6 +674,22 @@ class JobSpec(_Strict):
     pools: dict[str, ElasticPoolConfig] = Field(
         default_factory=_default_pools, description="scaling of the elastic pools, by pool name (serverless)"
     )
+    env_servers: list[EnvServerSpec] = Field(
+        default_factory=list, description="OpenEnv servers run beside the workers (see EnvServerSpec)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_server_urls(cls, data: Any) -> Any:
+        return _resolve_env_servers(data)
+
+    def with_env_server_urls(self, urls: dict[str, str]) -> JobSpec:
+        """This job with env servers reached at other URLs (by name; in the pods, their Services'), tasks pointed there."""
+        servers = [s.model_copy(update={"url": urls[s.name]}) if s.name in urls else s for s in self.env_servers]
+        by_name = {s.name: s.base_url for s in servers}
+        tasks = [t.model_copy(update={"env_args": {**t.env_args, "base_url": by_name[t.env_args["server"]]}})
+                 if t.env == OPENENV and t.env_args.get("server") in by_name else t for t in self.tasks]  # fmt: skip
+        return self.model_copy(update={"env_servers": servers, "tasks": tasks})
 
     @field_validator("pools")
     @classmethod

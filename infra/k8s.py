@@ -15,7 +15,9 @@ sends them. What gets rendered:
   HorizontalPodAutoscaler where KEDA is absent (`kubernetes.serverless.keda: false`);
 - the trainer as a StatefulSet of `pools.trainer.replicas` nodes (one GPU per trainer rank) and a
   headless Service: pod k is node rank k, and every node meets node 0 (pod 0) at its stable DNS
-  name. A StatefulSet never runs two pods of one identity, so no rank is ever trained twice over.
+  name. A StatefulSet never runs two pods of one identity, so no rank is ever trained twice over;
+- each of the job's `env_servers` (an OpenEnv server, `rollart env-server`) as a Deployment and a
+  ClusterIP Service; the job's `openenv` tasks are pointed at the Service.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rollart.infra.config import JobSpec
+from rollart.infra.config import EnvServerSpec, JobSpec
 from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
@@ -36,6 +38,9 @@ __all__ = [
     "K8sRenderError",
     "app_name",
     "cluster_job",
+    "env_server_deployment",
+    "env_server_service",
+    "env_server_url",
     "job_configmap",
     "namespace_manifest",
     "pool_deployment",
@@ -95,6 +100,8 @@ def render(job: JobSpec) -> list[Manifest]:
     if pools[Pool.SERVERLESS].replicas:
         scaler = scaled_object if cfg.serverless.keda else serverless_hpa
         manifests.append(scaler(app, cfg, address, job.temporal.namespace))
+    for server in job.env_servers:
+        manifests += [env_server_service(job, server), env_server_deployment(job, server)]
     return manifests
 
 
@@ -135,7 +142,8 @@ def cluster_job(job: JobSpec) -> JobSpec:
     }
     if job.store.kind == "local":
         updates["store"] = job.store.model_copy(update={"path": Path(cfg.store_mount)})
-    return job.model_copy(update=updates)
+    urls = {server.name: env_server_url(job, server) for server in job.env_servers}
+    return job.with_env_server_urls(urls).model_copy(update=updates)
 
 
 def namespace_manifest(cfg: KubernetesConfig) -> Manifest:
@@ -288,6 +296,65 @@ def serverless_hpa(app: str, cfg: KubernetesConfig, address: str, temporal_names
     }
 
 
+def env_server_url(job: JobSpec, server: EnvServerSpec) -> str:
+    """How the workers reach env server `server` in the cluster: its Service's DNS name."""
+    cfg = job.kubernetes or KubernetesConfig()
+    return f"http://{_env_server_name(job, server)}.{cfg.namespace}.svc.cluster.local:{server.port}"
+
+
+def env_server_service(job: JobSpec, server: EnvServerSpec) -> Manifest:
+    """The ClusterIP Service in front of an env server: a session is one WebSocket, so one connection to one pod."""
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    labels = _env_server_labels(app, server)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": _env_server_name(job, server), "namespace": cfg.namespace, "labels": labels},
+        "spec": {
+            "selector": _selector(labels)["matchLabels"],
+            "ports": [{"name": "http", "port": server.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
+    """An env server's pod: `rollart env-server` on the CPU image, ready (and alive) while `/health` answers.
+
+    It needs neither the job nor the store: its command line says what it serves. A pod that dies takes its
+    sessions with it; the episodes are restored on a fresh session (replayed), through the Service.
+    """
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    name = _env_server_name(job, server)
+    labels = _env_server_labels(app, server)
+
+    def probe(**timing: int) -> dict[str, Any]:
+        return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, **timing}
+
+    container = {
+        "name": "env-server",
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": server.command("0.0.0.0"),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": server.port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        "readinessProbe": probe(initialDelaySeconds=2),
+        "livenessProbe": probe(initialDelaySeconds=30, failureThreshold=6),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(labels)},
+        "spec": {
+            "replicas": 1,
+            "selector": _selector(labels),
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
+
+
 def write_manifests(manifests: list[Manifest], out_dir: Path) -> list[Path]:
     """One YAML file per object, numbered in apply order (`kubectl apply -f DIR` takes them in that order)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -333,6 +400,18 @@ def _meta(name: str, app: str, cfg: KubernetesConfig, pool: Pool | None = None) 
 def _selector(labels: dict[str, str]) -> dict[str, Any]:
     """The labels that pick one pool's pods of one app (a workload's selector, the trainer Service's)."""
     return {"matchLabels": {k: labels[k] for k in ("app.kubernetes.io/instance", "app.kubernetes.io/component")}}
+
+
+def _env_server_name(job: JobSpec, server: EnvServerSpec) -> str:
+    name = f"{app_name(job)}-env-{server.name}"
+    if len(name) > 63:  # a Service name is a DNS label
+        raise K8sRenderError(f"env server {server.name!r}: its Service name {name!r} is over 63 characters; shorten "
+                             "env_servers[].name or set kubernetes.name")  # fmt: skip
+    return name
+
+
+def _env_server_labels(app: str, server: EnvServerSpec) -> dict[str, str]:
+    return {**_labels(app), "app.kubernetes.io/component": f"env-{server.name}"}
 
 
 def _trainer_name(app: str) -> str:

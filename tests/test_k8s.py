@@ -604,3 +604,27 @@ def test_the_readme_multi_node_trainer_section_renders() -> None:
     runs = next(c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs"))
     assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
     validate_all(manifests)
+
+
+def test_an_env_server_is_a_deployment_and_a_service_the_workers_reach_it_through() -> None:
+    job = with_kubernetes(load_job(REPO / "examples" / "openenv.yaml"), {"namespace": "rl"})
+    manifests = render(job)
+    validate_all(manifests)
+    [service] = [m for m in by_kind(manifests, "Service").values() if m["metadata"]["name"] == "openenv-env-frozenlake"]
+    deployment = by_kind(manifests, "Deployment")["openenv-env-frozenlake"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert service["spec"]["ports"] == [{"name": "http", "port": 8300, "targetPort": "http", "protocol": "TCP"}]
+    c = container(deployment)
+    assert c["command"][:2] == ["rollart", "env-server"] and c["image"] == DEFAULT_CPU_IMAGE
+    assert c["command"][c["command"].index("--host") + 1] == "0.0.0.0"
+    assert c["ports"] == [{"name": "http", "containerPort": 8300, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    # the pods' job points the openenv task at the Service, and loads as it is
+    [configmap] = by_kind(manifests, "ConfigMap").values()
+    pods_job = JobSpec.model_validate(yaml.safe_load(configmap["data"]["job.yaml"]))
+    url = "http://openenv-env-frozenlake.rl.svc.cluster.local:8300"
+    assert pods_job.tasks[0].env_args == {"server": "frozenlake", "base_url": url}
+    assert pods_job.env_servers[0].url == url
+    # the cpu workers hold the sessions: a pool Deployment as for any job
+    assert "cpu" in deployments_by_pool(manifests)

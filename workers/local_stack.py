@@ -5,7 +5,8 @@ is given. Workers are separate processes, exactly as on a cluster; each gets
 its settings as a JSON file and signals readiness by writing a ready file.
 With `store: {kind: mooncake}` and no master address, the stack also starts a
 Mooncake master and store keeper (infra/mooncake_service.py) and points every
-worker at them; they stop after the workers.
+worker at them; they stop after the workers. The job's `env_servers` run as
+processes of their own (workers/env_server.py), restarted when they die.
 The elastic "serverless" pool is run by an autoscaler (between the job's
 `pools.serverless.min_workers` and `max_workers`) unless `autoscale=False`.
 """
@@ -26,6 +27,7 @@ from rollart.infra.devserver import DevServer
 from rollart.infra.pools import WORKER_POOLS, Pool
 from rollart.infra.search_attributes import dev_server_flags
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
+from rollart.workers.env_server import EnvServerError, EnvServerProcesses
 from rollart.workers.pool_worker import WorkerSettings
 
 if TYPE_CHECKING:
@@ -71,6 +73,7 @@ class LocalStack:
     autoscale: bool = True
     server: DevServer | None = field(default=None, init=False)
     mooncake: MooncakeService | None = field(default=None, init=False)
+    env_servers: EnvServerProcesses | None = field(default=None, init=False)
     _workers: list[_WorkerProc] = field(default_factory=list, init=False)
     _scalers: list[Autoscaler] = field(default_factory=list, init=False)
 
@@ -162,6 +165,11 @@ class LocalStack:
             for pool in self.pools:
                 if self.autoscale and pool in ELASTIC_POOLS:
                     self._start_autoscaler(pool, timeout_s)
+            if self.job.env_servers:  # while the workers start
+                try:
+                    self.env_servers = EnvServerProcesses(self.job.env_servers, logs, ready_timeout_s=timeout_s).start()
+                except EnvServerError as e:
+                    raise StackError(str(e)) from e
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
@@ -185,6 +193,8 @@ class LocalStack:
                 w.proc.kill()
                 w.proc.wait()
         self._workers.clear()
+        if self.env_servers:
+            self.env_servers.stop()
         if self.mooncake:
             self.mooncake.stop()
         if self.server:

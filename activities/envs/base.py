@@ -12,7 +12,9 @@ between calls. Three rules keep every env usable by the same rollout loop:
   ordinary data for RL, not an error.
 - Raising from `reset` or `step` means the env itself is broken (or was
   misused by its caller) and is treated as an infrastructure failure, not
-  as a low reward.
+  as a low reward. An env whose state lives elsewhere (a server's session)
+  raises `EnvSessionLost` from `step` when that state is gone: the episode
+  is then rebuilt on a fresh env (same seed, its actions replayed), not failed.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Env", "StepOutcome"]
+__all__ = ["Env", "EnvSessionLost", "StepOutcome"]
+
+
+class EnvSessionLost(ConnectionError):
+    """The env's remote session is gone (its server died or restarted): this env cannot go on, a fresh one can.
+
+    Raised from `step`; the session is restored elsewhere by replaying the episode's actions on a new env
+    reset from the same seed (the env must be deterministic in (seed, actions)), and the step is played there.
+    """
 
 
 @dataclass(frozen=True)
