@@ -62,8 +62,14 @@ def run(args: argparse.Namespace) -> int:
 async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, *, stop_on_exit: bool, local: bool) -> int:
     """Start and follow a job. Interrupted (or failing): with `stop_on_exit` (always on the local stack, whose
     workers go away with it) the job is terminated; otherwise it keeps running and the re-attach command is printed."""
+    from rollart.cli.errors import UserError
+    from rollart.client.exporters import ExporterUnavailable, check_installed
     from rollart.client.train import start_training
 
+    try:
+        check_installed(job.metrics)  # before the job starts, not when its first step is exported
+    except ExporterUnavailable as e:
+        raise UserError(str(e)) from e
     client = await connect_client(job)
     t = job.training
     handle = await start_training(client, job, job_id, run_dir)
@@ -75,13 +81,18 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, *, stop_on_e
 async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_dir: Path, ui: str, steps: int, *,
                      stop_on_exit: bool, local: bool) -> int:  # fmt: skip
     """Follow a started (or re-attached) job to its end and report; on Ctrl-C or a failure, stop or detach."""
+    from rollart.cli.errors import UserError
+    from rollart.client.exporters import ExporterUnavailable, open_exporters
     from rollart.client.train import MetricsWriter
     from rollart.infra.temporal import ui_url
 
     job_id = handle.id
     if ui:
         print(f"Temporal UI: {ui_url(ui, job.temporal.namespace, job_id)}")
-    writer = MetricsWriter(run_dir)
+    try:
+        writer = MetricsWriter(run_dir, open_exporters(job, job_id, run_dir))
+    except ExporterUnavailable as e:
+        raise UserError(str(e)) from e
     interrupted = _cancel_on_signals()
     try:
         result = await _follow_with_bar(client, handle, writer, steps)
@@ -95,6 +106,8 @@ async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_d
             raise
         await _leave(client, job, job_id, f"failed ({type(e).__name__}: {e})", stop_on_exit=stop_on_exit, local=local)
         raise
+    finally:
+        writer.close()
     await _report(client, job_id, run_dir, result, writer)
     return 0
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from rollart.client.connection import Outage, is_unreachable, probe
+from rollart.client.exporters import Exporter
 from rollart.client.unserved import Unserved
 from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
 from rollart.infra import search_attributes as sa
@@ -54,12 +55,14 @@ async def status_of(handle: WorkflowHandle) -> TrainingStatus:
 class MetricsWriter:
     """Appends each new step record to `metrics.jsonl` once, with elapsed time and rates since the start.
 
-    A file already there (a re-attached client) is continued: its steps are not written again.
+    A file already there (a re-attached client) is continued: its steps are not written again. The `exporters`
+    (TensorBoard, W&B: `client/exporters.py`) get the same new rows; `close` closes them.
     """
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, exporters: Sequence[Exporter] = ()) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
+        self.exporters = list(exporters)
         self.written = -1
         self.last_time: float | None = None
         text = self.path.read_text() if self.path.exists() else ""
@@ -86,7 +89,15 @@ class MetricsWriter:
                 f.write(json.dumps(row) + "\n")
                 self.written = r.step
                 new.append(row)
+        if new:
+            for exporter in self.exporters:
+                exporter.write(new)
         return new
+
+    def close(self) -> None:
+        """Close the exporters (flushed already: each write is)."""
+        for exporter in self.exporters:
+            exporter.close()
 
 
 async def follow(

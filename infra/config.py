@@ -34,6 +34,7 @@ __all__ = [
     "JobSpecError",
     "check_batches_hold_groups",
     "LossConfig",
+    "MetricsConfig",
     "MooncakeConfig",
     "ParallelConfig",
     "PromptFormat",
@@ -45,6 +46,7 @@ __all__ = [
     "TemporalConfig",
     "TrainerConfig",
     "TrainingConfig",
+    "WandbConfig",
     "WorkerTuning",
     "format_validation_error",
     "load_job",
@@ -515,6 +517,33 @@ class DynamicSamplingConfig(_Strict):
         return {"enabled": value} if isinstance(value, bool) else value
 
 
+class WandbConfig(_Strict):
+    """Weights & Biases export (`metrics.wandb`; `true` / `false` is short for `{enabled: ...}`): needs `pip install wandb`.
+
+    `mode: offline` (the default) writes the run under the run dir's `wandb/` with no network; `wandb sync` uploads it.
+    """
+
+    enabled: bool = False
+    project: str = Field("rollart", min_length=1)
+    entity: str | None = None
+    mode: Literal["offline", "online"] = "offline"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_or_off(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+class MetricsConfig(_Strict):
+    """Where the training client exports each step's metrics besides `metrics.jsonl` (`metrics`).
+
+    `tensorboard`: event files in the run dir's `tensorboard/` (`tensorboard --logdir runs/`); `wandb`: a W&B run.
+    """
+
+    tensorboard: bool = True
+    wandb: WandbConfig = WandbConfig()
+
+
 class TrainingConfig(_Strict):
     """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
 
@@ -670,6 +699,9 @@ class JobSpec(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig, description="metric exporters of the training client: TensorBoard, W&B"
+    )
     kubernetes: KubernetesConfig | None = Field(None, description="cluster layout for `rollart k8s render`/`apply`")
     pools: dict[str, ElasticPoolConfig] = Field(
         default_factory=_default_pools, description="scaling of the elastic pools, by pool name (serverless)"
