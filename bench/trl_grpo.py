@@ -23,7 +23,7 @@ from typing import Any
 
 from rollart.activities.reward import as_reward_result
 from rollart.contracts.activities import Transcript, TurnRecord
-from rollart.infra.config import JobSpec, TaskSpec
+from rollart.infra.config import JobSpec, LRScheduleConfig, TaskSpec
 from rollart.infra.registry import lookup_env, lookup_reward
 
 __all__ = ["TRL_PIN", "TrlRun", "ensure_trl", "group_seed", "run_trl"]
@@ -112,7 +112,7 @@ def run_trl(job: JobSpec, max_steps: int, max_s: float, target: float, window: i
             steps_per_generation=1, num_iterations=1, max_completion_length=sampling.max_tokens,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=1.0,
             learning_rate=trainer_cfg.lr, adam_beta1=trainer_cfg.betas[0], adam_beta2=trainer_cfg.betas[1],
-            weight_decay=0.0, max_grad_norm=trainer_cfg.grad_clip, lr_scheduler_type="constant", warmup_steps=0,
+            weight_decay=0.0, max_grad_norm=trainer_cfg.grad_clip, **_lr_schedule(trainer_cfg.lr_schedule),
             beta=0.0, epsilon=loss.clip_eps, epsilon_high=loss.clip_eps_high or loss.clip_eps, entropy_coef=loss.entropy_coef, shuffle_dataset=False, seed=job.training.seed,
             dataloader_num_workers=0,
         )  # fmt: skip
@@ -155,3 +155,14 @@ def _clock_class():  # TrainerCallback is imported lazily (transformers is heavy
             return control
 
     return Clock
+
+
+def _lr_schedule(schedule: LRScheduleConfig) -> dict[str, Any]:
+    """rollart's learning-rate schedule as transformers' TrainingArguments: the same warm-up, then constant or cosine
+    down to `min_ratio` × lr over the run (transformers' `cosine_with_min_lr`)."""
+    if schedule.decay_steps is not None:
+        raise ValueError("peer_trl: lr_schedule.decay_steps has no transformers equivalent here; leave it unset")
+    if schedule.kind == "constant":
+        return {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": schedule.warmup_steps}
+    return {"lr_scheduler_type": "cosine_with_min_lr", "warmup_steps": schedule.warmup_steps,
+            "lr_scheduler_kwargs": {"min_lr_rate": schedule.min_ratio}}  # fmt: skip

@@ -60,3 +60,12 @@ def test_scale_results_carry_the_two_vs_one_control_ratio(tmp_path, monkeypatch)
     out = json.loads((tmp_path / "scale.json").read_text())
     assert out["control_ratio"] == {"64": pytest.approx(2.0)}
     assert [m["speedup_vs_baseline"] for m in out["modes"]] == [1.0, pytest.approx(2.0)]
+
+
+def test_the_trl_baseline_follows_the_jobs_learning_rate_schedule() -> None:
+    from bench.trl_grpo import _lr_schedule
+    from rollart.infra.config import LRScheduleConfig
+
+    assert _lr_schedule(LRScheduleConfig()) == {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0}
+    cosine = _lr_schedule(LRScheduleConfig(kind="cosine", warmup_steps=5, min_ratio=0.05))
+    assert cosine == {"lr_scheduler_type": "cosine_with_min_lr", "warmup_steps": 5, "lr_scheduler_kwargs": {"min_lr_rate": 0.05}}
