@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rollart.client.connection import is_unreachable
 from rollart.infra.backlog import POLLER_FRESH_S, queue_stats
 from rollart.infra.config import TemporalConfig
 from rollart.infra.liveness import HEARTBEAT_GRACE_S, last_seen_s_ago, queue_liveness
@@ -44,8 +45,17 @@ class Unserved:
     missing: bool = False
 
     async def no_answer(self, client: Client, handle: WorkflowHandle) -> None:
-        """The status query went unanswered on a healthy server: say why, if nobody serves the job."""
-        line = await unserved(client, handle)
+        """The status query went unanswered on a healthy server: say why, if nobody serves the job.
+
+        The server may go away between the health check and this question; then there is nothing to say
+        (the outage is the follower's to report, on its next poll).
+        """
+        try:
+            line = await unserved(client, handle)
+        except Exception as e:
+            if is_unreachable(e):
+                return
+            raise
         if line is not None and not self.missing:
             self.say(line)
         self.missing = line is not None

@@ -17,10 +17,10 @@ from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.devserver import find_temporal_cli, free_port
 from rollart.infra.pools import Pool
-from rollart.infra.temporal import connect, data_converter
+from rollart.infra.temporal import connect, data_converter, runtime
 from rollart.workers.local_stack import LocalStack
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
@@ -138,6 +138,7 @@ async def bare_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Wo
         dev_server_existing_path=find_temporal_cli(),
         data_converter=data_converter(store),
         ui=False,
+        runtime=runtime(TemporalConfig().worker_heartbeat_s),  # stand-in workers heartbeat as real ones do
     )
     yield env
     await env.shutdown()

@@ -117,3 +117,29 @@ async def test_a_bad_or_absent_server_fails_without_a_long_wait(tmp_path: Path) 
     assert time.monotonic() - t0 < 5  # a malformed address is not waited for
     with pytest.raises(UserError, match=r"cannot reach the Temporal server .* \(waited 1 s\)"):
         await connect_client(_job_on(f"127.0.0.1:{free_port()}", tmp_path), wait_s=1)
+
+
+class _GoneHandle:
+    """A workflow handle whose server has just gone away (or answers with `error`)."""
+
+    id = "job-x"
+
+    def __init__(self, error: RPCError) -> None:
+        self.error = error
+
+    async def describe(self) -> None:
+        raise self.error
+
+
+async def test_asking_who_serves_a_job_when_the_server_just_went_away_is_not_an_error() -> None:
+    """The follower's health check passed, then the server died before `describe`: nothing said, nothing raised
+    (the CI saw `rollart status --follow` crash here); an answer the server gave still raises."""
+    from rollart.client.unserved import Unserved
+
+    said: list[str] = []
+    unserved = Unserved(say=said.append)
+    gone = RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")
+    await unserved.no_answer(None, _GoneHandle(gone))  # type: ignore[arg-type]
+    assert said == [] and not unserved.missing
+    with pytest.raises(RPCError, match="not found"):
+        await unserved.no_answer(None, _GoneHandle(RPCError("not found", RPCStatusCode.NOT_FOUND, b"")))  # type: ignore[arg-type]

@@ -16,12 +16,13 @@ __all__ = ["run_job"]
 
 
 async def run_job(client: Client, base: JobSpec, tmp_path: Path, unit: str = "trajectory",
-                  trainer: TrainerConfig | None = None,
+                  trainer: TrainerConfig | None = None, task: dict | None = None,
                   **training: object) -> tuple[JobSpec, TrainingResult, TrainingStatus, list[dict]]:
     """FrozenLake (groups of 4, ≤ 4 turns), 3 steps of 8 unless `training` says otherwise; the job, its result,
-    final status and the metrics rows."""
+    final status and the metrics rows. `task` overrides fields of the FrozenLake task (`reward`, say)."""
     job = base.model_copy(update={
-        "tasks": [frozenlake_task(group_size=4, max_turns=4, env_args={"maps": "standard"}, rollout_unit=unit)],
+        "tasks": [frozenlake_task(**{"group_size": 4, "max_turns": 4, "env_args": {"maps": "standard"},
+                                            "rollout_unit": unit, **(task or {})})],
         "training": TrainingConfig(**{"steps": 3, "batch_size": 8, **training}),
         "trainer": trainer or base.trainer,
     })  # fmt: skip
