@@ -126,6 +126,7 @@ class TrainingState(BaseModel):
     stop_requested: bool = False
     started_at: float = 0.0
     stall: StallWatch = Field(default_factory=StallWatch)
+    entropy_coef: float | None = None  # the adaptive entropy weight of the next step (loss.entropy_target); None: as configured
 
     @property
     def ledger_balanced(self) -> bool:

@@ -375,6 +375,15 @@ class LossConfig(_Strict):
     decoupled: bool = True
     kl_coef: float = Field(0.0, ge=0.0)
     entropy_coef: float = Field(0.0, ge=0.0)
+    """The entropy bonus's weight; with `entropy_target`, its starting value."""
+    entropy_target: float | None = Field(None, gt=0.0)
+    """Adaptive entropy control (Skywork-OR1): after each step whose mean token entropy was below this, the
+    bonus's weight rises by `entropy_coef_step` (up to `entropy_coef_max`); after one above, it falls by as much
+    (down to 0). The policy may still sharpen, but a collapse onto a wrong deterministic answer, where every
+    group scores alike and so no advantage is left to correct it, meets a growing push back. The weight is part
+    of the job's state (workflows/entropy_control.py): a retried or resumed step uses the same."""
+    entropy_coef_step: float = Field(0.001, gt=0.0)
+    entropy_coef_max: float = Field(0.01, gt=0.0)
     aggregation: Literal["token_mean", "seq_mean", "constant"] = "token_mean"
     """How per-token terms become the batch's loss. `token_mean` (DAPO): every completion token of the batch
     weighs the same, so long answers weigh more. `seq_mean`: every sequence weighs the same, shared by its
@@ -385,6 +394,13 @@ class LossConfig(_Strict):
     normalize_advantage_std: bool = True
     """GRPO advantages divided by their group's reward std (GRPO); False keeps the raw difference from the
     group mean (Dr. GRPO), which does not up-weight groups whose rewards barely differ."""
+
+    @model_validator(mode="after")
+    def _entropy_start_within_its_cap(self) -> LossConfig:
+        if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
+            raise ValueError(f"entropy_coef ({self.entropy_coef}) is the adaptive weight's start: it must not exceed "
+                             f"entropy_coef_max ({self.entropy_coef_max})")  # fmt: skip
+        return self
 
 
 class ParallelConfig(_Strict):

@@ -56,7 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import TaskSpec
     from rollart.infra.pools import Pool, queue_name
-    from rollart.workflows import policies, stalls
+    from rollart.workflows import entropy_control, policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
@@ -378,16 +378,20 @@ class TrainingWorkflow:
         inp = self.inp
         batch = self._take_batch()
         step = self.s.step
+        trainer = entropy_control.trainer_for_step(self.plan.trainer, self.s.entropy_coef)
         result: TrainStepResult = await workflow.execute_activity(
             ActivityName.TRAIN_STEP.value,
             TrainStepInput(job_id=inp.job_id, step=step, samples=batch, model_dir=self.plan.model_dir,
-                           run_dir=inp.run_dir, trainer=self.plan.trainer),  # fmt: skip
+                           run_dir=inp.run_dir, trainer=trainer),  # fmt: skip
             task_queue=self._queue(Pool.TRAINER),
             result_type=TrainStepResult,
             **policies.TRAIN_STEP.kwargs(),
         )
         self.s.step = result.version
         self.s.trained += len(batch)
+        if trainer.loss.entropy_target is not None:
+            self.s.entropy_coef = entropy_control.next_coef(trainer.loss, trainer.loss.entropy_coef,
+                                                            result.metrics.get("entropy"))  # fmt: skip
         if self.watching:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]

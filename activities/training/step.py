@@ -145,6 +145,8 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
         raise bad_input(batch)
     metrics, outcomes = _update(state.policy, ranks, batch, cfg, inp.step)
     metrics["lr"] = cfg.lr  # the schedule's rate for this step
+    if cfg.loss.entropy_coef > 0 or cfg.loss.entropy_target is not None:
+        metrics["entropy_coef"] = cfg.loss.entropy_coef  # the bonus's weight (adaptive: the workflow's choice)
     skipped = sum(1 for o in outcomes if not o.applied)
     if skipped:
         log.warning("job %s step %d: non-finite gradient norm; %d of %d updates skipped", inp.job_id, inp.step,

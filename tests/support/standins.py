@@ -125,6 +125,7 @@ class StandIns:
     # latencies
     turn_delay_s: float = 0.0  # each generate / generate_batch
     train_delay_s: float = 0.0  # each train_step
+    train_metrics: Callable[[TrainStepInput], dict[str, float]] | None = None  # each step's metrics (else a loss of 0)
     held_group: str | None = None  # this group's first generate_batch waits until another group steps
     # what happened
     version: int = 0  # the policy the engine serves: the last one trained
@@ -303,7 +304,8 @@ class StandIns:
         self._record("train_step", str(inp.step), inp)
         await asyncio.sleep(self.train_delay_s)
         self.version = inp.step + 1
-        return TrainStepResult(step=inp.step, version=inp.step + 1, weights_key="k", metrics={"loss": 0.0})
+        metrics = self.train_metrics(inp) if self.train_metrics else {"loss": 0.0}
+        return TrainStepResult(step=inp.step, version=inp.step + 1, weights_key="k", metrics=metrics)
 
 
 @contextlib.asynccontextmanager
