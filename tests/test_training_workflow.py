@@ -188,9 +188,10 @@ async def wave_activities(env: WorkflowEnvironment, job_id: str) -> list[tuple[i
 async def test_a_wave_of_single_turn_groups_makes_one_generate_call(bare_env: WorkflowEnvironment,
                                                                     queue_prefix: str) -> None:  # fmt: skip
     """A wave of N groups: one prompts, one generate_batch (N prompts, n = group size), one check, one
-    reward_batch, whatever N; a training step costs a handful of activities. Slow generation leaves the last
-    wave in flight at the end: cancelled, it makes no per-group calls."""
-    w = world(queue_prefix, turn_delay_s=0.3)
+    reward_batch, whatever N; a training step costs a handful of activities. Waves past the second, which
+    the 3 steps do not need, generate for a minute: in flight at the end, cancelled, they make no per-group calls
+    (with generation merely slow, a loaded machine sometimes let them finish)."""
+    w = world(queue_prefix, turn_delay_s=0.3, slow_batches_after=2)
     result, status = await train(bare_env, w, single_turn_job())
     assert result.version == 3 and status.ledger_balanced and result.failed == 0
     assert result.cancelled_in_flight > 0

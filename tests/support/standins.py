@@ -124,6 +124,7 @@ class StandIns:
     dead_resets: bool = False  # resets hand out sessions on a queue nobody polls (the worker is gone)
     # latencies
     turn_delay_s: float = 0.0  # each generate / generate_batch
+    slow_batches_after: int | None = None  # generate_batch calls after this many take 60 s (still running at the end)
     train_delay_s: float = 0.0  # each train_step
     train_metrics: Callable[[TrainStepInput], dict[str, float]] | None = None  # each step's metrics (else a loss of 0)
     held_group: str | None = None  # this group's first generate_batch waits until another group steps
@@ -279,7 +280,8 @@ class StandIns:
         if self.broken_engine_group and f"{self.broken_engine_group}-" in inp.data_keys[0]:
             raise ApplicationError("engine crashed", type="EngineError", non_retryable=True)
         self._reject(inp.data_keys)
-        await _busy(self.turn_delay_s)
+        slow = self.slow_batches_after is not None and len(self.called("generate_batch")) > self.slow_batches_after
+        await _busy(60.0 if slow else self.turn_delay_s)
         if self.held_group and f"{self.held_group}-" in inp.data_keys[0] and "turn-000" in inp.data_keys[0]:
             with contextlib.suppress(asyncio.TimeoutError):  # lockstep: no other group steps before this returns
                 await asyncio.wait_for(self._other_group_stepped.wait(), HELD_WAIT_S)
