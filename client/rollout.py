@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from rollart.client.connection import Outage, retry_unreachable
+from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+from rollart.workflows.ui_summary import group_summary, trajectory_summary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 __all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",
@@ -101,19 +104,26 @@ async def run_rollout(
     fail because the server is unreachable are tried again.
 
     Members of a group of a `rollout_unit: group` task (consecutive inputs on one seed) play in one
-    GroupRolloutWorkflow, as in training; every other input is a TrajectoryWorkflow of its own.
+    GroupRolloutWorkflow, as in training; every other input is a TrajectoryWorkflow of its own. Each carries
+    a one-line summary for the Temporal UI, and `RollartJobId` and `RollartTask` once the namespace has
+    rollart's search attributes (registered here if missing; without them, it ends without its outcome's).
     """
     starts = asyncio.Semaphore(max_starts_in_flight)
     watch = outage or Outage()
+    registered = await retry_unreachable(lambda: sa.try_register(client), watch)
 
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
         workflow_type, workflow_id, inp = unit_input(first, members, job_id)
         result_type = TrajectoryResult if workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         t0 = time.monotonic()
         queue = queue_name(Pool.CONTROL, members[0].queue_prefix)
+        attributes = TypedSearchAttributes([SearchAttributePair(sa.JOB_ID, job_id),
+                                            SearchAttributePair(sa.TASK, inp.task.name)]) if registered else None  # fmt: skip
+        summary = trajectory_summary(inp) if isinstance(inp, TrajectoryInput) else group_summary(inp)
         async with starts:
-            handle = await retry_unreachable(lambda: _start(client, workflow_type, inp, workflow_id, queue, result_type),
-                                             watch)  # fmt: skip
+            handle = await retry_unreachable(
+                lambda: _start(client, workflow_type, inp, workflow_id, queue, result_type, attributes, summary), watch
+            )
         try:
             result, error = await retry_unreachable(handle.result, watch), None
         except WorkflowFailureError as e:
@@ -129,11 +139,12 @@ async def run_rollout(
     return [outcome for outcomes in units for outcome in outcomes]
 
 
-async def _start(client: Client, workflow_type: str, inp: object, workflow_id: str, queue: str,
-                 result_type: type) -> WorkflowHandle:  # fmt: skip
+async def _start(client: Client, workflow_type: str, inp: object, workflow_id: str, queue: str, result_type: type,
+                 attributes: TypedSearchAttributes | None, summary: str) -> WorkflowHandle:  # fmt: skip
     """Start one unit's workflow; one already started (a retried start whose answer was lost) is taken as it is."""
     try:
-        return await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type, task_queue=queue)
+        return await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type, task_queue=queue,
+                                           search_attributes=attributes, static_summary=summary)  # fmt: skip
     except WorkflowAlreadyStartedError:
         return client.get_workflow_handle(workflow_id, result_type=result_type)
 

@@ -24,7 +24,10 @@ def test_recorded_histories_exist() -> None:
     names = {p.stem for p in HISTORIES}
     assert {"trajectory-completed", "trajectory-env-broken", "trajectory-invalid-input", "trajectory-unknown-env",
             "group-multi-turn", "group-multi-turn-close-while-scoring", "group-single-turn", "group-single-turn-wave",
-            "training-continued-as-new", "training-dynamic-sampling"} <= names  # fmt: skip
+            "training-continued-as-new", "training-dynamic-sampling",
+            # recorded since the patch ui-summary: rollout workflows upsert their outcome's search attributes
+            "trajectory-ui-summary", "trajectory-failed-ui-summary", "group-multi-turn-ui-summary",
+            "group-single-turn-ui-summary", "batch-ui-summary", "training-ui-summary"} <= names  # fmt: skip
 
 
 @pytest.mark.parametrize("sandbox", ["strict", "off"])

@@ -31,11 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
+from rollart.infra.search_attributes import try_register
 from rollart.infra.temporal import connect
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
 from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
 from rollart.workers import lifeline
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 if TYPE_CHECKING:
@@ -172,6 +174,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         from rollart.activities.queues import QueueActivities
         from rollart.workflows import ALL_WORKFLOWS
 
+        await _register_search_attributes(client)
         # the training workflow's stall checks read queue descriptions through this worker's client
         queues = QueueActivities(client, settings.temporal.worker_heartbeat_s)
         yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id,
@@ -209,6 +212,15 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
             await asyncio.to_thread(ranks.close)
     else:
         raise ValueError(f"pool {pool.value!r} has no worker")
+
+
+async def _register_search_attributes(client: Client) -> None:
+    """Rollout workflows upsert their outcome's search attributes (workflows/ui_summary.py): a namespace that an
+    older rollart registered gets the newer ones before this worker runs a workflow. A failure only warns."""
+    try:
+        await asyncio.wait_for(try_register(client), 30)
+    except (RPCError, asyncio.TimeoutError) as e:
+        log.warning("could not check rollart's search attributes on the namespace: %s", e)
 
 
 def _env_activities(worker_id: str, pool: Pool, prefix: str) -> EnvActivities:

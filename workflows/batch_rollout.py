@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.reporting import reporter
     from rollart.workflows.temporal_calls import TemporalCalls
+    from rollart.workflows.ui_summary import show_outcome
 
 __all__ = ["BatchRolloutWorkflow"]
 
@@ -31,4 +32,7 @@ class BatchRolloutWorkflow:
     async def run(self, inp: BatchRolloutInput) -> list[TrajectoryResult]:
         calls, base = TemporalCalls(), workflow.info().workflow_id
         episodes = [Episode(calls, t, t.trajectory_id or batch_member_id(base, i)) for i, t in enumerate(inp.trajectories)]
-        return await play(episodes, reporter(inp.report_to), finish_together=not workflow.patched(PER_EPISODE_FINISH))
+        finish_together = not workflow.patched(PER_EPISODE_FINISH)
+        results = await play(episodes, reporter(inp.report_to), finish_together=finish_together)
+        show_outcome(results)
+        return results

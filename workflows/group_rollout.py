@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.driver.single_turn import play_single_turn
     from rollart.workflows.reporting import report, reporter
     from rollart.workflows.temporal_calls import TemporalCalls
+    from rollart.workflows.ui_summary import show_outcome
 
 __all__ = ["GroupRolloutWorkflow"]
 
@@ -37,6 +38,11 @@ class GroupRolloutWorkflow:
 
     @workflow.run
     async def run(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
+        results = await self._play(inp)
+        show_outcome(results)
+        return results
+
+    async def _play(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
         calls = TemporalCalls()
         if inp.task.max_turns == 1:
             results = await play_single_turn(calls, inp)

@@ -61,6 +61,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
     from rollart.workflows.trajectory import TrajectoryWorkflow
+    from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
 
 __all__ = ["TrainingWorkflow"]
 
@@ -276,11 +277,13 @@ class TrainingWorkflow:
         for m in range(task.group_size):
             tid = member_id(group_id, m)
             self._track(tid, group_id, tid)
+            inp = self._trajectory_input(task, seed, group_id)
             starts.append(
                 workflow.start_child_workflow(
-                    TrajectoryWorkflow.run, self._trajectory_input(task, seed, group_id), id=tid,
+                    TrajectoryWorkflow.run, inp, id=tid,
                     task_queue=self._queue(Pool.CONTROL), parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                     search_attributes=self._child_attributes(task),
+                    static_summary=trajectory_summary(inp, member=m, version=self.s.step),
                 )  # fmt: skip
             )
         return starts
@@ -297,6 +300,7 @@ class TrainingWorkflow:
         return workflow.start_child_workflow(
             GroupRolloutWorkflow.run, inp, id=wid, task_queue=self._queue(Pool.CONTROL),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON, search_attributes=self._child_attributes(task),
+            static_summary=group_summary(inp, version=self.s.step),
         )  # fmt: skip
 
     def _start_batch(self, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
@@ -306,10 +310,12 @@ class TrainingWorkflow:
                         for i, (g, t, seed) in enumerate(members)]  # fmt: skip
         for t in trajectories:
             self._track(t.trajectory_id, t.group_id, batch_id)
+        inp = BatchRolloutInput(trajectories=trajectories, report_to=workflow.info().workflow_id)
         return workflow.start_child_workflow(
-            BatchRolloutWorkflow.run, BatchRolloutInput(trajectories=trajectories, report_to=workflow.info().workflow_id),
+            BatchRolloutWorkflow.run, inp,
             id=batch_id, task_queue=self._queue(Pool.CONTROL), parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             search_attributes=self._child_attributes(trajectories[0].task),
+            static_summary=batch_summary(inp, version=self.s.step),
         )  # fmt: skip
 
     def _child_attributes(self, task: TaskSpec) -> TypedSearchAttributes:

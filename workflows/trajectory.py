@@ -16,6 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.reporting import TRAJECTORIES_DONE, report, reporter
     from rollart.workflows.temporal_calls import TemporalCalls
+    from rollart.workflows.ui_summary import show_outcome
 
 __all__ = ["TRAJECTORIES_DONE", "TrajectoryWorkflow", "report"]
 
@@ -36,4 +37,5 @@ class TrajectoryWorkflow:
     async def run(self, inp: TrajectoryInput) -> TrajectoryResult:
         self._episode = Episode(TemporalCalls(), inp, inp.trajectory_id or workflow.info().workflow_id)
         [result] = await play([self._episode], reporter(inp.report_to))
+        show_outcome([result])
         return result

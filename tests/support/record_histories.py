@@ -20,7 +20,7 @@ from rollart.infra.devserver import find_temporal_cli
 from rollart.infra.search_attributes import ensure_registered
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.training import TrainingInput, TrainingResult
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecution
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -31,9 +31,18 @@ HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 TRAINING = "training-continued-as-new"
 FILTERING = "training-dynamic-sampling"
 KINDS = {"group-multi-turn": "frozenlake", "group-single-turn-wave": "math",
-         "group-multi-turn-close-while-scoring": "frozenlake"}
+         "group-multi-turn-close-while-scoring": "frozenlake",
+         "group-multi-turn-ui-summary": "frozenlake", "group-single-turn-ui-summary": "math"}
 """Fixture name → the task whose GroupRolloutWorkflow it records (`group-single-turn`: before the wave's
-generate_batch; `group-multi-turn`: before the patch close-while-scoring)."""
+generate_batch; `group-multi-turn`: before the patch close-while-scoring; the others before the patch
+ui-summary)."""
+UI_SUMMARY = {"trajectory-ui-summary": ("TrajectoryWorkflow", "completed"),
+              "trajectory-failed-ui-summary": ("TrajectoryWorkflow", "failed"),
+              "batch-ui-summary": ("BatchRolloutWorkflow", "partial")}
+"""Fixture name → the rollout workflow it records from `_record_ui_summary`'s jobs, found by its outcome's search
+attributes (patch ui-summary); and `training-ui-summary`, the training workflow starting trajectories with a
+static summary."""
+TRAINING_UI_SUMMARY = "training-ui-summary"
 
 
 async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
@@ -69,6 +78,11 @@ async def main() -> None:
                 (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
         if not (HISTORIES / f"{FILTERING}.json").exists():
             (HISTORIES / f"{FILTERING}.json").write_text(await _record_filtering(env.client))
+        wanted = [name for name in [*UI_SUMMARY, TRAINING_UI_SUMMARY] if not (HISTORIES / f"{name}.json").exists()]
+        if wanted:
+            for name, text in (await _record_ui_summary(env.client)).items():
+                if name in wanted:
+                    (HISTORIES / f"{name}.json").write_text(text)
         print("wrote", sorted(p.name for p in HISTORIES.glob("*.json")))
     finally:
         await env.shutdown()
@@ -93,6 +107,40 @@ async def _record_filtering(client: Client) -> str:
         result = await handle.result()
     assert result.filtered > 0, "the recorded job filtered no group"
     return await _history_json(client, job_id)
+
+
+async def _record_ui_summary(client: Client) -> dict[str, str]:
+    """A trajectory-mode job and a batch-mode one, every seed-1 env broken: the histories of the training workflow,
+    of a completed and a failed TrajectoryWorkflow, and of a BatchRolloutWorkflow with some members failed."""
+    lake = frozenlake_task(group_size=2, max_turns=3)
+    found: dict[str, str] = {}
+    for mode in ("trajectory", "batch"):
+        spec = JobSpec(name="rec-ui", tasks=[lake], training=TrainingConfig(steps=2, batch_size=4, async_bound=1,
+                                                                            rollout_mode=mode))  # fmt: skip
+        job_id = f"rec-ui-{mode}-{uuid.uuid4().hex[:6]}"
+        async with standin_workers(client, StandIns(stagger=1, train_delay_s=0.05, fail_seeds={1})):
+            handle = await client.start_workflow(
+                "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
+                task_queue="control", result_type=TrainingResult,
+            )  # fmt: skip
+            await handle.result()
+        if mode == "trajectory":
+            found[TRAINING_UI_SUMMARY] = await _history_json(client, job_id)
+        for name, (wf_type, status) in UI_SUMMARY.items():
+            query = (f'WorkflowType="{wf_type}" AND RollartJobId="{job_id}" AND RollartStatus="{status}" '
+                     'AND ExecutionStatus="Completed"')  # fmt: skip
+            if wf := await _first(client, query):
+                found[name] = await _history_json(client, wf.id, wf.run_id)
+    return found
+
+
+async def _first(client: Client, query: str, wait_s: float = 10.0) -> WorkflowExecution | None:
+    """The first workflow the visibility query finds, waiting for visibility to catch up (it lags a little)."""
+    for _ in range(int(wait_s / 0.5)):
+        async for wf in client.list_workflows(query, limit=1):
+            return wf
+        await asyncio.sleep(0.5)
+    return None
 
 
 if __name__ == "__main__":
