@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import time
 from pathlib import Path
@@ -18,7 +19,9 @@ if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
     from temporalio.client import Client, WorkflowHandle
 
-__all__ = ["add_parser", "attach_command", "follow_job", "run"]
+__all__ = ["add_parser", "attach_command", "follow_job", "run", "write_run_report"]
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,14 +105,46 @@ async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_d
         await _leave(client, job, job_id, "interrupted", stop_on_exit=stop_on_exit, local=local)
         return 130
     except Exception as e:
-        if is_workflow_failure(e):
+        if is_workflow_failure(e):  # the job failed; its trajectories, on the server still, may tell why
+            await write_run_report(client, job, job_id, run_dir, ui)
             raise
         await _leave(client, job, job_id, f"failed ({type(e).__name__}: {e})", stop_on_exit=stop_on_exit, local=local)
+        await write_run_report(None, job, job_id, run_dir, ui,
+                               note=f"trajectories not loaded: the client failed ({type(e).__name__}: {e})")  # fmt: skip
         raise
     finally:
         writer.close()
     await _report(client, job_id, run_dir, result, writer)
+    await write_run_report(client, job, job_id, run_dir, ui, result=result)
     return 0
+
+
+async def write_run_report(client: Client | None, job: JobSpec, job_id: str, run_dir: Path, ui: str, *,
+                           result: TrainingResult | None = None, note: str | None = None) -> Path | None:  # fmt: skip
+    """`report.html` in the run dir, when there is anything to show (steps, or trajectories of a failed job).
+
+    Never fails the command: the run is what matters, so a report that cannot be built is logged and skipped,
+    and Ctrl-C while it is built skips only the report.
+    """
+    from rollart.cli.report import build_report
+    from rollart.client.report import write_report
+
+    try:
+        data = await build_report(job, job_id, run_dir, client=client, result=result, ui=ui or None, note=note)
+        if not data.metrics and not data.samples:
+            return None
+        path = write_report(data)
+    except asyncio.CancelledError:
+        if (task := asyncio.current_task()) is not None:
+            task.uncancel()  # the interrupt was meant for the report alone: the run itself is over
+        print("report: skipped (interrupted)", flush=True)
+        return None
+    except Exception as e:  # a broken report must never turn a finished run into a failed one
+        log.warning("the run report could not be written", exc_info=True)
+        print(f"report: not written ({type(e).__name__}: {e})", flush=True)
+        return None
+    print(f"report: {path}" + (f" ({data.note})" if data.note else ""), flush=True)
+    return path
 
 
 async def _leave(client: Client, job: JobSpec, job_id: str, why: str, *, stop_on_exit: bool, local: bool) -> None:

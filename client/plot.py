@@ -2,48 +2,66 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rollart.contracts.training import played_success
 from rollart.infra.history import busy_seconds
 
-__all__ = ["compare_runs", "plot_run"]
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["compare_runs", "learning_figure", "plot_run", "png_bytes", "read_jsonl", "timeline_figure", "train_figure"]
 
 POOL_ORDER = ["cpu", "h800", "h20", "serverless", "trainer"]
 
+# The trainer's scalars `train_figure` draws, in this order, when a run has them (`train` of a step record).
+TRAIN_METRICS = ("loss", "entropy", "kl", "grad_norm", "clip_frac", "lr", "is_truncated_frac", "adv_abs_mean")
 
-def _read_jsonl(path: Path) -> list[dict]:
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The rows of a run dir's JSON-lines file; none when it is missing. A last line cut short (a client that
+    died mid-write) is left out, as `MetricsWriter` leaves it out when it continues the file."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    try:
+        rows += [json.loads(line) for line in lines[-1:]]
+    except json.JSONDecodeError:
+        pass
+    return rows
 
 
-def plot_run(run_dir: Path) -> list[Path]:
-    """Write learning.png (reward/success vs step and vs wall time) and timeline.png; return their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    metrics = _read_jsonl(run_dir / "metrics.jsonl")
-    if not metrics:
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?")
-    written = [_plot_learning(metrics, run_dir / "learning.png")]
-    timeline = _read_jsonl(run_dir / "timeline.jsonl")
-    if timeline:
-        written.append(_plot_timeline(timeline, run_dir / "timeline.png"))
-    return written
-
-
-def compare_runs(run_dirs: list[Path], labels: list[str], out: Path, smooth: int = 5) -> Path:
-    """One PNG: success (moving average over `smooth` steps) of several runs vs step and vs wall time."""
+def _pyplot() -> Any:
+    """pyplot on the Agg backend: the plots are files, never windows (and need no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
+    return plt
+
+
+def plot_run(run_dir: Path) -> list[Path]:
+    """Write learning.png (reward/success vs step and vs wall time) and timeline.png; return their paths."""
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    if not metrics:
+        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?")
+    written = [_save(learning_figure(metrics, run_dir.name), run_dir / "learning.png")]
+    timeline = read_jsonl(run_dir / "timeline.jsonl")
+    if timeline:
+        written.append(_save(timeline_figure(timeline), run_dir / "timeline.png"))
+    return written
+
+
+def compare_runs(run_dirs: list[Path], labels: list[str], out: Path, smooth: int = 5) -> Path:
+    """One PNG: success (moving average over `smooth` steps) of several runs vs step and vs wall time."""
+    fig, axes = _pyplot().subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels)):
-        rows = _read_jsonl(run_dir / "metrics.jsonl")
+        rows = read_jsonl(run_dir / "metrics.jsonl")
         if not rows:
             raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?")
         success = _moving_mean([played_success(r) for r in rows], smooth)
@@ -54,11 +72,25 @@ def compare_runs(run_dirs: list[Path], labels: list[str], out: Path, smooth: int
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"success rate ({smooth}-step mean)")
     axes[0].legend(loc="upper left")
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, out)
+
+
+def _save(fig: Figure, out: Path) -> Path:
+    """The figure as a PNG at `out`, then closed (pyplot keeps every open figure alive)."""
+    fig.tight_layout()
     fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _pyplot().close(fig)
     return out
+
+
+def png_bytes(fig: Figure, dpi: int = 90) -> bytes:
+    """The figure as PNG bytes, then closed: for a page that carries its images inline."""
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=dpi)
+    _pyplot().close(fig)
+    return buf.getvalue()
 
 
 def _moving_mean(values: list[float], window: int) -> list[float]:
@@ -69,9 +101,9 @@ def _moving_mean(values: list[float], window: int) -> list[float]:
     return out
 
 
-def _plot_learning(rows: list[dict], out: Path) -> Path:
-    import matplotlib.pyplot as plt
-
+def learning_figure(rows: list[dict], name: str) -> Figure:
+    """Reward and success (each task's too, when there are several) vs step and vs wall time; the ledger on top."""
+    plt = _pyplot()
     steps = [r["step"] for r in rows]
     minutes = [r["elapsed_s"] / 60 for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
@@ -87,18 +119,15 @@ def _plot_learning(rows: list[dict], out: Path) -> Path:
     axes[0].set_ylabel("batch mean")
     axes[0].legend(loc="upper left")
     last = rows[-1]
-    fig.suptitle(f"{out.parent.name}: {len(rows)} steps, staleness mean {last['staleness_mean']:.2f}, "
+    fig.suptitle(f"{name}: {len(rows)} steps, staleness mean {last['staleness_mean']:.2f}, "
                  f"dropped {last['dropped']}, " + (f"filtered {last['filtered']}, " if last.get("filtered") else "")
                  + f"failed {last['failed']}")  # fmt: skip
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
 
 
-def _plot_timeline(rows: list[dict], out: Path) -> Path:
-    import matplotlib.pyplot as plt
-
+def timeline_figure(rows: list[dict]) -> Figure:
+    """One bar per pool: when it had at least one activity running, and its busy share of the whole run."""
+    plt = _pyplot()
     t0 = min(r["start"] for r in rows)
     t1 = max(r["end"] for r in rows)
     pools = [p for p in POOL_ORDER if any(r["pool"] == p for r in rows)]
@@ -112,7 +141,24 @@ def _plot_timeline(rows: list[dict], out: Path) -> Path:
     ax.set_yticks(range(len(pools)), pools)
     ax.set_xlabel("seconds since the first activity")
     ax.set_title("rollout timeline: when each pool had at least one activity running")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return fig
+
+
+def train_figure(rows: list[dict]) -> Figure | None:
+    """The trainer's scalars (loss, entropy, KL, grad norm, ...) vs step, one small panel each; None when the rows
+    carry none of them (a run of stand-in activities)."""
+    names = [m for m in TRAIN_METRICS if any(isinstance(r.get("train", {}).get(m), (int, float)) for r in rows)]
+    if not names:
+        return None
+    cols = min(4, len(names))
+    nrows = -(-len(names) // cols)
+    fig, axes = _pyplot().subplots(nrows, cols, figsize=(12, 2.6 * nrows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        points = [(r["step"], r["train"][name]) for r in rows if isinstance(r.get("train", {}).get(name), (int, float))]
+        ax.plot([s for s, _ in points], [v for _, v in points], color="tab:purple")
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("train step", fontsize=8)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    return fig

@@ -356,12 +356,16 @@ class TrajectoryRow:
     trajectory_id: str
     workflow_id: str
     task: str
-    status: str  # completed, failed (the episode, or its workflow), running
+    status: str  # completed, failed (the episode, or its workflow), cancelled (its workflow: the job ended), running
     reward: float | None = None
     success: bool | None = None
     turns: int | None = None
     versions: str = "-"
     error: str | None = None
+
+
+# A rollout workflow cancelled or terminated from outside: the training job ended (or was stopped) while it ran.
+_ENDED_BY_OTHERS = (WorkflowExecutionStatus.CANCELED, WorkflowExecutionStatus.TERMINATED)
 
 
 def job_query(job_id: str) -> str:
@@ -388,7 +392,8 @@ async def _rows(client: Client, wf: Any) -> list[TrajectoryRow]:
         rtype = TrajectoryResult if wf.workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         got = await client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=rtype).result()
         return [_row(r, wf.id) for r in (got if isinstance(got, list) else [got])]
-    status = "running" if wf.status == WorkflowExecutionStatus.RUNNING else "failed"
+    status = ("running" if wf.status == WorkflowExecutionStatus.RUNNING
+              else "cancelled" if wf.status in _ENDED_BY_OTHERS else "failed")  # fmt: skip
     task = wf.typed_search_attributes.get(TASK) or "?"
     return [TrajectoryRow(trajectory_id=wf.id, workflow_id=wf.id, task=task, status=status,
                           error=None if status == "running" else f"workflow {wf.status.name.lower()}")]  # fmt: skip

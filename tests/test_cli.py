@@ -25,7 +25,7 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
 @pytest.mark.parametrize(
     "command",
     [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"], ["k8s"],
-     ["k8s", "render"], ["k8s", "apply"], ["eval"], ["attach"], ["env-server"], ["show"], ["trajectories"]],
+     ["k8s", "render"], ["k8s", "apply"], ["eval"], ["attach"], ["env-server"], ["show"], ["trajectories"], ["report"]],
 )
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
