@@ -10,6 +10,7 @@ from rollart.cli.errors import UserError
 from rollart.cli.spec import load_spec
 
 if TYPE_CHECKING:
+    from rollart.infra.config import JobSpec
     from rollart.infra.k8s import Manifest
 
 __all__ = ["add_parser", "apply", "render"]
@@ -44,12 +45,14 @@ def _add_k8s_args(s: argparse.ArgumentParser) -> None:
 
 
 def render(args: argparse.Namespace) -> int:
-    """Write one YAML file per object, for review before `kubectl apply`."""
+    """Write one YAML file per object, for review before `kubectl apply`; say how to create the Temporal Secret."""
     from rollart.infra.k8s import write_manifests
 
-    manifests = _manifests(args)
-    for path in write_manifests(manifests, args.out):
+    job, manifests = _manifests(args)
+    paths = write_manifests(manifests, args.out)
+    for path in paths:
         print(f"wrote {path}")
+    _say_secret(job, f"kubectl apply -f {paths[0]}")
     print(f"inspect them, then `kubectl apply -f {args.out}` or `rollart k8s apply {args.job}`")
     return 0
 
@@ -58,7 +61,8 @@ def apply(args: argparse.Namespace) -> int:
     """Server-side dry-run every object, then apply them (unless --dry-run)."""
     from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
 
-    manifests = _manifests(args)
+    job, manifests = _manifests(args)
+    _say_secret(job, "`rollart k8s apply` creates it first")
     try:
         report = apply_manifests(connect(args.context), manifests, dry_run_only=args.dry_run)
     except ApplyError as e:
@@ -69,11 +73,24 @@ def apply(args: argparse.Namespace) -> int:
     return 0
 
 
-def _manifests(args: argparse.Namespace) -> list[Manifest]:
+def _say_secret(job: JobSpec, namespace_first: str) -> None:
+    """The job's Temporal TLS files and API key reach the pods through a Secret rollart does not write: how to make it."""
+    from rollart.infra.k8s import secret_command, temporal_secret_name
+
+    command = secret_command(job)
+    if command is None:
+        return
+    print(f"the pods read the job's Temporal credentials (temporal.tls files, temporal.api_key_env key) from Secret "
+          f"{temporal_secret_name(job)!r}, which is not rendered (it holds secrets): create it, once its namespace "
+          f"exists ({namespace_first}), from the files and variable on this machine with\n  {command}\n"
+          "(pods wait for it)")  # fmt: skip
+
+
+def _manifests(args: argparse.Namespace) -> tuple[JobSpec, list[Manifest]]:
     from rollart.infra.k8s import K8sRenderError, render
 
     job = load_spec(args.job, args)
     try:
-        return render(job)
+        return job, render(job)
     except (K8sRenderError, ValueError) as e:
         raise UserError(f"{args.job}: {e}") from e

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 Model = TypeVar("Model", bound="BaseModel")  # a job spec, or a worker's settings
 
-__all__ = ["FLAGS", "Flag", "add_temporal_args", "check_components", "default_job", "load_spec", "override",
-           "read_spec", "spec_overrides"]
+__all__ = ["FLAGS", "Flag", "add_temporal_args", "add_temporal_security_args", "check_components", "default_job",
+           "load_spec", "override", "read_spec", "spec_overrides"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,13 @@ FLAGS: dict[str, Flag] = {
     "temporal_address": Flag("--temporal-address", "temporal.address"),
     "namespace": Flag("--namespace", "temporal.namespace"),
     "task_queue_prefix": Flag("--task-queue-prefix", "temporal.task_queue_prefix"),
+    "temporal_tls": Flag("--temporal-tls", "temporal.tls", value=lambda _: {}),  # before the tls.* fields it holds
+    "temporal_tls_ca": Flag("--temporal-tls-ca", "temporal.tls.ca"),
+    "temporal_tls_cert": Flag("--temporal-tls-cert", "temporal.tls.cert"),
+    "temporal_tls_key": Flag("--temporal-tls-key", "temporal.tls.key"),
+    "temporal_tls_server_name": Flag("--temporal-tls-server-name", "temporal.tls.server_name"),
+    "temporal_api_key_env": Flag("--temporal-api-key-env", "temporal.api_key_env", expected="the NAME of an "
+                                 "environment variable holding the key (letters, digits, _), not the key itself"),
     "model_dir": Flag("--model-dir", "model_dir"),
     "engine": Flag("--engine", "engine.kind"),
     "store_path": Flag("--store-path", "store.path"),
@@ -63,11 +70,28 @@ FLAGS: dict[str, Flag] = {
 
 
 def add_temporal_args(s: argparse.ArgumentParser) -> None:
-    """--temporal-address and --namespace, for commands that reach a server named by the job or the flags."""
+    """--temporal-address, --namespace and the TLS flags, for commands that reach a server named by the job or the
+    flags."""
     s.add_argument("--temporal-address", metavar="HOST:PORT", help="an existing Temporal server (default: local)")
     s.add_argument("--namespace", help="Temporal namespace (default: the job's, else 'default')")
     s.add_argument("--task-queue-prefix", metavar="PREFIX",
                    help="prepended to every task queue (default: the job's temporal.task_queue_prefix, else none)")
+    add_temporal_security_args(s)
+
+
+def add_temporal_security_args(s: argparse.ArgumentParser) -> None:
+    """TLS and API-key flags (`temporal.tls`, `temporal.api_key_env`), for every command that connects to Temporal."""
+    g = s.add_argument_group("secured Temporal", "TLS and an API key, over the job's temporal.tls / temporal.api_key_env")
+    g.add_argument("--temporal-tls", action="store_true",
+                   help="TLS with this machine's trusted roots (implied by any --temporal-tls-* flag)")
+    g.add_argument("--temporal-tls-ca", type=Path, metavar="PEM",
+                   help="CA certificate the server's certificate is checked against (turns TLS on)")
+    g.add_argument("--temporal-tls-cert", type=Path, metavar="PEM", help="client certificate, for mTLS (with the key)")
+    g.add_argument("--temporal-tls-key", type=Path, metavar="PEM", help="the client certificate's private key")
+    g.add_argument("--temporal-tls-server-name", metavar="NAME",
+                   help="name the server's certificate must carry, also sent as SNI (default: the address's host)")
+    g.add_argument("--temporal-api-key-env", metavar="NAME",
+                   help="environment variable holding an API key for the server (turns TLS on)")
 
 
 def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:

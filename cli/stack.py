@@ -77,6 +77,12 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
         return
     from rollart.workers.local_stack import LocalStack, pools_for_job
 
+    if job.temporal.secured:  # the dev server has no TLS: a secured job without an address forgot it
+        fields = " and ".join(f for f, v in (("temporal.tls", job.temporal.tls),
+                                             ("temporal.api_key_env", job.temporal.api_key_env)) if v is not None)  # fmt: skip
+        raise UserError(f"{args.job}: {fields} {'are' if ' and ' in fields else 'is'} set but no server is named: "
+                        "set temporal.address (or pass --temporal-address); without one rollart starts a local dev "
+                        "server, which has no TLS")  # fmt: skip
     prepare_local_stack(job, str(args.job))
     stack = LocalStack(job=job, pools=stack_pools(pools_for_job(job, training=training), args), home=home(args),
                        port=args.port, ui_port=args.ui_port)  # fmt: skip

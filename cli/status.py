@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.cli.errors import UserError
-from rollart.cli.spec import load_spec
+from rollart.cli.spec import add_temporal_security_args, load_spec
 
 if TYPE_CHECKING:
     from rollart.client.connection import Outage
@@ -26,6 +26,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("job_id", help="the job id `rollart train` printed (= the TrainingWorkflow's id)")
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
     s.add_argument("--namespace", default="default", help="Temporal namespace")
+    add_temporal_security_args(s)
     s.add_argument("--store-path", type=Path, help="the job's local store, for payloads kept out of history "
                                                    "(default .rollart/store)")  # fmt: skip
     s.add_argument("--follow", action="store_true",

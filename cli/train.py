@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -164,9 +165,17 @@ async def _leave(client: Client, job: JobSpec, job_id: str, why: str, *, stop_on
 
 
 def attach_command(job: JobSpec, job_id: str) -> str:
-    """The command line that re-attaches to a job on the job's server."""
-    cmd = f"rollart attach {job_id} --temporal-address {job.temporal.address}"
-    return cmd + (f" --namespace {job.temporal.namespace}" if job.temporal.namespace != "default" else "")
+    """The command line that re-attaches to a job on the job's server (with its TLS and API-key settings)."""
+    t = job.temporal
+    cmd = f"rollart attach {job_id} --temporal-address {t.address}"
+    cmd += f" --namespace {t.namespace}" if t.namespace != "default" else ""
+    if t.tls is not None:
+        tls = t.tls
+        flags = (("--temporal-tls-ca", tls.ca), ("--temporal-tls-cert", tls.cert), ("--temporal-tls-key", tls.key),
+                 ("--temporal-tls-server-name", tls.server_name))  # fmt: skip
+        given = [(flag, value) for flag, value in flags if value is not None]
+        cmd += "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in given) if given else " --temporal-tls"
+    return cmd + (f" --temporal-api-key-env {t.api_key_env}" if t.api_key_env else "")
 
 
 def is_workflow_failure(e: BaseException) -> bool:

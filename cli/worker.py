@@ -55,14 +55,18 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--pool is required (one of control, cpu, h800, h20, serverless)")
         settings = worker_settings(args, read_spec(args.job) if args.job else None)
     from rollart.activities.training.devices import DeviceUnavailable
-    from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError
+    from rollart.infra.temporal import (
+        NamespaceNotFound,
+        TemporalAddressError,
+        TemporalSecurityError,
+    )
     from rollart.infra.waiting import DependencyTimeout
 
     try:
         return run_worker(settings)
     except DeviceUnavailable as e:
         raise UserError(f"the {settings.pool.value} worker cannot run on this machine: {e}") from e
-    except (NamespaceNotFound, TemporalAddressError) as e:
+    except (NamespaceNotFound, TemporalAddressError, TemporalSecurityError) as e:
         raise UserError(str(e)) from e
     except DependencyTimeout as e:
         print(f"error: {e}", file=sys.stderr)

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError, connect
+from rollart.infra.temporal_tls import TemporalSecurityError, is_tls_failure
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -31,8 +32,13 @@ _TRANSPORT_WORDS = ("transport error", "tcp connect error", "connection refused"
 
 
 def is_unreachable(e: BaseException) -> bool:
-    """True for errors that say the server could not be reached (retry), False for answers it gave (don't)."""
-    if isinstance(e, (TemporalAddressError, NamespaceNotFound)):  # the server answered, or cannot be one
+    """True for errors that say the server could not be reached (retry), False for answers it gave (don't).
+
+    A TLS handshake that failed, or credentials the server refused, is not an outage: waiting changes neither.
+    """
+    if isinstance(e, (TemporalAddressError, NamespaceNotFound, TemporalSecurityError)):  # an answer, or no server
+        return False
+    if is_tls_failure(str(e)):
         return False
     if isinstance(e, RPCError):
         return e.status in _UNREACHABLE or any(w in str(e).lower() for w in _TRANSPORT_WORDS)

@@ -44,6 +44,7 @@ __all__ = [
     "StoreConfig",
     "TaskSpec",
     "TemporalConfig",
+    "TemporalTLS",
     "TrainerConfig",
     "TrainingConfig",
     "WandbConfig",
@@ -266,10 +267,52 @@ class WorkerTuning(_Strict):
     determinism is guarded by the replay tests (tests/test_replay.py, under both) and the import contracts."""
 
 
+class TemporalTLS(_Strict):
+    """TLS to the Temporal server (`temporal.tls`): the CA that vouches for the server, and this client's certificate
+    for a server that asks for one (mTLS).
+
+    `tls: {}` (or `tls: true`) is TLS with this machine's trusted roots and no client certificate. The files are
+    read when a process connects (relative paths from its working directory), not when the spec is loaded: a job
+    rendered for Kubernetes names the paths inside the pods (`rollart k8s render` rewrites them).
+    """
+
+    ca: Path | None = Field(None, description="PEM file of the CA that signed the server's certificate "
+                                              "(default: this machine's trusted roots)")  # fmt: skip
+    cert: Path | None = Field(None, description="PEM file of this client's certificate (mTLS), with `key`")
+    key: Path | None = Field(None, description="PEM file of the private key of `cert`")
+    server_name: str | None = Field(
+        None, min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="the name the server's certificate must carry, also sent as SNI (default: the host of "
+        "temporal.address)",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _cert_with_key(self) -> TemporalTLS:
+        if (self.cert is None) != (self.key is None):
+            given, missing = ("cert", "key") if self.cert is not None else ("key", "cert")
+            raise ValueError(f"tls.{given} is set but tls.{missing} is not: a client certificate goes with its private "
+                             "key; set both (mTLS), or neither")  # fmt: skip
+        return self
+
+    def files(self) -> dict[str, Path]:
+        """The files it names, by field (`ca`, `cert`, `key`)."""
+        return {name: path for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key)) if path is not None}
+
+
 class TemporalConfig(_Strict):
-    """Where the Temporal server is. `address: null` means: start the local dev server."""
+    """Where the Temporal server is, and how to reach it securely. `address: null` means: start the local dev server.
+
+    `tls` and `api_key_env` are for a server named in `address` (the local dev server has no TLS); the API key
+    itself never goes in the spec, only the name of the environment variable that holds it.
+    """
 
     address: str | None = None
+    tls: TemporalTLS | None = Field(None, description="TLS to the server (see TemporalTLS); null: plain gRPC")
+    api_key_env: str | None = Field(
+        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128,
+        description="the environment variable holding an API key for the server, sent as `authorization: Bearer "
+        "KEY` on every call; it turns TLS on (this machine's trusted roots unless `tls` says otherwise)",
+    )  # fmt: skip
     namespace: str = "default"
     ui_port: int = Field(8233, ge=1, le=65535)
     task_queue_prefix: str = Field(
@@ -291,6 +334,23 @@ class TemporalConfig(_Strict):
         "refuses every start and the job would hang",
     )  # fmt: skip
     workers: WorkerTuning = Field(default_factory=WorkerTuning)
+
+    @field_validator("tls", mode="before")
+    @classmethod
+    def _tls_switch(cls, value: Any) -> Any:
+        """`tls: true` is TLS with the trusted roots (`tls: {}`); `tls: false` is none."""
+        if value is True:
+            return {}
+        return None if value is False else value
+
+    @property
+    def secured(self) -> bool:
+        """Whether connections to the server use TLS (set explicitly, or turned on by an API key)."""
+        return self.tls is not None or self.api_key_env is not None
+
+    def without_security(self) -> TemporalConfig:
+        """These settings without TLS and API key: for the local dev server, which has neither."""
+        return self.model_copy(update={"tls": None, "api_key_env": None})
 
 
 class MooncakeConfig(_Strict):

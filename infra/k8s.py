@@ -17,24 +17,32 @@ sends them. What gets rendered:
   headless Service: pod k is node rank k, and every node meets node 0 (pod 0) at its stable DNS
   name. A StatefulSet never runs two pods of one identity, so no rank is ever trained twice over;
 - each of the job's `env_servers` (an OpenEnv server, `rollart env-server`) as a Deployment and a
-  ClusterIP Service; the job's `openenv` tasks are pointed at the Service.
+  ClusterIP Service; the job's `openenv` tasks are pointed at the Service;
+- with `temporal.tls` or `temporal.api_key_env`: the pods mount the TLS files from a Secret (the job's paths
+  rewritten to the mount) and take the API key from it into `api_key_env`'s variable; KEDA gets them through a
+  TriggerAuthentication. The Secret is not rendered (its contents are not the job's): `secret_command` says
+  how to create it;
+- with a Mooncake store: NetworkPolicies that let only the pools' pods reach the Mooncake master and keeper pods
+  and the pools' own transfer-engine listeners.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
 import yaml
-from rollart.infra.config import EnvServerSpec, JobSpec
+from rollart.infra.config import EnvServerSpec, JobSpec, TemporalConfig
 from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
 __all__ = [
     "IMAGE_GID",
     "JOB_MOUNT",
+    "TEMPORAL_MOUNT",
     "K8sRenderError",
     "app_name",
     "cluster_job",
@@ -42,14 +50,18 @@ __all__ = [
     "env_server_service",
     "env_server_url",
     "job_configmap",
+    "mooncake_network_policies",
     "namespace_manifest",
     "pool_deployment",
     "render",
     "rendezvous_address",
     "resolved_pools",
     "scaled_object",
+    "secret_command",
     "serverless_hpa",
     "temporal_address",
+    "temporal_secret_name",
+    "temporal_trigger_auth",
     "trainer_service",
     "trainer_statefulset",
     "volume_claim",
@@ -58,6 +70,14 @@ __all__ = [
 
 JOB_MOUNT = "/etc/rollart"
 """Where the job ConfigMap is mounted; the spec itself is `JOB_MOUNT/job.yaml`."""
+
+TEMPORAL_MOUNT = "/etc/rollart-temporal"
+"""Where the Temporal Secret's TLS files are mounted (beside, not inside, the read-only job mount)."""
+
+SECRET_KEYS = {"ca": "ca.crt", "cert": "tls.crt", "key": "tls.key"}
+"""The Temporal Secret's key for each `temporal.tls` file; the API key is under `API_KEY_KEY`."""
+
+API_KEY_KEY = "api-key"
 
 IMAGE_GID = 10001
 """The group of the `rollart` user the images run as (docker/Dockerfile.*): pods mount volumes writable for it."""
@@ -82,7 +102,7 @@ def render(job: JobSpec) -> list[Manifest]:
     app = app_name(job)
     address = temporal_address(job)
     spec_yaml = _job_yaml(cluster_job(job))
-    manifests = [namespace_manifest(cfg), job_configmap(app, cfg, spec_yaml)]
+    manifests = [namespace_manifest(cfg), job_configmap(app, cfg, spec_yaml), *mooncake_network_policies(job)]
     if job.store.kind == "local":
         manifests.append(volume_claim(f"{app}-store", app, cfg, cfg.store_volume))
     pools = resolved_pools(job)
@@ -97,9 +117,12 @@ def render(job: JobSpec) -> list[Manifest]:
             manifests += [trainer_service(job), trainer_statefulset(job, resolved, address, digest)]
         else:
             manifests.append(pool_deployment(job, resolved, address, digest))
-    if pools[Pool.SERVERLESS].replicas:
-        scaler = scaled_object if cfg.serverless.keda else serverless_hpa
-        manifests.append(scaler(app, cfg, address, job.temporal.namespace))
+    if pools[Pool.SERVERLESS].replicas and cfg.serverless.keda:
+        auth = temporal_trigger_auth(job)
+        manifests += [auth] if auth else []
+        manifests.append(scaled_object(app, cfg, address, job.temporal.namespace, job.temporal if auth else None))
+    elif pools[Pool.SERVERLESS].replicas:
+        manifests.append(serverless_hpa(app, cfg, address, job.temporal.namespace))
     for server in job.env_servers:
         manifests += [env_server_service(job, server), env_server_deployment(job, server)]
     return manifests
@@ -140,6 +163,9 @@ def cluster_job(job: JobSpec) -> JobSpec:
         "temporal": job.temporal.model_copy(update={"address": temporal_address(job)}),
         "kubernetes": None,
     }
+    if job.temporal.tls is not None:  # the files are where the pods mount the Secret
+        files = {field: Path(f"{TEMPORAL_MOUNT}/{SECRET_KEYS[field]}") for field in job.temporal.tls.files()}
+        updates["temporal"] = updates["temporal"].model_copy(update={"tls": job.temporal.tls.model_copy(update=files)})
     if job.store.kind == "local":
         updates["store"] = job.store.model_copy(update={"path": Path(cfg.store_mount)})
     urls = {server.name: env_server_url(job, server) for server in job.env_servers}
@@ -241,9 +267,27 @@ def rendezvous_address(job: JobSpec) -> str:
     return f"{_trainer_name(app)}-0.{_trainer_name(app)}.{cfg.namespace}.svc.cluster.local:{cfg.rdzv_port}"
 
 
-def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str) -> Manifest:
-    """KEDA (v2.17+) scales the serverless Deployment on its Temporal activity backlog, down to 0 when idle."""
+def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str,
+                  secured: TemporalConfig | None = None) -> Manifest:  # fmt: skip
+    """KEDA (v2.17+) scales the serverless Deployment on its Temporal activity backlog, down to 0 when idle.
+
+    `secured`: the job's Temporal settings when they use TLS or an API key, which KEDA then takes from the
+    TriggerAuthentication `temporal_trigger_auth` renders (and the server name from the trigger).
+    """
     s = cfg.serverless
+    metadata = {
+        "endpoint": address,
+        "namespace": temporal_namespace,
+        "taskQueue": Pool.SERVERLESS.value,
+        "queueTypes": "activity",
+        "targetQueueSize": str(s.target_queue_size),
+        "activationTargetQueueSize": str(s.activation_queue_size),
+    }
+    trigger: dict[str, Any] = {"type": "temporal", "metadata": metadata}
+    if secured is not None:
+        trigger["authenticationRef"] = {"name": _trigger_auth_name(app)}
+        if secured.tls is not None and secured.tls.server_name:
+            metadata["tlsServerName"] = secured.tls.server_name
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -254,21 +298,90 @@ def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namesp
             "maxReplicaCount": s.max_replicas,
             "pollingInterval": s.polling_interval_s,
             "cooldownPeriod": s.cooldown_period_s,
-            "triggers": [
-                {
-                    "type": "temporal",
-                    "metadata": {
-                        "endpoint": address,
-                        "namespace": temporal_namespace,
-                        "taskQueue": Pool.SERVERLESS.value,
-                        "queueTypes": "activity",
-                        "targetQueueSize": str(s.target_queue_size),
-                        "activationTargetQueueSize": str(s.activation_queue_size),
-                    },
-                }
-            ],
+            "triggers": [trigger],
         },
     }
+
+
+def temporal_secret_name(job: JobSpec) -> str:
+    """The Secret holding the job's Temporal TLS files and API key: `kubernetes.temporal_secret`, else `<app>-temporal`."""
+    cfg = job.kubernetes or KubernetesConfig()
+    return cfg.temporal_secret or f"{app_name(job)}-temporal"
+
+
+def secret_command(job: JobSpec) -> str | None:
+    """The `kubectl create secret` line that makes the Temporal Secret from this machine's files and environment
+    (the job's `temporal.tls` paths as given, `$<api_key_env>`), or None when the job uses neither."""
+    t = job.temporal
+    if not t.secured:
+        return None
+    cfg = job.kubernetes or KubernetesConfig()
+    parts = [f"kubectl -n {cfg.namespace} create secret generic {temporal_secret_name(job)}"]
+    files = t.tls.files() if t.tls is not None else {}
+    parts += [f"--from-file={SECRET_KEYS[field]}={shlex.quote(str(path))}" for field, path in files.items()]
+    if t.api_key_env:
+        parts.append(f'--from-literal={API_KEY_KEY}="${t.api_key_env}"')
+    return " \\\n    ".join(parts)
+
+
+def temporal_trigger_auth(job: JobSpec) -> Manifest | None:
+    """KEDA's credentials for the job's Temporal server, from the Temporal Secret; None when the job uses none.
+
+    KEDA's temporal scaler speaks TLS only with an API key (and then trusts only the system's roots) or with a
+    client certificate (and then the CA given): other secured layouts could not scale, so they are refused.
+    """
+    t = job.temporal
+    if not t.secured:
+        return None
+    files = t.tls.files() if t.tls is not None else {}
+    if "cert" not in files and not t.api_key_env:
+        raise K8sRenderError(
+            "KEDA's temporal scaler uses TLS only with a client certificate or an API key, and the job has "
+            "temporal.tls without either: scale serverless with the CPU HPA (kubernetes.serverless.keda: false, "
+            "or --hpa), or give the scaler credentials (temporal.tls.cert/key or temporal.api_key_env)"
+        )
+    if "ca" in files and "cert" not in files:
+        raise K8sRenderError(
+            "KEDA's temporal scaler checks the server against the system's roots when it has only an API key, so "
+            "it cannot use temporal.tls.ca: give the job a client certificate too (temporal.tls.cert/key), or "
+            "scale serverless with the CPU HPA (kubernetes.serverless.keda: false, or --hpa)"
+        )
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    secret = temporal_secret_name(job)
+    refs = [{"parameter": field, "name": secret, "key": SECRET_KEYS[field]} for field in files]
+    if t.api_key_env:
+        refs.append({"parameter": "apiKey", "name": secret, "key": API_KEY_KEY})
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "TriggerAuthentication",
+        "metadata": _meta(_trigger_auth_name(app), app, cfg, Pool.SERVERLESS),
+        "spec": {"secretTargetRef": refs},
+    }
+
+
+def mooncake_network_policies(job: JobSpec) -> list[Manifest]:
+    """With a Mooncake store: only the job's pool pods (and the Mooncake pods) may reach the Mooncake master and
+    keeper pods (`kubernetes.mooncake.pod_labels`) or the pool pods themselves, whose transfer engines listen on
+    every interface. None with a local store or `kubernetes.mooncake.network_policy: false`."""
+    cfg = job.kubernetes or KubernetesConfig()
+    if job.store.kind != "mooncake" or not cfg.mooncake.network_policy:
+        return []
+    app = app_name(job)
+
+    def mooncake() -> dict[str, Any]:
+        return {"matchLabels": dict(cfg.mooncake.pod_labels)}
+
+    def policy(name: str, selector: dict[str, Any]) -> Manifest:
+        peers = [{"podSelector": _pools_selector(app)}, {"podSelector": mooncake()}]
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": _meta(name, app, cfg),
+            "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": [{"from": peers}]},
+        }
+
+    return [policy(f"{app}-mooncake-ingress", mooncake()), policy(f"{app}-pools-ingress", _pools_selector(app))]
 
 
 def serverless_hpa(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str) -> Manifest:
@@ -414,6 +527,16 @@ def _env_server_labels(app: str, server: EnvServerSpec) -> dict[str, str]:
     return {**_labels(app), "app.kubernetes.io/component": f"env-{server.name}"}
 
 
+def _pools_selector(app: str) -> dict[str, Any]:
+    """Every pool's pods of one app (workers and trainer nodes; not its env servers)."""
+    pools = {"key": "app.kubernetes.io/component", "operator": "In", "values": [p.value for p in WORKER_POOLS]}
+    return {"matchLabels": {"app.kubernetes.io/instance": app}, "matchExpressions": [pools]}
+
+
+def _trigger_auth_name(app: str) -> str:
+    return f"{app}-temporal"
+
+
 def _trainer_name(app: str) -> str:
     return f"{app}-{Pool.TRAINER.value}"
 
@@ -449,6 +572,7 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    _temporal_credentials(job, mounts, volumes, env)
     container: dict[str, Any] = {
         "name": "worker",
         "image": cfg.gpu_image if pool.gpus else cfg.image,  # `gpus: 0` runs the pool on CPUs: the CPU build
@@ -475,3 +599,18 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
     if pool.pool in GENERATION_POOLS:
         spec["terminationGracePeriodSeconds"] = _GENERATION_GRACE_S
     return spec
+
+
+def _temporal_credentials(job: JobSpec, mounts: list[dict[str, Any]], volumes: list[dict[str, Any]],
+                          env: list[dict[str, Any]]) -> None:  # fmt: skip
+    """The Temporal Secret in a pod: its TLS files at TEMPORAL_MOUNT (read-only, private), its API key in the
+    variable `temporal.api_key_env` names. A Secret without a key the job needs keeps the pod from starting."""
+    t = job.temporal
+    files = t.tls.files() if t.tls is not None else {}
+    secret = temporal_secret_name(job)
+    if files:
+        items = [{"key": SECRET_KEYS[field], "path": SECRET_KEYS[field]} for field in files]
+        mounts.append({"name": "temporal-tls", "mountPath": TEMPORAL_MOUNT, "readOnly": True})
+        volumes.append({"name": "temporal-tls", "secret": {"secretName": secret, "items": items, "defaultMode": 0o440}})
+    if t.api_key_env:
+        env.append({"name": t.api_key_env, "valueFrom": {"secretKeyRef": {"name": secret, "key": API_KEY_KEY}}})

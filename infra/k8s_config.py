@@ -26,6 +26,7 @@ __all__ = [
     "GPU_PRODUCT_LABEL",
     "JobNeeds",
     "KubernetesConfig",
+    "MooncakeNetwork",
     "PoolDeployment",
     "ResolvedPool",
     "Route",
@@ -184,6 +185,23 @@ class ServerlessScaling(_Strict):
         return self
 
 
+class MooncakeNetwork(_Strict):
+    """Who may reach Mooncake's listeners when the job's store is Mooncake: `rollart k8s render` then emits
+    NetworkPolicies that let only the job's pool pods (and the Mooncake pods themselves) in.
+
+    Mooncake's transfer engine listens on all interfaces in every process that uses the store (each worker, the
+    store keeper), on ports it picks at random; the master's RPC and metrics ports listen where it is told. One
+    policy covers the master and keeper pods, found by `pod_labels` in the job's namespace (label them so when
+    you run them there); another the pool pods, whose transfer engines listen too.
+    """
+
+    network_policy: bool = Field(True, description="emit the NetworkPolicies (needs a CNI that enforces them)")
+    pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "mooncake"}, min_length=1,
+        description="labels of the Mooncake master and store keeper pods (in the job's namespace)",
+    )  # fmt: skip
+
+
 class VolumeConfig(_Strict):
     """A PersistentVolumeClaim rollart creates (shared store, trainer run dir)."""
 
@@ -220,6 +238,12 @@ class KubernetesConfig(_Strict):
         description="the trainer's run dir: checkpoints and step records (default: 20Gi, ReadWriteOnce for one "
         "trainer node, ReadWriteMany for more: every node writes its ranks' checkpoint shards there)",
     )
+    temporal_secret: str | None = Field(
+        None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="the Secret the pods take temporal.tls's files and temporal.api_key_env's key from (keys ca.crt, "
+        "tls.crt, tls.key, api-key; default: <name>-temporal); `rollart k8s render` prints how to create it",
+    )  # fmt: skip
+    mooncake: MooncakeNetwork = Field(default_factory=MooncakeNetwork, description="NetworkPolicies for a Mooncake store")
     rdzv_port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="trainer node 0's rendezvous port")
     store_mount: str = Field("/var/lib/rollart/store", pattern=r"^/", description="where the store volume is mounted")
     runs_mount: str = Field("/var/lib/rollart/runs", pattern=r"^/", description="where the trainer's volume is mounted")

@@ -1,4 +1,5 @@
-"""Connecting to Temporal: one data converter (pydantic + external storage) for clients and workers alike."""
+"""Connecting to Temporal: one data converter (pydantic + external storage) for clients and workers alike, over
+TLS and with an API key when the job says so (infra/temporal_tls.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ from datetime import timedelta
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.payload_storage import external_storage
 from rollart.infra.store import open_store
+from rollart.infra.temporal_tls import (
+    TemporalSecurityError,
+    certificate_verdict,
+    client_credentials,
+    closed_connection_hint,
+    security_problem,
+)
 from rollart.infra.waiting import Backoff, wait_for
 from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 from temporalio.client import Client
@@ -18,8 +26,8 @@ from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["DEFAULT_ADDRESS", "NamespaceNotFound", "TemporalAddressError", "connect", "data_converter", "runtime",
-           "ui_url"]  # fmt: skip
+__all__ = ["DEFAULT_ADDRESS", "NamespaceNotFound", "TemporalAddressError", "TemporalSecurityError", "connect",
+           "data_converter", "runtime", "ui_url"]  # fmt: skip
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 
@@ -54,35 +62,51 @@ class NamespaceNotFound(ConnectionError):
 
 
 async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | None = None) -> Client:
-    """A client for the job's server (the local default when no address is set).
+    """A client for the job's server (the local default when no address is set), over TLS and with an API key
+    when the settings say so (`temporal.tls`, `temporal.api_key_env`).
 
     Without `wait` (clients) an unreachable server fails at once. With it (workers) a server that is
     down or still starting is waited for, with `wait`'s backoff and limit, while a malformed or
-    unresolvable address (`TemporalAddressError`) or a namespace the server lacks (`NamespaceNotFound`)
-    fails at once.
+    unresolvable address (`TemporalAddressError`), a namespace the server lacks (`NamespaceNotFound`), or
+    TLS and credentials that stand in the way (`TemporalSecurityError`: a certificate refused, a file that
+    cannot be read, an API key not set or not accepted) fail at once.
     """
     address = temporal.address or DEFAULT_ADDRESS
     _check_address(address)
     if wait is None:
         try:
-            return await Client.connect(address, namespace=temporal.namespace, data_converter=data_converter(store),
-                                        runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
+            return await _client(address, temporal, data_converter(store))
         except RuntimeError as e:
-            if "dns error" in str(e):
-                raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {e}") from e
             raise ConnectionError(
-                f"cannot reach the Temporal server at {address} (namespace {temporal.namespace!r}): {e}. "
-                "Start one with `rollart up`, or pass --temporal-address HOST:PORT."
+                f"cannot reach the Temporal server at {address} (namespace {temporal.namespace!r}): {e}"
+                f"{closed_connection_hint(str(e), temporal)}. Start one with `rollart up`, or pass "
+                "--temporal-address HOST:PORT."
             ) from e
     converter = data_converter(store)
 
     async def attempt() -> Client:
-        client = await Client.connect(address, namespace=temporal.namespace, data_converter=converter,
-                                      runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
-        await _check_namespace(client, address, temporal.namespace)
+        client = await _client(address, temporal, converter)
+        await _check_namespace(client, address, temporal)
         return client
 
-    return await wait_for(f"Temporal at {address}", attempt, lambda e: _transient(e, address), wait)
+    return await wait_for(f"Temporal at {address}", attempt, lambda e: _transient(e, address, temporal), wait)
+
+
+async def _client(address: str, temporal: TemporalConfig, converter: DataConverter) -> Client:
+    """`Client.connect` with the settings' TLS and API key; what stands in their way is a TemporalSecurityError."""
+    tls, api_key = client_credentials(temporal)
+    try:
+        return await Client.connect(address, namespace=temporal.namespace, data_converter=converter, tls=tls,
+                                    api_key=api_key, runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
+    except RuntimeError as e:
+        if "dns error" in str(e):
+            raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {e}") from e
+        problem = security_problem(e, address, temporal)
+        if problem is None and temporal.secured and closed_connection_hint(str(e), temporal):
+            problem = await certificate_verdict(address, temporal)  # closed at once: was it our certificate?
+        if problem:
+            raise TemporalSecurityError(problem) from e
+        raise
 
 
 def _check_address(address: str) -> None:
@@ -92,11 +116,15 @@ def _check_address(address: str) -> None:
         raise TemporalAddressError(f"bad Temporal address {address!r}: expected HOST:PORT (e.g. 127.0.0.1:7233)")
 
 
-async def _check_namespace(client: Client, address: str, namespace: str) -> None:
-    """Fail at once, naming it, when the server has no such namespace (Client.connect does not check)."""
+async def _check_namespace(client: Client, address: str, temporal: TemporalConfig) -> None:
+    """Fail at once, naming it, when the server has no such namespace or does not let this client in
+    (Client.connect checks neither)."""
+    namespace = temporal.namespace
     try:
         await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=namespace))
     except RPCError as e:
+        if problem := security_problem(e, address, temporal):
+            raise TemporalSecurityError(problem) from e
         if e.status is RPCStatusCode.NOT_FOUND:
             raise NamespaceNotFound(
                 f"the Temporal server at {address} has no namespace {namespace!r}: create it "
@@ -105,8 +133,11 @@ async def _check_namespace(client: Client, address: str, namespace: str) -> None
         raise
 
 
-def _transient(e: BaseException, address: str) -> str | None:
-    """Why `e` is worth waiting out (the server is down, starting or restarting), or None to fail now."""
+def _transient(e: BaseException, address: str, temporal: TemporalConfig | None = None) -> str | None:
+    """Why `e` is worth waiting out (the server is down, starting or restarting), or None to fail now.
+
+    TLS and credential failures never get here as RuntimeErrors: `_client` raises them as TemporalSecurityError.
+    """
     text = str(e)
     if isinstance(e, RPCError):
         return f"{e.status.name if e.status else 'error'}: {e.message}" if e.status in _TRANSIENT_RPC else None
@@ -114,11 +145,14 @@ def _transient(e: BaseException, address: str) -> str | None:
         return None
     if "dns error" in text:
         raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {text}") from e
+    temporal = temporal or TemporalConfig()
     for needle, why in (("ConnectionRefused", "connection refused"), ("Connection refused", "connection refused"),
                         ("ConnectionReset", "connection reset"), ("timed out", "timed out"),
-                        ("Unavailable", "unavailable"), ("tcp connect error", "cannot connect")):  # fmt: skip
+                        ("Unavailable", "unavailable"), ("tcp connect error", "cannot connect"),
+                        ("close_notify", "connection closed"), ("connection closed", "connection closed"),
+                        ("roken pipe", "connection closed")):  # fmt: skip
         if needle in text:
-            return why
+            return why + closed_connection_hint(text, temporal)
     return None
 
 

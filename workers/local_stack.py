@@ -87,8 +87,8 @@ class LocalStack:
 
     @property
     def temporal(self) -> TemporalConfig:
-        """The job's Temporal section pointed at this stack's server."""
-        return self.job.temporal.model_copy(update={"address": self.address})
+        """The job's Temporal section pointed at this stack's server (plain gRPC: the dev server has no TLS)."""
+        return self.job.temporal.without_security().model_copy(update={"address": self.address})
 
     @property
     def store(self) -> StoreConfig:

@@ -1,0 +1,221 @@
+"""Secured connections to Temporal: the TLS settings and API key a client presents, and refusals said in words.
+
+`client_credentials` reads what `temporal.tls` and `temporal.api_key_env` name when a process connects (a file
+that cannot be read, or an unset variable, is a `TemporalSecurityError` naming the field). `security_problem`
+turns what the SDK's core reports about a failed handshake or a refused credential (a rustls or tonic error
+text, or the server's UNAUTHENTICATED / PERMISSION_DENIED) into a sentence that says what is wrong and which
+setting fixes it; `certificate_verdict` asks the server again when the core saw only a closed connection. Such
+failures are not outages: waiting does not change a certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import ssl
+from pathlib import Path
+
+from rollart.infra.config import TemporalConfig
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
+
+__all__ = ["TemporalSecurityError", "certificate_verdict", "client_credentials", "closed_connection_hint",
+           "is_tls_failure", "security_problem"]  # fmt: skip
+
+
+class TemporalSecurityError(ConnectionError):
+    """TLS or credentials stand between this client and the server (an unreadable certificate file, an unset API
+    key variable, a certificate either side refused, a key the server rejected): waiting will not help."""
+
+
+def client_credentials(temporal: TemporalConfig) -> tuple[TLSConfig | None, str | None]:
+    """The `tls` and `api_key` arguments of `Client.connect` for these settings, read now.
+
+    No `tls` section gives None, which the SDK takes as plain gRPC, or as TLS with the trusted roots when an API
+    key is given.
+    """
+    tls = None
+    if temporal.tls is not None:
+        t = temporal.tls
+        tls = TLSConfig(server_root_ca_cert=_pem(t.ca, "ca"), client_cert=_pem(t.cert, "cert"),
+                        client_private_key=_pem(t.key, "key"), domain=t.server_name)  # fmt: skip
+    return tls, _api_key(temporal.api_key_env)
+
+
+def _pem(path: Path | None, field: str) -> bytes | None:
+    if path is None:
+        return None
+    try:
+        data = path.expanduser().read_bytes()
+    except OSError as e:
+        raise TemporalSecurityError(f"temporal.tls.{field}: cannot read {path}: {e.strerror or e}") from e
+    if b"-----BEGIN " not in data:
+        raise TemporalSecurityError(f"temporal.tls.{field}: {path} is not a PEM file (no '-----BEGIN' line)")
+    return data
+
+
+def _api_key(name: str | None) -> str | None:
+    if name is None:
+        return None
+    key = os.environ.get(name, "").strip()
+    if not key:
+        state = "empty" if name in os.environ else "not set"
+        raise TemporalSecurityError(f"temporal.api_key_env: the environment variable {name} is {state} in this "
+                                    f"process: export {name}=<the API key>, or remove api_key_env")  # fmt: skip
+    return key
+
+
+_ALERT = re.compile(r"received fatal alert: (\w+)|AlertReceived\((\w+)\)")
+_BAD_SERVER_CERT = re.compile(r"InvalidCertificate\((\w+)")
+_NAMES = re.compile(r'(?:DnsName|IpAddress)\(\\*"?([^"\\)]+)')
+_STATUS = re.compile(r"code: (Unauthenticated|PermissionDenied), message: \"((?:[^\"\\]|\\.)*)\"")
+_NOT_TLS = ("InvalidContentType", "InvalidMessage(", "CorruptMessage")
+_CLOSED = ("close_notify", "connection closed", "broken pipe", "Broken pipe", "BrokenPipe", "ConnectionReset",
+           "connection reset")
+
+# what a TLS alert from the server says about the client certificate it was shown
+_ALERT_MEANS = {
+    "UnknownCA": "it is not signed by a CA the server trusts",
+    "UnsupportedCertificate": "the server does not take it as a client certificate (does it carry the clientAuth "
+                              "extended key usage?)",
+    "CertificateExpired": "it has expired",
+    "CertificateRevoked": "it has been revoked",
+    "AccessDenied": "the server does not admit this client",
+}
+
+
+def is_tls_failure(text: str) -> bool:
+    """Whether an error text is a TLS handshake that failed (an alert, a certificate refused, not TLS at all)."""
+    return bool(_ALERT.search(text) or _BAD_SERVER_CERT.search(text)) or any(m in text for m in _NOT_TLS)
+
+
+def security_problem(error: BaseException, address: str, temporal: TemporalConfig) -> str | None:
+    """What `error` (from connecting to or calling the server at `address`) says is wrong with TLS or the
+    credentials, in words naming the settings that fix it; None when it is something else (e.g. an outage)."""
+    if isinstance(error, RPCError):
+        if error.status is RPCStatusCode.UNAUTHENTICATED:
+            return _refused_credentials(address, temporal, error.message, "Unauthenticated")
+        if error.status is RPCStatusCode.PERMISSION_DENIED:
+            return _refused_credentials(address, temporal, error.message, "PermissionDenied")
+    text = str(error)
+    if m := _STATUS.search(text):
+        return _refused_credentials(address, temporal, m.group(2), m.group(1))
+    if m := _ALERT.search(text):
+        return _alert(m.group(1) or m.group(2), address, temporal)
+    if m := _BAD_SERVER_CERT.search(text):
+        return _server_cert(m.group(1), text, address, temporal)
+    if any(marker in text for marker in _NOT_TLS):
+        return (f"the Temporal server at {address} did not answer the TLS handshake in TLS: it serves plain gRPC there, "
+                f"while {_why_tls(temporal)} turns TLS on: check the address, or connect without TLS")  # fmt: skip
+    return None
+
+
+async def certificate_verdict(address: str, temporal: TemporalConfig, timeout_s: float = 2.0) -> str | None:
+    """Why the server refuses this client's certificate (or its lack of one), in words; None when it does not.
+
+    The SDK's client cannot always tell: a TLS 1.3 client sends its first request with its last handshake
+    message, and when the server answers that with an alert and closes, the request often fails as a closed
+    connection, the alert unread. So shake hands once more with Python's own TLS and only listen: a server that
+    refuses the certificate says so with its alert; one that accepts it waits for the request (or sends its
+    HTTP/2 settings). The server's own certificate is not checked here: the SDK already did.
+    """
+    return await asyncio.to_thread(_listen_for_alert, address, temporal, timeout_s)
+
+
+# OpenSSL's names for the alerts a server sends about a client certificate, as rustls names them
+_OPENSSL_ALERTS = {
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "CertificateRequired", "TLSV1_ALERT_UNKNOWN_CA": "UnknownCA",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "BadCertificate", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "UnsupportedCertificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "CertificateExpired", "SSLV3_ALERT_CERTIFICATE_REVOKED": "CertificateRevoked",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "CertificateUnknown", "TLSV1_ALERT_ACCESS_DENIED": "AccessDenied",
+    "SSLV3_ALERT_HANDSHAKE_FAILURE": "HandshakeFailure", "TLSV1_ALERT_DECRYPT_ERROR": "DecryptError",
+}  # fmt: skip
+
+
+def _listen_for_alert(address: str, temporal: TemporalConfig, timeout_s: float) -> str | None:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    tls = temporal.tls
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE  # only the server's verdict on this client matters here
+    ctx.set_alpn_protocols(["h2"])
+    try:
+        if tls is not None and tls.cert is not None and tls.key is not None:
+            ctx.load_cert_chain(tls.cert.expanduser(), tls.key.expanduser())
+        with socket.create_connection((host, int(port)), timeout=timeout_s) as raw:
+            name = tls.server_name if tls is not None and tls.server_name else host
+            with ctx.wrap_socket(raw, server_hostname=name) as conn:
+                conn.recv(1)
+    except ssl.SSLError as e:
+        reason = e.reason or ""
+        if "ALERT" in reason:
+            return _alert(_OPENSSL_ALERTS.get(reason, reason), address, temporal)
+        return None
+    except (OSError, ValueError):  # no answer in time (it waits for the request), or no connection at all
+        return None
+    return None
+
+
+def closed_connection_hint(text: str, temporal: TemporalConfig) -> str:
+    """A hint for a server that closed the connection right after it was opened, which is what a server does to a
+    plain client when it requires TLS, or to a client whose certificate it refuses (or a server going down)."""
+    if "after connection" not in text or not any(c in text for c in _CLOSED):
+        return ""
+    if not temporal.secured:
+        return " (a server that requires TLS closes plain connections like this: if it does, set temporal.tls)"
+    return (" (a server that refuses a client's certificate may close the connection like this: check "
+            "temporal.tls.cert and temporal.tls.key)")  # fmt: skip
+
+
+def _why_tls(temporal: TemporalConfig) -> str:
+    return "temporal.tls" if temporal.tls is not None else f"temporal.api_key_env ({temporal.api_key_env})"
+
+
+def _alert(alert: str, address: str, temporal: TemporalConfig) -> str:
+    """The server ended the handshake with `alert`: almost always about the client certificate."""
+    cert = temporal.tls.cert if temporal.tls is not None else None
+    if cert is None:
+        if alert in ("CertificateRequired", "BadCertificate", "CertificateUnknown", "HandshakeFailure"):
+            return (f"the Temporal server at {address} requires a client certificate (TLS alert {alert}): set "
+                    "temporal.tls.cert and temporal.tls.key (--temporal-tls-cert, --temporal-tls-key)")  # fmt: skip
+        return f"the TLS handshake with the Temporal server at {address} failed: the server sent alert {alert}"
+    means = _ALERT_MEANS.get(alert)
+    return (f"the Temporal server at {address} refused this client's certificate (temporal.tls.cert {cert}): TLS "
+            f"alert {alert}" + (f"; {means}" if means else ""))  # fmt: skip
+
+
+def _server_cert(reason: str, text: str, address: str, temporal: TemporalConfig) -> str:
+    """This client refused the server's certificate for `reason` (a rustls CertificateError variant)."""
+    ca = temporal.tls.ca if temporal.tls is not None else None
+    if reason == "UnknownIssuer":
+        if ca is None:
+            return (f"the Temporal server at {address} presented a certificate no CA this machine trusts has signed: "
+                    "set temporal.tls.ca (--temporal-tls-ca) to the PEM file of the CA that signed it")  # fmt: skip
+        return (f"the Temporal server at {address} presented a certificate not signed by the CA in temporal.tls.ca "
+                f"({ca}): point it at the CA that signed the server's certificate")  # fmt: skip
+    if reason.startswith("NotValidForName"):
+        names = _NAMES.findall(text)
+        wanted, carried = (names[0], names[1:]) if names else ("?", [])
+        return (f"the Temporal server at {address} presented a certificate for {', '.join(carried) or 'other names'}, "
+                f"not for {wanted}: set temporal.tls.server_name to a name it carries, or dial it by one")  # fmt: skip
+    if reason == "Expired":
+        return f"the Temporal server at {address} presented an expired certificate"
+    if reason == "NotValidYet":
+        return f"the Temporal server at {address} presented a certificate not valid yet (are the clocks right?)"
+    return f"the Temporal server at {address} presented a certificate this client refused: {reason}"
+
+
+def _refused_credentials(address: str, temporal: TemporalConfig, message: str, code: str) -> str:
+    shown = []
+    if temporal.api_key_env:
+        shown.append(f"the API key in ${temporal.api_key_env}")
+    if temporal.tls is not None and temporal.tls.cert is not None:
+        shown.append(f"the client certificate {temporal.tls.cert}")
+    credentials = " and ".join(shown) or "a client without credentials"
+    no_key = "" if temporal.api_key_env else " (no API key was sent: temporal.api_key_env names the variable holding one)"
+    if code == "PermissionDenied":
+        return (f"the Temporal server at {address} denied this client access to namespace {temporal.namespace!r} "
+                f"({message or code}); it was shown {credentials}{no_key}")  # fmt: skip
+    return f"the Temporal server at {address} did not accept {credentials}: {message or code}{no_key}"

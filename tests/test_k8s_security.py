@@ -1,0 +1,241 @@
+"""Kubernetes manifests of a secured job: Temporal TLS files and API key from a Secret, KEDA's credentials, and the
+NetworkPolicies that keep Mooncake's listeners inside the job.
+
+Core objects are checked with kubernetes-validate (Kubernetes 1.30, offline), KEDA's CRDs structurally, as in
+tests/test_k8s.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from rollart.cli.main import build_parser
+from rollart.infra.config import JobSpec, JobSpecError, load_job
+from rollart.infra.k8s import K8sRenderError, Manifest, render, secret_command
+from rollart.infra.pools import WORKER_POOLS
+
+from tests.support.paths import REPO
+
+K8S_VERSION = "1.30.0"
+EXAMPLES = REPO / "examples"
+TEMPORAL = {"address": "temporal.prod.example:7233", "api_key_env": "TEMPORAL_API_KEY",
+            "tls": {"ca": "certs/ca.pem", "cert": "certs/client.pem", "key": "certs/client.key",
+                    "server_name": "temporal.prod.example"}}  # fmt: skip
+MOONCAKE = {"kind": "mooncake", "mooncake": {"master": "mooncake-master.rollart.svc.cluster.local:50051"}}
+
+
+def secured(example: str = "multitask", temporal: dict[str, Any] | None = None, **sections: Any) -> JobSpec:
+    return load_job(EXAMPLES / f"{example}.yaml", {"temporal": temporal or TEMPORAL, **sections})
+
+
+def workloads(manifests: list[Manifest]) -> dict[str, Manifest]:
+    return {m["metadata"]["name"]: m for m in manifests if m["kind"] in ("Deployment", "StatefulSet")}
+
+
+def pod(workload: Manifest) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def of_kind(manifests: list[Manifest], kind: str) -> list[Manifest]:
+    return [m for m in manifests if m["kind"] == kind]
+
+
+def validate(manifests: list[Manifest]) -> None:
+    for m in manifests:
+        if not m["apiVersion"].startswith("keda.sh/"):
+            kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector (matchLabels, matchExpressions with In) picks a pod with `labels`."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        assert e["operator"] == "In"
+        if labels.get(e["key"]) not in e["values"]:
+            return False
+    return True
+
+
+# ---------------------------------------------------------------- Temporal TLS and API key
+
+
+def test_every_pool_pod_mounts_the_tls_files_and_gets_the_api_key_from_the_secret() -> None:
+    manifests = render(secured())
+    validate(manifests)
+    pools = workloads(manifests)
+    assert set(pools) == {"multitask-control", "multitask-cpu", "multitask-h800", "multitask-h20",
+                          "multitask-serverless", "multitask-trainer"}  # fmt: skip
+    for name, w in pools.items():
+        spec = pod(w)
+        (volume,) = [v for v in spec["volumes"] if v["name"] == "temporal-tls"]
+        assert volume["secret"] == {"secretName": "multitask-temporal", "defaultMode": 0o440,
+                                    "items": [{"key": "ca.crt", "path": "ca.crt"}, {"key": "tls.crt", "path": "tls.crt"},
+                                              {"key": "tls.key", "path": "tls.key"}]}, name  # fmt: skip
+        (c,) = spec["containers"]
+        assert {"name": "temporal-tls", "mountPath": "/etc/rollart-temporal", "readOnly": True} in c["volumeMounts"]
+        assert {"name": "TEMPORAL_API_KEY", "valueFrom": {"secretKeyRef": {"name": "multitask-temporal",
+                                                                           "key": "api-key"}}} in c["env"]  # fmt: skip
+        assert spec["securityContext"]["fsGroup"] == 10001  # the files are group-readable for the image's user
+    # the pods' job names the mounted files; it loads there as it is
+    (configmap,) = of_kind(manifests, "ConfigMap")
+    pods_job = JobSpec.model_validate(yaml.safe_load(configmap["data"]["job.yaml"]))
+    tls = pods_job.temporal.tls
+    assert (tls.ca, tls.cert, tls.key) == (Path("/etc/rollart-temporal/ca.crt"), Path("/etc/rollart-temporal/tls.crt"),
+                                           Path("/etc/rollart-temporal/tls.key"))  # fmt: skip
+    assert tls.server_name == "temporal.prod.example" and pods_job.temporal.api_key_env == "TEMPORAL_API_KEY"
+    assert "certs/" not in configmap["data"]["job.yaml"] and "Secret" not in {m["kind"] for m in manifests}
+
+
+def test_only_the_files_the_job_names_are_mounted_and_env_servers_get_none() -> None:
+    manifests = render(secured("openenv", {"address": "t.example:7233", "tls": {"ca": "ca.pem"}},
+                               kubernetes={"serverless": {"keda": False}}))  # fmt: skip
+    validate(manifests)
+    for name, w in workloads(manifests).items():
+        volumes = {v["name"]: v for v in pod(w).get("volumes", [])}
+        if "-env-" in name:  # an env server never talks to Temporal
+            assert "temporal-tls" not in volumes
+            continue
+        assert volumes["temporal-tls"]["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}]
+        assert all("valueFrom" not in e for e in pod(w)["containers"][0]["env"] if e["name"] != "POD_INDEX")
+
+
+def test_an_api_key_alone_is_an_env_var_and_no_volume() -> None:
+    manifests = render(secured("frozenlake", {"address": "ns.acct.tmprl.cloud:7233", "api_key_env": "TEMPORAL_API_KEY"}))
+    for w in workloads(manifests).values():
+        assert "temporal-tls" not in {v["name"] for v in pod(w)["volumes"]}
+        assert any(e["name"] == "TEMPORAL_API_KEY" for e in pod(w)["containers"][0]["env"])
+    (auth,) = of_kind(manifests, "TriggerAuthentication")
+    assert auth["spec"]["secretTargetRef"] == [{"parameter": "apiKey", "name": "frozenlake-temporal", "key": "api-key"}]
+
+
+def test_the_secret_name_is_set_in_the_kubernetes_section_and_the_command_creates_it() -> None:
+    job = secured(kubernetes={"namespace": "rl-team", "temporal_secret": "temporal-prod-creds"})
+    manifests = render(job)
+    names = {v["secret"]["secretName"] for w in workloads(manifests).values() for v in pod(w)["volumes"] if "secret" in v}
+    keys = {e["valueFrom"]["secretKeyRef"]["name"] for w in workloads(manifests).values()
+            for e in pod(w)["containers"][0]["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}  # fmt: skip
+    (auth,) = of_kind(manifests, "TriggerAuthentication")
+    assert names == keys == {r["name"] for r in auth["spec"]["secretTargetRef"]} == {"temporal-prod-creds"}
+    assert secret_command(job) == (
+        "kubectl -n rl-team create secret generic temporal-prod-creds \\\n"
+        "    --from-file=ca.crt=certs/ca.pem \\\n"
+        "    --from-file=tls.crt=certs/client.pem \\\n"
+        "    --from-file=tls.key=certs/client.key \\\n"
+        '    --from-literal=api-key="$TEMPORAL_API_KEY"'
+    )
+    assert secret_command(load_job(EXAMPLES / "multitask.yaml")) is None
+
+
+def test_keda_gets_the_credentials_through_a_trigger_authentication() -> None:
+    manifests = render(secured())
+    (auth,) = of_kind(manifests, "TriggerAuthentication")
+    (scaler,) = of_kind(manifests, "ScaledObject")
+    assert [m["kind"] for m in manifests].index("TriggerAuthentication") < [m["kind"] for m in manifests].index("ScaledObject")
+    assert auth["apiVersion"] == "keda.sh/v1alpha1" and auth["metadata"]["namespace"] == "rollart"
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "ca", "name": "multitask-temporal", "key": "ca.crt"},
+        {"parameter": "cert", "name": "multitask-temporal", "key": "tls.crt"},
+        {"parameter": "key", "name": "multitask-temporal", "key": "tls.key"},
+        {"parameter": "apiKey", "name": "multitask-temporal", "key": "api-key"},
+    ]
+    (trigger,) = scaler["spec"]["triggers"]
+    assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    assert trigger["metadata"]["tlsServerName"] == "temporal.prod.example"
+    assert trigger["metadata"]["endpoint"] == "temporal.prod.example:7233"
+    plain = render(load_job(EXAMPLES / "multitask.yaml"))  # no credentials: no TriggerAuthentication, no reference
+    assert not of_kind(plain, "TriggerAuthentication")
+    assert "authenticationRef" not in of_kind(plain, "ScaledObject")[0]["spec"]["triggers"][0]
+
+
+@pytest.mark.parametrize(("temporal", "expected"), [
+    ({"tls": {"ca": "ca.pem"}}, "KEDA's temporal scaler uses TLS only with a client certificate or an API key"),
+    ({"tls": {"ca": "ca.pem"}, "api_key_env": "K"}, "cannot use temporal.tls.ca: give the job a client certificate"),
+])  # fmt: skip
+def test_credentials_keda_cannot_use_are_refused_unless_the_hpa_scales(temporal: dict, expected: str) -> None:
+    job = secured(temporal={"address": "t.example:7233", **temporal})
+    with pytest.raises(K8sRenderError, match=expected) as e:
+        render(job)
+    assert "--hpa" in str(e.value)
+    hpa = render(secured(temporal={"address": "t.example:7233", **temporal}, kubernetes={"serverless": {"keda": False}}))
+    assert of_kind(hpa, "HorizontalPodAutoscaler") and not of_kind(hpa, "TriggerAuthentication")
+    validate(hpa)
+
+
+def test_render_prints_how_to_create_the_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = yaml.safe_load((EXAMPLES / "frozenlake.yaml").read_text())
+    raw["temporal"] = {"address": "t.example:7233", "tls": {"ca": "certs/ca.pem", "cert": "certs/c.pem",
+                                                             "key": "certs/c.key"}}  # fmt: skip
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    args = build_parser().parse_args(["k8s", "render", str(path), "-o", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "from Secret 'frozenlake-temporal', which is not rendered" in out
+    assert f"once its namespace exists (kubectl apply -f {tmp_path}/out/00-namespace-rollart.yaml)" in out
+    assert ("  kubectl -n rollart create secret generic frozenlake-temporal \\\n    --from-file=ca.crt=certs/ca.pem \\\n"
+            "    --from-file=tls.crt=certs/c.pem \\\n    --from-file=tls.key=certs/c.key\n") in out  # fmt: skip
+    raw.pop("temporal")
+    path.write_text(yaml.safe_dump(raw))
+    assert args.func(args) == 0 and "Secret" not in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- Mooncake's listeners stay inside the job
+
+
+def test_a_mooncake_store_gets_network_policies_letting_only_the_pools_in() -> None:
+    job = secured("openenv", {"address": "t.example:7233"}, store=MOONCAKE)
+    manifests = render(job)
+    validate(manifests)
+    policies = {m["metadata"]["name"]: m["spec"] for m in of_kind(manifests, "NetworkPolicy")}
+    assert set(policies) == {"openenv-mooncake-ingress", "openenv-pools-ingress"}
+    kinds = [m["kind"] for m in manifests]
+    assert kinds.index("NetworkPolicy") < kinds.index("Deployment")  # in place before any pod starts
+    mooncake_pod = {"app.kubernetes.io/name": "mooncake", "app.kubernetes.io/component": "master"}
+    pool_pods = {name: w["spec"]["template"]["metadata"]["labels"] for name, w in workloads(manifests).items()}
+    env_server = pool_pods.pop("openenv-env-frozenlake")
+    assert {p.removeprefix("openenv-") for p in pool_pods} == {"control", "cpu", "h800", "serverless", "trainer"}
+    for name, spec in policies.items():
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        assert "ports" not in rule  # every port: the transfer engines' are picked at random
+        allowed = [peer["podSelector"] for peer in rule["from"]]
+        assert all(set(peer) == {"podSelector"} for peer in rule["from"])  # pods of this namespace only
+        for labels in [*pool_pods.values(), mooncake_pod]:  # the pools' pods and the Mooncake pods may connect...
+            assert any(selects(s, labels) for s in allowed), (name, labels)
+        for labels in (env_server, {"app": "something-else"}, {**mooncake_pod, "app.kubernetes.io/name": "other"}):
+            assert not any(selects(s, labels) for s in allowed), (name, labels)  # ...nobody else
+    assert selects(policies["openenv-mooncake-ingress"]["podSelector"], mooncake_pod)
+    assert all(selects(policies["openenv-pools-ingress"]["podSelector"], labels) for labels in pool_pods.values())
+    assert not selects(policies["openenv-pools-ingress"]["podSelector"], env_server)
+    assert {v for e in policies["openenv-pools-ingress"]["podSelector"]["matchExpressions"] for v in e["values"]} == {
+        p.value for p in WORKER_POOLS}
+
+
+def test_the_mooncake_pod_labels_are_configurable_and_the_policies_can_be_left_out() -> None:
+    section = {"mooncake": {"pod_labels": {"app": "mooncake", "tier": "store"}}}
+    manifests = render(secured("frozenlake", {"address": "t.example:7233"}, store=MOONCAKE, kubernetes=section))
+    policy = next(m for m in of_kind(manifests, "NetworkPolicy") if m["metadata"]["name"].endswith("-mooncake-ingress"))
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"app": "mooncake", "tier": "store"}}
+    off = {"mooncake": {"network_policy": False}}
+    assert not of_kind(render(secured("frozenlake", {"address": "t.example:7233"}, store=MOONCAKE, kubernetes=off)),
+                       "NetworkPolicy")  # fmt: skip
+    assert not of_kind(render(load_job(EXAMPLES / "frozenlake.yaml")), "NetworkPolicy")  # a local store: nothing listens
+    with pytest.raises(JobSpecError, match="kubernetes.mooncake.pod_labels"):  # {} would select every pod
+        secured("frozenlake", {"address": "t.example:7233"}, kubernetes={"mooncake": {"pod_labels": {}}})
+
+
+def test_the_readme_secured_connections_example_loads_and_renders_its_secret_command() -> None:
+    """The README's `temporal:` example is a valid section, and its kubectl line is the one the render prints."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Secured connections", 1)[1].split("\n## ", 1)[0]
+    block = next(b for b in section.split("```yaml\n")[1:] if b.startswith("temporal:")).split("```", 1)[0]
+    job = load_job(EXAMPLES / "multitask.yaml", yaml.safe_load(block))
+    assert job.temporal.tls.server_name == "temporal.prod.example" and job.temporal.api_key_env == "TEMPORAL_API_KEY"
+    validate(render(job))
+    kubectl = next(b for b in section.split("```bash\n")[1:] if b.startswith("kubectl")).split("```", 1)[0]
+    assert kubectl.strip() == secret_command(job)
