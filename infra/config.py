@@ -45,6 +45,7 @@ __all__ = [
     "TaskSpec",
     "TemporalConfig",
     "TemporalTLS",
+    "TracingConfig",
     "TrainerConfig",
     "TrainingConfig",
     "WandbConfig",
@@ -267,6 +268,19 @@ class WorkerTuning(_Strict):
     determinism is guarded by the replay tests (tests/test_replay.py, under both) and the import contracts."""
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces of workflows and activities (`temporal.tracing`), through temporalio's contrib
+    `TracingInterceptor`: every process that connects exports spans over OTLP to `endpoint` (a collector, Jaeger,
+    Tempo, ...), tagged with its `service_name` and host."""
+
+    endpoint: str = Field(
+        ..., pattern=r"^https?://[^\s/]+(/.*)?$",
+        description="the collector's OTLP address: http://HOST:4317 (gRPC) or http://HOST:4318 (HTTP)",
+    )  # fmt: skip
+    protocol: Literal["grpc", "http"] = "grpc"
+    service_name: str = Field("rollart", min_length=1, max_length=128)
+
+
 class TemporalTLS(_Strict):
     """TLS to the Temporal server (`temporal.tls`): the CA that vouches for the server, and this client's certificate
     for a server that asks for one (mTLS).
@@ -334,6 +348,8 @@ class TemporalConfig(_Strict):
         "refuses every start and the job would hang",
     )  # fmt: skip
     workers: WorkerTuning = Field(default_factory=WorkerTuning)
+    tracing: TracingConfig | None = Field(None, description="OpenTelemetry traces of workflows and activities "
+                                                            "(see TracingConfig); null: none")  # fmt: skip
 
     @field_validator("tls", mode="before")
     @classmethod

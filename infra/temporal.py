@@ -97,7 +97,8 @@ async def _client(address: str, temporal: TemporalConfig, converter: DataConvert
     tls, api_key = client_credentials(temporal)
     try:
         return await Client.connect(address, namespace=temporal.namespace, data_converter=converter, tls=tls,
-                                    api_key=api_key, runtime=runtime(temporal.worker_heartbeat_s))  # fmt: skip
+                                    api_key=api_key, runtime=runtime(temporal.worker_heartbeat_s),
+                                    interceptors=_interceptors(temporal))  # fmt: skip
     except RuntimeError as e:
         if "dns error" in str(e):
             raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {e}") from e
@@ -107,6 +108,15 @@ async def _client(address: str, temporal: TemporalConfig, converter: DataConvert
         if problem:
             raise TemporalSecurityError(problem) from e
         raise
+
+
+def _interceptors(temporal: TemporalConfig) -> list:
+    """OpenTelemetry tracing when the job asks for it (imported only then: infra/tracing.py)."""
+    if temporal.tracing is None:
+        return []
+    from rollart.infra.tracing import tracing_interceptors
+
+    return tracing_interceptors(temporal.tracing)
 
 
 def _check_address(address: str) -> None:
