@@ -470,6 +470,10 @@ class LossConfig(_Strict):
     normalize_advantage_std: bool = True
     """GRPO advantages divided by their group's reward std (GRPO); False keeps the raw difference from the
     group mean (Dr. GRPO), which does not up-weight groups whose rewards barely differ."""
+    advantage_std_floor: float = Field(0.0, ge=0.0)
+    """With `normalize_advantage_std`, the group std is taken as at least this: a group whose rewards differ by
+    less (one member straying a little from a route all the others follow) gets advantages in proportion, not
+    blown up to ±1 std. E.g. 0.1 for rewards on a 0–1 scale; 0: plain GRPO."""
 
     @model_validator(mode="after")
     def _entropy_start_within_its_cap(self) -> LossConfig:

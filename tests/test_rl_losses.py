@@ -44,6 +44,19 @@ def test_grpo_advantages_by_hand() -> None:
         grpo_advantages([1.0], ["a", "b"])
 
 
+def test_a_std_floor_keeps_tiny_differences_tiny_and_real_ones_normalised() -> None:
+    """A group on one route where one member strays and scores 0.01 less: plain GRPO makes that a -2.6 std
+    advantage, as strong as a failure; a floor of 0.1 keeps it at ~-0.09. A group whose rewards differ by
+    more than the floor is normalised as before."""
+    route = [0.43] * 7 + [0.42]
+    plain = grpo_advantages(route, ["g"] * 8)
+    floored = grpo_advantages(route, ["g"] * 8, std_floor=0.1)
+    assert plain[-1] == pytest.approx(-math.sqrt(7), rel=1e-3)  # -(7/8 · 0.01) / (0.01 · √7/8)
+    assert floored[-1] == pytest.approx(-0.00875 / 0.1, rel=1e-3) and floored[0] == pytest.approx(0.00125 / 0.1, rel=1e-3)
+    real = [1.1, 0.43, 0.43, 0.43]
+    assert grpo_advantages(real, ["h"] * 4, std_floor=0.1) == pytest.approx(grpo_advantages(real, ["h"] * 4))
+
+
 # ---- PPO-clip surrogate -----------------------------------------------------------------------
 
 

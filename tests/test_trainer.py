@@ -351,3 +351,15 @@ async def test_bf16_trains_with_fp32_masters_and_checkpointing_keeps_the_step(ti
     assert all(t.dtype == torch.float32 for t in bf16.values())
     assert max(float((plain[k] - bf16[k]).abs().max()) for k in plain) < 0.05  # bf16 rounding, same update
     assert results["bf16"].metrics["loss"] == pytest.approx(results["plain"].metrics["loss"], abs=0.05)
+
+
+async def test_the_advantage_std_floor_reaches_the_step(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """`advantage_std_floor` above every group's std: the step's advantages are the raw differences / the floor."""
+    from rollart.activities.rl.advantages import grpo_advantages
+
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    raw = grpo_advantages([s.reward for s in samples], [s.group_id for s in samples], normalize_std=False)
+    inp = step_input(tiny_model, tmp_path / "run", 0, samples, loss=LossConfig(advantage_std_floor=10.0))
+    metrics = (await ActivityEnvironment().run(TrainerActivities(store).train_step, inp)).metrics
+    assert any(raw) and metrics["adv_abs_mean"] == pytest.approx(sum(map(abs, raw)) / len(raw) / 10.0, rel=1e-4)

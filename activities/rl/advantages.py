@@ -26,16 +26,20 @@ def grpo_advantages(
     group_ids: Sequence[Hashable],
     *,
     normalize_std: bool = True,
+    std_floor: float = 0.0,
     eps: float = 1e-6,
 ) -> list[float]:
-    """A_i = (r_i − mean of i's group) / (population std of the group + eps).
+    """A_i = (r_i − mean of i's group) / (max(population std of the group, std_floor) + eps).
 
     Why groups: samples of the same prompt are each other's baseline, so no
     value model is needed. A group of one member has no baseline, and a group
     whose rewards are all equal says nothing about which sample was better:
     both get advantage 0 (exactly, not eps-noise). `normalize_std=False` keeps
     the raw difference from the mean (Dr. GRPO), which avoids up-weighting
-    groups that differ only by tiny reward noise.
+    groups that differ only by tiny reward noise. `std_floor` keeps the division for groups whose rewards
+    really differ but stops it from blowing a tiny difference up to a full-size advantage: a group of members
+    that all follow one route, where the one that strays scores a little less, would otherwise punish
+    straying as hard as a failure.
     """
     if len(rewards) != len(group_ids):
         raise ValueError(f"got {len(rewards)} rewards but {len(group_ids)} group ids; pass one group id per reward")
@@ -48,7 +52,7 @@ def grpo_advantages(
         std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
         if std == 0.0:
             continue
-        scale = 1.0 / (std + eps) if normalize_std else 1.0
+        scale = 1.0 / (max(std, std_floor) + eps) if normalize_std else 1.0
         for i, r in zip(members, rs):
             adv[i] = (r - mean) * scale
     return adv

@@ -117,7 +117,8 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     if not inp.samples:
         return f"train step {inp.step} of job {inp.job_id!r} got no samples; the workflow must send a non-empty batch"
     advantages = grpo_advantages([s.reward for s in inp.samples], [s.group_id for s in inp.samples],
-                                 normalize_std=inp.trainer.loss.normalize_advantage_std)  # fmt: skip
+                                 normalize_std=inp.trainer.loss.normalize_advantage_std,
+                                 std_floor=inp.trainer.loss.advantage_std_floor)  # fmt: skip
     try:
         seqs = load_sequences(store, inp.samples, advantages)
     except InvalidSample as e:
