@@ -58,8 +58,10 @@ def seen(backlog: int, workers: int | None, last_seen_s_ago: float | None, polle
 
 
 def test_a_dead_worker_is_reported_from_its_last_sign_of_life_not_from_the_first_check() -> None:
-    # killed 45 s ago: its stale heartbeat and poll are still listed, so the first check can report it
-    [stall] = run_checks([(100.0, {"h800": seen(10, workers=0, last_seen_s_ago=65.0, pollers=1)})]).stalls
+    # killed 65 s ago: its stale heartbeat and poll are still listed, so the second check that sees it reports it
+    first = run_checks([(100.0, {"h800": seen(10, workers=0, last_seen_s_ago=65.0, pollers=1)})])
+    assert first.stalls == [] and first.open[0].since == 35.0  # over the threshold, but seen once: not yet
+    [stall] = run_checks([(115.0, {"h800": seen(10, workers=0, last_seen_s_ago=80.0, pollers=1)})], first).stalls
     assert (stall.pool, stall.since, stall.reported) == ("h800", 35.0, True)
     early = run_checks([(100.0, {"h800": seen(10, workers=0, last_seen_s_ago=20.0)})])
     assert early.stalls == [] and early.open[0].since == 80.0  # seen, under the 60 s threshold
@@ -78,7 +80,11 @@ def test_without_heartbeats_a_recent_poll_is_the_sign_of_life() -> None:
     polling = {"h800": seen(5, workers=None, last_seen_s_ago=1.0, pollers=1)}
     assert run_checks([(t, polling) for t in range(0, 600, 15)]).stalls == []
     gone = {"h800": seen(5, workers=None, last_seen_s_ago=61.0, pollers=1)}  # listed, but silent for 61 s
-    assert [x.pool for x in run_checks([(600.0, gone)]).stalls] == ["h800"]
+    assert run_checks([(600.0, gone)]).stalls == []  # one sight: maybe a task a waiting long poll is about to take
+    later = {"h800": seen(5, workers=None, last_seen_s_ago=76.0, pollers=1)}
+    assert [x.pool for x in run_checks([(600.0, gone), (615.0, later)]).stalls] == ["h800"]
+    taken = {"h800": seen(0, workers=None, last_seen_s_ago=76.0, pollers=1)}  # the task was taken: no stall
+    assert run_checks([(600.0, gone), (615.0, taken)]).open == []
 
 
 def test_no_progress_uses_the_median_interval_with_a_floor() -> None:

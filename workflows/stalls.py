@@ -51,7 +51,9 @@ def _no_worker(prev: dict[str, Stall], pool: str, q: QueueState, now: float, cfg
     one, the clock runs from the newest heartbeat or poll, so a killed worker is reported
     `no_worker_after_s` after its death, not after Temporal forgets its poller (minutes). Descriptions
     recorded before heartbeats were read (no `workers`, no `last_seen_s_ago`) keep the old rule: nobody
-    polling, since the first check that saw it.
+    polling, since the first check that saw it. Only a condition that two checks in a row see is reported: one
+    check can catch a task in the instant before a waiting long poll takes it, while that poll, started long
+    ago, is the queue's last sign of life.
     """
     if q.backlog <= 0 or q.workers:
         return None
@@ -63,7 +65,7 @@ def _no_worker(prev: dict[str, Stall], pool: str, q: QueueState, now: float, cfg
     else:
         since = first_seen if q.last_seen_s_ago is None else now - q.last_seen_s_ago
     return Stall(reason="no_worker", pool=pool, since=since, seen_at=now, backlog=q.backlog,
-                 reported=now - since >= cfg.no_worker_after_s)  # fmt: skip
+                 reported=pool in prev and now - since >= cfg.no_worker_after_s)  # fmt: skip
 
 
 def _no_progress(watch: StallWatch, now: float, in_flight: int, cfg: StallConfig) -> Stall | None:
