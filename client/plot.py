@@ -18,7 +18,8 @@ __all__ = ["compare_runs", "learning_figure", "plot_run", "png_bytes", "read_jso
 POOL_ORDER = ["cpu", "h800", "h20", "serverless", "trainer"]
 
 # The trainer's scalars `train_figure` draws, in this order, when a run has them (`train` of a step record).
-TRAIN_METRICS = ("loss", "entropy", "kl", "grad_norm", "clip_frac", "lr", "is_truncated_frac", "adv_abs_mean")
+TRAIN_METRICS = ("loss", "entropy", "action_entropy", "entropy_coef", "kl", "grad_norm", "clip_frac", "lr",
+                 "is_truncated_frac", "adv_abs_mean")
 
 
 def read_jsonl(path: Path) -> list[dict]:

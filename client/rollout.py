@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from rollart.activities.envs.base import declares_actions
 from rollart.client.connection import Outage, retry_unreachable
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
@@ -60,6 +61,10 @@ def check_job_components(job: JobSpec) -> None:
             entry.cls(**task.env_args)
         except Exception as e:
             problems.append(f"tasks.{i} ({task.name}): env: {e}")
+        else:
+            if job.trainer.loss.entropy_over == "actions" and not declares_actions(entry.cls):
+                problems.append(f"tasks.{i} ({task.name}): trainer.loss.entropy_over: actions needs an env that "
+                                f"declares its actions (Env.action_of); env {task.env!r} does not")  # fmt: skip
         try:
             entry = lookup_reward(task.reward)
             entry.check_args(task.reward_args)

@@ -157,8 +157,9 @@ class TrainingPlan(BaseModel):
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
         """The plan of a (validated) job spec."""
-        return cls(tasks=job.tasks, training=job.training, trainer=job.trainer.over(job.training.steps),
-                   model_dir=str(job.model_dir), queue_prefix=job.temporal.task_queue_prefix)  # fmt: skip
+        trainer = job.trainer.over(job.training.steps).with_task_envs(job.tasks)
+        return cls(tasks=job.tasks, training=job.training, trainer=trainer, model_dir=str(job.model_dir),
+                   queue_prefix=job.temporal.task_queue_prefix)  # fmt: skip
 
 
 class TrainingInput(BaseModel):

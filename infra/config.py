@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,6 +35,7 @@ __all__ = [
     "JobSpecError",
     "check_batches_hold_groups",
     "LossConfig",
+    "TaskEnv",
     "MetricsConfig",
     "MooncakeConfig",
     "ParallelConfig",
@@ -433,6 +435,13 @@ class EngineConfig(_Strict):
     seed: int = 0
 
 
+class TaskEnv(_Strict):
+    """A task's env as the trainer needs it to read actions: its registered name or import path, and its args."""
+
+    env: str = Field(min_length=1)
+    env_args: dict[str, Any] = Field(default_factory=dict)
+
+
 class LossConfig(_Strict):
     """The policy loss: GRPO advantages with PPO-clip, corrected for stale (off-policy) data.
 
@@ -460,6 +469,26 @@ class LossConfig(_Strict):
     of the job's state (workflows/entropy_control.py): a retried or resumed step uses the same."""
     entropy_coef_step: float = Field(0.001, gt=0.0)
     entropy_coef_max: float = Field(0.01, gt=0.0)
+    entropy_over: Literal["tokens", "actions"] = "tokens"
+    """What the entropy bonus (and `entropy_target`) measures at each generated token. `tokens`: the entropy of
+    the next-token distribution over the whole vocabulary. `actions`: the entropy of the *env's action* that
+    token would be: tokens are grouped by what the task's env reads in them (`Env.action_of`, e.g. FrozenLake's
+    L/D/R/U) and the distribution over those groups, among the tokens that are actions, is what is measured. A
+    bonus on it keeps a policy trying other moves once it settles on a route, without the push a vocabulary-wide
+    bonus gives towards the many tokens that are no action. It fits envs whose action is a single token
+    (`max_tokens: 1`); each step then reports `action_entropy`. Every task's env must declare its actions."""
+    action_bonus: Literal["entropy", "coverage"] = "entropy"
+    """With `entropy_over: actions`, the bonus's form. `entropy`: H(q) over the actions. `coverage`: the mean log
+    probability of the actions plus log(#actions), −KL(uniform ‖ q): its pull on an action does not fade as the
+    action's probability goes to 0 (the entropy's does, as q log q → 0), so every move keeps a share of about
+    `entropy_coef` / (#actions × |its advantage|) that advantages alone cannot take away. Reported as
+    `action_coverage` (0 when all actions are equally likely, negative otherwise)."""
+    bonus_on: Literal["all", "unsolved"] = "all"
+    """Which sequences the entropy bonus acts on. `all`: every one. `unsolved`: only those of groups in which no
+    member succeeded: exploration where a task is not solved yet, while a group that succeeds is left to its
+    advantages. With `all`, a solved policy whose groups all succeed (so every advantage is 0) is pushed back
+    towards uniform by the bonus alone until it breaks (FrozenLake at 0.97 success fell to 0 within 3 steps:
+    docs/learning.md). Each step reports the share of sequences under the bonus as `bonus_share`."""
     aggregation: Literal["token_mean", "seq_mean", "constant"] = "token_mean"
     """How per-token terms become the batch's loss. `token_mean` (DAPO): every completion token of the batch
     weighs the same, so long answers weigh more. `seq_mean`: every sequence weighs the same, shared by its
@@ -474,6 +503,15 @@ class LossConfig(_Strict):
     """With `normalize_advantage_std`, the group std is taken as at least this: a group whose rewards differ by
     less (one member straying a little from a route all the others follow) gets advantages in proportion, not
     blown up to ±1 std. E.g. 0.1 for rewards on a 0–1 scale; 0: plain GRPO."""
+
+    @model_validator(mode="after")
+    def _coverage_is_over_actions(self) -> LossConfig:
+        if self.action_bonus == "coverage" and self.entropy_over != "actions":
+            raise ValueError("action_bonus: coverage is a bonus over the env's actions: set entropy_over: actions")
+        if self.action_bonus == "coverage" and self.entropy_target is not None:
+            raise ValueError("entropy_target controls an entropy: use it with action_bonus: entropy, or set a "
+                             "fixed entropy_coef for coverage")  # fmt: skip
+        return self
 
     @model_validator(mode="after")
     def _entropy_start_within_its_cap(self) -> LossConfig:
@@ -552,6 +590,10 @@ class TrainerConfig(_Strict):
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
 
+    task_envs: dict[str, TaskEnv] = Field(
+        default_factory=dict, description="filled by the training plan with `loss.entropy_over: actions`: each "
+        "task's env, whose actions the trainer groups tokens by")  # fmt: skip
+
     def over(self, steps: int) -> TrainerConfig:
         """This config for a run of `steps` training steps: a cosine schedule without `decay_steps` decays
         over the steps left after its warm-up."""
@@ -560,6 +602,14 @@ class TrainerConfig(_Strict):
             return self
         decay = max(1, steps - schedule.warmup_steps)
         return self.model_copy(update={"lr_schedule": schedule.model_copy(update={"decay_steps": decay})})
+
+    def with_task_envs(self, tasks: Sequence[TaskSpec]) -> TrainerConfig:
+        """This config with `task_envs` filled when the loss measures entropy over actions (else unchanged, so
+        other jobs' histories carry nothing new)."""
+        if self.loss.entropy_over != "actions":
+            return self
+        envs = {t.name: TaskEnv(env=t.env, env_args=t.env_args) for t in tasks}
+        return self.model_copy(update={"task_envs": envs})
 
     @model_validator(mode="after")
     def _parallel_needs_megatron(self) -> TrainerConfig:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from rollart.activities.rl.action_entropy import ActionSpace, ActionTerm
 from rollart.activities.rl.batch import TrainSequence, collate
 from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
 from rollart.activities.training.megatron.hf_layout import HfArch, UnsupportedModel
@@ -125,22 +127,28 @@ def with_behaviour_logprobs(ref, seqs: list[TrainSequence]) -> list[TrainSequenc
                           s.advantage) for i, s in enumerate(seqs)]  # fmt: skip
 
 
-def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
+def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str,
+                       actions: ActionTerm | None = None) -> dict[str, float] | None:  # fmt: skip
     """On each rank: the torch backend (whole batch) and the megatron backend (its data-parallel share) take one
-    step from the same weights; the leader returns the largest differences."""
+    step from the same weights; the leader returns the largest differences. With `actions` the entropy is over
+    actions (every sequence of task "t" when there is one such space, else alternating tasks)."""
     from rollart.activities.training.updates import accumulate_gradients, data_shard
 
     cfg, ranks, ref, meg = both_backends(model_dir, cfg_json)
     seqs = with_behaviour_logprobs(ref, seqs)
+    if actions:
+        names = sorted(actions.spaces)
+        seqs = [replace(s, task=names[i % len(names)]) for i, s in enumerate(seqs)]
     whole = collate(seqs, ref.pad_id)
     valid = whole.attention_mask.bool()
     valid[:, 0] = False
     with torch.no_grad():
-        lp_t, ent_t = ref.logprobs(whole, entropy_grad=False)
-        lp_m, ent_m = meg.logprobs(whole, entropy_grad=False)
+        lp_t, ent_t = ref.logprobs(whole, entropy_grad=False, actions=actions)
+        lp_m, ent_m = meg.logprobs(whole, entropy_grad=False, actions=actions)
     total = sum(len(s.completion_ids) for s in seqs)
-    m_t = accumulate_gradients(ref, seqs, total, cfg)
-    m_m = ranks.sum_over_data(accumulate_gradients(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg))
+    m_t = accumulate_gradients(ref, seqs, total, cfg, actions=actions)
+    m_m = ranks.sum_over_data(accumulate_gradients(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg,
+                                                   actions=actions))  # fmt: skip
     meg.sync_grads()
     grads_m = meg.gathered_hf(grads=True)
     grads_t = {n: p.grad.clone() for n, p in ref.model.named_parameters()}
@@ -163,13 +171,22 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str)
 
 
 BONUS_AND_KL = LossConfig(entropy_coef=0.01, kl_coef=0.1, decoupled=False)
+ACTION_BONUS = LossConfig(entropy_coef=0.05, entropy_over="actions")
+COVERAGE_BONUS = LossConfig(entropy_coef=0.05, entropy_over="actions", action_bonus="coverage")
+
+
+def action_term(form: str) -> ActionTerm:
+    """Two tasks reading the 387 tokens as actions differently: id % 5 (4 actions and none), id % 3 (3 actions)."""
+    return ActionTerm({"t": ActionSpace(tuple("abcd"), torch.arange(387) % 5),
+                       "u": ActionSpace(tuple("xyz"), torch.arange(387) % 3)}, form)  # fmt: skip
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("tensor", "data", "loss", "n"), [
     (2, 1, LossConfig(), 6), (1, 2, LossConfig(), 6), (2, 1, BONUS_AND_KL, 6), (1, 2, BONUS_AND_KL, 6),
     (1, 2, LossConfig(), 1),  # one sequence: data rank 1 has nothing to train on and still joins the gradient sum
-], ids=["T2", "D2", "T2-entropy-kl", "D2-entropy-kl", "D2-one-sequence"])  # fmt: skip
+    (2, 1, ACTION_BONUS, 6), (2, 1, COVERAGE_BONUS, 6),  # over actions from each rank's vocabulary slice, 2 tasks
+], ids=["T2", "D2", "T2-entropy-kl", "D2-entropy-kl", "D2-one-sequence", "T2-action-entropy", "T2-coverage"])  # fmt: skip
 def test_megatron_equals_torch_on_the_same_weights_and_batch(tmp_path: Path, tensor: int, data: int,
                                                              loss: LossConfig, n: int) -> None:  # fmt: skip
     """Log-probs within 1e-4, gradients within 1e-6, and with AdamW eps 1e-6 one step leaves the weights within 1e-5
@@ -177,7 +194,9 @@ def test_megatron_equals_torch_on_the_same_weights_and_batch(tmp_path: Path, ten
     model_dir = build_model(tmp_path / "m", tie_word_embeddings=tensor == 2)
     cfg = TrainerConfig(backend="megatron", parallel={"tensor": tensor, "data": data}, eps=1e-6, micro_batch_size=2,
                         loss=loss)  # fmt: skip
-    d = run_on_ranks(compare_with_torch, tensor * data, tensor, str(model_dir), batch(n=n), cfg.model_dump_json())[0]
+    actions = action_term(loss.action_bonus) if loss.entropy_over == "actions" else None
+    d = run_on_ranks(compare_with_torch, tensor * data, tensor, str(model_dir), batch(n=n), cfg.model_dump_json(),
+                     actions)[0]  # fmt: skip
     print(f"T={tensor} D={data} {loss}: {json.dumps(d)}")
     assert d["names_match"] == 1.0
     assert d["logprob"] < 1e-4 and d["entropy"] < 1e-4 and d["loss"] < 1e-6, d

@@ -25,7 +25,8 @@ class Bandit(Policy):
         self.theta = torch.zeros(3, requires_grad=True)
         self.lr = lr
 
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert actions is None  # this policy's entropy is over its 3 tokens
         logits = self.theta.expand(*mb.input_ids.shape, 3)
         return token_logprobs_and_entropy(logits, mb.input_ids)
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
+from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages, in_unsolved_group
 from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import (
     k3_kl,
@@ -181,6 +181,20 @@ def test_entropy_of_uniform_logits_is_log_vocab_and_the_bonus_lowers_the_loss() 
     out = policy_loss(logp, logp, torch.zeros(2), mask, LossConfig(entropy_coef=0.1), total_tokens=3, entropy=ent)
     assert out.metrics["entropy"] == pytest.approx(LN(vocab), abs=1e-6)
     assert out.loss.item() == pytest.approx(-0.1 * LN(vocab), abs=1e-6)
+
+
+def test_the_bonus_acts_only_on_sequences_of_unsolved_groups_and_the_metric_stays_over_all() -> None:
+    solved = in_unsolved_group([True, False, False, False, False], ["a", "a", "b", "b", "c"])
+    assert solved == [False, False, True, True, True]  # one success solves its whole group
+    with pytest.raises(ValueError, match="2 success flags but 1 group ids"):
+        in_unsolved_group([True, False], ["a"])
+    ent = torch.tensor([[0.0, 2.0, 2.0], [0.0, 0.0, 4.0]])
+    logp = torch.zeros(2, 3)
+    mask = torch.tensor([[0, 1, 1], [0, 0, 1]], dtype=torch.float32)
+    out = policy_loss(logp, logp, torch.zeros(2), mask, LossConfig(entropy_coef=0.1), total_tokens=3, entropy=ent,
+                      bonus_weight=torch.tensor([0.0, 1.0]))  # fmt: skip
+    assert out.metrics["entropy"] == pytest.approx((2 + 2 + 4) / 3)  # every loss token
+    assert out.loss.item() == pytest.approx(-0.1 * 4 / 3)  # only the second sequence's token
 
 
 def test_token_logprobs_line_up_with_input_ids() -> None:

@@ -1,16 +1,21 @@
 """Adaptive entropy control (`trainer.loss.entropy_target`): the entropy bonus's weight for the next step.
 
-Skywork-OR1's rule: after a step whose mean token entropy was below the target the weight rises by a fixed
-increment, after one above it falls by as much, kept within [0, `entropy_coef_max`]. The weight lives in the
-training workflow's state, so a retried step (same input) and a resumed job (continue-as-new) use the same
-one. Pure and deterministic: workflow code.
+Skywork-OR1's rule: after a step whose mean entropy (over tokens, or over actions with `entropy_over: actions`)
+was below the target the weight rises by a fixed increment, after one above it falls by as much, kept within
+[0, `entropy_coef_max`]. The weight lives in the training workflow's state, so a retried step (same input) and
+a resumed job (continue-as-new) use the same one. Pure and deterministic: workflow code.
 """
 
 from __future__ import annotations
 
 from rollart.infra.config import LossConfig, TrainerConfig
 
-__all__ = ["next_coef", "trainer_for_step"]
+__all__ = ["measured", "next_coef", "trainer_for_step"]
+
+
+def measured(loss: LossConfig) -> str:
+    """The step metric the rule compares with the target: the entropy the bonus acts on."""
+    return "action_entropy" if loss.entropy_over == "actions" else "entropy"
 
 
 def next_coef(loss: LossConfig, coef: float, entropy: float | None) -> float:

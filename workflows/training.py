@@ -396,8 +396,8 @@ class TrainingWorkflow:
         self.s.step = result.version
         self.s.trained += len(batch)
         if trainer.loss.entropy_target is not None:
-            self.s.entropy_coef = entropy_control.next_coef(trainer.loss, trainer.loss.entropy_coef,
-                                                            result.metrics.get("entropy"))  # fmt: skip
+            entropy = result.metrics.get(entropy_control.measured(trainer.loss))
+            self.s.entropy_coef = entropy_control.next_coef(trainer.loss, trainer.loss.entropy_coef, entropy)
         if self.watching:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
         self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]

@@ -130,6 +130,11 @@ class Arithmetic(Env):
             info={"answer": answer, "success": success, "valid": is_integer(text)},
         )
 
+    def action_of(self, text: str) -> str | None:
+        """The number answered (``" 07"`` → ``"7"``), or None for text that is not an integer."""
+        text = text.strip()
+        return str(int(text)) if is_integer(text) else None
+
 
 def _validate_args(min_digits: Any, max_digits: Any, operators: Any, num_terms: Any) -> None:
     """Reject bad env_args when the session is built, naming the argument and what it accepts."""

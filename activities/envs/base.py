@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Env", "EnvSessionLost", "StepOutcome"]
+__all__ = ["Env", "EnvSessionLost", "StepOutcome", "declares_actions"]
 
 
 class EnvSessionLost(ConnectionError):
@@ -88,6 +88,20 @@ class Env(ABC):
 
     def close(self) -> None:  # noqa: B027 - a deliberate no-op default, not an abstract method
         """Release resources when the session ends; most envs hold none."""
+
+    def action_of(self, text: str) -> str | None:
+        """The action this env reads in generated `text` (None: no valid action), for envs that declare their actions.
+
+        Why: with `trainer.loss.entropy_over: actions` the trainer measures entropy over the env's actions, not
+        over the vocabulary, so an exploration bonus keeps the policy trying other *moves* instead of spreading
+        mass over tokens the env reads as nothing. Envs that do not override this cannot be used that way.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not declare its actions (Env.action_of)")
+
+
+def declares_actions(env_cls: type[Env]) -> bool:
+    """Whether `env_cls` overrides `Env.action_of`, so entropy over its actions can be measured."""
+    return getattr(env_cls, "action_of", Env.action_of) is not Env.action_of
 
 
 def _check_json(value: Any, where: str) -> None:

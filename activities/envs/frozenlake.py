@@ -183,6 +183,10 @@ class FrozenLake(Env):
         self._start_distance = shortest_path_length(self._grid)
         return render(self._grid, self._position)
 
+    def action_of(self, text: str) -> str | None:
+        """The move `step` would make for `text` (`parse_action`): L, D, R, U, or None."""
+        return parse_action(text)
+
     def step(self, action: str) -> StepOutcome:
         grid = self.grid
         if self._done:

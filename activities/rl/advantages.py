@@ -10,7 +10,7 @@ import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
-__all__ = ["grpo_advantages", "groups_with_signal"]
+__all__ = ["grpo_advantages", "groups_with_signal", "in_unsolved_group"]
 
 
 def _groups(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:
@@ -56,6 +56,21 @@ def grpo_advantages(
         for i, r in zip(members, rs):
             adv[i] = (r - mean) * scale
     return adv
+
+
+def in_unsolved_group(successes: Sequence[bool], group_ids: Sequence[Hashable]) -> list[bool]:
+    """For each sample, whether no member of its group succeeded (`trainer.loss.bonus_on: unsolved`).
+
+    Why: an exploration bonus is needed where a task is not solved yet; on a group that succeeds it only
+    pushes a working policy back towards uniform, with no advantage to hold it (all members scored alike)."""
+    if len(successes) != len(group_ids):
+        raise ValueError(f"got {len(successes)} success flags but {len(group_ids)} group ids")
+    out = [False] * len(successes)
+    for members in _groups(group_ids).values():
+        unsolved = not any(successes[i] for i in members)
+        for i in members:
+            out[i] = unsolved
+    return out
 
 
 def groups_with_signal(advantages: Sequence[float], group_ids: Sequence[Hashable]) -> float:

@@ -40,6 +40,8 @@ class TrainSequence:
     behav_logprobs: list[float]
     advantage: float
     prox_logprobs: list[float] | None = None  # the proximal policy's, when a step makes several updates
+    task: str = ""  # the sample's task: whose env reads its tokens as actions (`entropy_over: actions`)
+    bonus: float = 1.0  # the entropy bonus's weight on its tokens (0: `bonus_on: unsolved` and its group succeeded)
 
     @property
     def length(self) -> int:
@@ -57,6 +59,8 @@ class MicroBatch:
     behav_logprobs: torch.Tensor  # float, the engine's logprob at completion positions, 0 elsewhere
     advantages: torch.Tensor  # float [B]
     prox_logprobs: torch.Tensor | None = None  # float, like behav_logprobs: the proximal policy's (several updates)
+    tasks: tuple[str, ...] = ()  # each row's task
+    bonus: torch.Tensor | None = None  # float [B]: the entropy bonus's weight per row (None: 1 everywhere)
 
     @property
     def num_tokens(self) -> int:
@@ -69,7 +73,8 @@ class MicroBatch:
             return self
         prox = None if self.prox_logprobs is None else self.prox_logprobs.to(device)
         return MicroBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.completion_mask,
-                                                   self.behav_logprobs, self.advantages)), prox)  # fmt: skip
+                                                   self.behav_logprobs, self.advantages)), prox, self.tasks,
+                          None if self.bonus is None else self.bonus.to(device))  # fmt: skip
 
 
 def _read_turn(store: Store, key: str, sample: SampleRef) -> StoredTurn:
@@ -97,11 +102,12 @@ def _completion(record: StoredTurn, key: str, index: int) -> tuple[list[int], li
     return record.prompt_ids, completion.token_ids, completion.logprobs
 
 
-def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Sequence[float]) -> list[TrainSequence]:
+def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Sequence[float],
+                   bonus: Sequence[float] | None = None) -> list[TrainSequence]:  # fmt: skip
     """One `TrainSequence` per turn of every sample, each with its sample's advantage.
 
-    Turns that sampled no tokens (an aborted generation) have nothing to learn
-    from and are skipped. Records are read once even when several samples of
+    `bonus` is each sample's entropy-bonus weight (default 1). Turns that sampled no tokens (an aborted
+    generation) have nothing to learn from and are skipped. Records are read once even when several samples of
     an n > 1 group share them. Raises `InvalidSample` naming the key when a
     record is missing or malformed.
     """
@@ -109,13 +115,15 @@ def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Seque
         raise ValueError(f"got {len(samples)} samples but {len(advantages)} advantages")
     records: dict[str, StoredTurn] = {}
     out: list[TrainSequence] = []
-    for sample, adv in zip(samples, advantages):
+    weights = [1.0] * len(samples) if bonus is None else list(bonus)
+    for sample, adv, weight in zip(samples, advantages, weights):
         for key in sample.turn_keys:
             if key not in records:
                 records[key] = _read_turn(store, key, sample)
             prompt_ids, ids, lps = _completion(records[key], key, sample.completion_index)
             if ids:
-                out.append(TrainSequence(list(prompt_ids), list(ids), list(lps), float(adv)))
+                out.append(TrainSequence(list(prompt_ids), list(ids), list(lps), float(adv), task=sample.task,
+                                         bonus=float(weight)))  # fmt: skip
     return out
 
 
@@ -140,7 +148,8 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int = 0) -> MicroBatch:
         if prox is not None:
             prox[i, p : p + c] = torch.tensor(s.prox_logprobs, dtype=torch.float32)
     advantages = torch.tensor([s.advantage for s in seqs], dtype=torch.float32)
-    return MicroBatch(input_ids, attention, completion, behav, advantages, prox)
+    bonus = torch.tensor([s.bonus for s in seqs], dtype=torch.float32)
+    return MicroBatch(input_ids, attention, completion, behav, advantages, prox, tuple(s.task for s in seqs), bonus)
 
 
 def micro_batches(seqs: Sequence[TrainSequence], size: int, pad_id: int = 0) -> list[MicroBatch]:

@@ -111,6 +111,7 @@ def policy_loss(
     logp_prox: torch.Tensor | None = None,
     logp_ref: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
+    bonus_weight: torch.Tensor | None = None,
 ) -> LossTerms:
     """The loss of one micro-batch per `LossConfig`, normalised by the batch's `total_tokens`.
 
@@ -133,7 +134,8 @@ def policy_loss(
 
     Adds `kl_coef`·k3(π, π_ref) when `logp_ref` is given and subtracts
     `entropy_coef`·entropy when `entropy` is given (entropy is always
-    reported when given, even at coef 0). The loss terms are aggregated per
+    reported when given, even at coef 0); `bonus_weight` (`[B]`) scales the bonus per sequence (the metric
+    stays over every token). The loss terms are aggregated per
     `cfg.aggregation` (`loss_token_weights`; `total_sequences` counts the batch's
     sequences with loss tokens), the metrics are token means whatever it is.
     """
@@ -184,7 +186,8 @@ def policy_loss(
         metrics["kl"] = share(kl).item()
     if entropy is not None:
         if cfg.entropy_coef > 0:
-            loss = loss - cfg.entropy_coef * aggregate(entropy)
+            bonus = entropy if bonus_weight is None else entropy * bonus_weight.to(entropy.dtype).unsqueeze(-1)
+            loss = loss - cfg.entropy_coef * aggregate(bonus)
         metrics["entropy"] = share(entropy).item()
     metrics["loss"] = loss.item()
     return LossTerms(loss=loss, metrics=metrics)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
 from rollart.infra.config import TrainerConfig
 
@@ -39,10 +40,12 @@ class Policy(ABC):
     """A valid token id to pad micro-batches with (padding is masked out)."""
 
     @abstractmethod
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         """Per-token log-probs (with grad) and entropies `[B, T]` of the current policy on `mb`.
 
-        The entropy carries a gradient only when `entropy_grad` (an entropy bonus is on).
+        The entropy carries a gradient only when `entropy_grad` (an entropy bonus is on). With `actions` (each
+        task's action space) it is the entropy over the row's env's actions (`rl.action_entropy`), not tokens.
         """
 
     @abstractmethod

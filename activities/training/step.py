@@ -17,7 +17,8 @@ import time
 from dataclasses import dataclass
 
 from rollart.activities.errors import bad_input
-from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
+from rollart.activities.rl.action_entropy import ActionTerm, load_action_spaces
+from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages, in_unsolved_group
 from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences
 from rollart.activities.training.lr_schedule import scheduled
 from rollart.activities.training.policy import Policy, StepOutcome
@@ -119,8 +120,12 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     advantages = grpo_advantages([s.reward for s in inp.samples], [s.group_id for s in inp.samples],
                                  normalize_std=inp.trainer.loss.normalize_advantage_std,
                                  std_floor=inp.trainer.loss.advantage_std_floor)  # fmt: skip
+    bonus = None
+    if inp.trainer.loss.bonus_on == "unsolved":
+        unsolved = in_unsolved_group([s.success for s in inp.samples], [s.group_id for s in inp.samples])
+        bonus = [1.0 if u else 0.0 for u in unsolved]
     try:
-        seqs = load_sequences(store, inp.samples, advantages)
+        seqs = load_sequences(store, inp.samples, advantages, bonus)
     except InvalidSample as e:
         return f"train step {inp.step} of job {inp.job_id!r}: {e}"
     total = sum(len(s.completion_ids) for s in seqs)
@@ -144,10 +149,14 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
         raise state_mismatch(inp.job_id, inp.run_dir, state.last_completed, inp.step)
     if isinstance(batch, str):
         raise bad_input(batch)
-    metrics, outcomes = _update(state.policy, ranks, batch, cfg, inp.step)
+    actions = _action_term(inp, cfg)
+    metrics, outcomes = _update(state.policy, ranks, batch, cfg, inp.step, actions)
+    if actions is not None:
+        metrics[actions.metric] = metrics.pop("entropy")
     metrics["lr"] = cfg.lr  # the schedule's rate for this step
     if cfg.loss.entropy_coef > 0 or cfg.loss.entropy_target is not None:
         metrics["entropy_coef"] = cfg.loss.entropy_coef  # the bonus's weight (adaptive: the workflow's choice)
+        metrics["bonus_share"] = sum(s.bonus > 0 for s in batch.seqs) / len(batch.seqs)  # sequences it acts on
     skipped = sum(1 for o in outcomes if not o.applied)
     if skipped:
         log.warning("job %s step %d: non-finite gradient norm; %d of %d updates skipped", inp.job_id, inp.step,
@@ -172,17 +181,28 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     return result
 
 
-def _update(policy: Policy, ranks: Ranks, batch: _Batch, cfg: TrainerConfig, step: int
-            ) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
+def _action_term(inp: TrainStepInput, cfg: TrainerConfig) -> ActionTerm | None:
+    """Each task's action space with `entropy_over: actions` (built once per process), else None; a task whose
+    env cannot say which tokens are actions fails the step on every rank alike, not retried."""
+    if cfg.loss.entropy_over != "actions":
+        return None
+    try:
+        return ActionTerm(load_action_spaces(inp.model_dir, cfg.task_envs), cfg.loss.action_bonus)
+    except Exception as e:  # an env that does not declare actions, or cannot be built here
+        raise bad_input(f"train step {inp.step} of job {inp.job_id!r}: trainer.loss.entropy_over: actions: {e}") from e
+
+
+def _update(policy: Policy, ranks: Ranks, batch: _Batch, cfg: TrainerConfig, step: int,
+            actions: ActionTerm | None) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
     """The step's optimizer update(s) on this rank's share: one over the whole batch, or PPO's mini-batches
     and epochs (`updates.ppo_updates`); the loss metrics and what each update did."""
     if cfg.mini_batches == 1 and cfg.ppo_epochs == 1:
         mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
         metrics = ranks.sum_over_data(accumulate_gradients(policy, mine, batch.total_tokens, cfg,
-                                                              batch.total_sequences))  # fmt: skip
+                                                              batch.total_sequences, actions))  # fmt: skip
         return metrics, [policy.step(cfg)]
     shares = [data_shard(batch.seqs, r, ranks.data_size) for r in range(ranks.data_size)]
-    return ppo_updates(policy, ranks, shares, cfg, step)
+    return ppo_updates(policy, ranks, shares, cfg, step, actions)
 
 
 def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, float], outcomes: list[StepOutcome],

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from rollart.activities.errors import bad_input
+from rollart.activities.rl.action_entropy import ActionTerm, token_action_entropy
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entropy
 from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
@@ -59,8 +60,13 @@ class TorchPolicy(Policy):
     def device(self) -> torch.device:
         return self._device
 
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        if actions is not None:
+            logp = token_logprobs(logits, mb.input_ids)
+            entropy = token_action_entropy(logits if entropy_grad else logits.detach(), mb.tasks, actions)
+            return logp, entropy
         logp, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
         return logp, entropy if entropy_grad else entropy.detach()
 

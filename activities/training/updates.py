@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
+from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import policy_loss
 from rollart.activities.training.policy import Policy, StepOutcome
@@ -51,21 +52,23 @@ def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[Trai
 
 
 def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig,
-                         total_sequences: int | None = None) -> dict[str, float]:  # fmt: skip
+                         total_sequences: int | None = None, actions: ActionTerm | None = None
+                         ) -> dict[str, float]:  # fmt: skip
     """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics.
 
     `total_tokens` and `total_sequences` are the whole batch's (all ranks'), so the shares add up. Sequences
-    carrying `prox_logprobs` are clipped against those; otherwise the current forward pass is the proximal policy."""
+    carrying `prox_logprobs` are clipped against those; otherwise the current forward pass is the proximal policy.
+    With `actions` the entropy (bonus and metric) is over each task's actions (`entropy_over: actions`)."""
     loss_cfg = cfg.loss
     policy.zero_grad()
     totals = dict.fromkeys(LOSS_METRICS, 0.0)
     for mb in micro_batches(seqs, cfg.micro_batch_size, policy.pad_id):
         mb = mb.to(policy.device)
-        logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0)
+        logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0, actions=actions)
         logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
         terms = policy_loss(logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, loss_cfg,
                             total_tokens=total_tokens, total_sequences=total_sequences, logp_prox=mb.prox_logprobs,
-                            logp_ref=logp_ref, entropy=entropy)  # fmt: skip
+                            logp_ref=logp_ref, entropy=entropy, bonus_weight=mb.bonus)  # fmt: skip
         terms.loss.backward()
         for k, v in terms.metrics.items():
             totals[k] += v
@@ -110,7 +113,8 @@ def epoch_seed(cfg: TrainerConfig, step: int, epoch: int) -> int:
 
 
 def ppo_updates(policy: Policy, ranks: Ranks, shares: Sequence[Sequence[TrainSequence]], cfg: TrainerConfig,
-                step: int) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
+                step: int, actions: ActionTerm | None = None
+                ) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
     """Run the step's M × E updates on this rank's share; the loss metrics averaged over the updates, and
     what each update did. `shares` is every data-parallel rank's share of the batch, in rank order."""
     mine = with_proximal_logprobs(policy, shares[ranks.data_rank], cfg.micro_batch_size)
@@ -123,7 +127,8 @@ def ppo_updates(policy: Policy, ranks: Ranks, shares: Sequence[Sequence[TrainSeq
             tokens = sum(len(s.completion_ids) for part in chosen for s in part)
             sequences = sum(1 for part in chosen for s in part if s.completion_ids)
             own = [mine[i] for i in parts[ranks.data_rank][j]]
-            metrics = ranks.sum_over_data(accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1)))
+            metrics = ranks.sum_over_data(accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1),
+                                                               actions))  # fmt: skip
             outcomes.append(policy.step(cfg))
             for k in sums:
                 sums[k] += metrics[k]

@@ -18,12 +18,16 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.training.megatron.checkpoint import load_sharded, save_sharded
 from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
 from rollart.activities.training.megatron.hf_layout import HfArch
 from rollart.activities.training.megatron.model import build_gpt, causal_mask, wrap_ddp
-from rollart.activities.training.megatron.vocab_parallel import vocab_parallel_logprobs_and_entropy
+from rollart.activities.training.megatron.vocab_parallel import (
+    vocab_parallel_action_entropy,
+    vocab_parallel_logprobs_and_entropy,
+)
 from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.infra.config import TrainerConfig
@@ -108,10 +112,15 @@ class MegatronPolicy(Policy):
     def _vocab_start(self) -> int:
         return self.tp_rank * self.arch.padded_vocab(self.tp) // self.tp
 
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         logits = self._logits(self.ddp, mb)
-        return vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(), self.arch.vocab_size,
-                                                   entropy_grad=entropy_grad)  # fmt: skip
+        logp, entropy = vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(),
+                                                            self.arch.vocab_size, entropy_grad=entropy_grad)  # fmt: skip
+        if actions is not None:
+            entropy = vocab_parallel_action_entropy(logits if entropy_grad else logits.detach(), mb.tasks, actions,
+                                                    self._vocab_start(), self.arch.vocab_size)  # fmt: skip
+        return logp, entropy
 
     def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         if self._ref is None:  # the frozen initial policy, built only when the KL term is on

@@ -11,10 +11,13 @@ Vocabulary padding (rows added so V divides by tp) is masked out: it never gets 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
+from rollart.activities.rl.action_entropy import ActionSpace, ActionTerm, action_entropy, class_sums, entropy_by_task
 
-__all__ = ["vocab_parallel_logprobs_and_entropy"]
+__all__ = ["vocab_parallel_action_entropy", "vocab_parallel_logprobs_and_entropy"]
 
 
 def vocab_parallel_logprobs_and_entropy(
@@ -52,3 +55,31 @@ def vocab_parallel_logprobs_and_entropy(
         with torch.no_grad():
             entropy = log_z.detach() - all_sum((e * z).sum(-1)) / sum_exp.detach()
     return F.pad(logp, (1, 0)), F.pad(entropy, (1, 0))
+
+
+def vocab_parallel_action_entropy(
+    logits: torch.Tensor, tasks: Sequence[str], term: ActionTerm, vocab_start: int, vocab_size: int
+) -> torch.Tensor:
+    """The entropy over each row's env's actions at t−1 (`rl.action_entropy`), aligned like the log-probs, from
+    this rank's vocabulary slice: each rank sums its slice's exp(z) per action, and the ranks all-reduce
+    `[B, T, actions]`. The normaliser Σ exp cancels in the renormalisation over actions, so it is not needed."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region as all_sum
+
+    z = logits[:, :-1].float()
+    local = z.shape[-1]
+    padding = torch.arange(vocab_start, vocab_start + local, device=z.device) >= vocab_size
+    with torch.no_grad():
+        m = z.masked_fill(padding, float("-inf")).amax(-1, keepdim=True)
+        if ps.get_tensor_model_parallel_world_size() > 1:
+            torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX,
+                                         group=ps.get_tensor_model_parallel_group())  # fmt: skip
+    e = (z - m).exp().masked_fill(padding, 0.0)
+
+    def rows(idx: torch.Tensor, space: ActionSpace) -> torch.Tensor:
+        classes = space.classes_for(vocab_start, local, e.device)
+        # contiguous: megatron all-reduces `input_.contiguous()` and returns `input_`, so a view's sum would be lost
+        sums = class_sums(e[idx.to(e.device)], classes, len(space.names)).contiguous()
+        return F.pad(action_entropy(all_sum(sums), term.form), (1, 0))
+
+    return entropy_by_task(tasks, term.spaces, rows)
