@@ -476,7 +476,8 @@ class LossConfig(_Strict):
     L/D/R/U) and the distribution over those groups, among the tokens that are actions, is what is measured. A
     bonus on it keeps a policy trying other moves once it settles on a route, without the push a vocabulary-wide
     bonus gives towards the many tokens that are no action. It fits envs whose action is a single token
-    (`max_tokens: 1`); each step then reports `action_entropy`. Every task's env must declare its actions."""
+    (`max_tokens: 1`); each step then reports `action_entropy` (or `action_coverage`, see `action_bonus`) in place
+    of `entropy`. Every task's env must declare its actions."""
     action_bonus: Literal["entropy", "coverage"] = "entropy"
     """With `entropy_over: actions`, the bonus's form. `entropy`: H(q) over the actions. `coverage`: the mean log
     probability of the actions plus log(#actions), −KL(uniform ‖ q): its pull on an action does not fade as the

@@ -115,8 +115,10 @@ class MegatronPolicy(Policy):
     def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         logits = self._logits(self.ddp, mb)
+        # over actions, the token entropy is replaced below: it needs no graph
         logp, entropy = vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(),
-                                                            self.arch.vocab_size, entropy_grad=entropy_grad)  # fmt: skip
+                                                            self.arch.vocab_size,
+                                                            entropy_grad=entropy_grad and actions is None)  # fmt: skip
         if actions is not None:
             entropy = vocab_parallel_action_entropy(logits if entropy_grad else logits.detach(), mb.tasks, actions,
                                                     self._vocab_start(), self.arch.vocab_size)  # fmt: skip
