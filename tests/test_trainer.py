@@ -255,6 +255,24 @@ async def test_ppo_mini_batches_and_epochs_clip_from_the_second_update(tiny_mode
     assert results["ppo"]["update_skipped"] == 0.0
 
 
+async def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """After a step with signal (AdamW holds momentum), a batch whose groups all scored alike has a zero
+    gradient: the update is not made, so the published weights are the previous version's, bit for bit."""
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    solved = [s.model_copy(update={"reward": 1.0, "success": True}) for s in samples]
+    acts = TrainerActivities(store)
+    env = ActivityEnvironment()
+    first = await env.run(acts.train_step, step_input(tiny_model, tmp_path / "run", 0, samples, lr=0.01))
+    second = await env.run(acts.train_step, step_input(tiny_model, tmp_path / "run", 1, solved, lr=0.01))
+    assert first.metrics["grad_norm"] > 0 and first.metrics["updates_without_signal"] == 0.0
+    assert second.metrics["grad_norm"] == 0.0 and second.metrics["groups_with_signal"] == 0.0
+    assert second.metrics["updates_without_signal"] == 1.0 and second.metrics["update_skipped"] == 0.0
+    assert store.get(second.weights_key) == store.get(first.weights_key)
+    third = await env.run(acts.train_step, step_input(tiny_model, tmp_path / "run", 2, samples, lr=0.01))
+    assert store.get(third.weights_key) != store.get(second.weights_key)  # signal moves it again
+
+
 def test_checkpoint_files_keep_the_latest_two(tiny_model: Path, tmp_path: Path) -> None:
     model = load_model(tiny_model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

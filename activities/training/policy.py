@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
 from rollart.infra.config import TrainerConfig
 
-__all__ = ["Policy", "StepOutcome"]
+__all__ = ["Policy", "StepOutcome", "worth_applying"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,22 @@ class StepOutcome:
 
     grad_norm: float
     applied: bool
+
+    @property
+    def without_signal(self) -> bool:
+        """The gradient was exactly zero (a batch with no signal), so no update was made."""
+        return self.grad_norm == 0.0
+
+
+def worth_applying(grad_norm: float) -> bool:
+    """Whether an optimizer step with this global gradient norm is applied.
+
+    Not when the norm is non-finite (it would poison the weights), nor when it is exactly zero: a batch
+    with no signal (every advantage 0, the bonus off for all its sequences, no KL term) would still move
+    AdamW's weights by its momentum alone, up to ~lr per parameter per step in the last direction it
+    took. A solved policy, whose groups all succeed, then drifts with nothing pulling it back.
+    """
+    return math.isfinite(grad_norm) and grad_norm > 0.0
 
 
 class Policy(ABC):
@@ -59,7 +76,8 @@ class Policy(ABC):
     @abstractmethod
     def step(self, cfg: TrainerConfig) -> StepOutcome:
         """Sync gradients over data-parallel ranks, clip by the global norm, and step AdamW with `cfg`'s
-        hyper-parameters (they may change between steps). A non-finite norm skips the update."""
+        hyper-parameters (they may change between steps). A non-finite or zero norm skips the update
+        (`worth_applying`)."""
 
     @abstractmethod
     def weights_blob(self) -> bytes | None:

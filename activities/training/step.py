@@ -157,7 +157,7 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     if cfg.loss.entropy_coef > 0 or cfg.loss.entropy_target is not None:
         metrics["entropy_coef"] = cfg.loss.entropy_coef  # the bonus's weight (adaptive: the workflow's choice)
         metrics["bonus_share"] = sum(s.bonus > 0 for s in batch.seqs) / len(batch.seqs)  # sequences it acts on
-    skipped = sum(1 for o in outcomes if not o.applied)
+    skipped = sum(1 for o in outcomes if not math.isfinite(o.grad_norm))
     if skipped:
         log.warning("job %s step %d: non-finite gradient norm; %d of %d updates skipped", inp.job_id, inp.step,
                     skipped, len(outcomes))  # fmt: skip
@@ -214,7 +214,8 @@ def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, fl
     return {
         **loss_metrics,
         "grad_norm": sum(o.grad_norm for o in outcomes) / len(outcomes),  # the mean over the step's updates
-        "update_skipped": sum(0.0 if o.applied and math.isfinite(o.grad_norm) else 1.0 for o in outcomes),
+        "update_skipped": sum(0.0 if math.isfinite(o.grad_norm) else 1.0 for o in outcomes),  # non-finite norm
+        "updates_without_signal": sum(1.0 if o.without_signal else 0.0 for o in outcomes),  # zero gradient: not applied
         "updates": float(len(outcomes)),
         "samples": float(len(inp.samples)),
         "sequences": float(len(batch.seqs)),

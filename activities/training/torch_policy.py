@@ -7,7 +7,6 @@ are one safetensors file plus the optimizer state (`rl.weights_io`).
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from rollart.activities.rl.action_entropy import ActionTerm, token_action_entrop
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entropy
 from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
-from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.infra.config import TrainerConfig
 
@@ -86,7 +85,7 @@ class TorchPolicy(Policy):
         grads = [p.grad for p in self.params]
         present = [g for g in grads if g is not None]
         norm = float(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in present]))) if present else 0.0
-        applied = math.isfinite(norm)
+        applied = worth_applying(norm)
         if applied:
             self.optimizer.step(grads, cfg, clip_scale(norm, cfg.grad_clip))
         self.zero_grad()

@@ -10,7 +10,6 @@ element-wise, so it equals AdamW over the whole model. Weights go out as one HF 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from rollart.activities.training.megatron.vocab_parallel import (
     vocab_parallel_action_entropy,
     vocab_parallel_logprobs_and_entropy,
 )
-from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.infra.config import TrainerConfig
 from safetensors import safe_open
@@ -154,7 +153,7 @@ class MegatronPolicy(Policy):
         self.sync_grads()
         grads = [p.main_grad for p in self.params]
         norm = self._global_norm(grads)
-        applied = math.isfinite(norm)
+        applied = worth_applying(norm)
         if applied:
             self.optimizer.step(grads, cfg, clip_scale(norm, cfg.grad_clip))
         self.zero_grad()
