@@ -103,9 +103,26 @@ def test_the_tiny_models_tokens_read_as_frozenlakes_moves_and_arithmetics_number
         cls = int(fl.token_class[token])
         assert (fl.names[cls] if cls < 4 else None) == FrozenLake().action_of(text), (token, text)
     ar = spaces["ar"]
-    assert {str(n) for n in range(21)} <= set(ar.names)  # every answer of 1-digit sums is one token
+    assert sorted(ar.names, key=int) == [str(n) for n in range(21)]  # the answers of 1-digit sums, each one token
     assert ar.token_class[tok.convert_tokens_to_ids("7")] == ar.names.index("7")
+    assert ar.token_class[tok.convert_tokens_to_ids("57")] == len(ar.names)  # a number no sum here has: no action
     assert Arithmetic().action_of(" 07 ") == "7" and Arithmetic().action_of("7x") is None
+
+
+@pytest.mark.parametrize(("env_args", "low", "high"), [
+    ({}, 0, 20), ({"operators": "-", "num_terms": 3}, -20, 10), ({"operators": "+-"}, -10, 20),
+    ({"operators": "*", "num_terms": 3}, 0, 1000), ({"min_digits": 1, "max_digits": 2}, 0, 200),
+])  # fmt: skip
+def test_arithmetics_actions_are_the_answers_its_problems_can_have(env_args: dict, low: int, high: int) -> None:
+    env = Arithmetic(**env_args)
+    assert env.answer_range == (low, high)
+    assert env.action_of(str(low)) == str(low) and env.action_of(str(high)) == str(high)
+    assert env.action_of(str(low - 1)) is None and env.action_of(str(high + 1)) is None
+    answers = set()
+    for seed in range(400):  # every problem reasoning-gym draws has its answer in the range
+        env.reset(seed)
+        answers.add(int(env.answer))
+    assert low <= min(answers) and max(answers) <= high
 
 
 def test_an_env_with_fewer_than_two_actions_or_none_declared_is_refused() -> None:

@@ -130,10 +130,35 @@ class Arithmetic(Env):
             info={"answer": answer, "success": success, "valid": is_integer(text)},
         )
 
+    @property
+    def answer_range(self) -> tuple[int, int]:
+        """The least and greatest answer this env's problems can have (its env_args decide).
+
+        reasoning-gym draws every operand from ``0..10**digits`` and evaluates left to right, so with
+        ``top = 10**max_digits`` and n terms: ``+`` gives 0..n·top, ``-`` gives −(n−1)·top..top, ``+-``
+        both ends, and ``*`` gives 0..top**n.
+        """
+        top, n = 10**self.max_digits, self.num_terms
+        if self.operators == "*":
+            return 0, top**n
+        low = -(n - 1) * top if "-" in self.operators else 0
+        high = n * top if "+" in self.operators else top
+        return low, high
+
     def action_of(self, text: str) -> str | None:
-        """The number answered (``" 07"`` → ``"7"``), or None for text that is not an integer."""
+        """The answer given (``" 07"`` → ``"7"``), or None for text that is no answer a problem here can have.
+
+        Why the range: with `trainer.loss.entropy_over: actions` the bonus keeps every action alive, and the
+        actions that matter are the answers. An integer no problem has as its answer (57 for 1-digit sums) is
+        always wrong; counted as an action it would take a share of the bonus from the answers that are rare
+        but right (0 and 20 are each the sum of one pair of the 121), which RL otherwise pushes down wherever
+        they are wrong until no prompt samples them (docs/learning.md).
+        """
         text = text.strip()
-        return str(int(text)) if is_integer(text) else None
+        if not is_integer(text):
+            return None
+        low, high = self.answer_range
+        return str(int(text)) if low <= int(text) <= high else None
 
 
 def _validate_args(min_digits: Any, max_digits: Any, operators: Any, num_terms: Any) -> None:
