@@ -77,16 +77,20 @@ endif
 run: setup
 	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
-# The whole suite: the layering (import-linter's contracts in pyproject.toml), then every test tier: unit,
+# The whole suite: the format and lint (ruff), the layering (import-linter's contracts in pyproject.toml), then every test tier: unit,
 # orchestration (a Temporal server, stand-in activities), integration (the real stack: worker processes, vLLM,
 # Mooncake) and chaos. Tiers and their timeouts: tests/conftest.py.
 test: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The layering and the unit tests only: no server, no subprocess (a guard fails a unit test that starts one);
 # under a minute.
 test-fast: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 

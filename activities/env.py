@@ -26,6 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
 from rollart.activities.env_pool import ResetPool, close_quietly
 from rollart.activities.envs.base import EnvSessionLost
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
@@ -48,8 +51,6 @@ from rollart.contracts.activities import (
 from rollart.contracts.errors import ErrorType
 from rollart.infra.config import FaultModel
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["EnvActivities"]
 
@@ -80,7 +81,9 @@ class _Session:
 class EnvActivities:
     """Holds this worker's env sessions; its bound methods are the registered activities."""
 
-    def __init__(self, worker_id: str, queue: str, env_threads: int = 64, sticky_start_s: float = STICKY_START_S) -> None:
+    def __init__(
+        self, worker_id: str, queue: str, env_threads: int = 64, sticky_start_s: float = STICKY_START_S
+    ) -> None:
         self.worker_id = worker_id
         self.queue = queue
         self.sticky_start_s = sticky_start_s  # a call left waiting this long on `queue` means this worker is dead
@@ -122,9 +125,10 @@ class EnvActivities:
         timeout_s = entry.reset_timeout_s * max(resets, 1)
         try:
             return await asyncio.wait_for(self._call(fn, *args), timeout_s)
-        except asyncio.TimeoutError:
-            raise ApplicationError(f"env {name!r}: {resets} throwaway resets took over {timeout_s:g}s",
-                                   type="EnvResetTimeout") from None  # fmt: skip
+        except TimeoutError:
+            raise ApplicationError(
+                f"env {name!r}: {resets} throwaway resets took over {timeout_s:g}s", type="EnvResetTimeout"
+            ) from None
 
     def _build(self, name: str, env_args: dict[str, Any], options: EnvOptions | None) -> tuple[EnvEntry, Any]:
         entry, env = _build(name, env_args)
@@ -135,8 +139,9 @@ class EnvActivities:
             env = FaultyEnv(env, injector)
         return entry, env
 
-    async def _reset_envs(self, name: str, env_args: dict[str, Any], options: EnvOptions | None, seed: int,
-                          n: int) -> tuple[EnvEntry, list[tuple[Any, str]]]:  # fmt: skip
+    async def _reset_envs(
+        self, name: str, env_args: dict[str, Any], options: EnvOptions | None, seed: int, n: int
+    ) -> tuple[EnvEntry, list[tuple[Any, str]]]:
         """n envs reset from `seed`: through the pre-reset pool when the task has one, else n plain resets."""
         entry = _lookup(name)  # an unknown name fails here, before any reset starts
         timeout = (options.reset_timeout_s if options else None) or entry.reset_timeout_s
@@ -166,7 +171,7 @@ class EnvActivities:
         timeout_s = timeout_s or entry.reset_timeout_s
         try:
             return await asyncio.wait_for(self._call(_reset_now, entry, env, seed), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ApplicationError(
                 f"env {entry.name!r} reset(seed={seed}) took over {timeout_s:g}s", type="EnvResetTimeout"
             ) from None
@@ -229,15 +234,22 @@ class EnvActivities:
                     if session.done[member] and turn < len(actions) - 1:
                         raise _mismatch(inp, member, f"episode ended at turn {turn} of {len(actions)} on replay")
                 if observation != expected:
-                    raise _mismatch(inp, member, f"replay ends on {observation[:60]!r}, the episode saw {expected[:60]!r}")
+                    raise _mismatch(
+                        inp, member, f"replay ends on {observation[:60]!r}, the episode saw {expected[:60]!r}"
+                    )
         except BaseException:
             for env in session.envs:
                 await self._close(entry, env, f"a failed restore of {inp.owner_id}")
             raise
         session_id = f"{inp.owner_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = session
-        activity.logger.info("restored %s on %s (%d members, %d actions replayed)", inp.owner_id, self.worker_id,
-                             len(inp.actions), sum(map(len, inp.actions)))  # fmt: skip
+        activity.logger.info(
+            "restored %s on %s (%d members, %d actions replayed)",
+            inp.owner_id,
+            self.worker_id,
+            len(inp.actions),
+            sum(map(len, inp.actions)),
+        )
         return GroupHandle(
             session_id=session_id,
             queue=self.queue,
@@ -282,7 +294,9 @@ class EnvActivities:
 
     async def _step(self, session: _Session, member: int, action: str) -> StepResult:
         if session.done[member]:
-            raise bad_input(f"session of {session.owner} (member {member}) already ended; a step after done is a caller bug")
+            raise bad_input(
+                f"session of {session.owner} (member {member}) already ended; a step after done is a caller bug"
+            )
         try:
             outcome = await self._call(session.envs[member].step, action)
         except TransientStepFault as e:  # raised before the env was touched: its state is intact, retry is safe
@@ -293,8 +307,9 @@ class EnvActivities:
                 self._sessions = {sid: s for sid, s in self._sessions.items() if s is not session}
                 for env in session.envs:
                     await self._close(session.entry, env, f"a lost session of {session.owner}")
-            raise ApplicationError(f"env {session.entry.name!r} lost its session: {e}", type=ErrorType.SESSION_LOST,
-                                   non_retryable=True) from e  # fmt: skip
+            raise ApplicationError(
+                f"env {session.entry.name!r} lost its session: {e}", type=ErrorType.SESSION_LOST, non_retryable=True
+            ) from e
         except Exception as e:
             session.done[member] = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
@@ -312,16 +327,19 @@ class EnvActivities:
     @activity.defn(name="prompts")
     async def prompts(self, inp: PromptsInput) -> list[str]:
         """Single-turn tasks: each seed's first observation, from a throwaway env (no session kept)."""
-        return await self._single_turn(inp.env, _first_observations, inp.env, inp.env_args, inp.seeds,
-                                       resets=len(inp.seeds))  # fmt: skip
+        return await self._single_turn(
+            inp.env, _first_observations, inp.env, inp.env_args, inp.seeds, resets=len(inp.seeds)
+        )
 
     @activity.defn(name="check")
     async def check(self, inp: CheckInput) -> list[list[StepResult]]:
         """Single-turn tasks: play each answer as the only step of a fresh env reset from its seed."""
         if len(inp.seeds) != len(inp.answers):
             raise bad_input(f"check: {len(inp.seeds)} seeds but {len(inp.answers)} answer lists")
-        return [await self._single_turn(inp.env, _play_answers, inp.env, inp.env_args, seed, answers, resets=len(answers))
-                for seed, answers in zip(inp.seeds, inp.answers)]  # fmt: skip
+        return [
+            await self._single_turn(inp.env, _play_answers, inp.env, inp.env_args, seed, answers, resets=len(answers))
+            for seed, answers in zip(inp.seeds, inp.answers)
+        ]
 
     def _session(self, session_id: str) -> _Session:
         try:

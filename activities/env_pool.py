@@ -73,7 +73,9 @@ class ResetPool:
                 else:
                     self._keep(key, t.result())
         for t in pending:  # hedges still running: they become spares when (if) they succeed
-            t.add_done_callback(lambda t, key=key: None if t.cancelled() or t.exception() else self._keep(key, t.result()))
+            t.add_done_callback(
+                lambda t, key=key: None if t.cancelled() or t.exception() else self._keep(key, t.result())
+            )
         if len(got) < n:
             for env, observation in got:
                 self._keep(key, (env, observation))

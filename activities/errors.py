@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from temporalio.exceptions import ApplicationError
+
 from rollart.contracts.errors import ErrorType
 from rollart.infra.store import StoreError
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["INFRA_ERRORS", "bad_input", "env_broken", "train_step_failed", "unknown_component"]
 

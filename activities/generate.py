@@ -12,6 +12,9 @@ import logging
 import time
 from pathlib import Path
 
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
 from rollart.activities.heartbeat import heartbeating
@@ -21,8 +24,6 @@ from rollart.contracts.store import StoredCompletion, StoredTurn
 from rollart.infra.config import PromptFormat, SamplingParams
 from rollart.infra.store import Store, key_word
 from rollart.infra.weights import fetch_latest
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["GenerateActivities", "stored_turn"]
 
@@ -41,8 +42,15 @@ class GenerateActivities:
     task's `prompt` format (`renderer`; by default the model directory's, next to `base_weights`).
     """
 
-    def __init__(self, engine: Engine, store: Store, worker_id: str, weights_dir: Path, base_weights: Path,
-                 renderer: PromptRenderer | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        store: Store,
+        worker_id: str,
+        weights_dir: Path,
+        base_weights: Path,
+        renderer: PromptRenderer | None = None,
+    ) -> None:
         self.engine = engine
         self.renderer = renderer or PromptRenderer(Path(base_weights).parent)
         self.store = store
@@ -64,19 +72,27 @@ class GenerateActivities:
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
         """Sample every prompt concurrently (one turn of a whole GRPO group): one activity, one engine batch."""
         if len(inp.prompts) != len(inp.data_keys):
-            raise ApplicationError(f"generate_batch: {len(inp.prompts)} prompts but {len(inp.data_keys)} data keys",
-                                   type=ErrorType.INVALID_INPUT, non_retryable=True)  # fmt: skip
+            raise ApplicationError(
+                f"generate_batch: {len(inp.prompts)} prompts but {len(inp.data_keys)} data keys",
+                type=ErrorType.INVALID_INPUT,
+                non_retryable=True,
+            )
         request_id = _request_id()
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
-            return list(await asyncio.gather(*(
-                self._sample(prompt, inp.prompt_format, inp.sampling, key, f"{request_id}:{i}")
-                for i, (prompt, key) in enumerate(zip(inp.prompts, inp.data_keys))
-            )))  # fmt: skip
+            return list(
+                await asyncio.gather(
+                    *(
+                        self._sample(prompt, inp.prompt_format, inp.sampling, key, f"{request_id}:{i}")
+                        for i, (prompt, key) in enumerate(zip(inp.prompts, inp.data_keys))
+                    )
+                )
+            )
 
-    async def _sample(self, observation: str, fmt: PromptFormat | None, sampling: SamplingParams, data_key: str,
-                      request_id: str) -> GenerateResult:  # fmt: skip
+    async def _sample(
+        self, observation: str, fmt: PromptFormat | None, sampling: SamplingParams, data_key: str, request_id: str
+    ) -> GenerateResult:
         """One engine request for `observation` rendered per `fmt`; its tokens and logprobs go to the store."""
         prompt = await self._render(observation, fmt)
         try:
@@ -136,8 +152,14 @@ class GenerateActivities:
             t1 = time.monotonic()
             await self.engine.load_weights(path, version, force=switching)
             self._job = want.job_id
-            log.info("loaded policy v%d of %s in %.2fs (pull %.2fs, engine reload %.2fs)", version, want.job_id,
-                     time.monotonic() - t0, t1 - t0, time.monotonic() - t1)  # fmt: skip
+            log.info(
+                "loaded policy v%d of %s in %.2fs (pull %.2fs, engine reload %.2fs)",
+                version,
+                want.job_id,
+                time.monotonic() - t0,
+                t1 - t0,
+                time.monotonic() - t1,
+            )
             for old in self.weights_dir.glob("*.safetensors"):
                 if old != path:
                     old.unlink(missing_ok=True)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from temporalio import activity
+from temporalio.client import Client
+
 from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
 from rollart.infra.backlog import queue_stats
 from rollart.infra.config import TemporalConfig
 from rollart.infra.liveness import last_seen_s_ago, queue_liveness
-from temporalio import activity
-from temporalio.client import Client
 
 __all__ = ["QueueActivities"]
 
@@ -27,7 +28,14 @@ class QueueActivities:
         return DescribeQueuesResult(queues=list(await asyncio.gather(*(self._describe(q) for q in inp.queues))))
 
     async def _describe(self, queue: str) -> QueueState:
-        stats, live = await asyncio.gather(queue_stats(self.client, queue), queue_liveness(self.client, queue, self.heartbeat_s))
-        return QueueState(queue=queue, backlog=stats.backlog, backlog_age_s=stats.backlog_age_s, pollers=stats.pollers,
-                          workers=live.alive if live else None,
-                          last_seen_s_ago=last_seen_s_ago(stats.last_poll_s_ago, live))  # fmt: skip
+        stats, live = await asyncio.gather(
+            queue_stats(self.client, queue), queue_liveness(self.client, queue, self.heartbeat_s)
+        )
+        return QueueState(
+            queue=queue,
+            backlog=stats.backlog,
+            backlog_age_s=stats.backlog_age_s,
+            pollers=stats.pollers,
+            workers=live.alive if live else None,
+            last_seen_s_ago=last_seen_s_ago(stats.last_poll_s_ago, live),
+        )

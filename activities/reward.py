@@ -12,13 +12,14 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
 from rollart.activities.errors import bad_input, unknown_component
 from rollart.activities.heartbeat import heartbeating
 from rollart.contracts.activities import RewardBatchInput, RewardInput, RewardResult, Transcript
 from rollart.contracts.errors import ErrorType
 from rollart.infra.registry import RewardEntry, UnknownComponentError, lookup_reward
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["HEARTBEAT_EVERY_S", "RewardActivities", "as_reward_result"]
 
@@ -93,9 +94,12 @@ def as_reward_result(value: object, name: str) -> RewardResult:
         result = RewardResult(value=float(value), success=float(value) >= 1.0)
     else:
         raise ApplicationError(
-            f"reward {name!r} returned {value!r}; return a float or a RewardResult", type=ErrorType.INVALID_INPUT,
+            f"reward {name!r} returned {value!r}; return a float or a RewardResult",
+            type=ErrorType.INVALID_INPUT,
             non_retryable=True,
         )
     if not math.isfinite(result.value):
-        raise ApplicationError(f"reward {name!r} returned {result.value}", type=ErrorType.INVALID_INPUT, non_retryable=True)
+        raise ApplicationError(
+            f"reward {name!r} returned {result.value}", type=ErrorType.INVALID_INPUT, non_retryable=True
+        )
     return result

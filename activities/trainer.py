@@ -12,8 +12,9 @@ A step is idempotent: its result is recorded in `run_dir/steps/` and a repeated 
 record without touching the weights, so Temporal may retry freely. What is retried: a lost trainer
 (its heartbeats stop), a dead rank (`TrainerRankFailed`), the store or a file system briefly failing
 (`INFRA_ERRORS`). What is not: an exception of the step's own code (a shape error, an index out of
-range, a bad value) fails `TrainStepFailed`, non-retryable, naming the step, the job and the cause. Workflow code must never import
-this module (it imports torch); workflows call the activity by name with `TrainStepInput`.
+range, a bad value) fails `TrainStepFailed`, non-retryable, naming the step, the job and the cause.
+Workflow code must never import this module (it imports torch); workflows call the activity by name
+with `TrainStepInput`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 import torch
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
 from rollart.activities.errors import INFRA_ERRORS, bad_input, train_step_failed
 from rollart.activities.heartbeat import heartbeating
 from rollart.activities.training.devices import DeviceUnavailable, resolve_device
@@ -34,8 +38,6 @@ from rollart.activities.training.step import TrainerState, resume, train_step
 from rollart.activities.training.torch_policy import TorchPolicy
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.store import Store
-from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["HEARTBEAT_EVERY_S", "RankLauncher", "TrainerActivities", "checkpoint_dir", "step_record_path"]
 
@@ -68,8 +70,14 @@ class TrainerActivities:
     `ranks`: where megatron steps go (None: this worker trains with torch only).
     """
 
-    def __init__(self, store: Store, *, torch_threads: int | None = 1, keep_weight_versions: int = 2,
-                 ranks: RankLauncher | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: Store,
+        *,
+        torch_threads: int | None = 1,
+        keep_weight_versions: int = 2,
+        ranks: RankLauncher | None = None,
+    ) -> None:
         self.store = store
         self.keep_weight_versions = keep_weight_versions
         self.torch_threads = torch_threads
@@ -100,8 +108,10 @@ class TrainerActivities:
 
     async def _on_ranks(self, inp: TrainStepInput) -> TrainStepResult:
         if self.ranks is None:
-            raise bad_input(f"job {inp.job_id!r} asks for trainer.backend megatron, but this trainer worker has no "
-                            "rank launcher; run it with `rollart worker --pool trainer`")  # fmt: skip
+            raise bad_input(
+                f"job {inp.job_id!r} asks for trainer.backend megatron, but this trainer worker has no "
+                "rank launcher; run it with `rollart worker --pool trainer`"
+            )
         ranks, cancelled = self.ranks, threading.Event()
         return await _in_thread(lambda: ranks.run_step(inp, cancelled), on_cancel=cancelled.set)
 

@@ -35,10 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, add_help=own_help)
     parser.add_argument("name", choices=[*sorted(BENCHMARKS), "all"], help="which benchmark, or all of them")
     args, rest = parser.parse_known_args()
-    if args.name == "all":
-        rc = run_all(ALL, rest)
-    else:
-        rc = importlib.import_module(BENCHMARKS[args.name]).main(rest)
+    rc = run_all(ALL, rest) if args.name == "all" else importlib.import_module(BENCHMARKS[args.name]).main(rest)
     sys.stdout.flush()
     os._exit(rc)  # dodge the SDK's known crash at interpreter exit
 
@@ -71,10 +68,23 @@ def summary(names: list[str], took: dict[str, float]) -> str:
     for name in names:
         modes = json.loads((RESULTS / f"{name}.json").read_text()).get("modes", [])
         for i, m in enumerate(modes):
-            rows.append({"mode": f"{name}: {m['name']}", "wall_s": m.get("wall_s"), "ratio": m.get("speedup_vs_baseline"),
-                         "took": took[name] if i == 0 else None})  # fmt: skip
-    table = format_table(rows, [("mode", "benchmark: mode", ""), ("wall_s", "wall s", ".3g"),
-                                ("ratio", "vs baseline", ".2f"), ("took", "bench took s", ".0f")])  # fmt: skip
+            rows.append(
+                {
+                    "mode": f"{name}: {m['name']}",
+                    "wall_s": m.get("wall_s"),
+                    "ratio": m.get("speedup_vs_baseline"),
+                    "took": took[name] if i == 0 else None,
+                }
+            )
+    table = format_table(
+        rows,
+        [
+            ("mode", "benchmark: mode", ""),
+            ("wall_s", "wall s", ".3g"),
+            ("ratio", "vs baseline", ".2f"),
+            ("took", "bench took s", ".0f"),
+        ],
+    )
     return f"\n===== all: every mode against its benchmark's baseline (bench/results/NAME.json) =====\n{table}"
 
 

@@ -33,8 +33,9 @@ BASELINE = "one pool (2x h800)"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench affinity", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench affinity", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="4 steps x 1 repeat (< 5 min)")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
@@ -55,32 +56,53 @@ def main(argv: list[str]) -> int:
 
 async def _run(stack, home, job, steps, repeats, name, single, batch_size) -> list[dict]:
     client = await connect(stack.temporal, stack.store)
-    await measure_job(client, multitask_job(home, 2, batch_size=batch_size, single_pool=single), "warmup", home / "runs")
+    await measure_job(
+        client, multitask_job(home, 2, batch_size=batch_size, single_pool=single), "warmup", home / "runs"
+    )
     out = []
     for r in range(repeats):
-        m = await measure_job(client, job, f"affinity-{'single' if single else 'split'}-r{r}", home / "runs", stack=stack)
+        m = await measure_job(
+            client, job, f"affinity-{'single' if single else 'split'}-r{r}", home / "runs", stack=stack
+        )
         out.append(m)
-        print(f"  repeat {r + 1}/{repeats} {name:<22} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
-              f"per generation worker busy: " + ", ".join(f"{v:.0%}" for v in m["busy_per_gen_worker"].values()),
-              flush=True)  # fmt: skip
+        print(
+            f"  repeat {r + 1}/{repeats} {name:<22} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
+            f"per generation worker busy: " + ", ".join(f"{v:.0%}" for v in m["busy_per_gen_worker"].values()),
+            flush=True,
+        )
     return out
 
 
-COLUMNS = [("name", "layout", ""), ("wall_s", "wall s", ".1f"), ("speedup_vs_baseline", "vs one pool", ".2f"),
-           ("trajectories_per_s", "traj/s", ".1f"), ("busy_generation", "gen busy (any)", ".0%"),
-           ("gen_worker_busy_min", "worker busy min", ".0%"), ("gen_worker_busy_max", "worker busy max", ".0%"),
-           ("generate_p50_s", "generate p50 s", ".3f"), ("busy_trainer", "trainer busy", ".0%")]  # fmt: skip
+COLUMNS = [
+    ("name", "layout", ""),
+    ("wall_s", "wall s", ".1f"),
+    ("speedup_vs_baseline", "vs one pool", ".2f"),
+    ("trajectories_per_s", "traj/s", ".1f"),
+    ("busy_generation", "gen busy (any)", ".0%"),
+    ("gen_worker_busy_min", "worker busy min", ".0%"),
+    ("gen_worker_busy_max", "worker busy max", ".0%"),
+    ("generate_p50_s", "generate p50 s", ".3f"),
+    ("busy_trainer", "trainer busy", ".0%"),
+]
 
 
 def report(rows: list[dict], steps: int, repeats: int, batch_size: int) -> None:
-    print(f"\naffinity: {steps} training steps of the multi-task job (trajectory rollout, bound 1), batch {batch_size}, "
-          f"two generation workers either way, medians of {repeats} repeat(s)")  # fmt: skip
+    print(
+        f"\naffinity: {steps} training steps of the multi-task job (trajectory rollout, bound 1), batch {batch_size}, "
+        f"two generation workers either way, medians of {repeats} repeat(s)"
+    )
     print(format_table(rows, COLUMNS))
     print("  worker busy = share of the wall time with at least one generate call running on that worker")
-    path = write_results("affinity", rows, steps=steps, repeats=repeats, batch_size=batch_size, latency=LATENCY,
-                         baseline=BASELINE)  # fmt: skip
-    png = plot_modes("affinity", rows, f"affinity: {steps} steps, two generation workers either way",
-                     extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
+    path = write_results(
+        "affinity", rows, steps=steps, repeats=repeats, batch_size=batch_size, latency=LATENCY, baseline=BASELINE
+    )
+    png = plot_modes(
+        "affinity",
+        rows,
+        f"affinity: {steps} steps, two generation workers either way",
+        extra_key="trajectories_per_s",
+        extra_label="trajectories/s",
+    )
     print(f"\n  written: {path}, {png}")
 
 

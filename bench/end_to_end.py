@@ -39,21 +39,28 @@ HOME = RESULTS / ".stack-end_to_end"
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench end_to_end", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench end_to_end", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="6 steps x 2 repeats (~2 min here)")
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="repeats per mode (default 3)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--unit", choices=["group", "trajectory"], default="group",
-                        help="FrozenLake's rollout_unit in every mode (default group)")
+    parser.add_argument(
+        "--unit",
+        choices=["group", "trajectory"],
+        default="group",
+        help="FrozenLake's rollout_unit in every mode (default group)",
+    )
     parser.add_argument("--sokoban", action="store_true", help="add GEM's Sokoban to the mix (h800, slower env)")
     args = parser.parse_args(argv)
     steps, repeats = (6, 2) if args.quick else (args.steps, args.repeats)
     job = multitask_job(HOME, steps, batch_size=args.batch_size, rollout_unit=args.unit, sokoban=args.sokoban)
     stack = stack_for(job, HOME, pools_for_job(job, training=True))
-    print(f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
-          flush=True)  # fmt: skip
+    print(
+        f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
+        flush=True,
+    )
     with stack:
         runs = asyncio.run(_run(stack, steps, repeats, args.batch_size, args.unit, args.sokoban))
     rows = summarize(runs, BASELINE)
@@ -68,33 +75,61 @@ async def _run(stack, steps: int, repeats: int, batch_size: int, unit: str, soko
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(repeats):
         for name, (mode, bound) in MODES.items():
-            job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=batch_size,
-                                rollout_unit=unit, sokoban=sokoban)  # fmt: skip
+            job = multitask_job(
+                HOME,
+                steps,
+                rollout_mode=mode,
+                async_bound=bound,
+                batch_size=batch_size,
+                rollout_unit=unit,
+                sokoban=sokoban,
+            )
             m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs", stack=stack)
             runs[name].append(m)
-            print(f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
-                  f"gen busy {m['busy_generation']:.0%}", flush=True)  # fmt: skip
+            print(
+                f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
+                f"gen busy {m['busy_generation']:.0%}",
+                flush=True,
+            )
     return runs
 
 
-COLUMNS = [("name", "mode", ""), ("wall_s", "wall s", ".1f"), ("speedup_vs_baseline", "vs sync", ".2f"),
-           ("trajectories_per_s", "traj/s", ".1f"), ("busy_generation", "gen busy", ".0%"),
-           *[(f"busy_{p}", f"{p} busy", ".0%") for p in POOLS_REPORTED], ("dropped", "dropped", ".0f"),
-           ("reset_max_s", "reset max s", ".2f")]  # fmt: skip
-PROFILE = [("name", "mode", ""), ("activities", "activities", ".0f"), ("wait_ms_p50", "wait ms", ".0f"),
-           ("return_ms_p50", "return ms", ".0f"), ("generate_p50_s", "generate p50 s", ".3f"),
-           ("cores_temporal-server", "server cores", ".2f"), ("cores_control", "control cores", ".2f"),
-           ("cores_cpu", "cpu cores", ".2f"), ("cores_h800", "h800 cores", ".2f"), ("cores_h20", "h20 cores", ".2f"),
-           ("cores_trainer", "trainer cores", ".2f")]  # fmt: skip
+COLUMNS = [
+    ("name", "mode", ""),
+    ("wall_s", "wall s", ".1f"),
+    ("speedup_vs_baseline", "vs sync", ".2f"),
+    ("trajectories_per_s", "traj/s", ".1f"),
+    ("busy_generation", "gen busy", ".0%"),
+    *[(f"busy_{p}", f"{p} busy", ".0%") for p in POOLS_REPORTED],
+    ("dropped", "dropped", ".0f"),
+    ("reset_max_s", "reset max s", ".2f"),
+]
+PROFILE = [
+    ("name", "mode", ""),
+    ("activities", "activities", ".0f"),
+    ("wait_ms_p50", "wait ms", ".0f"),
+    ("return_ms_p50", "return ms", ".0f"),
+    ("generate_p50_s", "generate p50 s", ".3f"),
+    ("cores_temporal-server", "server cores", ".2f"),
+    ("cores_control", "control cores", ".2f"),
+    ("cores_cpu", "cpu cores", ".2f"),
+    ("cores_h800", "h800 cores", ".2f"),
+    ("cores_h20", "h20 cores", ".2f"),
+    ("cores_trainer", "trainer cores", ".2f"),
+]
 
 
 def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: str, sokoban: bool = False) -> None:
     mix = "FrozenLake h800 + arithmetic h20" + (" + Sokoban h800" if sokoban else "")
-    print(f"\nend_to_end: {steps} training steps of the multi-task job ({mix}), batch "
-          f"{batch_size}, rollout_unit {unit}, medians of {repeats} repeat(s)")  # fmt: skip
+    print(
+        f"\nend_to_end: {steps} training steps of the multi-task job ({mix}), batch "
+        f"{batch_size}, rollout_unit {unit}, medians of {repeats} repeat(s)"
+    )
     for task, lat in [("FrozenLake", LATENCY)] + ([("Sokoban", SOKOBAN_LATENCY)] if sokoban else []):
-        print(f"  {task} env latency (the fault model, TaskSpec.faults): reset median {lat['reset_median_s']} s / "
-              f"p99 {lat['reset_p99_s']} s, step median {lat['step_median_s']} s / p99 {lat['step_p99_s']} s")  # fmt: skip
+        print(
+            f"  {task} env latency (the fault model, TaskSpec.faults): reset median {lat['reset_median_s']} s / "
+            f"p99 {lat['reset_p99_s']} s, step median {lat['step_median_s']} s / p99 {lat['step_p99_s']} s"
+        )
     print(format_table(rows, COLUMNS))
     print("\n  where the time goes (medians): activities run, Temporal's queue wait and workflow-task return per")
     print("  activity, the median generate call, and CPU cores used by each process group (of 2, incl. children)")
@@ -102,11 +137,25 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
     name = "end_to_end-sokoban" if sokoban else "end_to_end"
-    path = write_results(name, rows, steps=steps, repeats=repeats, batch_size=batch_size,
-                         latency=LATENCY, baseline=BASELINE, paper_speedup=[1.35, 2.05], rollout_unit=unit,
-                         sokoban_latency=SOKOBAN_LATENCY if sokoban else None)  # fmt: skip
-    png = plot_modes(name, rows, f"end_to_end: {steps} steps, {mix}, batch {batch_size}",
-                     extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
+    path = write_results(
+        name,
+        rows,
+        steps=steps,
+        repeats=repeats,
+        batch_size=batch_size,
+        latency=LATENCY,
+        baseline=BASELINE,
+        paper_speedup=[1.35, 2.05],
+        rollout_unit=unit,
+        sokoban_latency=SOKOBAN_LATENCY if sokoban else None,
+    )
+    png = plot_modes(
+        name,
+        rows,
+        f"end_to_end: {steps} steps, {mix}, batch {batch_size}",
+        extra_key="trajectories_per_s",
+        extra_label="trajectories/s",
+    )
     print(f"\n  written: {path}, {png}")
 
 

@@ -36,16 +36,18 @@ def _line(name: str, ok: bool, detail: str) -> bool:
 async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
     """Serve 32 requests, swap in weights one torch step away, serve again: versions and log-probs follow."""
     import torch
+    from transformers import AutoModelForCausalLM
+
     from rollart.client.in_process import started_engine
     from rollart.client.local import trainer_logprobs, weights_blob
     from rollart.infra.config import EngineConfig, SamplingParams
-    from transformers import AutoModelForCausalLM
 
     sampling = SamplingParams(temperature=1.0, max_tokens=8, n=4)
     prompt = "SFFF\nFHAH\nFFFH\nHFFG\nmove:"
     t0 = time.perf_counter()
-    async with started_engine(model_dir, EngineConfig(max_model_len=256, gpu_memory_utilization=0.25,
-                                                      dtype="float32")) as engine:  # fmt: skip
+    async with started_engine(
+        model_dir, EngineConfig(max_model_len=256, gpu_memory_utilization=0.25, dtype="float32")
+    ) as engine:
         started = time.perf_counter() - t0
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(engine.generate(prompt, sampling, f"gpu-{i}") for i in range(32)))
@@ -60,20 +62,26 @@ async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
         await engine.load_weights(blob, 1)
         swap_s = time.perf_counter() - t0
         after = await engine.generate(prompt, sampling, "gpu-after")
-        trainer = trainer_logprobs(model_dir, blob.read_bytes(), [(after.prompt_ids, c.token_ids) for c in after.completions],
-                                   device)  # fmt: skip
-        diff = max(float((torch.tensor(t) - torch.tensor(c.logprobs)).abs().max())
-                   for t, c in zip(trainer, after.completions))  # fmt: skip
+        trainer = trainer_logprobs(
+            model_dir, blob.read_bytes(), [(after.prompt_ids, c.token_ids) for c in after.completions], device
+        )
+        diff = max(
+            float((torch.tensor(t) - torch.tensor(c.logprobs)).abs().max()) for t, c in zip(trainer, after.completions)
+        )
     tokens = sum(len(c.token_ids) for o in outs for c in o.completions)
     ok = after.policy_version == after.policy_version_end == 1 and diff < 1e-3
-    return _line(f"vLLM ({device}) serves and swaps weights", ok,
-                 f"start {started:.1f} s, 32 requests x n=4 in {serve_s:.2f} s ({tokens / serve_s:.0f} tok/s), swap "
-                 f"{swap_s:.3f} s, after the swap version {after.policy_version}, |logprob - trainer| max {diff:.1e}")  # fmt: skip
+    return _line(
+        f"vLLM ({device}) serves and swaps weights",
+        ok,
+        f"start {started:.1f} s, 32 requests x n=4 in {serve_s:.2f} s ({tokens / serve_s:.0f} tok/s), swap "
+        f"{swap_s:.3f} s, after the swap version {after.policy_version}, |logprob - trainer| max {diff:.1e}",
+    )
 
 
 async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
     """Megatron T=1 (and T=2 with two GPUs) against the torch backend, through the trainer worker's rank group."""
     import torch
+
     from bench.trainer import MODES, frozenlake_batch, run_mode
     from rollart.infra.store import LocalStore
 
@@ -85,8 +93,9 @@ async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
     for mode in modes:
         trainer = {**MODES[mode], "device": device, "eps": 1e-6}
         rows[mode] = await run_mode(mode, trainer, model_dir, samples, 3, home / "store", home / "runs")
-    from rollart.infra.weights import latest_weights
     from safetensors.torch import load as st_load
+
+    from rollart.infra.weights import latest_weights
 
     store = LocalStore(home / "store")
 
@@ -99,30 +108,46 @@ async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
         got = weights(mode)
         diff = max(float((ref[k] - got[k]).abs().max()) for k in ref)
         r = rows[mode]
-        ok &= _line(f"megatron {mode.split()[-1]} on {device} (rank group)", diff < 1e-4,
-                    f"3 steps, weights vs torch max |diff| {diff:.1e}; step {r['wall_s']:.3f} s (torch "
-                    f"{rows['torch']['wall_s']:.3f}), publish {r['publish_s']:.4f} s, ranks up in {r['first_step_s']:.1f} s")  # fmt: skip
+        ok &= _line(
+            f"megatron {mode.split()[-1]} on {device} (rank group)",
+            diff < 1e-4,
+            f"3 steps, weights vs torch max |diff| {diff:.1e}; step {r['wall_s']:.3f} s (torch "
+            f"{rows['torch']['wall_s']:.3f}), publish {r['publish_s']:.4f} s, ranks up in {r['first_step_s']:.1f} s",
+        )
     return ok
 
 
 async def check_stack(model_dir: Path, home: Path, device: str) -> bool:
     """3 training steps through Temporal, the pools' workers, vLLM and the megatron trainer."""
     import torch
+
     from bench.training_run import stack_for
+    from rollart.client.train import start_training
+    from rollart.contracts.training import TrainingStatus
     from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainerConfig, TrainingConfig
     from rollart.infra.pools import Pool
     from rollart.infra.temporal import connect
-    from rollart.client.train import start_training
-    from rollart.contracts.training import TrainingStatus
 
     tensor = 2 if device == "cuda" and torch.cuda.device_count() >= 2 else 1
-    task = TaskSpec(name="frozenlake", env="frozenlake", reward="success", env_args={"maps": "standard"}, max_turns=4,
-                    group_size=4, rollout_unit="group", sampling={"max_tokens": 1})  # fmt: skip
-    job = JobSpec(name="gpu", model_dir=model_dir, tasks=[task],
-                  engine=EngineConfig(max_model_len=256, gpu_memory_utilization=0.25),
-                  trainer=TrainerConfig(backend="megatron", parallel={"tensor": tensor}, device=device),
-                  training=TrainingConfig(steps=3, batch_size=16, async_bound=0),
-                  store=StoreConfig(path=home / "stack-store"))  # fmt: skip
+    task = TaskSpec(
+        name="frozenlake",
+        env="frozenlake",
+        reward="success",
+        env_args={"maps": "standard"},
+        max_turns=4,
+        group_size=4,
+        rollout_unit="group",
+        sampling={"max_tokens": 1},
+    )
+    job = JobSpec(
+        name="gpu",
+        model_dir=model_dir,
+        tasks=[task],
+        engine=EngineConfig(max_model_len=256, gpu_memory_utilization=0.25),
+        trainer=TrainerConfig(backend="megatron", parallel={"tensor": tensor}, device=device),
+        training=TrainingConfig(steps=3, batch_size=16, async_bound=0),
+        store=StoreConfig(path=home / "stack-store"),
+    )
     stack = stack_for(job, home / "stack", [Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS, Pool.TRAINER])
     t0 = time.perf_counter()
     with stack:
@@ -134,14 +159,18 @@ async def check_stack(model_dir: Path, home: Path, device: str) -> bool:
     wall = time.perf_counter() - t0 - up_s
     on_policy = [r.train["logprob_diff_behav"] for r in status.history]
     ok = result.version == 3 and status.ledger_balanced and max(on_policy) < 1e-3
-    return _line(f"3 steps through the stack (megatron T={tensor}, vLLM, {device})", ok,
-                 f"stack up in {up_s:.0f} s, 3 steps in {wall:.1f} s, version {result.version}, ledger "
-                 f"{'balanced' if status.ledger_balanced else 'UNBALANCED'}, vLLM vs trainer |logprob diff| "
-                 f"per step {', '.join(f'{d:.1e}' for d in on_policy)}")  # fmt: skip
+    return _line(
+        f"3 steps through the stack (megatron T={tensor}, vLLM, {device})",
+        ok,
+        f"stack up in {up_s:.0f} s, 3 steps in {wall:.1f} s, version {result.version}, ledger "
+        f"{'balanced' if status.ledger_balanced else 'UNBALANCED'}, vLLM vs trainer |logprob diff| "
+        f"per step {', '.join(f'{d:.1e}' for d in on_policy)}",
+    )
 
 
 async def run(device: str) -> bool:
     import torch
+
     from rollart.infra.tiny_model import ensure_tiny_model
 
     model_dir = ensure_tiny_model(RESULTS.parent.parent / ".rollart" / "models" / "tiny")
@@ -161,15 +190,21 @@ async def run(device: str) -> bool:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench gpu", description=__doc__.splitlines()[0])
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
-                   help="cpu: run the trainer and stack checks on the CPU (checks this script where there is no GPU)")
+    p.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="cpu: run the trainer and stack checks on the CPU (checks this script where there is no GPU)",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        print(f"bench gpu: no GPU visible to torch {torch.__version__} "
-              f"({'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}); nothing to check here")  # fmt: skip
+        print(
+            f"bench gpu: no GPU visible to torch {torch.__version__} "
+            f"({'CUDA ' + torch.version.cuda if torch.version.cuda else 'a CPU-only build'}); nothing to check here"
+        )
         return 0
     ok = asyncio.run(run(args.device))
     print("bench gpu: all checks passed" if ok else "bench gpu: FAILED")

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from bench.report import RESULTS, format_table
 from bench.training_run import REPO, stack_for
 from rollart.client.evaluate import evaluate
@@ -67,15 +68,21 @@ def for_run(job: JobSpec, bound: int, seed: int) -> JobSpec:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench learning", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench learning", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--example", default="frozenlake", help="examples/NAME.yaml (default frozenlake)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per bound: 0 .. N-1 (default 3)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--bounds", default="0,1,2", help="comma-separated async bounds (default 0,1,2)")
     parser.add_argument("--steps", type=int, help="train steps per run (default: the example's)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a job setting, e.g. trainer.mini_batches=2 or tasks.0.reward=progress (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a job setting, e.g. trainer.mini_batches=2 or tasks.0.reward=progress (repeatable)",
+    )
     parser.add_argument("--target", type=float, default=0.8, help="training success to reach (default 0.8)")
     parser.add_argument("--window", type=int, default=5, help="steps the success is averaged over (default 5)")
     parser.add_argument("--eval-episodes", type=int, default=200, help="held-out greedy episodes (default 200)")
@@ -124,9 +131,15 @@ async def _train_and_eval(stack: Any, job: JobSpec, episodes: int) -> dict[str, 
     rows.sort(key=lambda r: r["step"])
     (task,) = job.tasks
     greedy = await evaluate(job, task, job_id, None, episodes)
-    return {"job_id": job_id, "elapsed_s": [r["time"] - t0 for r in rows], "success": [played_success(r) for r in rows],
-            "filtered": result.filtered, "dropped": result.dropped, "eval": greedy.success_rate,
-            "eval_version": greedy.version}  # fmt: skip
+    return {
+        "job_id": job_id,
+        "elapsed_s": [r["time"] - t0 for r in rows],
+        "success": [played_success(r) for r in rows],
+        "filtered": result.filtered,
+        "dropped": result.dropped,
+        "eval": greedy.success_rate,
+        "eval_version": greedy.version,
+    }
 
 
 def measure(run: dict[str, Any], target: float, window: int) -> dict[str, Any]:
@@ -135,24 +148,41 @@ def measure(run: dict[str, Any], target: float, window: int) -> dict[str, Any]:
     reached = next((i for i in range(window - 1, len(s)) if sum(s[i - window + 1 : i + 1]) / window >= target), None)
     tail = s[-max(1, round(len(s) * STABLE_SHARE)) :]
     return {
-        "steps": len(s), "minutes": t[-1] / 60 if t else 0.0,
+        "steps": len(s),
+        "minutes": t[-1] / 60 if t else 0.0,
         "steps_to_target": reached + 1 if reached is not None else None,
         "minutes_to_target": t[reached] / 60 if reached is not None else None,
         "stable_share": sum(x >= target for x in tail) / len(tail),
-        "last50": statistics.fmean(s[-50:]), "last100": statistics.fmean(s[-100:]),
-    }  # fmt: skip
+        "last50": statistics.fmean(s[-50:]),
+        "last100": statistics.fmean(s[-100:]),
+    }
 
 
 def _line(run: dict[str, Any]) -> str:
-    to = f"{run['steps_to_target']} steps / {run['minutes_to_target']:.1f} min" if run["steps_to_target"] else "not reached"
-    return (f"to target {to}; last 20 % ≥ target {run['stable_share']:.0%}, last 50 {run['last50']:.2f}, "
-            f"last 100 {run['last100']:.2f}, greedy eval {run['eval']:.3f}, {run['minutes']:.1f} min")  # fmt: skip
+    to = (
+        f"{run['steps_to_target']} steps / {run['minutes_to_target']:.1f} min"
+        if run["steps_to_target"]
+        else "not reached"
+    )
+    return (
+        f"to target {to}; last 20 % ≥ target {run['stable_share']:.0%}, last 50 {run['last50']:.2f}, "
+        f"last 100 {run['last100']:.2f}, greedy eval {run['eval']:.3f}, {run['minutes']:.1f} min"
+    )
 
 
-COLUMNS = [("bound", "bound", ""), ("seed", "seed", ""), ("steps_to_target", "steps to 0.8", ".0f"),
-           ("minutes_to_target", "min to 0.8", ".1f"), ("stable_share", "last 20 % ≥ 0.8", ".0%"),
-           ("last50", "last 50", ".2f"), ("last100", "last 100", ".2f"), ("eval", "greedy eval", ".3f"),
-           ("filtered", "filtered", ".0f"), ("dropped", "dropped", ".0f"), ("minutes", "run min", ".1f")]  # fmt: skip
+COLUMNS = [
+    ("bound", "bound", ""),
+    ("seed", "seed", ""),
+    ("steps_to_target", "steps to 0.8", ".0f"),
+    ("minutes_to_target", "min to 0.8", ".1f"),
+    ("stable_share", "last 20 % ≥ 0.8", ".0%"),
+    ("last50", "last 50", ".2f"),
+    ("last100", "last 100", ".2f"),
+    ("eval", "greedy eval", ".3f"),
+    ("filtered", "filtered", ".0f"),
+    ("dropped", "dropped", ".0f"),
+    ("minutes", "run min", ".1f"),
+]
 
 
 def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -171,16 +201,29 @@ def summary_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(runs: list[dict[str, Any]], job: JobSpec, args: argparse.Namespace) -> None:
     """Print per-run and per-bound tables; write the results JSON and the plot."""
-    print(f"\nlearning: examples/{args.example}.yaml, {job.training.steps} steps, target: {args.window}-step mean "
-          f"training success ≥ {args.target}; greedy eval on {args.eval_episodes} held-out episodes")  # fmt: skip
+    print(
+        f"\nlearning: examples/{args.example}.yaml, {job.training.steps} steps, target: {args.window}-step mean "
+        f"training success ≥ {args.target}; greedy eval on {args.eval_episodes} held-out episodes"
+    )
     print(format_table(runs, COLUMNS))
     summary = summary_rows(runs)
     print(format_table(summary, [*COLUMNS, ("reached", "seeds reaching", "")]))
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = args.name or f"learning-{args.example}"
     path = RESULTS / f"{stem}.json"
-    path.write_text(json.dumps({"example": args.example, "sets": args.set, "target": args.target, "window": args.window,
-                                "runs": runs, "summary": summary}, indent=1))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "example": args.example,
+                "sets": args.set,
+                "target": args.target,
+                "window": args.window,
+                "runs": runs,
+                "summary": summary,
+            },
+            indent=1,
+        )
+    )
     png = plot(runs, args, RESULTS / f"{stem}.png")
     print(f"\n  written: {path}, {png}")
 
@@ -208,7 +251,9 @@ def plot(runs: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> Pa
         axes[0].plot(steps, curves.mean(0), color=color, label=label)
         axes[0].fill_between(steps, curves.min(0), curves.max(0), color=color, alpha=0.2)
         grid = np.linspace(0, min(r["elapsed_s"][-1] for r in mine) / 60, 200)
-        by_time = np.array([np.interp(grid, np.array(r["elapsed_s"]) / 60, _smooth(r["success"], args.window)) for r in mine])
+        by_time = np.array(
+            [np.interp(grid, np.array(r["elapsed_s"]) / 60, _smooth(r["success"], args.window)) for r in mine]
+        )
         axes[1].plot(grid, by_time.mean(0), color=color, label=label)
         axes[1].fill_between(grid, by_time.min(0), by_time.max(0), color=color, alpha=0.2)
     for ax, xlabel in zip(axes, ("train step", "minutes since training started")):
@@ -218,8 +263,9 @@ def plot(runs: list[dict[str, Any]], args: argparse.Namespace, path: Path) -> Pa
     axes[0].set_ylabel(f"training success ({args.window}-step mean)")
     axes[0].set_ylim(0, 1.02)
     axes[0].legend(loc="lower right")
-    fig.suptitle(f"learning: examples/{args.example}.yaml {' '.join(args.set)} (mean over seeds, band: min–max)",
-                 fontsize=10)  # fmt: skip
+    fig.suptitle(
+        f"learning: examples/{args.example}.yaml {' '.join(args.set)} (mean over seeds, band: min–max)", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -54,16 +54,22 @@ ENV_ARGS = {"maps": "standard", "invalid_action": "noop"}  # untrained moves are
 def overhead_job(latency: dict[str, float], rollout_unit: str = "trajectory") -> JobSpec:
     """FrozenLake alone (standard 4x4, ≤ 8 turns, invalid moves are no-ops), with the given env latency."""
     task = frozenlake_task(latency, pool=Pool.H800, max_turns=MAX_TURNS, env_args=ENV_ARGS, rollout_unit=rollout_unit)
-    return JobSpec(name="bench", model_dir=HOME / "model", tasks=[task], engine=EngineConfig(max_model_len=256),
-                   store=StoreConfig(path=HOME / "store"))  # fmt: skip
+    return JobSpec(
+        name="bench",
+        model_dir=HOME / "model",
+        tasks=[task],
+        engine=EngineConfig(max_model_len=256),
+        store=StoreConfig(path=HOME / "store"),
+    )
 
 
 LATENCIES = {"latency model": LATENCY, "zero latency": NO_LATENCY}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="16 trajectories x 2 repeats (< 5 min)")
     parser.add_argument("-n", type=int, default=64, help="trajectories per repeat (default 64)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -71,7 +77,9 @@ def main(argv: list[str]) -> int:
     n, repeats = (16, 2) if args.quick else (args.n, args.repeats)
     runs: dict[str, list[dict]] = {}
     job = overhead_job(LATENCY)
-    print(f"overhead: {n} FrozenLake trajectories x {repeats} repeats; Temporal path: starting the stack ...", flush=True)
+    print(
+        f"overhead: {n} FrozenLake trajectories x {repeats} repeats; Temporal path: starting the stack ...", flush=True
+    )
     with stack_for(job, HOME, [Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS]) as stack:
         runs.update(asyncio.run(_temporal(stack, n, repeats)))
     print("overhead: plain asyncio path (engine in this process) ...", flush=True)
@@ -113,8 +121,11 @@ async def _temporal(stack, n: int, repeats: int) -> dict[str, list[dict]]:
                 m = await _temporal_round(client, overhead_job(latency, rollout_unit), n, seed=r)
                 m |= _cpu_per_activity(cpu0, cpu_seconds(stack), m["activities"])
                 out.setdefault(mode("temporal", unit, lat), []).append(m)
-                print(f"  repeat {r + 1}/{repeats} {mode('temporal', unit, lat):<34} {m['wall_s']:6.2f} s  trajectory "
-                      f"{m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
+                print(
+                    f"  repeat {r + 1}/{repeats} {mode('temporal', unit, lat):<34} {m['wall_s']:6.2f} s  trajectory "
+                    f"{m['trajectory_s']:.2f} s",
+                    flush=True,
+                )
     return out
 
 
@@ -129,9 +140,14 @@ async def _temporal_round(client, job: JobSpec, n: int, seed: int) -> dict:
     rows = []
     for workflow_id in workflow_walls:
         rows += activity_timings(await client.get_workflow_handle(workflow_id).fetch_history())
-    return _temporal_measures(wall, [o.wall_s for o in outcomes], [o.result for o in outcomes if o.result], rows,
-                              completed=sum(o.status == "completed" for o in outcomes),
-                              workflow_walls=list(workflow_walls.values()))  # fmt: skip
+    return _temporal_measures(
+        wall,
+        [o.wall_s for o in outcomes],
+        [o.result for o in outcomes if o.result],
+        rows,
+        completed=sum(o.status == "completed" for o in outcomes),
+        workflow_walls=list(workflow_walls.values()),
+    )
 
 
 def _cpu_per_activity(before: dict[str, float], after: dict[str, float], activities: int) -> dict[str, float]:
@@ -139,19 +155,31 @@ def _cpu_per_activity(before: dict[str, float], after: dict[str, float], activit
     orchestration costs, read from the processes rather than the clock, so less sensitive to a busy machine."""
     used = {k: after[k] - before.get(k, 0.0) for k in after}
     control = sum(v for k, v in used.items() if k.startswith(f"{Pool.CONTROL.value}#"))
-    return {"server_cpu_ms_per_activity": 1000 * used.get("temporal-server", 0.0) / max(1, activities),
-            "control_cpu_ms_per_activity": 1000 * control / max(1, activities)}  # fmt: skip
+    return {
+        "server_cpu_ms_per_activity": 1000 * used.get("temporal-server", 0.0) / max(1, activities),
+        "control_cpu_ms_per_activity": 1000 * control / max(1, activities),
+    }
 
 
-def _temporal_measures(wall: float, walls: list[float], results: list[TrajectoryResult], rows: list[dict],
-                       completed: int, workflow_walls: list[float]) -> dict:  # fmt: skip
+def _temporal_measures(
+    wall: float,
+    walls: list[float],
+    results: list[TrajectoryResult],
+    rows: list[dict],
+    completed: int,
+    workflow_walls: list[float],
+) -> dict:
     """Wall, trajectory time (`walls`: one per trajectory) and Temporal's overhead per activity (queue wait +
     workflow-task return), and its share: the sum over the workflows' own times (`workflow_walls`: a group's
     activities serve all its members, so a group counts once)."""
     overhead_ms = [r["wait_ms"] + r["return_ms"] for r in rows]
     return {
-        "wall_s": wall, "trajectory_s": statistics.median(walls), "trajectories_per_s": len(walls) / wall,
-        "completed": completed, "activities": len(rows), "activities_per_trajectory": len(rows) / max(1, len(walls)),
+        "wall_s": wall,
+        "trajectory_s": statistics.median(walls),
+        "trajectories_per_s": len(walls) / wall,
+        "completed": completed,
+        "activities": len(rows),
+        "activities_per_trajectory": len(rows) / max(1, len(walls)),
         "activities_per_workflow": len(rows) / max(1, len(workflow_walls)),
         "turns": statistics.fmean(r.turns for r in results) if results else 0.0,
         "overhead_ms_per_activity": statistics.median(overhead_ms),
@@ -159,7 +187,7 @@ def _temporal_measures(wall: float, walls: list[float], results: list[Trajectory
         "return_ms": statistics.median(r["return_ms"] for r in rows),
         "work_ms": statistics.median(r["work_ms"] for r in rows),
         "overhead_share": sum(overhead_ms) / 1000 / max(1e-9, sum(workflow_walls)),
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------- plain asyncio path
@@ -176,8 +204,11 @@ async def _plain(job: JobSpec, n: int, repeats: int) -> dict[str, list[dict]]:
                     for lat, latency in LATENCIES.items():
                         m = await _plain_round(calls, overhead_job(latency, rollout_unit), n, seed=r)
                         out.setdefault(mode("asyncio", unit, lat), []).append(m)
-                        print(f"  repeat {r + 1}/{repeats} {mode('asyncio', unit, lat):<34} {m['wall_s']:6.2f} s  "
-                              f"trajectory {m['trajectory_s']:.2f} s", flush=True)  # fmt: skip
+                        print(
+                            f"  repeat {r + 1}/{repeats} {mode('asyncio', unit, lat):<34} {m['wall_s']:6.2f} s  "
+                            f"trajectory {m['trajectory_s']:.2f} s",
+                            flush=True,
+                        )
             return out
 
 
@@ -196,28 +227,41 @@ async def _plain_round(calls: InProcessCalls, job: JobSpec, n: int, seed: int) -
     wall = time.monotonic() - t0
     results = [r for _, rs in done for r in rs]
     return {
-        "wall_s": wall, "trajectory_s": statistics.median(w for w, _ in done),
-        "trajectories_per_s": len(results) / wall, "completed": sum(r.status == "completed" for r in results),
+        "wall_s": wall,
+        "trajectory_s": statistics.median(w for w, _ in done),
+        "trajectories_per_s": len(results) / wall,
+        "completed": sum(r.status == "completed" for r in results),
         "activities_per_trajectory": (sum(calls.counts.values()) - before) / len(results),
         "turns": statistics.fmean(r.turns for r in results),
-    }  # fmt: skip
+    }
 
 
 # ---------------------------------------------------------------- report
 
-COLUMNS = [("name", "path, unit, env latency", ""), ("wall_s", "wall s", ".2f"), ("speedup_vs_baseline", "vs asyncio", ".2f"),
-           ("trajectories_per_s", "traj/s", ".1f"), ("trajectory_s", "trajectory s", ".2f"),
-           ("activities_per_trajectory", "act/traj", ".1f"), ("work_ms", "work ms", ".1f"),
-           ("wait_ms", "wait ms", ".1f"), ("return_ms", "return ms", ".1f"),
-           ("overhead_ms_per_activity", "overhead ms/act", ".1f"), ("overhead_share", "share", ".0%"),
-           ("server_cpu_ms_per_activity", "server cpu ms/act", ".1f"),
-           ("control_cpu_ms_per_activity", "control cpu ms/act", ".1f"),
-           ("extra_ms_per_activity", "extra ms/act", ".1f"), ("extra_share", "extra share", ".0%")]  # fmt: skip
+COLUMNS = [
+    ("name", "path, unit, env latency", ""),
+    ("wall_s", "wall s", ".2f"),
+    ("speedup_vs_baseline", "vs asyncio", ".2f"),
+    ("trajectories_per_s", "traj/s", ".1f"),
+    ("trajectory_s", "trajectory s", ".2f"),
+    ("activities_per_trajectory", "act/traj", ".1f"),
+    ("work_ms", "work ms", ".1f"),
+    ("wait_ms", "wait ms", ".1f"),
+    ("return_ms", "return ms", ".1f"),
+    ("overhead_ms_per_activity", "overhead ms/act", ".1f"),
+    ("overhead_share", "share", ".0%"),
+    ("server_cpu_ms_per_activity", "server cpu ms/act", ".1f"),
+    ("control_cpu_ms_per_activity", "control cpu ms/act", ".1f"),
+    ("extra_ms_per_activity", "extra ms/act", ".1f"),
+    ("extra_share", "extra share", ".0%"),
+]
 
 
 def report(rows: list[dict], n: int, repeats: int) -> None:
-    print(f"\noverhead: {n} FrozenLake trajectories (standard 4x4, {MAX_TURNS} turns, invalid moves no-ops), "
-          f"all started at once, medians of {repeats} repeats")  # fmt: skip
+    print(
+        f"\noverhead: {n} FrozenLake trajectories (standard 4x4, {MAX_TURNS} turns, invalid moves no-ops), "
+        f"all started at once, medians of {repeats} repeats"
+    )
     print(format_table(rows, COLUMNS))
     print("  vs asyncio = the plain loop's wall / this path's, at the same env latency (< 1: Temporal is slower)")
     print("  overhead ms/act = median (queue wait + workflow-task return) per activity, from the histories;")
@@ -225,8 +269,13 @@ def report(rows: list[dict], n: int, repeats: int) -> None:
     print("  - the plain loop's) / activities per workflow (a trajectory's or a group's), and its share of")
     print("  Temporal's trajectory time; cpu ms/act = CPU the Temporal server and the control worker used per activity")
     path = write_results("overhead", rows, n=n, repeats=repeats, latency=LATENCY, max_turns=MAX_TURNS)
-    png = plot_modes("overhead", rows, f"overhead: {n} FrozenLake trajectories, Temporal vs plain asyncio",
-                     extra_key="trajectory_s", extra_label="median trajectory s")  # fmt: skip
+    png = plot_modes(
+        "overhead",
+        rows,
+        f"overhead: {n} FrozenLake trajectories, Temporal vs plain asyncio",
+        extra_key="trajectory_s",
+        extra_label="median trajectory s",
+    )
     print(f"\n  written: {path}, {png}")
 
 

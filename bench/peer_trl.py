@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import statistics
 import time
 import uuid
@@ -46,20 +47,28 @@ WARMUP = 3
 
 def bench_job(max_steps: int) -> JobSpec:
     """examples/arithmetic.yaml with the model and store under the bench's home and `max_steps` steps."""
-    return load_job(EXAMPLE, {"model_dir": str(HOME / "model"), "store": {"kind": "local", "path": str(HOME / "store")},
-                              "training": {"steps": max_steps}})  # fmt: skip
+    return load_job(
+        EXAMPLE,
+        {
+            "model_dir": str(HOME / "model"),
+            "store": {"kind": "local", "path": str(HOME / "store")},
+            "training": {"steps": max_steps},
+        },
+    )
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench peer_trl", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench peer_trl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="each mode capped at 1 minute / 100 steps (~4 min)")
     parser.add_argument("--max-steps", type=int, default=2000, help="step cap per mode (default 2000)")
     parser.add_argument("--max-minutes", type=float, default=30.0, help="training-time cap per mode (default 30)")
     parser.add_argument("--target", type=float, default=0.8, help="training success to reach (default 0.8)")
     parser.add_argument("--window", type=int, default=20, help="steps the success is averaged over (default 20)")
-    parser.add_argument("--trl-threads", type=int, default=1,
-                        help="torch threads for TRL (default 1, as rollart's trainer worker)")  # fmt: skip
+    parser.add_argument(
+        "--trl-threads", type=int, default=1, help="torch threads for TRL (default 1, as rollart's trainer worker)"
+    )
     parser.add_argument("--modes", default="trl,rollart", help="comma-separated subset of trl,rollart")
     args = parser.parse_args(argv)
     max_steps, max_s = (100, 60.0) if args.quick else (args.max_steps, 60 * args.max_minutes)
@@ -72,11 +81,16 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(args.trl_threads)
-        print(f"peer_trl: trl ({TRL_PIN}, {args.trl_threads} torch thread(s)): ≤ {max_steps} steps / {max_s:.0f} s ...",
-              flush=True)  # fmt: skip
+        print(
+            f"peer_trl: trl ({TRL_PIN}, {args.trl_threads} torch thread(s)): ≤ {max_steps} steps / {max_s:.0f} s ...",
+            flush=True,
+        )
         run = run_trl(job, max_steps, max_s, args.target, args.window)
-        curves["trl"] = {"elapsed_s": run.step_end_s, "success": run.success[: len(run.step_end_s)],
-                         "stopped": run.stopped_because}  # fmt: skip
+        curves["trl"] = {
+            "elapsed_s": run.step_end_s,
+            "success": run.success[: len(run.step_end_s)],
+            "stopped": run.stopped_because,
+        }
     if "rollart" in modes:
         print(f"peer_trl: rollart: starting the local stack, then ≤ {max_steps} steps / {max_s:.0f} s ...", flush=True)
         with stack_for(job, HOME, pools_for_job(job, training=True)) as stack:
@@ -102,8 +116,11 @@ async def _rollart(stack: Any, job: JobSpec, max_s: float, target: float, window
         rows.append(row)
         recent = [r["success_rate"] for r in rows[-window:]]
         if (row["step"] + 1) % 100 == 0:
-            print(f"  rollart: step {row['step']}, {row['time'] - t0:.0f} s, success (last {len(recent)}) "
-                  f"{sum(recent) / len(recent):.2f}", flush=True)  # fmt: skip
+            print(
+                f"  rollart: step {row['step']}, {row['time'] - t0:.0f} s, success (last {len(recent)}) "
+                f"{sum(recent) / len(recent):.2f}",
+                flush=True,
+            )
         if len(recent) == window and sum(recent) / window >= target:
             stopped = "target reached"
             done.set()
@@ -122,28 +139,43 @@ async def _rollart(stack: Any, job: JobSpec, max_s: float, target: float, window
     except Exception:  # the terminated workflow's result raises: expected here
         pass
     rows.sort(key=lambda r: r["step"])
-    return {"elapsed_s": [r["time"] - t0 for r in rows], "success": [r["success_rate"] for r in rows],
-            "stopped": stopped, "job_id": job_id}  # fmt: skip
+    return {
+        "elapsed_s": [r["time"] - t0 for r in rows],
+        "success": [r["success_rate"] for r in rows],
+        "stopped": stopped,
+        "job_id": job_id,
+    }
 
 
 def measure(curve: dict[str, Any], target: float, window: int) -> dict[str, Any]:
     """One mode's numbers from its per-step curve: median s/step after WARMUP, time and steps to the target."""
     t, s = curve["elapsed_s"], curve["success"]
-    gaps = [b - a for a, b in zip(t, t[1:])][WARMUP:] or [float("nan")]
+    gaps = [b - a for a, b in itertools.pairwise(t)][WARMUP:] or [float("nan")]
     reached = next((i for i in range(window - 1, len(s)) if sum(s[i - window + 1 : i + 1]) / window >= target), None)
     last = s[-window:] or [0.0]
     return {
-        "wall_s": statistics.median(gaps), "s_per_step": statistics.median(gaps), "steps": len(t),
-        "run_s": t[-1] if t else 0.0, "steps_to_target": reached + 1 if reached is not None else None,
+        "wall_s": statistics.median(gaps),
+        "s_per_step": statistics.median(gaps),
+        "steps": len(t),
+        "run_s": t[-1] if t else 0.0,
+        "steps_to_target": reached + 1 if reached is not None else None,
         "minutes_to_target": t[reached] / 60 if reached is not None else None,
-        "final_success": sum(last) / len(last), "stopped": curve["stopped"],
-    }  # fmt: skip
+        "final_success": sum(last) / len(last),
+        "stopped": curve["stopped"],
+    }
 
 
-COLUMNS = [("name", "mode", ""), ("s_per_step", "s/step (median)", ".3f"),
-           ("speedup_vs_baseline", "vs trl", ".2f"), ("steps", "steps", ".0f"), ("run_s", "run s", ".0f"),
-           ("steps_to_target", "steps to target", ".0f"), ("minutes_to_target", "min to target", ".1f"),
-           ("final_success", "last success", ".2f"), ("stopped", "stopped", "")]  # fmt: skip
+COLUMNS = [
+    ("name", "mode", ""),
+    ("s_per_step", "s/step (median)", ".3f"),
+    ("speedup_vs_baseline", "vs trl", ".2f"),
+    ("steps", "steps", ".0f"),
+    ("run_s", "run s", ".0f"),
+    ("steps_to_target", "steps to target", ".0f"),
+    ("minutes_to_target", "min to target", ".1f"),
+    ("final_success", "last success", ".2f"),
+    ("stopped", "stopped", ""),
+]
 
 
 def report(rows: list[dict], curves: dict[str, dict[str, Any]], job: JobSpec, args: argparse.Namespace) -> None:
@@ -152,13 +184,24 @@ def report(rows: list[dict], curves: dict[str, dict[str, Any]], job: JobSpec, ar
         m = measure(curves[row["name"]], args.target, args.window)
         row.update({k: m[k] for k in ("stopped", "steps_to_target", "minutes_to_target")})
     (task,) = job.tasks
-    print(f"\npeer_trl: examples/arithmetic.yaml, batch {job.training.batch_size} (groups of {task.group_size}), "
-          f"target: mean training success of {args.window} steps ≥ {args.target}")  # fmt: skip
+    print(
+        f"\npeer_trl: examples/arithmetic.yaml, batch {job.training.batch_size} (groups of {task.group_size}), "
+        f"target: mean training success of {args.window} steps ≥ {args.target}"
+    )
     print(format_table(rows, COLUMNS))
     print("  vs trl = TRL's median s/step / this mode's (< 1: slower per step than TRL); '-' = target not reached")
-    path = write_results("peer_trl", rows, baseline=BASELINE, target=args.target, window=args.window,
-                         batch_size=job.training.batch_size, group_size=task.group_size, trl=TRL_PIN,
-                         trl_threads=args.trl_threads, curves=curves)  # fmt: skip
+    path = write_results(
+        "peer_trl",
+        rows,
+        baseline=BASELINE,
+        target=args.target,
+        window=args.window,
+        batch_size=job.training.batch_size,
+        group_size=task.group_size,
+        trl=TRL_PIN,
+        trl_threads=args.trl_threads,
+        curves=curves,
+    )
     png = plot_curves(curves, args.target, args.window)
     print(f"\n  written: {path}, {png}")
 

@@ -78,8 +78,14 @@ def write_results(name: str, rows: Sequence[dict[str, Any]], directory: Path = R
     return path
 
 
-def plot_modes(name: str, rows: Sequence[dict[str, Any]], title: str, directory: Path = RESULTS,
-               extra_key: str | None = None, extra_label: str = "") -> Path:  # fmt: skip
+def plot_modes(
+    name: str,
+    rows: Sequence[dict[str, Any]],
+    title: str,
+    directory: Path = RESULTS,
+    extra_key: str | None = None,
+    extra_label: str = "",
+) -> Path:
     """`directory/NAME.png`: median wall time per mode, labelled with its ratio to the baseline;
     with `extra_key`, a second panel of that field per mode (e.g. trajectories/s)."""
     import matplotlib
@@ -94,8 +100,13 @@ def plot_modes(name: str, rows: Sequence[dict[str, Any]], title: str, directory:
     bars = ax.bar(names, [r["wall_s"] for r in rows], color="#4C72B0")
     for bar, r in zip(bars, rows):
         ratio = r.get("speedup_vs_baseline")
-        ax.annotate(f"{ratio:.2f}x" if _numeric(ratio) else "-", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=9)  # fmt: skip
+        ax.annotate(
+            f"{ratio:.2f}x" if _numeric(ratio) else "-",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
     ax.set_ylabel("wall s (median)")
     ax.set_title("wall time, ratio vs baseline")
     if extra_key:

@@ -20,25 +20,31 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.report import RESULTS
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client
+from temporalio.worker import Worker
 
+from bench.report import RESULTS
+from bench.reset_workflow import ResetBenchInput, ResetBenchResult, ResetBenchWorkflow
 from rollart.infra.config import FaultModel, JobSpec, LatencyModel, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import LocalStack
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
-from temporalio.worker import Worker
-
-from bench.reset_workflow import ResetBenchInput, ResetBenchResult, ResetBenchWorkflow
 
 FAULTS = FaultModel(reset_latency=LatencyModel(median_s=0.05, p99_s=1.0), reset_failure_p=0.05, seed=0)
 
 
 def task(pool_size: int) -> TaskSpec:
-    return TaskSpec(name="frozenlake", env="frozenlake", reward="success", env_args={"maps": "random", "size": 4},
-                    faults=FAULTS, reset_pool_size=pool_size, reset_timeout_s=2.0)  # fmt: skip
+    return TaskSpec(
+        name="frozenlake",
+        env="frozenlake",
+        reward="success",
+        env_args={"maps": "random", "size": 4},
+        faults=FAULTS,
+        reset_pool_size=pool_size,
+        reset_timeout_s=2.0,
+    )
 
 
 async def one_config(client: Client, pool_size: int, n: int, workflows: int) -> dict:
@@ -48,9 +54,12 @@ async def one_config(client: Client, pool_size: int, n: int, workflows: int) -> 
     async with Worker(client, task_queue=queue, workflows=[ResetBenchWorkflow]):
         t0 = time.monotonic()
         handles = [
-            await client.start_workflow(ResetBenchWorkflow.run,
-                                        ResetBenchInput(task=t, seeds=list(range(w * per, (w + 1) * per))),
-                                        id=f"{queue}-{w}", task_queue=queue)  # fmt: skip
+            await client.start_workflow(
+                ResetBenchWorkflow.run,
+                ResetBenchInput(task=t, seeds=list(range(w * per, (w + 1) * per))),
+                id=f"{queue}-{w}",
+                task_queue=queue,
+            )
             for w in range(workflows)
         ]
         results: list[ResetBenchResult] = [await h.result() for h in handles]
@@ -64,12 +73,20 @@ async def one_config(client: Client, pool_size: int, n: int, workflows: int) -> 
     ok, failed = sum(r.ok for r in results), sum(r.failed for r in results)
     lat = sorted(x for r in results for x in r.latencies_s)
     return {
-        "reset_pool_size": pool_size, "resets": ok + failed, "succeeded": ok, "failed": failed,
-        "success_rate": ok / (ok + failed), "activity_attempts": attempts, "resets_retried": retried,
-        "latency_p50_s": statistics.median(lat), "latency_p99_s": lat[int(0.99 * (len(lat) - 1))],
-        "latency_max_s": lat[-1], "wall_s": wall, "resets_per_s": (ok + failed) / wall,
+        "reset_pool_size": pool_size,
+        "resets": ok + failed,
+        "succeeded": ok,
+        "failed": failed,
+        "success_rate": ok / (ok + failed),
+        "activity_attempts": attempts,
+        "resets_retried": retried,
+        "latency_p50_s": statistics.median(lat),
+        "latency_p99_s": lat[int(0.99 * (len(lat) - 1))],
+        "latency_max_s": lat[-1],
+        "wall_s": wall,
+        "resets_per_s": (ok + failed) / wall,
         "errors": sorted({e for r in results for e in r.errors})[:5],
-    }  # fmt: skip
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -97,15 +114,23 @@ async def _run(stack: LocalStack, job: JobSpec, n: int, workflows: int, sizes: l
 def report(rows: list[dict], n: int) -> None:
     f = FAULTS
     print(f"\nresets: {n} FrozenLake resets per configuration through Temporal, 2 cpu worker processes;")
-    print(f"  injected: reset latency lognormal median {f.reset_latency.median_s:g} s / p99 {f.reset_latency.p99_s:g} s,"
-          f" {f.reset_failure_p:.0%} reset failures, reset timeout 2 s, reset policy: up to 4 attempts\n")  # fmt: skip
-    print(f"  {'pool':>4}{'resets':>8}{'failed':>8}{'success':>11}{'retried':>9}{'p50 s':>8}{'p99 s':>8}{'max s':>8}"
-          f"{'resets/s':>10}")  # fmt: skip
+    print(
+        f"  injected: reset latency lognormal median {f.reset_latency.median_s:g} s / p99 {f.reset_latency.p99_s:g} s,"
+        f" {f.reset_failure_p:.0%} reset failures, reset timeout 2 s, reset policy: up to 4 attempts\n"
+    )
+    print(
+        f"  {'pool':>4}{'resets':>8}{'failed':>8}{'success':>11}{'retried':>9}{'p50 s':>8}{'p99 s':>8}{'max s':>8}"
+        f"{'resets/s':>10}"
+    )
     for r in rows:
-        print(f"  {r['reset_pool_size']:>4}{r['resets']:>8}{r['failed']:>8}{r['success_rate']:>11.4%}"
-              f"{r['resets_retried']:>9}{r['latency_p50_s']:>8.3f}{r['latency_p99_s']:>8.3f}{r['latency_max_s']:>8.2f}"
-              f"{r['resets_per_s']:>10.1f}")  # fmt: skip
-    print("\n  retried = reset activities that needed a 2nd+ attempt; latency = the trajectory's view (retries included)")
+        print(
+            f"  {r['reset_pool_size']:>4}{r['resets']:>8}{r['failed']:>8}{r['success_rate']:>11.4%}"
+            f"{r['resets_retried']:>9}{r['latency_p50_s']:>8.3f}{r['latency_p99_s']:>8.3f}{r['latency_max_s']:>8.2f}"
+            f"{r['resets_per_s']:>10.1f}"
+        )
+    print(
+        "\n  retried = reset activities that needed a 2nd+ attempt; latency = the trajectory's view (retries included)"
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "resets.json").write_text(json.dumps({"n": n, "faults": FAULTS.model_dump(), "rows": rows}, indent=2))
     print(f"\n  written: {RESULTS / 'resets.json'}")

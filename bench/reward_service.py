@@ -27,6 +27,11 @@ import time
 from pathlib import Path
 
 import psutil
+from temporalio.client import Client
+
+from bench.report import RESULTS, plot_modes
+from bench.rollout import activity_timings
+from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.infra.config import ElasticPoolConfig, EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.history import busy_seconds
@@ -34,27 +39,46 @@ from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack, pools_for_job
-from rollart.client.rollout import plan_trajectories, run_rollout
-from temporalio.client import Client
-
-from bench.report import RESULTS, plot_modes
-from bench.rollout import activity_timings
 
 MODES = ("colocated", "serverless")
-PAPER = {"colocated_rollout_s": 158.0, "serverless_rollout_s": 77.0, "gpu_util_colocated": 0.06,
-         "gpu_util_serverless": 0.88}  # fmt: skip
+PAPER = {
+    "colocated_rollout_s": 158.0,
+    "serverless_rollout_s": 77.0,
+    "gpu_util_colocated": 0.06,
+    "gpu_util_serverless": 0.88,
+}
 
 
 def bench_job(home: Path, reward_args: dict) -> JobSpec:
     """The default example's task (standard 4x4 map, ≤ 8 turns, groups of 8) scored by the reward model, twice:
     one task per placement, so both modes run on one stack (the h800 worker serves the colocated rewards)."""
-    tasks = [TaskSpec(name=mode, env="frozenlake", env_args={"maps": "standard"}, reward="reward_model",
-                      reward_args=reward_args, reward_placement=mode, generate_pool=Pool.H800, max_turns=8,
-                      group_size=8) for mode in MODES]  # fmt: skip
-    pools = {"serverless": ElasticPoolConfig(min_workers=1, max_workers=2, max_concurrent_activities=2,
-                                             scale_up_cooldown_s=6, scale_down_cooldown_s=30)}  # fmt: skip
-    return JobSpec(name="bench-reward", model_dir=home / "model", tasks=tasks, pools=pools,
-                   engine=EngineConfig(max_model_len=256), store=StoreConfig(path=home / "store"))  # fmt: skip
+    tasks = [
+        TaskSpec(
+            name=mode,
+            env="frozenlake",
+            env_args={"maps": "standard"},
+            reward="reward_model",
+            reward_args=reward_args,
+            reward_placement=mode,
+            generate_pool=Pool.H800,
+            max_turns=8,
+            group_size=8,
+        )
+        for mode in MODES
+    ]
+    pools = {
+        "serverless": ElasticPoolConfig(
+            min_workers=1, max_workers=2, max_concurrent_activities=2, scale_up_cooldown_s=6, scale_down_cooldown_s=30
+        )
+    }
+    return JobSpec(
+        name="bench-reward",
+        model_dir=home / "model",
+        tasks=tasks,
+        pools=pools,
+        engine=EngineConfig(max_model_len=256),
+        store=StoreConfig(path=home / "store"),
+    )
 
 
 def one_task(job: JobSpec, mode: str) -> JobSpec:
@@ -99,7 +123,9 @@ def cpu_seconds(stack: LocalStack) -> dict[tuple[str, int], float]:
     return used
 
 
-def cpu_share(before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], wall: float) -> dict[str, float]:
+def cpu_share(
+    before: dict[tuple[str, int], float], after: dict[tuple[str, int], float], wall: float
+) -> dict[str, float]:
     """Cores used per pool over a round; an elastic worker that exited during it is not counted (a lower bound)."""
     share: dict[str, float] = {}
     for (pool, pid), t in after.items():
@@ -177,15 +203,31 @@ def measure(home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -
             events = [{"t": e.at - t0, "kind": e.kind, "detail": e.detail} for e in scaler.events] if scaler else []
     finally:
         pin([os.getpid()], affinity)
-    keys = ("wall_s", "mean_rollout_s", "trajectories_per_s", "engine_busy_fraction", "tokens_per_s",
-            "generate_work_ms", "reward_work_ms", "reward_wait_ms")  # fmt: skip
+    keys = (
+        "wall_s",
+        "mean_rollout_s",
+        "trajectories_per_s",
+        "engine_busy_fraction",
+        "tokens_per_s",
+        "generate_work_ms",
+        "reward_work_ms",
+        "reward_wait_ms",
+    )
     modes = []
     for mode in MODES:
         rs = rounds[mode]
         med = {k: statistics.median(r[k] for r in rs) for k in keys}
         cpu = {k: statistics.median(r["cpu_share"].get(k, 0.0) for r in rs) for k in rs[0]["cpu_share"]}
-        modes.append({"name": mode, **med, "rounds": rs, "cpu_cores": cpu, "reward_queues": rs[0]["reward_queues"],
-                      "autoscaler_events": events if mode == "serverless" else []})  # fmt: skip
+        modes.append(
+            {
+                "name": mode,
+                **med,
+                "rounds": rs,
+                "cpu_cores": cpu,
+                "reward_queues": rs[0]["reward_queues"],
+                "autoscaler_events": events if mode == "serverless" else [],
+            }
+        )
     return modes
 
 
@@ -207,19 +249,28 @@ def calibrate(reward_args: dict) -> float:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench reward_service", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench reward_service", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="16 trajectories, 1 round per mode")
     parser.add_argument("-n", type=int, default=64, help="trajectories per repeat (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating rounds per mode (default 3)")
     parser.add_argument("--hidden", type=int, default=128, help="reward model width (default 128)")
     parser.add_argument("--layers", type=int, default=2, help="reward model layers (default 2)")
-    parser.add_argument("--reward-ms", type=float, default=400.0,
-                        help="calibrate forward passes so one scored trajectory costs about this much CPU time, "
-                        "measured here before the stacks start (default 400)")
+    parser.add_argument(
+        "--reward-ms",
+        type=float,
+        default=400.0,
+        help="calibrate forward passes so one scored trajectory costs about this much CPU time, "
+        "measured here before the stacks start (default 400)",
+    )
     parser.add_argument("--passes", type=int, help="forward passes per scored trajectory (overrides --reward-ms)")
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="let every process use both cores (default: generation alone on core 1)")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="let every process use both cores (default: generation alone on core 1)",
+    )
     args = parser.parse_args(argv)
     n, repeats = (16, 1) if args.quick else (args.n, args.repeats)
     pinned = args.pin and len(os.sched_getaffinity(0)) >= 2
@@ -227,8 +278,11 @@ def main(argv: list[str]) -> int:
     one_pass_ms = calibrate(reward_args)
     passes = args.passes or max(1, round(args.reward_ms / one_pass_ms))
     reward_args["passes"] = passes
-    print(f"reward model: one forward pass over a FrozenLake transcript {one_pass_ms:.0f} ms here; {passes} passes "
-          f"per scored trajectory (~{passes * one_pass_ms:.0f} ms)", flush=True)  # fmt: skip
+    print(
+        f"reward model: one forward pass over a FrozenLake transcript {one_pass_ms:.0f} ms here; {passes} passes "
+        f"per scored trajectory (~{passes * one_pass_ms:.0f} ms)",
+        flush=True,
+    )
     home = RESULTS / ".reward-service-stack"
     modes = measure(home, n, repeats, reward_args, pinned)
     report(modes, n, repeats, reward_args, pinned)
@@ -240,31 +294,52 @@ def report(modes: list[dict], n: int, repeats: int, reward_args: dict, pinned: b
     for m in modes:
         m["speedup_vs_baseline"] = base["wall_s"] / m["wall_s"]
         m["rollout_time_ratio"] = m["mean_rollout_s"] / base["mean_rollout_s"]
-    print(f"\nreward_service: {n} FrozenLake trajectories (standard 4x4, ≤ 8 turns) x {repeats} repeats, medians; "
-          f"reward_model {reward_args}; {'generation pinned to its own core' if pinned else 'all processes on all cores'}")  # fmt: skip
-    print(f"\n  {'mode':<12}{'wall s':>8}{'mean rollout s':>16}{'traj/s':>8}{'engine busy':>13}{'tokens/s':>10}"
-          f"{'generate ms':>13}{'reward work ms':>16}{'reward wait ms':>16}{'speedup':>9}")  # fmt: skip
+    print(
+        f"\nreward_service: {n} FrozenLake trajectories (standard 4x4, ≤ 8 turns) x {repeats} repeats, medians; "
+        f"reward_model {reward_args}; {'generation pinned to its own core' if pinned else 'all processes on all cores'}"
+    )
+    print(
+        f"\n  {'mode':<12}{'wall s':>8}{'mean rollout s':>16}{'traj/s':>8}{'engine busy':>13}{'tokens/s':>10}"
+        f"{'generate ms':>13}{'reward work ms':>16}{'reward wait ms':>16}{'speedup':>9}"
+    )
     for m in modes:
-        print(f"  {m['name']:<12}{m['wall_s']:>8.1f}{m['mean_rollout_s']:>16.2f}{m['trajectories_per_s']:>8.2f}"
-              f"{m['engine_busy_fraction']:>12.0%}{m['tokens_per_s']:>10.0f}{m['generate_work_ms']:>13.0f}"
-              f"{m['reward_work_ms']:>16.0f}{m['reward_wait_ms']:>16.0f}{m['speedup_vs_baseline']:>8.2f}x")  # fmt: skip
+        print(
+            f"  {m['name']:<12}{m['wall_s']:>8.1f}{m['mean_rollout_s']:>16.2f}{m['trajectories_per_s']:>8.2f}"
+            f"{m['engine_busy_fraction']:>12.0%}{m['tokens_per_s']:>10.0f}{m['generate_work_ms']:>13.0f}"
+            f"{m['reward_work_ms']:>16.0f}{m['reward_wait_ms']:>16.0f}{m['speedup_vs_baseline']:>8.2f}x"
+        )
     pairs = [c["wall_s"] / s["wall_s"] for c, s in zip(modes[0]["rounds"], modes[-1]["rounds"])]
     print("  colocated / serverless wall time, round by round: " + ", ".join(f"{p:.2f}" for p in pairs))
     s = modes[-1]
-    print(f"  serverless / colocated mean rollout time: {s['rollout_time_ratio']:.2f} "
-          f"(paper: {PAPER['serverless_rollout_s']:.0f} s / {PAPER['colocated_rollout_s']:.0f} s = "
-          f"{PAPER['serverless_rollout_s'] / PAPER['colocated_rollout_s']:.2f}; GPU utilisation "
-          f"{PAPER['gpu_util_colocated']:.0%} → {PAPER['gpu_util_serverless']:.0%})")  # fmt: skip
+    print(
+        f"  serverless / colocated mean rollout time: {s['rollout_time_ratio']:.2f} "
+        f"(paper: {PAPER['serverless_rollout_s']:.0f} s / {PAPER['colocated_rollout_s']:.0f} s = "
+        f"{PAPER['serverless_rollout_s'] / PAPER['colocated_rollout_s']:.2f}; GPU utilisation "
+        f"{PAPER['gpu_util_colocated']:.0%} → {PAPER['gpu_util_serverless']:.0%})"
+    )
     for m in modes:
-        print(f"  {m['name']}: rewards ran on {', '.join(m['reward_queues'])}; CPU cores used: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in m["cpu_cores"].items()))  # fmt: skip
+        print(
+            f"  {m['name']}: rewards ran on {', '.join(m['reward_queues'])}; CPU cores used: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in m["cpu_cores"].items())
+        )
         for e in m["autoscaler_events"]:
             if e["kind"] in ("decision", "ready", "exit"):
                 print(f"    autoscaler: {e['kind']}: {e['detail']}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"n": n, "repeats": repeats, "reward_args": reward_args, "pinned": pinned, "paper": PAPER,
-           "modes": [{k: v for k, v in m.items() if k != "rounds"} | {"rounds": m["rounds"]} for m in modes]}  # fmt: skip
+    out = {
+        "n": n,
+        "repeats": repeats,
+        "reward_args": reward_args,
+        "pinned": pinned,
+        "paper": PAPER,
+        "modes": [{k: v for k, v in m.items() if k != "rounds"} | {"rounds": m["rounds"]} for m in modes],
+    }
     (RESULTS / "reward_service.json").write_text(json.dumps(out, indent=2))
-    png = plot_modes("reward_service", modes, f"reward_service: {n} trajectories, rewards colocated vs serverless",
-                     extra_key="trajectories_per_s", extra_label="trajectories/s")  # fmt: skip
+    png = plot_modes(
+        "reward_service",
+        modes,
+        f"reward_service: {n} trajectories, rewards colocated vs serverless",
+        extra_key="trajectories_per_s",
+        extra_label="trajectories/s",
+    )
     print(f"\n  written: {RESULTS / 'reward_service.json'}, {png}")

@@ -17,9 +17,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.report import RESULTS
-
 import psutil
+from temporalio.client import Client, WorkflowHistory
+
+from bench.report import RESULTS
+from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.history import activity_spans, busy_seconds
@@ -27,27 +29,43 @@ from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack, pools_for_job
-from rollart.client.rollout import plan_trajectories, run_rollout
-from temporalio.client import Client, WorkflowHistory
-
 
 
 def bench_job(home: Path) -> JobSpec:
     """The default example's task (standard 4x4 map, 8 turns) on the tiny model."""
-    task = TaskSpec(name="frozenlake", env="frozenlake", reward="success", env_args={"maps": "standard"},
-                    generate_pool=Pool.H800, max_turns=8, group_size=8)  # fmt: skip
-    return JobSpec(name="bench", model_dir=home / "model", tasks=[task], engine=EngineConfig(max_model_len=256),
-                   store=StoreConfig(path=home / "store"))  # fmt: skip
+    task = TaskSpec(
+        name="frozenlake",
+        env="frozenlake",
+        reward="success",
+        env_args={"maps": "standard"},
+        generate_pool=Pool.H800,
+        max_turns=8,
+        group_size=8,
+    )
+    return JobSpec(
+        name="bench",
+        model_dir=home / "model",
+        tasks=[task],
+        engine=EngineConfig(max_model_len=256),
+        store=StoreConfig(path=home / "store"),
+    )
 
 
 def activity_timings(history: WorkflowHistory) -> list[dict]:
     """Per activity: type, pool, and the three intervals in ms (wait, own work, return to the workflow)."""
     return [
-        {"type": a.activity_type, "queue": a.pool + ("@worker" if "@" in a.task_queue else ""),
-         "wait_ms": (a.started - a.scheduled) * 1000, "work_ms": (a.completed - a.started) * 1000,
-         "return_ms": (a.next_command - a.completed) * 1000, "start": a.started, "end": a.completed}
-        for a in activity_spans(history) if a.succeeded and a.next_command
-    ]  # fmt: skip
+        {
+            "type": a.activity_type,
+            "queue": a.pool + ("@worker" if "@" in a.task_queue else ""),
+            "wait_ms": (a.started - a.scheduled) * 1000,
+            "work_ms": (a.completed - a.started) * 1000,
+            "return_ms": (a.next_command - a.completed) * 1000,
+            "start": a.started,
+            "end": a.completed,
+        }
+        for a in activity_spans(history)
+        if a.succeeded and a.next_command
+    ]
 
 
 async def one_round(client: Client, stack: LocalStack, job: JobSpec, n: int, seed: int) -> dict:
@@ -85,8 +103,16 @@ def summarize(rows: list[dict]) -> list[dict]:
     for (kind, queue), rs in sorted(by.items()):
         med = {k: statistics.median(r[k] for r in rs if k in r) for k in ("wait_ms", "work_ms", "return_ms")}
         overhead = med["wait_ms"] + med["return_ms"]
-        table.append({"activity": kind, "queue": queue, "count": len(rs), **med, "overhead_ms": overhead,
-                      "overhead_share": overhead / (overhead + med["work_ms"])})  # fmt: skip
+        table.append(
+            {
+                "activity": kind,
+                "queue": queue,
+                "count": len(rs),
+                **med,
+                "overhead_ms": overhead,
+                "overhead_share": overhead / (overhead + med["work_ms"]),
+            }
+        )
     return table
 
 
@@ -137,24 +163,39 @@ async def _rounds(stack: LocalStack, job: JobSpec, n: int, repeats: int) -> list
 
 
 def report(rounds: list[dict], memory: dict[str, float], n: int) -> None:
-    med = {k: statistics.median(r[k] for r in rounds) for k in
-           ("wall_s", "trajectories_per_s", "activities_per_s", "engine_tokens_per_s_busy")}  # fmt: skip
+    med = {
+        k: statistics.median(r[k] for r in rounds)
+        for k in ("wall_s", "trajectories_per_s", "activities_per_s", "engine_tokens_per_s_busy")
+    }
     rows = summarize([row for r in rounds for row in r["rows"]])
     print(f"\nrollout: {n} FrozenLake trajectories (standard 4x4, ≤ 8 turns) x {len(rounds)} repeats, medians")
-    print(f"  wall {med['wall_s']:.2f} s · {med['trajectories_per_s']:.2f} trajectories/s · "
-          f"{med['activities_per_s']:.1f} activities/s · engine {med['engine_tokens_per_s_busy']:.0f} tokens/s while busy")  # fmt: skip
-    print(f"\n  {'activity':<10}{'queue':<12}{'count':>7}{'wait ms':>10}{'work ms':>10}{'return ms':>11}"
-          f"{'overhead ms':>13}{'overhead share':>16}")  # fmt: skip
+    print(
+        f"  wall {med['wall_s']:.2f} s · {med['trajectories_per_s']:.2f} trajectories/s · "
+        f"{med['activities_per_s']:.1f} activities/s · engine {med['engine_tokens_per_s_busy']:.0f} tokens/s while busy"
+    )
+    print(
+        f"\n  {'activity':<10}{'queue':<12}{'count':>7}{'wait ms':>10}{'work ms':>10}{'return ms':>11}"
+        f"{'overhead ms':>13}{'overhead share':>16}"
+    )
     for r in rows:
-        print(f"  {r['activity']:<10}{r['queue']:<12}{r['count']:>7}{r['wait_ms']:>10.1f}{r['work_ms']:>10.1f}"
-              f"{r['return_ms']:>11.1f}{r['overhead_ms']:>13.1f}{r['overhead_share']:>15.0%}")  # fmt: skip
+        print(
+            f"  {r['activity']:<10}{r['queue']:<12}{r['count']:>7}{r['wait_ms']:>10.1f}{r['work_ms']:>10.1f}"
+            f"{r['return_ms']:>11.1f}{r['overhead_ms']:>13.1f}{r['overhead_share']:>15.0%}"
+        )
     print("\n  wait = scheduled → started (queue + poll), work = started → completed (the activity itself),")
     print("  return = completed → the workflow's next command (workflow-task round trip); overhead = wait + return")
     cpu = {k: statistics.median(r["cpu_share"][k] for r in rounds) for k in rounds[0]["cpu_share"]}
     print("  CPU used per process (cores, of 2): " + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items()))
     print("  memory (RSS incl. children, MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory.items()))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = {"n": n, "repeats": len(rounds), "medians": med, "activities": rows, "memory_mib": memory, "cpu_cores": cpu,
-           "modes": [{"name": "trajectory", "wall_s": med["wall_s"], "speedup_vs_baseline": 1.0}]}  # fmt: skip
+    out = {
+        "n": n,
+        "repeats": len(rounds),
+        "medians": med,
+        "activities": rows,
+        "memory_mib": memory,
+        "cpu_cores": cpu,
+        "modes": [{"name": "trajectory", "wall_s": med["wall_s"], "speedup_vs_baseline": 1.0}],
+    }
     (RESULTS / "rollout.json").write_text(json.dumps(out, indent=2))
     print(f"\n  written: {RESULTS / 'rollout.json'}")

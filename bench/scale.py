@@ -23,6 +23,7 @@ import uuid
 from typing import Any
 
 import psutil
+from temporalio.client import Client
 
 from bench.report import RESULTS, format_table, write_results
 from bench.rollout import cpu_seconds
@@ -33,7 +34,6 @@ from rollart.infra.config import JobSpec, StoreConfig, TrainingConfig
 from rollart.infra.pools import Pool
 from rollart.infra.search_attributes import JOB_ID
 from rollart.infra.temporal import connect
-from temporalio.client import Client
 
 __all__ = ["main"]
 
@@ -47,14 +47,18 @@ TURNS = 2
 def scale_job(n: int) -> JobSpec:
     """One training step of `n` trajectories (groups of 8, TURNS turns), all started at once (bound 0)."""
     task = frozenlake_task(NO_LATENCY, pool=Pool.H800, max_turns=TURNS, rollout_unit="trajectory")
-    training = TrainingConfig(steps=1, batch_size=n, async_bound=0, rollout_mode="trajectory", continue_as_new_every=1000)
-    return JobSpec(name="scale", model_dir=HOME / "model", tasks=[task], training=training,
-                   store=StoreConfig(path=HOME / "store"))  # fmt: skip
+    training = TrainingConfig(
+        steps=1, batch_size=n, async_bound=0, rollout_mode="trajectory", continue_as_new_every=1000
+    )
+    return JobSpec(
+        name="scale", model_dir=HOME / "model", tasks=[task], training=training, store=StoreConfig(path=HOME / "store")
+    )
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench scale", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench scale", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="64 trajectories only, 1 and 2 control processes")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="trajectories in flight per run")
     parser.add_argument("--controls", default=",".join(map(str, CONTROLS)), help="control worker processes")
@@ -78,8 +82,18 @@ def _with_stack(controls: int, sizes: list[int], generate_s: float) -> list[dict
     with stack_for(job, home, [Pool.CONTROL]) as stack:
         for _ in range(controls - 1):
             stack.add_worker(Pool.CONTROL)
-        cmd = [sys.executable, "-m", "bench.scale_standins", stack.address, "--store", str(job.store.path),
-               "--generate-s", str(generate_s), "--turns", str(TURNS)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.scale_standins",
+            stack.address,
+            "--store",
+            str(job.store.path),
+            "--generate-s",
+            str(generate_s),
+            "--turns",
+            str(TURNS),
+        ]
         standins = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
         try:
             if standins.stdout is None or standins.stdout.readline().strip() != "READY":
@@ -107,21 +121,35 @@ async def _run(stack: Any, n: int, controls: int, standins_pid: int) -> dict[str
     waits = sorted(a["wait"] for a in h["activities"])
     wft = sorted(h["workflow_tasks"])
     row: dict[str, Any] = {
-        "name": f"{n} x {controls} control", "n": n, "controls": controls, "wall_s": wall,
-        "trained": result.trained, "failed": result.failed, "dropped": result.dropped, "started": result.started,
-        "ledger_balanced": status.ledger_balanced, "activities": len(waits), "activities_per_s": len(waits) / wall,
-        "peak_in_flight": h["peak_in_flight"], "start_spread_s": h["start_spread_s"],
-        "wait_ms_p50": 1000 * _q(waits, 0.5), "wait_ms_p99": 1000 * _q(waits, 0.99),
-        "wft_ms_p50": 1000 * _q(wft, 0.5), "wft_ms_p99": 1000 * _q(wft, 0.99),
+        "name": f"{n} x {controls} control",
+        "n": n,
+        "controls": controls,
+        "wall_s": wall,
+        "trained": result.trained,
+        "failed": result.failed,
+        "dropped": result.dropped,
+        "started": result.started,
+        "ledger_balanced": status.ledger_balanced,
+        "activities": len(waits),
+        "activities_per_s": len(waits) / wall,
+        "peak_in_flight": h["peak_in_flight"],
+        "start_spread_s": h["start_spread_s"],
+        "wait_ms_p50": 1000 * _q(waits, 0.5),
+        "wait_ms_p99": 1000 * _q(waits, 0.99),
+        "wft_ms_p50": 1000 * _q(wft, 0.5),
+        "wft_ms_p99": 1000 * _q(wft, 0.99),
         "events_per_trajectory": h["events"] / max(h["trajectories"], 1),
         "bytes_per_trajectory": h["bytes"] / max(h["trajectories"], 1),
         "cores_server": (cpu1["temporal-server"] - cpu0["temporal-server"]) / wall,
         "cores_control": sum(cpu1[k] - cpu0[k] for k in cpu0 if k.startswith("control")) / wall,
         "cores_standins": (s1 - s0) / wall,
-    }  # fmt: skip
+    }
     ledger = "ok" if row["ledger_balanced"] else "UNBALANCED"
-    print(f"  {row['name']:<18} {wall:6.1f} s  {row['activities_per_s']:6.1f} act/s  "
-          f"peak {row['peak_in_flight']} in flight  failed {row['failed']}  ledger {ledger}", flush=True)  # fmt: skip
+    print(
+        f"  {row['name']:<18} {wall:6.1f} s  {row['activities_per_s']:6.1f} act/s  "
+        f"peak {row['peak_in_flight']} in flight  failed {row['failed']}  ledger {ledger}",
+        flush=True,
+    )
     return row
 
 
@@ -134,8 +162,11 @@ async def histories(client: Client, job_id: str, concurrency: int = 16) -> dict[
     """From every trajectory workflow of the job: activity queue waits, workflow-task latencies, history events
     and bytes, the peak number of trajectories running at once (from their first and last events) and how long
     the server took to start them all (the training workflow asks for the whole batch in one workflow task)."""
-    ids = [(wf.id, wf.run_id) async for wf in client.list_workflows(f'{JOB_ID.name} = "{job_id}"')
-           if wf.workflow_type == "TrajectoryWorkflow"]  # fmt: skip
+    ids = [
+        (wf.id, wf.run_id)
+        async for wf in client.list_workflows(f'{JOB_ID.name} = "{job_id}"')
+        if wf.workflow_type == "TrajectoryWorkflow"
+    ]
     gate = asyncio.Semaphore(concurrency)
     out: dict[str, Any] = {"activities": [], "workflow_tasks": [], "events": 0, "bytes": 0, "trajectories": len(ids)}
     spans: list[tuple[float, float]] = []
@@ -173,22 +204,34 @@ async def histories(client: Client, job_id: str, concurrency: int = 16) -> dict[
     return out
 
 
-COLUMNS = [("n", "trajectories", ".0f"), ("controls", "control procs", ".0f"), ("peak_in_flight", "peak in flight", ".0f"),
-           ("start_spread_s", "all started in s", ".1f"),
-           ("failed", "failed", ".0f"), ("ledger_balanced", "ledger", ""), ("wall_s", "wall s", ".1f"),
-           ("activities_per_s", "activities/s", ".1f"), ("wait_ms_p50", "wait p50 ms", ".0f"),
-           ("wait_ms_p99", "wait p99 ms", ".0f"), ("wft_ms_p50", "wf task p50 ms", ".0f"),
-           ("wft_ms_p99", "wf task p99 ms", ".0f"),
-           ("events_per_trajectory", "events/traj", ".1f"), ("bytes_per_trajectory", "bytes/traj", ".0f"),
-           ("cores_server", "server cores", ".2f"), ("cores_control", "control cores", ".2f"),
-           ("cores_standins", "stand-in cores", ".2f")]  # fmt: skip
+COLUMNS = [
+    ("n", "trajectories", ".0f"),
+    ("controls", "control procs", ".0f"),
+    ("peak_in_flight", "peak in flight", ".0f"),
+    ("start_spread_s", "all started in s", ".1f"),
+    ("failed", "failed", ".0f"),
+    ("ledger_balanced", "ledger", ""),
+    ("wall_s", "wall s", ".1f"),
+    ("activities_per_s", "activities/s", ".1f"),
+    ("wait_ms_p50", "wait p50 ms", ".0f"),
+    ("wait_ms_p99", "wait p99 ms", ".0f"),
+    ("wft_ms_p50", "wf task p50 ms", ".0f"),
+    ("wft_ms_p99", "wf task p99 ms", ".0f"),
+    ("events_per_trajectory", "events/traj", ".1f"),
+    ("bytes_per_trajectory", "bytes/traj", ".0f"),
+    ("cores_server", "server cores", ".2f"),
+    ("cores_control", "control cores", ".2f"),
+    ("cores_standins", "stand-in cores", ".2f"),
+]
 
 
 def report(rows: list[dict[str, Any]], generate_s: float) -> None:
     """Print the table and the 2-vs-1 control process ratio per size; write bench/results/scale.json."""
-    print(f"\nscale: one training step of N trajectories ({TURNS} turns, 7 activities each), stand-in engine "
-          f"{generate_s * 1000:.0f} ms per generate, env latency reset median {LATENCY['reset_median_s']} s / "
-          f"p99 {LATENCY['reset_p99_s']} s")  # fmt: skip
+    print(
+        f"\nscale: one training step of N trajectories ({TURNS} turns, 7 activities each), stand-in engine "
+        f"{generate_s * 1000:.0f} ms per generate, env latency reset median {LATENCY['reset_median_s']} s / "
+        f"p99 {LATENCY['reset_p99_s']} s"
+    )
     print(format_table(rows, COLUMNS))
     ratios = {}
     for n in sorted({r["n"] for r in rows}):
@@ -198,6 +241,13 @@ def report(rows: list[dict[str, Any]], generate_s: float) -> None:
             print(f"  {n}: activities/s with 2 control processes / 1 = {ratios[str(n)]:.2f} (goal ≥ 1.3)")
     for r in rows:
         r["speedup_vs_baseline"] = ratios.get(str(r["n"]), 1.0) if r["controls"] == 2 else 1.0
-    path = write_results("scale", rows, baseline="1 control process", turns=TURNS, generate_s=generate_s,
-                         latency=LATENCY, control_ratio=ratios)  # fmt: skip
+    path = write_results(
+        "scale",
+        rows,
+        baseline="1 control process",
+        turns=TURNS,
+        generate_s=generate_s,
+        latency=LATENCY,
+        control_ratio=ratios,
+    )
     print(f"\n  written: {path}")

@@ -17,15 +17,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from temporalio import activity
+from temporalio.worker import Worker
+
 from bench.workload import LATENCY
 from rollart.activities.envs.faults import FaultInjector
 from rollart.contracts.activities import EnvHandle, GroupHandle, GroupResetInput, GroupStepInput, ResetInput, StepInput
 from rollart.infra.config import FaultModel, StoreConfig, TemporalConfig
 from rollart.infra.pools import queue_name
 from rollart.infra.temporal import connect
-from temporalio import activity
-from temporalio.worker import Worker
-
 from tests.support.standins import StandIns
 
 __all__ = ["EnvLatencyStandIns", "main"]
@@ -40,8 +40,10 @@ class EnvLatencyStandIns(StandIns):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        faults = {"reset_latency": {"median_s": LATENCY["reset_median_s"], "p99_s": LATENCY["reset_p99_s"]},
-                  "step_latency": {"median_s": LATENCY["step_median_s"], "p99_s": LATENCY["step_p99_s"]}}  # fmt: skip
+        faults = {
+            "reset_latency": {"median_s": LATENCY["reset_median_s"], "p99_s": LATENCY["reset_p99_s"]},
+            "step_latency": {"median_s": LATENCY["step_median_s"], "p99_s": LATENCY["step_p99_s"]},
+        }
         self.faults = FaultInjector(FaultModel.model_validate(faults), salt="scale")
 
     @activity.defn(name="reset")
@@ -77,11 +79,15 @@ async def serve(address: str, store: Path, prefix: str, generate_s: float, turns
     queues = {
         queue_name("cpu", prefix): [s.reset, s.reset_group, s.restore, s.prompts, s.check],
         s.session_queue: [s.step, s.step_group, s.close],
-        queue_name("h800", prefix): engine, queue_name("h20", prefix): engine,
-        queue_name("serverless", prefix): [s.reward, s.reward_batch], queue_name("trainer", prefix): [s.train_step],
-    }  # fmt: skip
-    workers = [Worker(client, task_queue=q, activities=acts, max_concurrent_activities=MAX_CONCURRENT)
-               for q, acts in queues.items()]  # fmt: skip
+        queue_name("h800", prefix): engine,
+        queue_name("h20", prefix): engine,
+        queue_name("serverless", prefix): [s.reward, s.reward_batch],
+        queue_name("trainer", prefix): [s.train_step],
+    }
+    workers = [
+        Worker(client, task_queue=q, activities=acts, max_concurrent_activities=MAX_CONCURRENT)
+        for q, acts in queues.items()
+    ]
     async with contextlib.AsyncExitStack() as running:
         for w in workers:
             await running.enter_async_context(w)
@@ -90,8 +96,9 @@ async def serve(address: str, store: Path, prefix: str, generate_s: float, turns
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.scale_standins", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale_standins", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("address")
     parser.add_argument("--store", type=Path, required=True, help="the job's local store directory")
     parser.add_argument("--prefix", default="")

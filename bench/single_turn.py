@@ -18,6 +18,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
+
 from bench.report import RESULTS, format_table, write_results
 from bench.rollout import cpu_seconds
 from bench.training_run import job_timeline, stack_for
@@ -28,7 +30,6 @@ from rollart.infra.history import activity_spans
 from rollart.infra.search_attributes import JOB_ID
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import LocalStack, pools_for_job
-from temporalio.client import Client
 
 __all__ = ["main", "measure"]
 
@@ -41,8 +42,9 @@ def arithmetic_job(steps: int) -> JobSpec:
     """The example, `steps` long, its model and store under the bench's home."""
     job = load_job(EXAMPLE)
     training = job.training.model_copy(update={"steps": steps})
-    return job.model_copy(update={"training": training, "model_dir": HOME / "model",
-                                  "store": StoreConfig(path=HOME / "store")})  # fmt: skip
+    return job.model_copy(
+        update={"training": training, "model_dir": HOME / "model", "store": StoreConfig(path=HOME / "store")}
+    )
 
 
 async def measure(client: Client, job: JobSpec, label: str, stack: LocalStack | None = None) -> dict[str, Any]:
@@ -61,9 +63,14 @@ async def measure(client: Client, job: JobSpec, label: str, stack: LocalStack | 
     timeline = await job_timeline(client, job_id)
     kinds = Counter(r["activity"] for r in timeline)
     waves = await _waves(client, job_id)
-    out: dict[str, Any] = {"wall_s": wall, "steps": result.steps, "s_per_step": per_step,
-                           "activities_per_step": sum(kinds.values()) / result.steps,
-                           "trained": result.trained, "failed": result.failed}  # fmt: skip
+    out: dict[str, Any] = {
+        "wall_s": wall,
+        "steps": result.steps,
+        "s_per_step": per_step,
+        "activities_per_step": sum(kinds.values()) / result.steps,
+        "trained": result.trained,
+        "failed": result.failed,
+    }
     out.update({f"{k}_per_step": kinds.get(k, 0) / result.steps for k in KINDS})
     for k in ("generate", "generate_batch", "train_step"):  # how long one call runs (median), where it ran
         spans = [r["end"] - r["start"] for r in timeline if r["activity"] == k]
@@ -88,8 +95,12 @@ async def _waves(client: Client, job_id: str) -> list[tuple[float, float]]:
         spans = activity_spans(await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
         gen = [a for a in spans if a.activity_type in ("generate", "generate_batch")]
         if gen and all(a.completed for a in spans):
-            out.append((max(a.completed for a in spans) - min(a.scheduled for a in spans),
-                        max(a.completed for a in gen) - min(a.started for a in gen)))
+            out.append(
+                (
+                    max(a.completed for a in spans) - min(a.scheduled for a in spans),
+                    max(a.completed for a in gen) - min(a.started for a in gen),
+                )
+            )
     return out
 
 
@@ -100,23 +111,39 @@ async def _run(stack: LocalStack, steps: int, repeats: int) -> list[dict[str, An
     for r in range(repeats):
         m = await measure(client, arithmetic_job(steps), f"r{r}", stack)
         runs.append(m)
-        print(f"  repeat {r + 1}/{repeats}: {m['s_per_step']:.3f} s/step, {m['activities_per_step']:.1f} activities/step",
-              flush=True)  # fmt: skip
+        print(
+            f"  repeat {r + 1}/{repeats}: {m['s_per_step']:.3f} s/step, {m['activities_per_step']:.1f} activities/step",
+            flush=True,
+        )
     return runs
 
 
-COLUMNS = [("label", "code", ""), ("s_per_step", "s/step", ".3f"), ("activities_per_step", "activities/step", ".1f"),
-           *[(f"{k}_per_step", k, ".2f") for k in KINDS], ("generate_s", "generate s", ".3f"),
-           ("generate_batch_s", "generate_batch s", ".3f"), ("train_step_s", "train_step s", ".3f"),
-           ("wave_s", "wave s", ".3f"), ("wave_generation_s", "wave gen s", ".3f"), ("wall_s", "wall s", ".1f")]  # fmt: skip
-CPU = [("label", "code", ""), *[(f"cpu_s_{g}", f"{g} cpu s/step", ".3f")
-                               for g in ("control", "temporal-server", "cpu", "h20", "serverless", "trainer")]]  # fmt: skip
+COLUMNS = [
+    ("label", "code", ""),
+    ("s_per_step", "s/step", ".3f"),
+    ("activities_per_step", "activities/step", ".1f"),
+    *[(f"{k}_per_step", k, ".2f") for k in KINDS],
+    ("generate_s", "generate s", ".3f"),
+    ("generate_batch_s", "generate_batch s", ".3f"),
+    ("train_step_s", "train_step s", ".3f"),
+    ("wave_s", "wave s", ".3f"),
+    ("wave_generation_s", "wave gen s", ".3f"),
+    ("wall_s", "wall s", ".1f"),
+]
+CPU = [
+    ("label", "code", ""),
+    *[
+        (f"cpu_s_{g}", f"{g} cpu s/step", ".3f")
+        for g in ("control", "temporal-server", "cpu", "h20", "serverless", "trainer")
+    ],
+]
 
 
 def main(argv: list[str]) -> int:
     """Run the measurement, print a table of medians, write bench/results/single_turn-LABEL.json."""
-    parser = argparse.ArgumentParser(prog="python -m bench single_turn", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m bench single_turn", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="10 steps x 1 repeat")
     parser.add_argument("--steps", type=int, default=30, help="training steps per job (default 30)")
     parser.add_argument("--repeats", type=int, default=3, help="jobs, one after another on one stack (default 3)")
@@ -128,8 +155,11 @@ def main(argv: list[str]) -> int:
     print(f"single_turn: examples/arithmetic.yaml, {steps} steps x {repeats}; starting the stack ...", flush=True)
     with stack:
         runs = asyncio.run(_run(stack, steps, repeats))
-    row: dict[str, Any] = {"label": args.label, "repeats": len(runs),
-                           "s_per_step_runs": [r["s_per_step"] for r in runs]}  # fmt: skip
+    row: dict[str, Any] = {
+        "label": args.label,
+        "repeats": len(runs),
+        "s_per_step_runs": [r["s_per_step"] for r in runs],
+    }
     for key in runs[0]:
         row[key] = statistics.median(r[key] for r in runs)
     print(format_table([row], COLUMNS))

@@ -48,11 +48,19 @@ def build_model(home: Path, hidden: int | None, layers: int | None) -> Path:
     out = home / "model"
     cfg = json.loads((tiny / "config.json").read_text())
     hidden = hidden or cfg["hidden_size"]
-    cfg.update(hidden_size=hidden, num_hidden_layers=layers or cfg["num_hidden_layers"], intermediate_size=4 * hidden,
-               num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64)  # fmt: skip
+    cfg.update(
+        hidden_size=hidden,
+        num_hidden_layers=layers or cfg["num_hidden_layers"],
+        intermediate_size=4 * hidden,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+    )
     torch.manual_seed(0)
-    Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "layer_types")})
-                     ).save_pretrained(out)  # fmt: skip
+    Qwen2ForCausalLM(
+        Qwen2Config(
+            **{k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "layer_types")}
+        )
+    ).save_pretrained(out)
     for f in tiny.glob("tokenizer*"):
         shutil.copy(f, out / f.name)
     return out
@@ -61,9 +69,10 @@ def build_model(home: Path, hidden: int | None, layers: int | None) -> Path:
 def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
     """SampleRefs of 8 groups x 8 four-turn trajectories whose turn records hold one token sampled from the model."""
     import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from rollart.contracts.activities import SampleRef, turn_key
     from rollart.contracts.store import StoredCompletion, StoredTurn
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
@@ -74,7 +83,9 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
         for m in range(8):
             keys, agent = [], rng.randrange(16)
             for turn in range(4):
-                rows = ["".join("A" if r * 4 + c == agent else ch for c, ch in enumerate(row)) for r, row in enumerate(grid)]
+                rows = [
+                    "".join("A" if r * 4 + c == agent else ch for c, ch in enumerate(row)) for r, row in enumerate(grid)
+                ]
                 ids = tok("\n".join(rows) + "\nmove:", add_special_tokens=False)["input_ids"]
                 with torch.no_grad():
                     logp = torch.log_softmax(model(torch.tensor([ids])).logits[0, -1], -1)
@@ -85,13 +96,24 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
                 keys.append(key)
                 agent = rng.randrange(16)
             reward = float(rng.random() < 0.3)
-            samples.append(SampleRef(trajectory_id=f"g{g}-{m}", task="frozenlake", group_id=f"g{g}", reward=reward,
-                                     success=reward > 0, turn_keys=keys, policy_version_min=0, policy_version_max=0))  # fmt: skip
+            samples.append(
+                SampleRef(
+                    trajectory_id=f"g{g}-{m}",
+                    task="frozenlake",
+                    group_id=f"g{g}",
+                    reward=reward,
+                    success=reward > 0,
+                    turn_keys=keys,
+                    policy_version_min=0,
+                    policy_version_max=0,
+                )
+            )
     return samples
 
 
-async def run_mode(name: str, trainer: dict, model_dir: Path, samples: list, steps: int, store_dir: Path,
-                   run_root: Path) -> dict:  # fmt: skip
+async def run_mode(
+    name: str, trainer: dict, model_dir: Path, samples: list, steps: int, store_dir: Path, run_root: Path
+) -> dict:
     from rollart.client.local import LocalTrainer
     from rollart.contracts.activities import TrainStepInput
     from rollart.infra.config import StoreConfig, TrainerConfig
@@ -104,8 +126,14 @@ async def run_mode(name: str, trainer: dict, model_dir: Path, samples: list, ste
     walls, train, publish = [], [], []
     try:
         for n in range(steps):
-            inp = TrainStepInput(job_id=job, step=n, samples=samples, model_dir=str(model_dir),
-                                 run_dir=str(run_root / job), trainer=TrainerConfig(**trainer, checkpoint_every=10_000))  # fmt: skip
+            inp = TrainStepInput(
+                job_id=job,
+                step=n,
+                samples=samples,
+                model_dir=str(model_dir),
+                run_dir=str(run_root / job),
+                trainer=TrainerConfig(**trainer, checkpoint_every=10_000),
+            )
             t0 = time.perf_counter()
             r = await local.step(inp)
             walls.append(time.perf_counter() - t0)
@@ -114,9 +142,14 @@ async def run_mode(name: str, trainer: dict, model_dir: Path, samples: list, ste
     finally:
         if group is not None:
             group.close()
-    return {"wall_s": statistics.median(walls[1:]), "train_s": statistics.median(train[1:]),
-            "publish_s": statistics.median(publish[1:]), "first_step_s": walls[0],
-            "sequences": float(r.metrics["sequences"]), "tokens": r.metrics["tokens"]}  # fmt: skip
+    return {
+        "wall_s": statistics.median(walls[1:]),
+        "train_s": statistics.median(train[1:]),
+        "publish_s": statistics.median(publish[1:]),
+        "first_step_s": walls[0],
+        "sequences": float(r.metrics["sequences"]),
+        "tokens": r.metrics["tokens"],
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -125,7 +158,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, help="steps per mode and repeat (default 8; --quick 4)")
     p.add_argument("--repeats", type=int, help="repeats of every mode, interleaved (default 3; --quick 1)")
     p.add_argument("--modes", help=f"comma-separated subset of: {', '.join(MODES)}")
-    p.add_argument("--hidden", type=int, help="a bigger Qwen2 of this hidden size (heads of 64) instead of the tiny model")
+    p.add_argument(
+        "--hidden", type=int, help="a bigger Qwen2 of this hidden size (heads of 64) instead of the tiny model"
+    )
     p.add_argument("--layers", type=int, help="layers of the bigger model")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -141,9 +176,14 @@ def main(argv: list[str]) -> int:
         samples = frozenlake_batch(LocalStore(home / "store"), model_dir)
         for rep in range(repeats):
             for mode in modes:
-                row = asyncio.run(run_mode(mode, MODES[mode], model_dir, samples, steps, home / "store", home / f"r{rep}"))
-                print(f"repeat {rep + 1}/{repeats} {mode}: step {row['wall_s']:.3f} s (train {row['train_s']:.3f}, "
-                      f"publish {row['publish_s']:.3f}), first step {row['first_step_s']:.1f} s", flush=True)  # fmt: skip
+                row = asyncio.run(
+                    run_mode(mode, MODES[mode], model_dir, samples, steps, home / "store", home / f"r{rep}")
+                )
+                print(
+                    f"repeat {rep + 1}/{repeats} {mode}: step {row['wall_s']:.3f} s (train {row['train_s']:.3f}, "
+                    f"publish {row['publish_s']:.3f}), first step {row['first_step_s']:.1f} s",
+                    flush=True,
+                )
                 runs[mode].append(row)
     finally:
         shutil.rmtree(home, ignore_errors=True)
@@ -152,13 +192,31 @@ def main(argv: list[str]) -> int:
     rows = summarize(runs, BASELINE if BASELINE in modes else modes[0])
     for r in rows:
         r["publish_vs_baseline"] = rows[0]["publish_s"] / r["publish_s"] if r["publish_s"] else float("nan")
-    print(f"\ntrain_step on {rows[0]['sequences']:.0f} sequences / {rows[0]['tokens']:.0f} loss tokens, "
-          f"{steps} steps x {repeats} repeats (medians; the first step of each run left out):")  # fmt: skip
-    print(format_table(rows, [("name", "mode", ""), ("wall_s", "step s", ".3f"), ("speedup_vs_baseline", "vs torch", ".2f"),
-                              ("train_s", "train s", ".3f"), ("publish_s", "publish s", ".4f"),
-                              ("publish_vs_baseline", "publish vs torch", ".2f"), ("first_step_s", "first step s", ".1f")]))  # fmt: skip
+    print(
+        f"\ntrain_step on {rows[0]['sequences']:.0f} sequences / {rows[0]['tokens']:.0f} loss tokens, "
+        f"{steps} steps x {repeats} repeats (medians; the first step of each run left out):"
+    )
+    print(
+        format_table(
+            rows,
+            [
+                ("name", "mode", ""),
+                ("wall_s", "step s", ".3f"),
+                ("speedup_vs_baseline", "vs torch", ".2f"),
+                ("train_s", "train s", ".3f"),
+                ("publish_s", "publish s", ".4f"),
+                ("publish_vs_baseline", "publish vs torch", ".2f"),
+                ("first_step_s", "first step s", ".1f"),
+            ],
+        )
+    )
     out = write_results("trainer", rows, steps=steps, model_hidden=args.hidden, time=time.time(), baseline=BASELINE)
-    png = plot_modes("trainer", rows, "train_step: torch vs megatron (median step wall)", extra_key="publish_s",
-                     extra_label="publish s (median)")  # fmt: skip
+    png = plot_modes(
+        "trainer",
+        rows,
+        "train_step: torch vs megatron (median step wall)",
+        extra_key="publish_s",
+        extra_label="publish s (median)",
+    )
     print(f"\nwritten {out}, {png}")
     return 0

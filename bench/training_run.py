@@ -16,6 +16,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from temporalio.client import Client
+
+from rollart.client.rollout import check_job_components
+from rollart.client.train import start_training
 from rollart.infra.config import JobSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.history import activity_spans, busy_seconds
@@ -23,9 +27,6 @@ from rollart.infra.pools import Pool
 from rollart.infra.search_attributes import JOB_ID
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack
-from rollart.client.rollout import check_job_components
-from rollart.client.train import start_training
-from temporalio.client import Client
 
 __all__ = ["POOLS_REPORTED", "job_timeline", "measure_job", "stack_for"]
 
@@ -41,8 +42,9 @@ def stack_for(job: JobSpec, home: Path, pools: list[Pool]) -> LocalStack:
     return LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None)
 
 
-async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path,
-                      stack: LocalStack | None = None) -> dict[str, Any]:  # fmt: skip
+async def measure_job(
+    client: Client, job: JobSpec, label: str, run_root: Path, stack: LocalStack | None = None
+) -> dict[str, Any]:
     """Run `job` to its last step; wall time, trajectories/s and per-pool busy fractions from its timeline,
     Temporal's share per activity (median queue wait, workflow-task return) and, given the stack, the CPU
     cores its server and workers used."""
@@ -58,10 +60,15 @@ async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path,
     timeline = await job_timeline(client, job_id)
     finished = result.trained + result.dropped + result.failed + result.buffered_unused
     out: dict[str, Any] = {
-        "wall_s": wall, "steps": result.steps, "trajectories_per_s": finished / wall,
-        "trained": result.trained, "dropped": result.dropped, "failed": result.failed,
-        "started": result.started, "activities": len(timeline),
-    }  # fmt: skip
+        "wall_s": wall,
+        "steps": result.steps,
+        "trajectories_per_s": finished / wall,
+        "trained": result.trained,
+        "dropped": result.dropped,
+        "failed": result.failed,
+        "started": result.started,
+        "activities": len(timeline),
+    }
     for pool in POOLS_REPORTED:
         spans = [(r["start"], r["end"]) for r in timeline if r["pool"] == pool]
         if spans:
@@ -86,7 +93,9 @@ async def measure_job(client: Client, job: JobSpec, label: str, run_root: Path,
     if returns:
         out["return_ms_p50"] = 1000 * returns[len(returns) // 2]
     for name in cpu0:  # "control#0", "temporal-server", ...: cores used over the run
-        out[f"cores_{name.split('#')[0]}"] = out.get(f"cores_{name.split('#')[0]}", 0.0) + (cpu1[name] - cpu0[name]) / wall
+        out[f"cores_{name.split('#')[0]}"] = (
+            out.get(f"cores_{name.split('#')[0]}", 0.0) + (cpu1[name] - cpu0[name]) / wall
+        )
     resets = sorted(r["end"] - r["start"] for r in timeline if r["activity"] in ("reset", "reset_group"))
     if resets:
         out["reset_p50_s"] = resets[len(resets) // 2]
@@ -102,7 +111,18 @@ async def job_timeline(client: Client, job_id: str, concurrency: int = 16) -> li
     async def spans(wid: str, run_id: str) -> list[dict]:
         async with gate:
             history = await client.get_workflow_handle(wid, run_id=run_id).fetch_history()
-        return [{"pool": a.pool, "activity": a.activity_type, "worker": a.worker_identity, "start": a.started,
-                 "end": a.completed, "scheduled": a.scheduled, "next": a.next_command} for a in activity_spans(history) if a.started and a.completed]  # fmt: skip
+        return [
+            {
+                "pool": a.pool,
+                "activity": a.activity_type,
+                "worker": a.worker_identity,
+                "start": a.started,
+                "end": a.completed,
+                "scheduled": a.scheduled,
+                "next": a.next_command,
+            }
+            for a in activity_spans(history)
+            if a.started and a.completed
+        ]
 
     return [row for chunk in await asyncio.gather(*(spans(w, r) for w, r in ids)) for row in chunk]

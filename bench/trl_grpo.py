@@ -29,7 +29,7 @@ from rollart.infra.registry import lookup_env, lookup_reward
 __all__ = ["TRL_PIN", "TrlRun", "ensure_trl", "group_seed", "run_trl"]
 
 TRL_PIN = "trl==1.16.0"
-"""As pyproject.toml's `bench` extra: the version checked against torch 2.13 / transformers 5.19 (it changes neither)."""
+"""As pyproject.toml's `bench` extra: checked against torch 2.13 / transformers 5.19 (it changes neither)."""
 
 
 def ensure_trl() -> None:
@@ -79,10 +79,16 @@ class _TaskReward:
                 reset[s] = (env, env.reset(int(s)))
             env, observation = reset[s]
             outcome = copy.copy(env).step(completion)
-            turn = TurnRecord(observation=observation, action=completion, env_reward=outcome.reward, done=outcome.done,
-                              info=outcome.info)  # fmt: skip
-            result = as_reward_result(self.reward(Transcript(task=self.task.name, seed=int(s), turns=[turn])),
-                                      self.task.reward)  # fmt: skip
+            turn = TurnRecord(
+                observation=observation,
+                action=completion,
+                env_reward=outcome.reward,
+                done=outcome.done,
+                info=outcome.info,
+            )
+            result = as_reward_result(
+                self.reward(Transcript(task=self.task.name, seed=int(s), turns=[turn])), self.task.reward
+            )
             values.append(result.value)
             hits += bool(result.success)
         self.run.success.append(hits / max(len(values), 1))
@@ -107,21 +113,46 @@ def run_trl(job: JobSpec, max_steps: int, max_s: float, target: float, window: i
     sampling, trainer_cfg, loss = task.sampling, job.trainer, job.trainer.loss
     with tempfile.TemporaryDirectory(prefix="peer-trl-") as out:
         config = GRPOConfig(
-            output_dir=out, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10, disable_tqdm=True,
-            max_steps=max_steps, per_device_train_batch_size=job.training.batch_size, num_generations=task.group_size,
-            steps_per_generation=1, num_iterations=1, max_completion_length=sampling.max_tokens,
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=1.0,
-            learning_rate=trainer_cfg.lr, adam_beta1=trainer_cfg.betas[0], adam_beta2=trainer_cfg.betas[1],
-            weight_decay=0.0, max_grad_norm=trainer_cfg.grad_clip, **_lr_schedule(trainer_cfg.lr_schedule),
-            beta=0.0, epsilon=loss.clip_eps, epsilon_high=loss.clip_eps_high or loss.clip_eps, entropy_coef=loss.entropy_coef, shuffle_dataset=False, seed=job.training.seed,
+            output_dir=out,
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=10,
+            disable_tqdm=True,
+            max_steps=max_steps,
+            per_device_train_batch_size=job.training.batch_size,
+            num_generations=task.group_size,
+            steps_per_generation=1,
+            num_iterations=1,
+            max_completion_length=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=1.0,
+            learning_rate=trainer_cfg.lr,
+            adam_beta1=trainer_cfg.betas[0],
+            adam_beta2=trainer_cfg.betas[1],
+            weight_decay=0.0,
+            max_grad_norm=trainer_cfg.grad_clip,
+            **_lr_schedule(trainer_cfg.lr_schedule),
+            beta=0.0,
+            epsilon=loss.clip_eps,
+            epsilon_high=loss.clip_eps_high or loss.clip_eps,
+            entropy_coef=loss.entropy_coef,
+            shuffle_dataset=False,
+            seed=job.training.seed,
             dataloader_num_workers=0,
-        )  # fmt: skip
+        )
         model = AutoModelForCausalLM.from_pretrained(job.model_dir, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(job.model_dir)
         tokenizer.padding_side = "left"
-        trainer = GRPOTrainer(model=model, reward_funcs=[_TaskReward(task, run)], args=config,
-                              train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                              callbacks=[clock(run, max_s, target, window)])  # fmt: skip
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[_TaskReward(task, run)],
+            args=config,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            callbacks=[clock(run, max_s, target, window)],
+        )
         trainer.remove_callback(PrinterCallback)  # the bench prints its own table, not a dict per log
         clock.t0 = time.monotonic()
         trainer.train()
@@ -146,8 +177,11 @@ def _clock_class():  # TrainerCallback is imported lazily (transformers is heavy
             self.run.step_end_s.append(elapsed)
             recent = self.run.success[-self.window :]
             if len(self.run.step_end_s) % 100 == 0:
-                print(f"  trl: step {len(self.run.step_end_s)}, {elapsed:.0f} s, success (last {len(recent)}) "
-                      f"{sum(recent) / max(len(recent), 1):.2f}", flush=True)  # fmt: skip
+                print(
+                    f"  trl: step {len(self.run.step_end_s)}, {elapsed:.0f} s, success (last {len(recent)}) "
+                    f"{sum(recent) / max(len(recent), 1):.2f}",
+                    flush=True,
+                )
             if len(recent) == self.window and sum(recent) / self.window >= self.target:
                 self.run.stopped_because, control.should_training_stop = "target reached", True
             elif elapsed >= self.max_s:
@@ -164,5 +198,8 @@ def _lr_schedule(schedule: LRScheduleConfig) -> dict[str, Any]:
         raise ValueError("peer_trl: lr_schedule.decay_steps has no transformers equivalent here; leave it unset")
     if schedule.kind == "constant":
         return {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": schedule.warmup_steps}
-    return {"lr_scheduler_type": "cosine_with_min_lr", "warmup_steps": schedule.warmup_steps,
-            "lr_scheduler_kwargs": {"min_lr_rate": schedule.min_ratio}}  # fmt: skip
+    return {
+        "lr_scheduler_type": "cosine_with_min_lr",
+        "warmup_steps": schedule.warmup_steps,
+        "lr_scheduler_kwargs": {"min_lr_rate": schedule.min_ratio},
+    }

@@ -53,11 +53,17 @@ def state_dict(hidden: int, layers: int, inter: int, vocab: int):  # -> dict[str
     t: dict = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        shapes = {"self_attn.q_proj.weight": (hidden, hidden), "self_attn.k_proj.weight": (kv, hidden),
-                  "self_attn.v_proj.weight": (kv, hidden), "self_attn.o_proj.weight": (hidden, hidden),
-                  "mlp.gate_proj.weight": (inter, hidden), "mlp.up_proj.weight": (inter, hidden),
-                  "mlp.down_proj.weight": (hidden, inter), "input_layernorm.weight": (hidden,),
-                  "post_attention_layernorm.weight": (hidden,)}  # fmt: skip
+        shapes = {
+            "self_attn.q_proj.weight": (hidden, hidden),
+            "self_attn.k_proj.weight": (kv, hidden),
+            "self_attn.v_proj.weight": (kv, hidden),
+            "self_attn.o_proj.weight": (hidden, hidden),
+            "mlp.gate_proj.weight": (inter, hidden),
+            "mlp.up_proj.weight": (inter, hidden),
+            "mlp.down_proj.weight": (hidden, inter),
+            "input_layernorm.weight": (hidden,),
+            "post_attention_layernorm.weight": (hidden,),
+        }
         for name, shape in shapes.items():
             t[p + name] = torch.randn(*shape, generator=g)
     t["model.norm.weight"] = torch.ones(hidden)
@@ -123,10 +129,11 @@ while True:
         self.proc.wait(10)
 
 
-def _time(fn: Callable[[], object]) -> float:
+def _time(fn: Callable[..., object], *args: object) -> tuple[float, object]:
+    """How long `fn(*args)` took, and what it returned."""
     t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    out = fn(*args)
+    return time.perf_counter() - t0, out
 
 
 def transfer_rows(sizes: list[str], repeats: int, home: Path) -> list[dict]:
@@ -137,8 +144,12 @@ def transfer_rows(sizes: list[str], repeats: int, home: Path) -> list[dict]:
 
     biggest = max(_params(*SIZES[s]) * 4 for s in sizes)
     seg_mib = int(biggest * 1.3) // (1 << 20) + 64
-    cfg = StoreConfig(kind="mooncake", path=home / "store", fallback="none",
-                      mooncake=MooncakeConfig(keeper_segment_mib=seg_mib, buffer_mib=16))  # fmt: skip
+    cfg = StoreConfig(
+        kind="mooncake",
+        path=home / "store",
+        fallback="none",
+        mooncake=MooncakeConfig(keeper_segment_mib=seg_mib, buffer_mib=16),
+    )
     rows = []
     with MooncakeService(cfg, log_dir=home / "logs") as svc:
         publisher = MooncakeStore.connect(svc.config.mooncake)
@@ -149,20 +160,19 @@ def transfer_rows(sizes: list[str], repeats: int, home: Path) -> list[dict]:
             for size in sizes:
                 blob, params = blob_of(state_dict(*SIZES[size]))
                 backends: dict[str, tuple[Callable[[str], object], Callable[[str], bytes]]] = {
-                    "mooncake": (lambda k: publisher.put(k, blob, pinned=True), puller.get),
-                    "local file": (lambda k: local.put(k, blob), local.get),
-                    "socket": (lambda k: peer.put(blob), lambda k: peer.get()),
+                    "mooncake": (lambda k, b=blob: publisher.put(k, b, pinned=True), puller.get),
+                    "local file": (lambda k, b=blob: local.put(k, b), local.get),
+                    "socket": (lambda k, b=blob: peer.put(b), lambda k: peer.get()),
                 }
                 for name, (put, get) in backends.items():
                     pubs, pulls = [], []
                     for r in range(repeats + 1):  # the first round warms connections and buffers
                         key = f"bench/w{r}"
-                        pub = _time(lambda: put(key))
-                        got: list = []
-                        pull = _time(lambda: got.append(get(key)))
-                        if len(got[0]) != len(blob):
-                            raise RuntimeError(f"{name}: pulled {len(got[0])} bytes of {len(blob)}")
-                        got.clear()
+                        pub, _ = _time(put, key)
+                        pull, got = _time(get, key)
+                        if len(got) != len(blob):
+                            raise RuntimeError(f"{name}: pulled {len(got)} bytes of {len(blob)}")
+                        del got
                         if name == "mooncake":
                             publisher.remove_now(key)  # just read: a lease holds it for 10 s
                         elif name == "local file":
@@ -171,9 +181,19 @@ def transfer_rows(sizes: list[str], repeats: int, home: Path) -> list[dict]:
                             pubs.append(pub)
                             pulls.append(pull)
                     pub, pull = statistics.median(pubs), statistics.median(pulls)
-                    rows.append({"size": size, "params": params, "bytes": len(blob), "backend": name,
-                                 "publish_s": pub, "pull_s": pull, "publish_gbps": len(blob) / pub / GB,
-                                 "pull_gbps": len(blob) / pull / GB, "repeats": repeats})  # fmt: skip
+                    rows.append(
+                        {
+                            "size": size,
+                            "params": params,
+                            "bytes": len(blob),
+                            "backend": name,
+                            "publish_s": pub,
+                            "pull_s": pull,
+                            "publish_gbps": len(blob) / pub / GB,
+                            "pull_gbps": len(blob) / pull / GB,
+                            "repeats": repeats,
+                        }
+                    )
                     print(f"  {size:>5} {name:<10} publish {pub:.3f}s  pull {pull:.3f}s", flush=True)
                 del blob
         finally:
@@ -194,8 +214,15 @@ def build_model(out: Path, tiny: Path, hidden: int, layers: int, inter: int) -> 
     if (out / "config.json").is_file():
         return out
     base = AutoConfig.from_pretrained(tiny).to_dict()
-    base.update(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter, num_attention_heads=hidden // 64,
-                num_key_value_heads=max(1, hidden // 256), head_dim=64, layer_types=["full_attention"] * layers)
+    base.update(
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=inter,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 256),
+        head_dim=64,
+        layer_types=["full_attention"] * layers,
+    )
     cfg = type(AutoConfig.from_pretrained(tiny)).from_dict(base)
     torch.manual_seed(0)
     Qwen2ForCausalLM(cfg).to(torch.float32).save_pretrained(out, safe_serialization=True)
@@ -208,17 +235,22 @@ def build_model(out: Path, tiny: Path, hidden: int, layers: int, inter: int) -> 
 async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[dict]:
     """publish → pull → reload → first request on the new version, per model and store kind."""
     import torch
+    from transformers import AutoModelForCausalLM
+
     from rollart.client.in_process import started_engine
     from rollart.client.local import weights_blob
     from rollart.infra.config import EngineConfig, MooncakeConfig, SamplingParams, StoreConfig
     from rollart.infra.mooncake_service import MooncakeService
     from rollart.infra.store import LocalStore, open_store
     from rollart.infra.weights import fetch_latest, publish
-    from transformers import AutoModelForCausalLM
 
     rows = []
-    cfg = StoreConfig(kind="mooncake", path=home / "swap-store", fallback="none",
-                      mooncake=MooncakeConfig(keeper_segment_mib=1024, buffer_mib=16))  # fmt: skip
+    cfg = StoreConfig(
+        kind="mooncake",
+        path=home / "swap-store",
+        fallback="none",
+        mooncake=MooncakeConfig(keeper_segment_mib=1024, buffer_mib=16),
+    )
     with MooncakeService(cfg, log_dir=home / "logs") as svc:
         stores = {"mooncake": open_store(svc.config), "local file": LocalStore(home / "swap-local")}
         for label, model_dir in models.items():
@@ -229,8 +261,13 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
                 sampling = SamplingParams(max_tokens=2)
                 await engine.generate("warm up", sampling, "warm")
                 for kind, store in stores.items():
-                    parts: dict[str, list[float]] = {"publish": [], "pull": [], "reload": [], "first_request": [],
-                                                     "total": []}  # fmt: skip
+                    parts: dict[str, list[float]] = {
+                        "publish": [],
+                        "pull": [],
+                        "reload": [],
+                        "first_request": [],
+                        "total": [],
+                    }
                     for r in range(repeats + 1):
                         with torch.no_grad():
                             for p in trainer.parameters():
@@ -252,8 +289,14 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
                         if r:
                             for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
                                 parts[k].append(v)
-                    row = {"model": label, "params": params, "bytes": len(blob), "store": kind, "repeats": repeats,
-                           **{f"{k}_s": statistics.median(v) for k, v in parts.items()}}  # fmt: skip
+                    row = {
+                        "model": label,
+                        "params": params,
+                        "bytes": len(blob),
+                        "store": kind,
+                        "repeats": repeats,
+                        **{f"{k}_s": statistics.median(v) for k, v in parts.items()},
+                    }
                     rows.append(row)
                     print(f"  swap {label:>5} {kind:<10} total {row['total_s']:.3f}s", flush=True)
             del trainer
@@ -268,14 +311,21 @@ def print_tables(transfer: list[dict], swap: list[dict]) -> None:
         print("\nweight sync: publish + pull of an fp32 safetensors state dict (medians)")
         print(f"{'size':>6} {'MB':>7} {'backend':<11} {'publish s':>10} {'GB/s':>6} {'pull s':>8} {'GB/s':>6}")
         for r in transfer:
-            print(f"{r['size']:>6} {r['bytes'] / 1e6:7.1f} {r['backend']:<11} {r['publish_s']:10.3f} "
-                  f"{r['publish_gbps']:6.2f} {r['pull_s']:8.3f} {r['pull_gbps']:6.2f}")  # fmt: skip
+            print(
+                f"{r['size']:>6} {r['bytes'] / 1e6:7.1f} {r['backend']:<11} {r['publish_s']:10.3f} "
+                f"{r['publish_gbps']:6.2f} {r['pull_s']:8.3f} {r['pull_gbps']:6.2f}"
+            )
     if swap:
         print("\nweight swap end to end on vLLM: publish → pull → engine reload → first request on the new version")
-        print(f"{'model':>6} {'params':>8} {'store':<11} {'publish':>8} {'pull':>7} {'reload':>7} {'request':>8} {'total s':>8}")
+        print(
+            f"{'model':>6} {'params':>8} {'store':<11} {'publish':>8} {'pull':>7} {'reload':>7} {'request':>8} "
+            f"{'total s':>8}"
+        )
         for r in swap:
-            print(f"{r['model']:>6} {r['params'] / 1e6:7.1f}M {r['store']:<11} {r['publish_s']:8.3f} {r['pull_s']:7.3f} "
-                  f"{r['reload_s']:7.3f} {r['first_request_s']:8.3f} {r['total_s']:8.3f}")  # fmt: skip
+            print(
+                f"{r['model']:>6} {r['params'] / 1e6:7.1f}M {r['store']:<11} {r['publish_s']:8.3f} {r['pull_s']:7.3f} "
+                f"{r['reload_s']:7.3f} {r['first_request_s']:8.3f} {r['total_s']:8.3f}"
+            )
 
 
 def main(argv: list[str]) -> int:
@@ -320,10 +370,24 @@ BASELINE = "local file"
 def as_modes(transfer: list[dict], swap: list[dict]) -> list[dict]:
     """The `modes` of the results file: one per (size, backend) transfer and per (model, store) swap, `wall_s` the
     publish + pull (swap: publish → first request on the new version), ratio vs the local file at that size."""
-    rows = [{"name": f"{r['size']} {r['backend']}", "group": r["size"], "backend": r["backend"],
-             "wall_s": r["publish_s"] + r["pull_s"]} for r in transfer]  # fmt: skip
-    rows += [{"name": f"swap {r['model']} {r['store']}", "group": f"swap {r['model']}", "backend": r["store"],
-              "wall_s": r["total_s"]} for r in swap]  # fmt: skip
+    rows = [
+        {
+            "name": f"{r['size']} {r['backend']}",
+            "group": r["size"],
+            "backend": r["backend"],
+            "wall_s": r["publish_s"] + r["pull_s"],
+        }
+        for r in transfer
+    ]
+    rows += [
+        {
+            "name": f"swap {r['model']} {r['store']}",
+            "group": f"swap {r['model']}",
+            "backend": r["store"],
+            "wall_s": r["total_s"],
+        }
+        for r in swap
+    ]
     for row in rows:
         base = next((b["wall_s"] for b in rows if b["group"] == row["group"] and b["backend"] == BASELINE), None)
         row["speedup_vs_baseline"] = base / row["wall_s"] if base and row["wall_s"] > 0 else None

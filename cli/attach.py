@@ -23,10 +23,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
     s.add_argument("--namespace", default="default", help="Temporal namespace")
     add_temporal_security_args(s)
-    s.add_argument("--run-dir", type=Path,
-                   help="where metrics.jsonl and plots go (default: the run dir the job was started with)")
-    s.add_argument("--store-path", type=Path, help="the job's local store, for payloads kept out of history "
-                                                   "(default .rollart/store)")  # fmt: skip
+    s.add_argument(
+        "--run-dir", type=Path, help="where metrics.jsonl and plots go (default: the run dir the job was started with)"
+    )
+    s.add_argument(
+        "--store-path",
+        type=Path,
+        help="the job's local store, for payloads kept out of history (default .rollart/store)",
+    )
     s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
     s.set_defaults(func=run)
 
@@ -44,11 +48,12 @@ def attach_job(job: JobSpec, job_id: str, run_dir: Path | None, ui_url: str | No
 
 
 async def _attach(job: JobSpec, job_id: str, run_dir: Path | None, ui: str) -> int:
+    from temporalio.service import RPCError
+
     from rollart.cli.train import follow_job
     from rollart.client.connection import Outage, connect_retrying, retry_unreachable
     from rollart.client.train import run_dir_of, status_of
     from rollart.contracts.training import TrainingResult
-    from temporalio.service import RPCError
 
     outage = Outage()
     try:

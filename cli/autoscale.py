@@ -21,22 +21,39 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `autoscale`; its scaling flags override the job's `pools.<pool>` section."""
-    s = sub.add_parser("autoscale", help="scale an elastic pool's local worker processes with its queue's backlog",
-                       description="Read the pool's activity backlog from Temporal every few seconds and start or "
-                       "stop local `rollart worker` processes between --min and --max (SIGTERM: they drain first). "
-                       "Decisions are logged. Defaults come from the job's pools.<pool> section.")
+    s = sub.add_parser(
+        "autoscale",
+        help="scale an elastic pool's local worker processes with its queue's backlog",
+        description="Read the pool's activity backlog from Temporal every few seconds and start or "
+        "stop local `rollart worker` processes between --min and --max (SIGTERM: they drain first). "
+        "Decisions are logged. Defaults come from the job's pools.<pool> section.",
+    )
     s.add_argument("--pool", default="serverless", help="the elastic pool to scale (default serverless)")
     s.add_argument("--job", type=Path, help="job spec to take the store, Temporal and scaling settings from")
     add_temporal_args(s)
     s.add_argument("--min", type=int, dest="min_workers", help="fewest workers, may be 0 (default: the job's, else 1)")
     s.add_argument("--max", type=int, dest="max_workers", help="most workers (default: the job's, else 4)")
-    s.add_argument("--concurrency", type=int, dest="max_concurrent_activities",
-                   help="activities one worker runs at once (default 16)")
-    s.add_argument("--backlog-per-worker", type=int, help="backlog that asks for one more worker (default: --concurrency)")
-    s.add_argument("--scale-up-cooldown", type=float, dest="scale_up_cooldown_s", help="seconds between scale-ups (default 6)")
-    s.add_argument("--scale-down-cooldown", type=float, dest="scale_down_cooldown_s",
-                   help="seconds the queue must want fewer workers before they stop (default 30)")
-    s.add_argument("--poll-interval", type=float, dest="poll_interval_s", help="seconds between backlog reads (default 2)")
+    s.add_argument(
+        "--concurrency",
+        type=int,
+        dest="max_concurrent_activities",
+        help="activities one worker runs at once (default 16)",
+    )
+    s.add_argument(
+        "--backlog-per-worker", type=int, help="backlog that asks for one more worker (default: --concurrency)"
+    )
+    s.add_argument(
+        "--scale-up-cooldown", type=float, dest="scale_up_cooldown_s", help="seconds between scale-ups (default 6)"
+    )
+    s.add_argument(
+        "--scale-down-cooldown",
+        type=float,
+        dest="scale_down_cooldown_s",
+        help="seconds the queue must want fewer workers before they stop (default 30)",
+    )
+    s.add_argument(
+        "--poll-interval", type=float, dest="poll_interval_s", help="seconds between backlog reads (default 2)"
+    )
     s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
     s.add_argument("--home", type=Path, help="where worker settings and logs go (default .rollart)")
     s.set_defaults(func=run)
@@ -61,8 +78,12 @@ def run(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         await scaler.run(stop)
 
-    print(f"autoscaling {pool.value} on {settings.temporal.address or '127.0.0.1:7233'}: {cfg.min_workers}..{cfg.max_workers} "
-          f"workers; logs in {home(args) / 'logs'}; Ctrl-C stops them", flush=True)  # fmt: skip
+    print(
+        f"autoscaling {pool.value} on {settings.temporal.address or '127.0.0.1:7233'}: "
+        f"{cfg.min_workers}..{cfg.max_workers} "
+        f"workers; logs in {home(args) / 'logs'}; Ctrl-C stops them",
+        flush=True,
+    )
     try:
         asyncio.run(scale())
     except ConnectionError as e:
@@ -78,6 +99,8 @@ def _elastic_pool(name: str) -> Pool:
         raise UserError(f"--pool: unknown pool {name!r}; pools are {', '.join(p.value for p in Pool)}")
     pool = Pool(name)
     if pool not in ELASTIC_POOLS:
-        raise UserError(f"--pool: {pool.value!r} has a fixed set of workers (`rollart worker --pool {pool.value}`); "
-                        f"only {', '.join(p.value for p in ELASTIC_POOLS)} autoscales")  # fmt: skip
+        raise UserError(
+            f"--pool: {pool.value!r} has a fixed set of workers (`rollart worker --pool {pool.value}`); "
+            f"only {', '.join(p.value for p in ELASTIC_POOLS)} autoscales"
+        )
     return pool

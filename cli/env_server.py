@@ -12,15 +12,26 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `env-server` and its flags."""
-    s = sub.add_parser("env-server", help="serve a rollart env (e.g. frozenlake) as an OpenEnv server; jobs reach it "
-                       "with `env: openenv`")  # fmt: skip
-    s.add_argument("--env", default="frozenlake", help="the env to serve: a registered name or mypkg.envs:MyEnv "
-                   "(default frozenlake)")  # fmt: skip
-    s.add_argument("--env-args", default="{}", metavar="JSON", help="the env's arguments, as a JSON object "
-                   "(default {}; e.g. '{\"maps\": \"standard\"}')")  # fmt: skip
+    s = sub.add_parser(
+        "env-server",
+        help="serve a rollart env (e.g. frozenlake) as an OpenEnv server; jobs reach it with `env: openenv`",
+    )
+    s.add_argument(
+        "--env",
+        default="frozenlake",
+        help="the env to serve: a registered name or mypkg.envs:MyEnv (default frozenlake)",
+    )
+    s.add_argument(
+        "--env-args",
+        default="{}",
+        metavar="JSON",
+        help='the env\'s arguments, as a JSON object (default {}; e.g. \'{"maps": "standard"}\')',
+    )
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 in a pod)")
     s.add_argument("--port", type=int, default=8300, help="port to listen on (default 8300)")
-    s.add_argument("--max-sessions", type=int, default=256, help="concurrent sessions (WebSockets) at most (default 256)")
+    s.add_argument(
+        "--max-sessions", type=int, default=256, help="concurrent sessions (WebSockets) at most (default 256)"
+    )
     s.add_argument("--parent-pid", type=int, help=argparse.SUPPRESS)  # the local stack's: stop when it dies
     s.set_defaults(func=run)
 
@@ -39,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be 1..65535 and --max-sessions at least 1 (got {args.port}, {args.max_sessions})")
     from rollart.workers.env_server import serve
 
-    print(f"serving env {args.env!r} as an OpenEnv server on http://{args.host}:{args.port} (WebSocket /ws)", flush=True)
+    print(
+        f"serving env {args.env!r} as an OpenEnv server on http://{args.host}:{args.port} (WebSocket /ws)", flush=True
+    )
     try:
         serve(args.env, env_args, args.host, args.port, args.max_sessions, parent_pid=args.parent_pid)
     except UnknownComponentError as e:

@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     except KeyError as e:
         raise UserError(str(e.args[0])) from e
     ensure_model(job, str(args.job))
-    print(f"{'task':<16} {'version':>7} {'episodes':>8} {'success':>8} {'reward':>8}  (temperature {args.temperature:g})")
+    print(
+        f"{'task':<16} {'version':>7} {'episodes':>8} {'success':>8} {'reward':>8}  (temperature {args.temperature:g})"
+    )
     for task in tasks:
         try:
             r = asyncio.run(evaluate(job, task, args.job_id, args.version, args.episodes, args.temperature))

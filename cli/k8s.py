@@ -18,8 +18,10 @@ __all__ = ["add_parser", "apply", "render"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `k8s` with its two sub-commands, `render` and `apply`."""
-    k8s = sub.add_parser("k8s", help="render or apply Kubernetes manifests for a job (a Deployment per pool, "
-                         "a StatefulSet of trainer nodes)")
+    k8s = sub.add_parser(
+        "k8s",
+        help="render or apply Kubernetes manifests for a job (a Deployment per pool, a StatefulSet of trainer nodes)",
+    )
     k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True, metavar="K8S_COMMAND")
     s = k8s_sub.add_parser("render", help="write the job's manifests to a directory, one YAML file per object")
     s.add_argument("job", type=Path, help="job spec (YAML or JSON); its `kubernetes` section is optional")
@@ -37,10 +39,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _add_k8s_args(s: argparse.ArgumentParser) -> None:
     # each overrides a field of the job's `kubernetes` section (cli/spec.py's FLAGS)
     s.add_argument("--image", help="the CPU image, for pools without GPUs (overrides kubernetes.image)")
-    s.add_argument("--gpu-image", help="the GPU image, for generation pools and trainer ranks on GPUs "
-                   "(overrides kubernetes.gpu_image)")
-    s.add_argument("--temporal-address", metavar="HOST:PORT", dest="k8s_temporal_address",
-                   help="Temporal frontend as the pods see it (overrides kubernetes.temporal_address)")
+    s.add_argument(
+        "--gpu-image",
+        help="the GPU image, for generation pools and trainer ranks on GPUs (overrides kubernetes.gpu_image)",
+    )
+    s.add_argument(
+        "--temporal-address",
+        metavar="HOST:PORT",
+        dest="k8s_temporal_address",
+        help="Temporal frontend as the pods see it (overrides kubernetes.temporal_address)",
+    )
     s.add_argument("--hpa", action="store_true", help="scale serverless with a CPU HPA instead of KEDA")
 
 
@@ -74,16 +82,18 @@ def apply(args: argparse.Namespace) -> int:
 
 
 def _say_secret(job: JobSpec, namespace_first: str) -> None:
-    """The job's Temporal TLS files and API key reach the pods through a Secret rollart does not write: how to make it."""
+    """How to make the Secret rollart does not write, through which the job's Temporal TLS files reach the pods."""
     from rollart.infra.k8s import secret_command, temporal_secret_name
 
     command = secret_command(job)
     if command is None:
         return
-    print(f"the pods read the job's Temporal credentials (temporal.tls files, temporal.api_key_env key) from Secret "
-          f"{temporal_secret_name(job)!r}, which is not rendered (it holds secrets): create it, once its namespace "
-          f"exists ({namespace_first}), from the files and variable on this machine with\n  {command}\n"
-          "(pods wait for it)")  # fmt: skip
+    print(
+        f"the pods read the job's Temporal credentials (temporal.tls files, temporal.api_key_env key) from Secret "
+        f"{temporal_secret_name(job)!r}, which is not rendered (it holds secrets): create it, once its namespace "
+        f"exists ({namespace_first}), from the files and variable on this machine with\n  {command}\n"
+        "(pods wait for it)"
+    )
 
 
 def _manifests(args: argparse.Namespace) -> tuple[JobSpec, list[Manifest]]:

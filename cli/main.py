@@ -8,8 +8,23 @@ import os
 import signal
 import sys
 
-from rollart.cli import (attach, autoscale, env_server, evaluate, init_model, k8s, plot, report, rollout, show, status,
-                         train, trajectories, up, worker)
+from rollart.cli import (
+    attach,
+    autoscale,
+    env_server,
+    evaluate,
+    init_model,
+    k8s,
+    plot,
+    report,
+    rollout,
+    show,
+    status,
+    train,
+    trajectories,
+    up,
+    worker,
+)
 from rollart.cli.errors import EXIT_BAD_INPUT, UserError
 from rollart.infra.devserver import DevServerError
 from rollart.workers.local_stack import StackError
@@ -17,8 +32,23 @@ from rollart.workers.local_stack import StackError
 __all__ = ["build_parser", "main"]
 
 # In the order `rollart --help` lists them; each module owns its sub-parser and its command.
-COMMANDS = (init_model, worker, autoscale, env_server, up, rollout, train, attach, plot, report, evaluate, status,
-            trajectories, show, k8s)
+COMMANDS = (
+    init_model,
+    worker,
+    autoscale,
+    env_server,
+    up,
+    rollout,
+    train,
+    attach,
+    plot,
+    report,
+    evaluate,
+    status,
+    trajectories,
+    show,
+    k8s,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,8 +25,10 @@ def check_model_dir(model_dir: Path, source: str) -> None:
     if is_default_model(model_dir) or (model_dir / "config.json").is_file():
         return
     problem = "does not exist" if not model_dir.exists() else "holds no model (no config.json)"
-    raise UserError(f"{source}: model_dir {model_dir} {problem}; point model_dir at a model directory, or build "
-                    f"the tiny one there with `rollart init-model --out {model_dir}`")  # fmt: skip
+    raise UserError(
+        f"{source}: model_dir {model_dir} {problem}; point model_dir at a model directory, or build "
+        f"the tiny one there with `rollart init-model --out {model_dir}`"
+    )
 
 
 def ensure_model(job: JobSpec, source: str) -> None:

@@ -13,8 +13,13 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `plot` and its flags."""
     s = sub.add_parser("plot", help="write learning-curve and rollout-timeline PNGs for a run dir, or compare runs")
-    s.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN_DIR",
-                   help="a `rollart train` run dir (holds metrics.jsonl); several: one comparison plot")
+    s.add_argument(
+        "run_dirs",
+        type=Path,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a `rollart train` run dir (holds metrics.jsonl); several: one comparison plot",
+    )
     s.add_argument("--out", type=Path, help="comparison PNG (default: compare.png in the first run dir)")
     s.add_argument("--labels", help="comma-separated legend labels for the compared runs (default: dir names)")
     s.add_argument("--smooth", type=int, default=5, help="moving-average window in steps for compared curves")

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from rollart.client.connection import Outage
     from rollart.client.rollout import new_job_id, plan_trajectories, run_rollout
 
@@ -52,8 +53,13 @@ async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
     inputs = plan_trajectories(job, args.num, args.seed, job_id)
     print(f"job {job_id}: starting {len(inputs)} trajectories on queue 'control'")
     t0 = time.monotonic()
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[stats]}")]  # fmt: skip
+    columns = [
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+    ]
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task("trajectories", total=len(inputs), stats="")
         wins = [0, 0]
@@ -74,6 +80,7 @@ async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
 def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace: str) -> None:
     from rich.console import Console
     from rich.table import Table
+
     from rollart.infra.temporal import ui_url
 
     table = Table(title=f"job {job_id}")
@@ -85,12 +92,16 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
         versions = f"{r.policy_version_min}..{r.policy_version_max}" if r and r.policy_version_min is not None else "-"
         status = o.status if o.status == "completed" else f"[red]{o.status}[/red]: {(r.error if r else o.error) or ''}"
         table.add_row(
-            str(i), o.inp.task.name, str(o.inp.seed), status,
+            str(i),
+            o.inp.task.name,
+            str(o.inp.seed),
+            status,
             f"{r.reward:.3f}" if r and r.reward is not None else "-",
             ("yes" if r.success else "no") if r and r.success is not None else "-",
-            str(r.turns) if r else "-", versions,
+            str(r.turns) if r else "-",
+            versions,
             ui_url(ui, namespace, o.workflow_id) if ui else o.workflow_id,
-        )  # fmt: skip
+        )
     console = Console(width=max(170, Console().width))
     console.print(table)
 

@@ -25,8 +25,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s = sub.add_parser("show", help="print one trajectory turn by turn: observations, actions, tokens, workers, reward")
     s.add_argument("trajectory_id", help="a trajectory id (`rollart trajectories JOB_ID` lists them)")
     s.add_argument("--json", action="store_true", help="print the trajectory as one JSON object")
-    s.add_argument("--width", type=int, default=400, metavar="CHARS",
-                   help="longest observation or action printed in full; longer ones are cut (default 400, 0: all)")
+    s.add_argument(
+        "--width",
+        type=int,
+        default=400,
+        metavar="CHARS",
+        help="longest observation or action printed in full; longer ones are cut (default 400, 0: all)",
+    )
     add_reader_args(s)
     s.set_defaults(func=run)
 
@@ -35,8 +40,11 @@ def add_reader_args(s: argparse.ArgumentParser) -> None:
     """Where a finished job's records are: its server (--temporal-address, --namespace), store and UI."""
     s.add_argument("--job", type=Path, help="the job spec, for its server and store (default: the flags below)")
     add_temporal_args(s)
-    s.add_argument("--store-path", type=Path, help="the job's local store: tokens, logprobs and payloads kept out of "
-                                                   "history (default .rollart/store)")  # fmt: skip
+    s.add_argument(
+        "--store-path",
+        type=Path,
+        help="the job's local store: tokens, logprobs and payloads kept out of history (default .rollart/store)",
+    )
     s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
 
 
@@ -60,18 +68,21 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _load(job: JobSpec, trajectory_id: str) -> TrajectoryView:
+    from temporalio.service import RPCError
+
     from rollart.client.trajectory_view import TrajectoryNotFound, load_trajectory
     from rollart.infra.store import open_store
     from rollart.infra.temporal import connect
-    from temporalio.service import RPCError
 
     try:
         client = await connect(job.temporal, job.store)
         return await load_trajectory(client, trajectory_id, open_store(job.store))
     except TrajectoryNotFound:
-        raise UserError(f"no trajectory {trajectory_id!r} on {job.temporal.address or 'the local server'} "
-                        f"(namespace {job.temporal.namespace!r}); `rollart trajectories JOB_ID` lists a job's "
-                        "trajectory ids") from None  # fmt: skip
+        raise UserError(
+            f"no trajectory {trajectory_id!r} on {job.temporal.address or 'the local server'} "
+            f"(namespace {job.temporal.namespace!r}); `rollart trajectories JOB_ID` lists a job's "
+            "trajectory ids"
+        ) from None
     except (ConnectionError, RPCError) as e:
         raise UserError(f"cannot read trajectory {trajectory_id!r}: {e}") from e
 
@@ -118,11 +129,15 @@ def header_lines(view: TrajectoryView, ui: str) -> list[str]:
     if r:
         reward = f"{r.reward:.3f}" if r.reward is not None else "-"
         success = "-" if r.success is None else "yes" if r.success else "no"
-        lines.append(f"task {r.task} · seed {r.seed} · reward {reward} · success {success} · {r.turns} turn(s) · "
-                     f"tokens {r.prompt_tokens} prompt + {r.completion_tokens} completion")  # fmt: skip
-        lines.append(f"policy versions {view.versions} · env worker {r.env_worker or '-'} · restores {r.restores}"
-                     + (f" · group {r.group_id}" if r.group_id else "")
-                     + (f" · completion {r.completion_index} of the group's generation" if r.group_id and r.turns == 1 else ""))  # fmt: skip
+        lines.append(
+            f"task {r.task} · seed {r.seed} · reward {reward} · success {success} · {r.turns} turn(s) · "
+            f"tokens {r.prompt_tokens} prompt + {r.completion_tokens} completion"
+        )
+        lines.append(
+            f"policy versions {view.versions} · env worker {r.env_worker or '-'} · restores {r.restores}"
+            + (f" · group {r.group_id}" if r.group_id else "")
+            + (f" · completion {r.completion_index} of the group's generation" if r.group_id and r.turns == 1 else "")
+        )
     else:
         lines.append(f"{len(view.turns)} turn(s) recorded · policy versions {view.versions}")
     if view.error:
@@ -139,8 +154,11 @@ def turn_lines(turn: TurnView, width: int = 400) -> list[str]:
     if turn.finish_reason:
         tokens += f" ({turn.finish_reason})"
     lp = turn.logprobs
-    tokens += (f" · logprobs mean {lp.mean:.3f} min {lp.min:.3f} sum {lp.total:.2f} (perplexity {lp.perplexity:.2f})"
-               if lp else f" · logprobs: {turn.store_note or '-'}")  # fmt: skip
+    tokens += (
+        f" · logprobs mean {lp.mean:.3f} min {lp.min:.3f} sum {lp.total:.2f} (perplexity {lp.perplexity:.2f})"
+        if lp
+        else f" · logprobs: {turn.store_note or '-'}"
+    )
     if turn.policy_version is not None:
         same = turn.policy_version == turn.policy_version_end
         tokens += f" · policy v{turn.policy_version}" + ("" if same else f"→v{turn.policy_version_end}")
@@ -157,8 +175,10 @@ def turn_lines(turn: TurnView, width: int = 400) -> list[str]:
 
 def call_lines(calls: list[CallInfo]) -> list[str]:
     """Every activity of the workflow: type, queue, worker, run and wait times."""
-    return [f"{c.activity:<15} {c.queue:<28} {c.worker or '?':<28} {_secs(c)}" + ("" if c.succeeded else "  FAILED")
-            for c in calls]  # fmt: skip
+    return [
+        f"{c.activity:<15} {c.queue:<28} {c.worker or '?':<28} {_secs(c)}" + ("" if c.succeeded else "  FAILED")
+        for c in calls
+    ]
 
 
 def _secs(c: CallInfo) -> str:

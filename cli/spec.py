@@ -17,12 +17,23 @@ from rollart.cli.errors import UserError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
+
     from rollart.infra.config import JobSpec
 
 Model = TypeVar("Model", bound="BaseModel")  # a job spec, or a worker's settings
 
-__all__ = ["FLAGS", "Flag", "add_temporal_args", "add_temporal_security_args", "check_components", "default_job",
-           "load_spec", "override", "read_spec", "spec_overrides"]
+__all__ = [
+    "FLAGS",
+    "Flag",
+    "add_temporal_args",
+    "add_temporal_security_args",
+    "check_components",
+    "default_job",
+    "load_spec",
+    "override",
+    "read_spec",
+    "spec_overrides",
+]
 
 
 @dataclass(frozen=True)
@@ -45,13 +56,17 @@ FLAGS: dict[str, Flag] = {
     "temporal_tls_cert": Flag("--temporal-tls-cert", "temporal.tls.cert"),
     "temporal_tls_key": Flag("--temporal-tls-key", "temporal.tls.key"),
     "temporal_tls_server_name": Flag("--temporal-tls-server-name", "temporal.tls.server_name"),
-    "temporal_api_key_env": Flag("--temporal-api-key-env", "temporal.api_key_env", expected="the NAME of an "
-                                 "environment variable holding the key (letters, digits, _), not the key itself"),
+    "temporal_api_key_env": Flag(
+        "--temporal-api-key-env",
+        "temporal.api_key_env",
+        expected="the NAME of an environment variable holding the key (letters, digits, _), not the key itself",
+    ),
     "model_dir": Flag("--model-dir", "model_dir"),
     "engine": Flag("--engine", "engine.kind"),
     "store_path": Flag("--store-path", "store.path"),
-    "store_master": Flag("--store-master", "store.mooncake.master", implies=(("store.kind", "mooncake"),),
-                         expected="HOST:PORT"),
+    "store_master": Flag(
+        "--store-master", "store.mooncake.master", implies=(("store.kind", "mooncake"),), expected="HOST:PORT"
+    ),
     "steps": Flag("--steps", "training.steps"),
     "async_bound": Flag("--async-bound", "training.async_bound"),
     "rollout_mode": Flag("--rollout-mode", "training.rollout_mode"),
@@ -74,24 +89,42 @@ def add_temporal_args(s: argparse.ArgumentParser) -> None:
     flags."""
     s.add_argument("--temporal-address", metavar="HOST:PORT", help="an existing Temporal server (default: local)")
     s.add_argument("--namespace", help="Temporal namespace (default: the job's, else 'default')")
-    s.add_argument("--task-queue-prefix", metavar="PREFIX",
-                   help="prepended to every task queue (default: the job's temporal.task_queue_prefix, else none)")
+    s.add_argument(
+        "--task-queue-prefix",
+        metavar="PREFIX",
+        help="prepended to every task queue (default: the job's temporal.task_queue_prefix, else none)",
+    )
     add_temporal_security_args(s)
 
 
 def add_temporal_security_args(s: argparse.ArgumentParser) -> None:
     """TLS and API-key flags (`temporal.tls`, `temporal.api_key_env`), for every command that connects to Temporal."""
-    g = s.add_argument_group("secured Temporal", "TLS and an API key, over the job's temporal.tls / temporal.api_key_env")
-    g.add_argument("--temporal-tls", action="store_true",
-                   help="TLS with this machine's trusted roots (implied by any --temporal-tls-* flag)")
-    g.add_argument("--temporal-tls-ca", type=Path, metavar="PEM",
-                   help="CA certificate the server's certificate is checked against (turns TLS on)")
+    g = s.add_argument_group(
+        "secured Temporal", "TLS and an API key, over the job's temporal.tls / temporal.api_key_env"
+    )
+    g.add_argument(
+        "--temporal-tls",
+        action="store_true",
+        help="TLS with this machine's trusted roots (implied by any --temporal-tls-* flag)",
+    )
+    g.add_argument(
+        "--temporal-tls-ca",
+        type=Path,
+        metavar="PEM",
+        help="CA certificate the server's certificate is checked against (turns TLS on)",
+    )
     g.add_argument("--temporal-tls-cert", type=Path, metavar="PEM", help="client certificate, for mTLS (with the key)")
     g.add_argument("--temporal-tls-key", type=Path, metavar="PEM", help="the client certificate's private key")
-    g.add_argument("--temporal-tls-server-name", metavar="NAME",
-                   help="name the server's certificate must carry, also sent as SNI (default: the address's host)")
-    g.add_argument("--temporal-api-key-env", metavar="NAME",
-                   help="environment variable holding an API key for the server (turns TLS on)")
+    g.add_argument(
+        "--temporal-tls-server-name",
+        metavar="NAME",
+        help="name the server's certificate must carry, also sent as SNI (default: the address's host)",
+    )
+    g.add_argument(
+        "--temporal-api-key-env",
+        metavar="NAME",
+        help="environment variable holding an API key for the server (turns TLS on)",
+    )
 
 
 def spec_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -158,7 +191,9 @@ def check_components(job: JobSpec, path: Path) -> None:
 
 
 def _given(args: argparse.Namespace) -> list[tuple[Flag, object]]:
-    return [(flag, v) for dest, flag in FLAGS.items() if (v := getattr(args, dest, None)) is not None and v is not False]
+    return [
+        (flag, v) for dest, flag in FLAGS.items() if (v := getattr(args, dest, None)) is not None and v is not False
+    ]
 
 
 def _describe(err: ValidationError, args: argparse.Namespace, source: str | None) -> str:

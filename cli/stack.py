@@ -18,11 +18,21 @@ from rollart.cli.errors import UserError
 from rollart.cli.model import ensure_model
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
-    from rollart.infra.pools import Pool
     from temporalio.client import Client
 
-__all__ = ["CONNECT_WAIT_S", "Server", "add_stack_args", "connect_client", "home", "prepare_local_stack", "server_for", "stack_pools"]
+    from rollart.infra.config import JobSpec
+    from rollart.infra.pools import Pool
+
+__all__ = [
+    "CONNECT_WAIT_S",
+    "Server",
+    "add_stack_args",
+    "connect_client",
+    "home",
+    "prepare_local_stack",
+    "server_for",
+    "stack_pools",
+]
 
 
 @dataclass(frozen=True)
@@ -36,12 +46,19 @@ class Server:
 
 def add_stack_args(s: argparse.ArgumentParser) -> None:
     """--home, --port and --ui-port, for commands that may start the local stack."""
-    s.add_argument("--home", type=Path, help="where the local stack keeps its database, logs and store (default .rollart)")
+    s.add_argument(
+        "--home", type=Path, help="where the local stack keeps its database, logs and store (default .rollart)"
+    )
     s.add_argument("--port", type=int, default=7233, help="local Temporal gRPC port (default 7233)")
     s.add_argument("--ui-port", type=int, default=8233, help="local Temporal UI port (default 8233)")
-    s.add_argument("--control-processes", type=_positive, default=1, metavar="N",
-                   help="control worker processes of the local stack, all on the control queue (default 1; more help "
-                   "only when the control worker, not the server, is saturated: docs/benchmarks.md, scale)")  # fmt: skip
+    s.add_argument(
+        "--control-processes",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="control worker processes of the local stack, all on the control queue (default 1; more help "
+        "only when the control worker, not the server, is saturated: docs/benchmarks.md, scale)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -78,16 +95,28 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
     from rollart.workers.local_stack import LocalStack, pools_for_job
 
     if job.temporal.secured:  # the dev server has no TLS: a secured job without an address forgot it
-        fields = " and ".join(f for f, v in (("temporal.tls", job.temporal.tls),
-                                             ("temporal.api_key_env", job.temporal.api_key_env)) if v is not None)  # fmt: skip
-        raise UserError(f"{args.job}: {fields} {'are' if ' and ' in fields else 'is'} set but no server is named: "
-                        "set temporal.address (or pass --temporal-address); without one rollart starts a local dev "
-                        "server, which has no TLS")  # fmt: skip
+        fields = " and ".join(
+            f
+            for f, v in (("temporal.tls", job.temporal.tls), ("temporal.api_key_env", job.temporal.api_key_env))
+            if v is not None
+        )
+        raise UserError(
+            f"{args.job}: {fields} {'are' if ' and ' in fields else 'is'} set but no server is named: "
+            "set temporal.address (or pass --temporal-address); without one rollart starts a local dev "
+            "server, which has no TLS"
+        )
     prepare_local_stack(job, str(args.job))
-    stack = LocalStack(job=job, pools=stack_pools(pools_for_job(job, training=training), args), home=home(args),
-                       port=args.port, ui_port=args.ui_port)  # fmt: skip
-    print(f"starting the local stack (Temporal on {stack.address}, workers: "
-          f"{', '.join(p.value for p in stack.pools)}) ...")  # fmt: skip
+    stack = LocalStack(
+        job=job,
+        pools=stack_pools(pools_for_job(job, training=training), args),
+        home=home(args),
+        port=args.port,
+        ui_port=args.ui_port,
+    )
+    print(
+        f"starting the local stack (Temporal on {stack.address}, workers: "
+        f"{', '.join(p.value for p in stack.pools)}) ..."
+    )
     with stack:
         local_job = job.model_copy(update={"temporal": stack.temporal, "store": stack.store})
         yield Server(local_job, args.ui_url or stack.ui_url or "", local=True)

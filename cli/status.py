@@ -13,9 +13,10 @@ from rollart.cli.errors import UserError
 from rollart.cli.spec import add_temporal_security_args, load_spec
 
 if TYPE_CHECKING:
+    from temporalio.client import Client, WorkflowHandle
+
     from rollart.client.connection import Outage
     from rollart.contracts.training import TrainingStatus
-    from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["add_parser", "run"]
 
@@ -27,10 +28,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--temporal-address", metavar="HOST:PORT", default="127.0.0.1:7233", help="Temporal server")
     s.add_argument("--namespace", default="default", help="Temporal namespace")
     add_temporal_security_args(s)
-    s.add_argument("--store-path", type=Path, help="the job's local store, for payloads kept out of history "
-                                                   "(default .rollart/store)")  # fmt: skip
-    s.add_argument("--follow", action="store_true",
-                   help="keep printing the status (a line per new step) until the job ends; rides out server outages")
+    s.add_argument(
+        "--store-path",
+        type=Path,
+        help="the job's local store, for payloads kept out of history (default .rollart/store)",
+    )
+    s.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep printing the status (a line per new step) until the job ends; rides out server outages",
+    )
     s.add_argument("--interval", type=float, default=2.0, help="seconds between polls with --follow (default 2)")
     s.set_defaults(func=run)
 
@@ -41,10 +48,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
+    from temporalio.service import RPCError
+
     from rollart.client.connection import Outage, connect_retrying, retry_unreachable
     from rollart.client.train import status_of
     from rollart.infra.temporal import connect
-    from temporalio.service import RPCError
 
     job = load_spec(None, args)  # the connection settings: the defaults with --temporal-address and --namespace
     try:
@@ -64,7 +72,9 @@ async def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _follow(client: Client, handle: WorkflowHandle, st: TrainingStatus, outage: Outage, interval_s: float) -> None:
+async def _follow(
+    client: Client, handle: WorkflowHandle, st: TrainingStatus, outage: Outage, interval_s: float
+) -> None:
     """A line per step the job finishes, then the whole status once it is done."""
     from rollart.client.connection import probe, retry_unreachable
     from rollart.client.train import status_of
@@ -77,14 +87,17 @@ async def _follow(client: Client, handle: WorkflowHandle, st: TrainingStatus, ou
             continue
         try:
             st = await asyncio.wait_for(retry_unreachable(lambda: status_of(handle), outage), QUERY_WAIT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await unserved.no_answer(client, handle)
             continue
         unserved.answered()
         for r in st.history:
             if r.step >= last:
-                print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.played_success:.2f} "
-                      f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}", flush=True)  # fmt: skip
+                print(
+                    f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.played_success:.2f} "
+                    f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}",
+                    flush=True,
+                )
         last = st.step
     _print_status(st)
 
@@ -100,24 +113,35 @@ async def _answer(client: Client, handle: WorkflowHandle) -> TrainingStatus:
 
     try:
         return await asyncio.wait_for(status_of(handle), QUERY_WAIT_S)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         why = await unserved(client, handle)
-        raise UserError(why or f"job {handle.id!r} did not answer its status query within {QUERY_WAIT_S:.0f} s "
-                        "(its worker is busy or slow); try again") from None  # fmt: skip
+        raise UserError(
+            why
+            or f"job {handle.id!r} did not answer its status query within {QUERY_WAIT_S:.0f} s "
+            "(its worker is busy or slow); try again"
+        ) from None
 
 
 def _print_status(st: TrainingStatus) -> None:
     """State, step and version, the ledger, the last five steps."""
     state = "done" if st.done else "stopping" if st.stopping else "paused" if st.paused else "running"
-    print(f"job {st.job_id}: {state}, step {st.step}/{st.steps} (policy v{st.version}), "
-          f"{st.rollout_mode} rollout, async bound {st.async_bound}")  # fmt: skip
+    print(
+        f"job {st.job_id}: {state}, step {st.step}/{st.steps} (policy v{st.version}), "
+        f"{st.rollout_mode} rollout, async bound {st.async_bound}"
+    )
     filtered = f"filtered {st.filtered} + " if st.filtered else ""
-    print(f"trajectories: started {st.started} = trained {st.trained} + dropped {st.dropped} + {filtered}"
-          f"failed {st.failed} + in flight {st.in_flight} + buffered {st.buffered}  "
-          f"({'balanced' if st.ledger_balanced else 'UNBALANCED'})")  # fmt: skip
+    print(
+        f"trajectories: started {st.started} = trained {st.trained} + dropped {st.dropped} + {filtered}"
+        f"failed {st.failed} + in flight {st.in_flight} + buffered {st.buffered}  "
+        f"({'balanced' if st.ledger_balanced else 'UNBALANCED'})"
+    )
     for stall in st.stalls:  # a pool with work waiting and no worker, or no trajectory finishing (training.stall)
-        print(f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})")
+        print(
+            f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})"
+        )
     for r in st.history[-5:]:
-        print(f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.played_success:.2f} "
-              f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}")  # fmt: skip
+        print(
+            f"  step {r.step:>4}: reward {r.reward_mean:.3f} success {r.played_success:.2f} "
+            f"staleness {r.staleness_mean:.2f} (max {r.staleness_max}) samples {r.samples}"
+        )
     sys.stdout.flush()

@@ -15,10 +15,11 @@ from rollart.cli.spec import add_temporal_args, check_components, load_spec
 from rollart.cli.stack import add_stack_args, connect_client, server_for
 
 if TYPE_CHECKING:
+    from temporalio.client import Client, WorkflowHandle
+
     from rollart.client.train import MetricsWriter
     from rollart.contracts.training import TrainingResult
     from rollart.infra.config import JobSpec
-    from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["add_parser", "attach_command", "follow_job", "run", "write_run_report"]
 
@@ -34,9 +35,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--rollout-mode", choices=["trajectory", "batch"], help="trajectory (RollArt) or batch (lockstep)")
     s.add_argument("--run-dir", type=Path, help="where metrics.jsonl, checkpoints and plots go (default runs/JOB_ID)")
     s.add_argument("--attach", metavar="JOB_ID", help="follow a running job instead of starting one (= rollart attach)")
-    s.add_argument("--stop-on-exit", action="store_true",
-                   help="on a remote server, terminate the job when this command is interrupted or fails "
-                        "(default: detach and print how to re-attach; the local stack always stops its job)")
+    s.add_argument(
+        "--stop-on-exit",
+        action="store_true",
+        help="on a remote server, terminate the job when this command is interrupted or fails "
+        "(default: detach and print how to re-attach; the local stack always stops its job)",
+    )
     add_temporal_args(s)
     s.add_argument("--ui-url", help="Temporal UI base URL for links (default: http://HOST:8233)")
     add_stack_args(s)
@@ -77,13 +81,24 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, *, stop_on_e
     client = await connect_client(job)
     t = job.training
     handle = await start_training(client, job, job_id, run_dir)
-    print(f"job {job_id}: {t.steps} steps, batch {t.batch_size}, async bound {t.async_bound}, "
-          f"{t.rollout_mode} rollout; run dir {run_dir}")  # fmt: skip
+    print(
+        f"job {job_id}: {t.steps} steps, batch {t.batch_size}, async bound {t.async_bound}, "
+        f"{t.rollout_mode} rollout; run dir {run_dir}"
+    )
     return await follow_job(client, handle, job, run_dir, ui, t.steps, stop_on_exit=stop_on_exit, local=local)
 
 
-async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_dir: Path, ui: str, steps: int, *,
-                     stop_on_exit: bool, local: bool) -> int:  # fmt: skip
+async def follow_job(
+    client: Client,
+    handle: WorkflowHandle,
+    job: JobSpec,
+    run_dir: Path,
+    ui: str,
+    steps: int,
+    *,
+    stop_on_exit: bool,
+    local: bool,
+) -> int:
     """Follow a started (or re-attached) job to its end and report; on Ctrl-C or a failure, stop or detach."""
     from rollart.cli.errors import UserError
     from rollart.client.exporters import ExporterUnavailable, open_exporters
@@ -110,8 +125,9 @@ async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_d
             await write_run_report(client, job, job_id, run_dir, ui)
             raise
         await _leave(client, job, job_id, f"failed ({type(e).__name__}: {e})", stop_on_exit=stop_on_exit, local=local)
-        await write_run_report(None, job, job_id, run_dir, ui,
-                               note=f"trajectories not loaded: the client failed ({type(e).__name__}: {e})")  # fmt: skip
+        await write_run_report(
+            None, job, job_id, run_dir, ui, note=f"trajectories not loaded: the client failed ({type(e).__name__}: {e})"
+        )
         raise
     finally:
         writer.close()
@@ -120,8 +136,16 @@ async def follow_job(client: Client, handle: WorkflowHandle, job: JobSpec, run_d
     return 0
 
 
-async def write_run_report(client: Client | None, job: JobSpec, job_id: str, run_dir: Path, ui: str, *,
-                           result: TrainingResult | None = None, note: str | None = None) -> Path | None:  # fmt: skip
+async def write_run_report(
+    client: Client | None,
+    job: JobSpec,
+    job_id: str,
+    run_dir: Path,
+    ui: str,
+    *,
+    result: TrainingResult | None = None,
+    note: str | None = None,
+) -> Path | None:
     """`report.html` in the run dir, when there is anything to show (steps, or trajectories of a failed job).
 
     Never fails the command: the run is what matters, so a report that cannot be built is logged and skipped,
@@ -155,13 +179,19 @@ async def _leave(client: Client, job: JobSpec, job_id: str, why: str, *, stop_on
     if stop_on_exit:
         try:
             n = await terminate_job(client, job_id, f"rollart train was {why}")
-            print(f"{why}: terminated job {job_id} ({n} running workflows)"
-                  + ("; the local stack stops with this command" if local else ""), flush=True)  # fmt: skip
+            print(
+                f"{why}: terminated job {job_id} ({n} running workflows)"
+                + ("; the local stack stops with this command" if local else ""),
+                flush=True,
+            )
         except Exception as e:  # the server may be the thing that failed
             print(f"{why}: could not terminate job {job_id}: {e}", flush=True)
         return
-    print(f"{why}: job {job_id} keeps running on {job.temporal.address}; follow it again with:\n"
-          f"  {attach_command(job, job_id)}", flush=True)
+    print(
+        f"{why}: job {job_id} keeps running on {job.temporal.address}; follow it again with:\n"
+        f"  {attach_command(job, job_id)}",
+        flush=True,
+    )
 
 
 def attach_command(job: JobSpec, job_id: str) -> str:
@@ -171,8 +201,12 @@ def attach_command(job: JobSpec, job_id: str) -> str:
     cmd += f" --namespace {t.namespace}" if t.namespace != "default" else ""
     if t.tls is not None:
         tls = t.tls
-        flags = (("--temporal-tls-ca", tls.ca), ("--temporal-tls-cert", tls.cert), ("--temporal-tls-key", tls.key),
-                 ("--temporal-tls-server-name", tls.server_name))  # fmt: skip
+        flags = (
+            ("--temporal-tls-ca", tls.ca),
+            ("--temporal-tls-cert", tls.cert),
+            ("--temporal-tls-key", tls.key),
+            ("--temporal-tls-server-name", tls.server_name),
+        )
         given = [(flag, value) for flag, value in flags if value is not None]
         cmd += "".join(f" {flag} {shlex.quote(str(value))}" for flag, value in given) if given else " --temporal-tls"
     return cmd + (f" --temporal-api-key-env {t.api_key_env}" if t.api_key_env else "")
@@ -188,21 +222,34 @@ def is_workflow_failure(e: BaseException) -> bool:
 async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: MetricsWriter, steps: int) -> TrainingResult:
     """Follow the job to its end: a progress bar on a terminal, one line per step in a log file."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from rollart.client.connection import Outage
     from rollart.client.train import follow
     from rollart.contracts.training import TrainingStatus, played_success, stall_summary
 
-    columns = [TextColumn("step"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[stats]}"),
-               TextColumn("[red]{task.fields[stall]}")]
+    columns = [
+        TextColumn("step"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        TextColumn("[red]{task.fields[stall]}"),
+    ]
     with Progress(*columns) as bar:
         task = bar.add_task("train", total=steps, stats="rolling out ...", stall="")
 
         def on_step(row: dict) -> None:
-            tasks = " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items())) if len(row["task_success"]) > 1 else ""
-            stats = (f"reward {row['reward_mean']:.3f} success {played_success(row):.2f} {tasks} "
-                     f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
-                     f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s dropped {row['dropped']}"
-                     + (f" filtered {row['filtered']}" if row.get("filtered") else ""))  # fmt: skip
+            tasks = (
+                " ".join(f"{k} {v:.2f}" for k, v in sorted(row["task_success"].items()))
+                if len(row["task_success"]) > 1
+                else ""
+            )
+            stats = (
+                f"reward {row['reward_mean']:.3f} success {played_success(row):.2f} {tasks} "
+                f"stale {row['staleness_mean']:.1f}/{row['staleness_max']} "
+                f"{row['trajectories_per_s']:.1f} traj/s {row['tokens_per_s']:.0f} tok/s dropped {row['dropped']}"
+                + (f" filtered {row['filtered']}" if row.get("filtered") else "")
+            )
             bar.update(task, completed=row["step"] + 1, stats=stats)
             if not bar.console.is_terminal:  # a log file gets one line per step instead of a bar
                 print(f"step {row['step'] + 1}/{steps} {row['elapsed_s']:.0f}s {stats}", flush=True)
@@ -231,10 +278,12 @@ async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingRe
     print("collecting the rollout timeline from the workflow histories ...")
     write_timeline(await collect_timeline(client, job_id), run_dir)
     plots = plot_run(run_dir)
-    print(f"done: {result.steps} steps, policy v{result.version}; trajectories started {result.started} = trained "
-          f"{result.trained} + dropped {result.dropped} + {f'filtered {result.filtered} + ' if result.filtered else ''}"
-          f"failed {result.failed} + cancelled in flight "
-          f"{result.cancelled_in_flight} + buffered {result.buffered_unused}")  # fmt: skip
+    print(
+        f"done: {result.steps} steps, policy v{result.version}; trajectories started {result.started} = trained "
+        f"{result.trained} + dropped {result.dropped} + {f'filtered {result.filtered} + ' if result.filtered else ''}"
+        f"failed {result.failed} + cancelled in flight "
+        f"{result.cancelled_in_flight} + buffered {result.buffered_unused}"
+    )
     if result.last:
         print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.played_success:.2f}")
     print(f"metrics: {writer.path}   plots: {', '.join(str(p) for p in plots)}")

@@ -42,8 +42,10 @@ def run(args: argparse.Namespace) -> int:
     job = load_spec(args.job, args)
     rows = asyncio.run(_rows(args, job))
     if not rows:
-        raise UserError(f"no trajectories of job {args.job_id!r} on {job.temporal.address or 'the local server'} "
-                        f"(namespace {job.temporal.namespace!r})")  # fmt: skip
+        raise UserError(
+            f"no trajectories of job {args.job_id!r} on {job.temporal.address or 'the local server'} "
+            f"(namespace {job.temporal.namespace!r})"
+        )
     picked = pick_rows(rows, task=args.task, failed=args.failed, worst=args.worst, best=args.best)
     if args.json:
         import dataclasses
@@ -56,9 +58,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _rows(args: argparse.Namespace, job: JobSpec) -> list[TrajectoryRow]:
+    from temporalio.service import RPCError
+
     from rollart.client.trajectory_view import list_trajectories
     from rollart.infra.temporal import connect
-    from temporalio.service import RPCError
 
     try:
         client = await connect(job.temporal, job.store)
@@ -72,6 +75,7 @@ def print_rows(job_id: str, rows: list[TrajectoryRow], total: int, ui: str, name
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
+
     from rollart.infra.temporal import ui_url
 
     table = Table(title=f"job {job_id}")
@@ -81,10 +85,14 @@ def print_rows(job_id: str, rows: list[TrajectoryRow], total: int, ui: str, name
     for r in rows:
         status = r.status if r.status in ("completed", "running") else f"[red]{r.status}[/red]: {escape(r.error or '')}"
         table.add_row(
-            escape(r.trajectory_id), escape(r.task), status,
+            escape(r.trajectory_id),
+            escape(r.task),
+            status,
             f"{r.reward:.3f}" if r.reward is not None else "-",
             "-" if r.success is None else "yes" if r.success else "no",
-            "-" if r.turns is None else str(r.turns), r.versions, ui_url(ui, namespace, r.workflow_id),
-        )  # fmt: skip
+            "-" if r.turns is None else str(r.turns),
+            r.versions,
+            ui_url(ui, namespace, r.workflow_id),
+        )
     Console(width=max(170, Console().width)).print(table)
     print(f"{len(rows)} of {total} trajectories; `rollart show TRAJECTORY_ID` prints one turn by turn")

@@ -23,7 +23,9 @@ __all__ = ["add_parser", "run"]
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `up` and its flags."""
     s = sub.add_parser("up", help="start the local Temporal dev server and one worker per pool; Ctrl-C stops all")
-    s.add_argument("--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)")
+    s.add_argument(
+        "--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)"
+    )
     s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless,trainer)")
     add_stack_args(s)
     s.set_defaults(func=run)
@@ -72,8 +74,11 @@ def _warn_unserved(job: JobSpec, pools: list[Pool]) -> None:
     for what, queues in (("envs", {t.env_queue for t in job.tasks}), ("rewards", {t.reward_queue for t in job.tasks})):
         unserved = sorted(queues - started)
         if unserved:
-            print(f"warning: the job's {what} run on {', '.join(unserved)}, which --pools does not start here; "
-                  "run those workers elsewhere (or `rollart autoscale`), or they will wait", file=sys.stderr)  # fmt: skip
+            print(
+                f"warning: the job's {what} run on {', '.join(unserved)}, which --pools does not start here; "
+                "run those workers elsewhere (or `rollart autoscale`), or they will wait",
+                file=sys.stderr,
+            )
 
 
 def _stop_on_signals() -> threading.Event:

@@ -28,17 +28,30 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--model-dir", type=Path, help="model for generation pools (default: the job's, or the tiny model)")
     s.add_argument("--engine", choices=["vllm", "hf"], help="inference engine for generation pools (default vllm)")
     s.add_argument("--store-path", type=Path, help="payload store directory (must be shared with every worker)")
-    s.add_argument("--store-master", metavar="HOST:PORT",
-                   help="Mooncake master to use (sets store.kind: mooncake; its keeper holds the data)")
-    s.add_argument("--connect-timeout", type=float, metavar="SECONDS",
-                   help="give up (exit 1) if Temporal, or the job's Mooncake master, is still unreachable after this "
-                   "long (default: wait as long as it takes, retrying with backoff up to every 10 s)")
-    t = s.add_argument_group("trainer nodes", "a multi-node trainer: one `rollart worker --pool trainer` per node "
-                             "(torchrun-style); each starts its share of the job's trainer.parallel ranks")
+    s.add_argument(
+        "--store-master",
+        metavar="HOST:PORT",
+        help="Mooncake master to use (sets store.kind: mooncake; its keeper holds the data)",
+    )
+    s.add_argument(
+        "--connect-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="give up (exit 1) if Temporal, or the job's Mooncake master, is still unreachable after this "
+        "long (default: wait as long as it takes, retrying with backoff up to every 10 s)",
+    )
+    t = s.add_argument_group(
+        "trainer nodes",
+        "a multi-node trainer: one `rollart worker --pool trainer` per node "
+        "(torchrun-style); each starts its share of the job's trainer.parallel ranks",
+    )
     t.add_argument("--nnodes", type=int, default=1, help="trainer nodes in all (default 1)")
     t.add_argument("--node-rank", type=int, default=0, help="this node's index, 0..NNODES-1; node 0 polls Temporal")
-    t.add_argument("--rdzv", metavar="HOST:PORT", help="node 0's rendezvous address, reachable from every node "
-                   "(node 0 listens there)")
+    t.add_argument(
+        "--rdzv",
+        metavar="HOST:PORT",
+        help="node 0's rendezvous address, reachable from every node (node 0 listens there)",
+    )
     s.add_argument("--settings-file", type=Path, help=argparse.SUPPRESS)
     s.set_defaults(func=run)
 
@@ -99,12 +112,15 @@ def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSett
 def check_store(settings: WorkerSettings) -> None:
     """A worker outside the local stack must be told where the Mooncake master is."""
     if settings.store.kind == "mooncake" and not settings.store.mooncake.master:
-        raise UserError("the job's store is Mooncake but no master is given: pass --store-master HOST:PORT "
-                        "(the address `rollart up` prints, or your cluster's mooncake_master)")
+        raise UserError(
+            "the job's store is Mooncake but no master is given: pass --store-master HOST:PORT "
+            "(the address `rollart up` prints, or your cluster's mooncake_master)"
+        )
 
 
 def _trainer_nodes(args: argparse.Namespace, settings: WorkerSettings, job: JobSpec | None) -> TrainerNodes:
     from pydantic import ValidationError
+
     from rollart.infra.pools import Pool
     from rollart.workers.pool_worker import TrainerNodes
 
@@ -116,6 +132,8 @@ def _trainer_nodes(args: argparse.Namespace, settings: WorkerSettings, job: JobS
         raise UserError("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())) from e
     parallel = settings.trainer.parallel
     if job is not None and parallel.world_size % args.nnodes:
-        raise UserError(f"{args.job}: trainer.parallel tensor {parallel.tensor} x data {parallel.data} = "
-                        f"{parallel.world_size} ranks do not split over --nnodes {args.nnodes}")  # fmt: skip
+        raise UserError(
+            f"{args.job}: trainer.parallel tensor {parallel.tensor} x data {parallel.data} = "
+            f"{parallel.world_size} ranks do not split over --nnodes {args.nnodes}"
+        )
     return nodes

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TypeVar
+
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError, connect
 from rollart.infra.temporal_tls import TemporalSecurityError, is_tls_failure
-from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
 
 __all__ = ["Outage", "connect_retrying", "is_unreachable", "probe", "retry_unreachable"]
 
@@ -96,7 +97,9 @@ async def probe(client: Client, outage: Outage, timeout_s: float = 2.0) -> bool:
     return True
 
 
-async def retry_unreachable(call: Callable[[], Awaitable[T]], outage: Outage, give_up_after_s: float | None = None) -> T:
+async def retry_unreachable(
+    call: Callable[[], Awaitable[T]], outage: Outage, give_up_after_s: float | None = None
+) -> T:
     """Run `call` until it succeeds, waiting out unreachable errors (for at most `give_up_after_s`, then the last
     one is raised); any other error is raised at once."""
     deadline = None if give_up_after_s is None else time.monotonic() + give_up_after_s
@@ -113,7 +116,8 @@ async def retry_unreachable(call: Callable[[], Awaitable[T]], outage: Outage, gi
         return value
 
 
-async def connect_retrying(temporal: TemporalConfig, store: StoreConfig, outage: Outage,
-                           give_up_after_s: float | None = None) -> Client:  # fmt: skip
+async def connect_retrying(
+    temporal: TemporalConfig, store: StoreConfig, outage: Outage, give_up_after_s: float | None = None
+) -> Client:
     """Connect, retrying while the server is unreachable (up to `give_up_after_s`, then the ConnectionError)."""
     return await retry_unreachable(lambda: connect(temporal, store), outage, give_up_after_s)

@@ -42,8 +42,9 @@ class EvalReport:
     failed: int = 0
 
 
-async def evaluate(job: JobSpec, task: TaskSpec, job_id: str | None, version: int | None, episodes: int,
-                   temperature: float = 0.0) -> EvalReport:  # fmt: skip
+async def evaluate(
+    job: JobSpec, task: TaskSpec, job_id: str | None, version: int | None, episodes: int, temperature: float = 0.0
+) -> EvalReport:
     """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0).
 
     The episodes run through the rollout driver with the activity code in this process (one at a time): the
@@ -65,9 +66,15 @@ async def evaluate(job: JobSpec, task: TaskSpec, job_id: str | None, version: in
     scored = [r for r in results if r.status == "completed"]
     if not scored:
         raise RuntimeError(f"every eval episode of task {task.name!r} failed; the first: {results[0].error}")
-    return EvalReport(task=task.name, version=version, episodes=len(scored), temperature=temperature,
-                      success_rate=statistics.fmean(float(bool(r.success)) for r in scored),
-                      reward_mean=statistics.fmean(r.reward or 0.0 for r in scored), failed=len(results) - len(scored))  # fmt: skip
+    return EvalReport(
+        task=task.name,
+        version=version,
+        episodes=len(scored),
+        temperature=temperature,
+        success_rate=statistics.fmean(float(bool(r.success)) for r in scored),
+        reward_mean=statistics.fmean(r.reward or 0.0 for r in scored),
+        failed=len(results) - len(scored),
+    )
 
 
 async def _load_version(engine: HfEngine, job: JobSpec, job_id: str | None, version: int | None) -> int:

@@ -97,8 +97,16 @@ class WandbExporter:
     def __init__(self, config: WandbConfig, run_dir: Path, job_id: str, job_config: dict[str, Any]) -> None:
         import wandb
 
-        self._run = wandb.init(project=config.project, entity=config.entity, mode=config.mode, dir=str(run_dir),
-                               name=job_id, id=job_id, resume="allow", config=job_config)  # fmt: skip
+        self._run = wandb.init(
+            project=config.project,
+            entity=config.entity,
+            mode=config.mode,
+            dir=str(run_dir),
+            name=job_id,
+            id=job_id,
+            resume="allow",
+            config=job_config,
+        )
 
     @property
     def run_dir(self) -> Path:
@@ -116,11 +124,15 @@ class WandbExporter:
 def check_installed(config: MetricsConfig) -> None:
     """Fail before a job starts when an enabled exporter's package is missing."""
     if config.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ExporterUnavailable("metrics.tensorboard is on but tensorboard is not installed: `pip install "
-                                  "tensorboard`, or set `metrics: {tensorboard: false}` in the job spec")  # fmt: skip
+        raise ExporterUnavailable(
+            "metrics.tensorboard is on but tensorboard is not installed: `pip install "
+            "tensorboard`, or set `metrics: {tensorboard: false}` in the job spec"
+        )
     if config.wandb.enabled and importlib.util.find_spec("wandb") is None:
-        raise ExporterUnavailable("metrics.wandb is enabled but wandb is not installed: `pip install wandb` "
-                                  "(or `pip install rollart[wandb]`), or set `metrics: {wandb: false}`")  # fmt: skip
+        raise ExporterUnavailable(
+            "metrics.wandb is enabled but wandb is not installed: `pip install wandb` "
+            "(or `pip install rollart[wandb]`), or set `metrics: {wandb: false}`"
+        )
 
 
 def open_exporters(job: JobSpec, job_id: str, run_dir: Path) -> list[Exporter]:

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
 from rollart.activities.engines.base import Engine
 from rollart.activities.engines.factory import create_engine
 from rollart.activities.env import EnvActivities
@@ -33,8 +36,6 @@ from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 __all__ = ["InProcessCalls", "in_process_activities", "play_unit", "started_engine"]
 
@@ -57,16 +58,31 @@ class InProcessCalls:
         handlers = {a.value: getattr(o, a.value) for a in ActivityName for o in objects if hasattr(o, a.value)}
         return cls(handlers)
 
-    async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
-                   timeout_s: float | None = None, start_wait_s: float | None = None) -> Any:  # fmt: skip
+    async def call(
+        self,
+        activity: ActivityName,
+        arg: BaseModel,
+        *,
+        queue: str,
+        result_type: Any = None,
+        timeout_s: float | None = None,
+        start_wait_s: float | None = None,
+    ) -> Any:
         env = ActivityEnvironment()  # a unique activity id: vLLM request ids are derived from it
-        env.info = dataclasses.replace(env.info, activity_id=uuid.uuid4().hex, activity_type=activity.value,
-                                       task_queue=queue, workflow_id="in-process")  # fmt: skip
+        env.info = dataclasses.replace(
+            env.info,
+            activity_id=uuid.uuid4().hex,
+            activity_type=activity.value,
+            task_queue=queue,
+            workflow_id="in-process",
+        )
         self.counts[activity.value] += 1
         try:
             return await env.run(self._handlers[activity.value], arg)
         except ApplicationError as e:
-            raise CallFailed(activity.value, f"{e.type}: {e.message}" if e.type else e.message, error_type=e.type) from e
+            raise CallFailed(
+                activity.value, f"{e.type}: {e.message}" if e.type else e.message, error_type=e.type
+            ) from e
         except Exception as e:  # what Temporal would report once retries ran out: the exception's type and text
             raise CallFailed(activity.value, f"{type(e).__name__}: {e}", error_type=type(e).__name__) from e
 
@@ -86,8 +102,9 @@ async def started_engine(model_dir: Path, config: EngineConfig) -> AsyncIterator
 
 
 @contextlib.asynccontextmanager
-async def in_process_activities(engine: Engine, model_dir: Path, store: StoreConfig | None = None,
-                                env_threads: int = 64) -> AsyncIterator[InProcessCalls]:  # fmt: skip
+async def in_process_activities(
+    engine: Engine, model_dir: Path, store: StoreConfig | None = None, env_threads: int = 64
+) -> AsyncIterator[InProcessCalls]:
     """Env, generation (on `engine`) and reward activities in this process, as `InProcessCalls`.
 
     Turn records go to `store` (default: a temporary local store, removed afterwards).
@@ -95,15 +112,22 @@ async def in_process_activities(engine: Engine, model_dir: Path, store: StoreCon
     scratch = Path(tempfile.mkdtemp(prefix="rollart-in-process-"))
     envs = EnvActivities("in-process", queue="in-process", env_threads=env_threads)
     try:
-        gen = GenerateActivities(engine, open_store(store or StoreConfig(path=scratch / "store")), "in-process",
-                                 scratch / "weights", model_dir / "model.safetensors")  # fmt: skip
+        gen = GenerateActivities(
+            engine,
+            open_store(store or StoreConfig(path=scratch / "store")),
+            "in-process",
+            scratch / "weights",
+            model_dir / "model.safetensors",
+        )
         yield InProcessCalls.of(envs, gen, RewardActivities())
     finally:
         envs.shutdown()
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-async def play_unit(calls: InProcessCalls, first: int, members: list[TrajectoryInput], job_id: str) -> list[TrajectoryResult]:
+async def play_unit(
+    calls: InProcessCalls, first: int, members: list[TrajectoryInput], job_id: str
+) -> list[TrajectoryResult]:
     """Play one unit of `rollout_units` in this process, as the workflow `rollart rollout` starts for it would."""
     workflow_type, unit_id, inp = unit_input(first, members, job_id)
     if workflow_type == "TrajectoryWorkflow":

@@ -16,6 +16,7 @@ from rollart.infra.store import Store
 
 if TYPE_CHECKING:
     import torch
+
     from rollart.activities.trainer import RankLauncher
 
 __all__ = ["LocalTrainer", "trainer_logprobs", "weights_blob"]
@@ -32,14 +33,16 @@ def weights_blob(model: torch.nn.Module) -> bytes:
     return state_dict_blob(model)
 
 
-def trainer_logprobs(model_dir: Path, weights: bytes | None, sequences: list[tuple[list[int], list[int]]],
-                     device: str = "cpu") -> list[list[float]]:  # fmt: skip
+def trainer_logprobs(
+    model_dir: Path, weights: bytes | None, sequences: list[tuple[list[int], list[int]]], device: str = "cpu"
+) -> list[list[float]]:
     """The torch trainer's logprob of each completion token after its prompt, under `weights` (None: the model dir's).
 
     `sequences` are (prompt ids, completion ids) pairs; compare the result with an engine's logprobs
     to check that generation and training agree on the policy.
     """
     import torch
+
     from rollart.activities.rl.batch import TrainSequence, collate
     from rollart.activities.training.torch_policy import TorchPolicy
 
@@ -61,8 +64,9 @@ class LocalTrainer:
     """
 
     def __init__(self, store: Store, *, ranks: RankLauncher | None = None, keep_weight_versions: int = 2) -> None:
-        from rollart.activities.trainer import TrainerActivities
         from temporalio.testing import ActivityEnvironment
+
+        from rollart.activities.trainer import TrainerActivities
 
         self._activities = TrainerActivities(store, ranks=ranks, keep_weight_versions=keep_weight_versions)
         self._env = ActivityEnvironment()

@@ -18,8 +18,18 @@ __all__ = ["compare_runs", "learning_figure", "plot_run", "png_bytes", "read_jso
 POOL_ORDER = ["cpu", "h800", "h20", "serverless", "trainer"]
 
 # The trainer's scalars `train_figure` draws, in this order, when a run has them (`train` of a step record).
-TRAIN_METRICS = ("loss", "entropy", "action_entropy", "entropy_coef", "kl", "grad_norm", "clip_frac", "lr",
-                 "is_truncated_frac", "adv_abs_mean")
+TRAIN_METRICS = (
+    "loss",
+    "entropy",
+    "action_entropy",
+    "entropy_coef",
+    "kl",
+    "grad_norm",
+    "clip_frac",
+    "lr",
+    "is_truncated_frac",
+    "adv_abs_mean",
+)
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -64,7 +74,9 @@ def compare_runs(run_dirs: list[Path], labels: list[str], out: Path, smooth: int
     for i, (run_dir, label) in enumerate(zip(run_dirs, labels)):
         rows = read_jsonl(run_dir / "metrics.jsonl")
         if not rows:
-            raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?")
+            raise FileNotFoundError(
+                f"{run_dir / 'metrics.jsonl'} is missing or empty: is this a `rollart train` run dir?"
+            )
         success = _moving_mean([played_success(r) for r in rows], smooth)
         axes[0].plot([r["step"] for r in rows], success, color=f"C{i}", label=label)
         axes[1].plot([r["elapsed_s"] / 60 for r in rows], success, color=f"C{i}", label=label)
@@ -120,9 +132,12 @@ def learning_figure(rows: list[dict], name: str) -> Figure:
     axes[0].set_ylabel("batch mean")
     axes[0].legend(loc="upper left")
     last = rows[-1]
-    fig.suptitle(f"{name}: {len(rows)} steps, staleness mean {last['staleness_mean']:.2f}, "
-                 f"dropped {last['dropped']}, " + (f"filtered {last['filtered']}, " if last.get("filtered") else "")
-                 + f"failed {last['failed']}")  # fmt: skip
+    fig.suptitle(
+        f"{name}: {len(rows)} steps, staleness mean {last['staleness_mean']:.2f}, "
+        f"dropped {last['dropped']}, "
+        + (f"filtered {last['filtered']}, " if last.get("filtered") else "")
+        + f"failed {last['failed']}"
+    )
     return fig
 
 
@@ -160,6 +175,6 @@ def train_figure(rows: list[dict]) -> Figure | None:
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("train step", fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     return fig

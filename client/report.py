@@ -30,12 +30,22 @@ from rollart.client.trajectory_view import (
 )
 
 if TYPE_CHECKING:
-    from rollart.contracts.training import TrainingResult
-    from rollart.infra.store import Store
     from temporalio.client import Client
 
-__all__ = ["Ledger", "ReportData", "Sample", "TaskSamples", "final_result", "gather_report", "ledger_of",
-           "sample_trajectories", "write_report"]  # fmt: skip
+    from rollart.contracts.training import TrainingResult
+    from rollart.infra.store import Store
+
+__all__ = [
+    "Ledger",
+    "ReportData",
+    "Sample",
+    "TaskSamples",
+    "final_result",
+    "gather_report",
+    "ledger_of",
+    "sample_trajectories",
+    "write_report",
+]
 
 log = logging.getLogger(__name__)
 
@@ -105,22 +115,37 @@ class ReportData:
 def ledger_of(metrics: list[dict], result: TrainingResult | None = None) -> Ledger | None:
     """The job's final counts when its result is known, else the last step record's; None with neither."""
     if result is not None:
-        return Ledger(started=result.started, trained=result.trained, dropped=result.dropped, filtered=result.filtered,
-                      failed=result.failed, in_flight=result.cancelled_in_flight, buffered=result.buffered_unused,
-                      source=f"the job's result (policy v{result.version} after {result.steps} steps)",
-                      final=True)  # fmt: skip
+        return Ledger(
+            started=result.started,
+            trained=result.trained,
+            dropped=result.dropped,
+            filtered=result.filtered,
+            failed=result.failed,
+            in_flight=result.cancelled_in_flight,
+            buffered=result.buffered_unused,
+            source=f"the job's result (policy v{result.version} after {result.steps} steps)",
+            final=True,
+        )
     if not metrics:
         return None
     last = metrics[-1]
-    return Ledger(started=last.get("started", 0), trained=last.get("trained", 0), dropped=last.get("dropped", 0),
-                  filtered=last.get("filtered", 0), failed=last.get("failed", 0), in_flight=last.get("in_flight", 0),
-                  buffered=last.get("buffered", 0), source=f"the last step record (step {last.get('step', '?')})")  # fmt: skip
+    return Ledger(
+        started=last.get("started", 0),
+        trained=last.get("trained", 0),
+        dropped=last.get("dropped", 0),
+        filtered=last.get("filtered", 0),
+        failed=last.get("failed", 0),
+        in_flight=last.get("in_flight", 0),
+        buffered=last.get("buffered", 0),
+        source=f"the last step record (step {last.get('step', '?')})",
+    )
 
 
 async def final_result(client: Client, job_id: str) -> TrainingResult | None:
     """The training workflow's result when it completed (read from history: no worker needed); None otherwise."""
-    from rollart.contracts.training import TrainingResult
     from temporalio.client import WorkflowExecutionStatus
+
+    from rollart.contracts.training import TrainingResult
 
     handle = client.get_workflow_handle(job_id, result_type=TrainingResult)
     desc = await handle.describe()
@@ -129,8 +154,9 @@ async def final_result(client: Client, job_id: str) -> TrainingResult | None:
     return await handle.result()
 
 
-async def sample_trajectories(client: Client, job_id: str, store: Store | None, per_task: int = 3, scan: int = 1000,
-                              concurrency: int = 8) -> list[TaskSamples]:  # fmt: skip
+async def sample_trajectories(
+    client: Client, job_id: str, store: Store | None, per_task: int = 3, scan: int = 1000, concurrency: int = 8
+) -> list[TaskSamples]:
     """Per task, the `per_task` best and worst rewards and failed trajectories, each loaded turn by turn.
 
     Only the job's newest `scan` rollout workflows are read (visibility lists the newest first): a long run has
@@ -146,9 +172,15 @@ async def sample_trajectories(client: Client, job_id: str, store: Store | None, 
             return await _load_sample(client, row, store)
 
     loaded = dict(zip(wanted, await asyncio.gather(*(load(r) for r in wanted.values()))))
-    return [dataclasses.replace(p, best=[loaded[s.row.trajectory_id] for s in p.best],
-                                worst=[loaded[s.row.trajectory_id] for s in p.worst],
-                                failed=[loaded[s.row.trajectory_id] for s in p.failed]) for p in picks]  # fmt: skip
+    return [
+        dataclasses.replace(
+            p,
+            best=[loaded[s.row.trajectory_id] for s in p.best],
+            worst=[loaded[s.row.trajectory_id] for s in p.worst],
+            failed=[loaded[s.row.trajectory_id] for s in p.failed],
+        )
+        for p in picks
+    ]
 
 
 def _pick(rows: list[TrajectoryRow], task: str, n: int) -> TaskSamples:
@@ -156,11 +188,18 @@ def _pick(rows: list[TrajectoryRow], task: str, n: int) -> TaskSamples:
     best = pick_rows(rows, task=task, best=n)
     shown = {r.trajectory_id for r in best}
     worst = [r for r in pick_rows(rows, task=task, worst=n + len(best)) if r.trajectory_id not in shown][:n]
-    failed = [r for r in pick_rows(rows, task=task, failed=True) if r.status == "failed"][:n]  # not cancelled at the end
+    failed = [r for r in pick_rows(rows, task=task, failed=True) if r.status == "failed"][
+        :n
+    ]  # not cancelled at the end
     statuses = Counter(r.status for r in rows if r.task == task)
-    return TaskSamples(task=task, scanned=sum(statuses.values()), statuses=dict(sorted(statuses.items())),
-                       best=[Sample(r) for r in best], worst=[Sample(r) for r in worst],
-                       failed=[Sample(r) for r in failed])  # fmt: skip
+    return TaskSamples(
+        task=task,
+        scanned=sum(statuses.values()),
+        statuses=dict(sorted(statuses.items())),
+        best=[Sample(r) for r in best],
+        worst=[Sample(r) for r in worst],
+        failed=[Sample(r) for r in failed],
+    )
 
 
 async def _load_sample(client: Client, row: TrajectoryRow, store: Store | None) -> Sample:
@@ -175,10 +214,20 @@ async def _load_sample(client: Client, row: TrajectoryRow, store: Store | None) 
         return Sample(row, note=f"its history could not be read: {type(e).__name__}: {e}")
 
 
-async def gather_report(run_dir: Path, job_id: str, client: Client | Callable[[], Awaitable[Client]] | None = None,
-                        store: Store | None = None, *, result: TrainingResult | None = None, per_task: int = 3,
-                        scan: int = 1000, timeout_s: float = 120.0, note: str | None = None, ui: str | None = None,
-                        namespace: str = "default") -> ReportData:  # fmt: skip
+async def gather_report(
+    run_dir: Path,
+    job_id: str,
+    client: Client | Callable[[], Awaitable[Client]] | None = None,
+    store: Store | None = None,
+    *,
+    result: TrainingResult | None = None,
+    per_task: int = 3,
+    scan: int = 1000,
+    timeout_s: float = 120.0,
+    note: str | None = None,
+    ui: str | None = None,
+    namespace: str = "default",
+) -> ReportData:
     """The run dir's files, then what the server still holds (the job's result, its trajectories) within
     `timeout_s`. `client` may be a coroutine function that connects: a server that cannot be reached (or any
     failure reading it) leaves the report without trajectories and says why in `note`, never fails it."""
@@ -187,8 +236,9 @@ async def gather_report(run_dir: Path, job_id: str, client: Client | Callable[[]
     samples: list[TaskSamples] = []
     if client is not None and note is None:
         try:
-            result, samples = await asyncio.wait_for(_from_server(client, job_id, store, result, per_task, scan),
-                                                     timeout_s)  # fmt: skip
+            result, samples = await asyncio.wait_for(
+                _from_server(client, job_id, store, result, per_task, scan), timeout_s
+            )
             if not samples:
                 note = f"no trajectories of job {job_id!r} on the server"
         except TimeoutError:
@@ -198,13 +248,27 @@ async def gather_report(run_dir: Path, job_id: str, client: Client | Callable[[]
             note = f"trajectories could not be loaded: {e or type(e).__name__}"
     elif client is None and note is None:
         note = "trajectories not loaded: no Temporal server was given"
-    return ReportData(job_id=job_id, run_dir=run_dir, metrics=metrics, timeline=timeline,
-                      ledger=ledger_of(metrics, result), samples=samples, note=note, ui=ui, namespace=namespace)  # fmt: skip
+    return ReportData(
+        job_id=job_id,
+        run_dir=run_dir,
+        metrics=metrics,
+        timeline=timeline,
+        ledger=ledger_of(metrics, result),
+        samples=samples,
+        note=note,
+        ui=ui,
+        namespace=namespace,
+    )
 
 
-async def _from_server(client: Client | Callable[[], Awaitable[Client]], job_id: str, store: Store | None,
-                       result: TrainingResult | None, per_task: int,
-                       scan: int) -> tuple[TrainingResult | None, list[TaskSamples]]:  # fmt: skip
+async def _from_server(
+    client: Client | Callable[[], Awaitable[Client]],
+    job_id: str,
+    store: Store | None,
+    result: TrainingResult | None,
+    per_task: int,
+    scan: int,
+) -> tuple[TrainingResult | None, list[TaskSamples]]:
     from temporalio.client import Client as _Client
     from temporalio.service import RPCError, RPCStatusCode
 

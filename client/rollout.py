@@ -8,22 +8,31 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-from rollart.activities.envs.base import declares_actions
-from rollart.client.connection import Outage, retry_unreachable
-from rollart.infra import search_attributes as sa
-from rollart.infra.config import JobSpec
-from rollart.infra.pools import Pool, queue_name
-from rollart.infra.registry import lookup_env, lookup_reward
-from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
-from rollart.workflows.ui_summary import group_summary, trajectory_summary
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-__all__ = ["JobCheckError", "RolloutOutcome", "check_job_components", "new_job_id", "plan_trajectories", "rollout_units",
-           "run_rollout", "unit_input"]
+from rollart.activities.envs.base import declares_actions
+from rollart.client.connection import Outage, retry_unreachable
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+from rollart.infra import search_attributes as sa
+from rollart.infra.config import JobSpec
+from rollart.infra.pools import Pool, queue_name
+from rollart.infra.registry import lookup_env, lookup_reward
+from rollart.workflows.ui_summary import group_summary, trajectory_summary
+
+__all__ = [
+    "JobCheckError",
+    "RolloutOutcome",
+    "check_job_components",
+    "new_job_id",
+    "plan_trajectories",
+    "rollout_units",
+    "run_rollout",
+    "unit_input",
+]
 
 
 class JobCheckError(ValueError):
@@ -48,7 +57,7 @@ class RolloutOutcome:
 
 def new_job_id(job: JobSpec) -> str:
     """`<job name>-<UTC time>-<random>`: sortable and unique."""
-    return f"{job.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
+    return f"{job.name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
 
 
 def check_job_components(job: JobSpec) -> None:
@@ -63,8 +72,10 @@ def check_job_components(job: JobSpec) -> None:
             problems.append(f"tasks.{i} ({task.name}): env: {e}")
         else:
             if job.trainer.loss.entropy_over == "actions" and not declares_actions(entry.cls):
-                problems.append(f"tasks.{i} ({task.name}): trainer.loss.entropy_over: actions needs an env that "
-                                f"declares its actions (Env.action_of); env {task.env!r} does not")  # fmt: skip
+                problems.append(
+                    f"tasks.{i} ({task.name}): trainer.loss.entropy_over: actions needs an env that "
+                    f"declares its actions (Env.action_of); env {task.env!r} does not"
+                )
         try:
             entry = lookup_reward(task.reward)
             entry.check_args(task.reward_args)
@@ -89,8 +100,9 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
         task = rng.choices(job.tasks, weights=weights)[0]
         env_seed = seed * 1_000_003 + group
         for _ in range(min(task.group_size, n - len(plan))):
-            plan.append(TrajectoryInput(task=task, seed=env_seed, job_id=job_id,
-                                        queue_prefix=job.temporal.task_queue_prefix))  # fmt: skip
+            plan.append(
+                TrajectoryInput(task=task, seed=env_seed, job_id=job_id, queue_prefix=job.temporal.task_queue_prefix)
+            )
         group += 1
     return plan
 
@@ -122,8 +134,11 @@ async def run_rollout(
         result_type = TrajectoryResult if workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         t0 = time.monotonic()
         queue = queue_name(Pool.CONTROL, members[0].queue_prefix)
-        attributes = TypedSearchAttributes([SearchAttributePair(sa.JOB_ID, job_id),
-                                            SearchAttributePair(sa.TASK, inp.task.name)]) if registered else None  # fmt: skip
+        attributes = (
+            TypedSearchAttributes([SearchAttributePair(sa.JOB_ID, job_id), SearchAttributePair(sa.TASK, inp.task.name)])
+            if registered
+            else None
+        )
         summary = trajectory_summary(inp) if isinstance(inp, TrajectoryInput) else group_summary(inp)
         async with starts:
             handle = await retry_unreachable(
@@ -134,8 +149,10 @@ async def run_rollout(
         except WorkflowFailureError as e:
             result, error = None, str(e.cause or e)
         results = result if isinstance(result, list) else [result] * len(members)
-        outcomes = [RolloutOutcome(workflow_id, handle.result_run_id or "", m, r, error, time.monotonic() - t0)
-                    for m, r in zip(members, results)]  # fmt: skip
+        outcomes = [
+            RolloutOutcome(workflow_id, handle.result_run_id or "", m, r, error, time.monotonic() - t0)
+            for m, r in zip(members, results)
+        ]
         for outcome in outcomes if on_done else []:
             on_done(outcome)
         return outcomes
@@ -144,17 +161,34 @@ async def run_rollout(
     return [outcome for outcomes in units for outcome in outcomes]
 
 
-async def _start(client: Client, workflow_type: str, inp: object, workflow_id: str, queue: str, result_type: type,
-                 attributes: TypedSearchAttributes | None, summary: str) -> WorkflowHandle:  # fmt: skip
+async def _start(
+    client: Client,
+    workflow_type: str,
+    inp: object,
+    workflow_id: str,
+    queue: str,
+    result_type: type,
+    attributes: TypedSearchAttributes | None,
+    summary: str,
+) -> WorkflowHandle:
     """Start one unit's workflow; one already started (a retried start whose answer was lost) is taken as it is."""
     try:
-        return await client.start_workflow(workflow_type, inp, id=workflow_id, result_type=result_type, task_queue=queue,
-                                           search_attributes=attributes, static_summary=summary)  # fmt: skip
+        return await client.start_workflow(
+            workflow_type,
+            inp,
+            id=workflow_id,
+            result_type=result_type,
+            task_queue=queue,
+            search_attributes=attributes,
+            static_summary=summary,
+        )
     except WorkflowAlreadyStartedError:
         return client.get_workflow_handle(workflow_id, result_type=result_type)
 
 
-def unit_input(first: int, members: list[TrajectoryInput], job_id: str) -> tuple[str, str, TrajectoryInput | GroupRolloutInput]:
+def unit_input(
+    first: int, members: list[TrajectoryInput], job_id: str
+) -> tuple[str, str, TrajectoryInput | GroupRolloutInput]:
     """The workflow that plays one unit of `rollout_units`: its type, id and input.
 
     One episode: a TrajectoryWorkflow. Members of a group of a `rollout_unit: group` task: one
@@ -165,8 +199,13 @@ def unit_input(first: int, members: list[TrajectoryInput], job_id: str) -> tuple
     if len(members) == 1 and not _grouped(inp):
         return "TrajectoryWorkflow", workflow_id, inp
     task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
-    group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)], job_id=inp.job_id,
-                              min_version=inp.min_version, queue_prefix=inp.queue_prefix)  # fmt: skip
+    group = GroupRolloutInput(
+        task=task,
+        groups=[GroupSeed(group_id=workflow_id, seed=inp.seed)],
+        job_id=inp.job_id,
+        min_version=inp.min_version,
+        queue_prefix=inp.queue_prefix,
+    )
     return "GroupRolloutWorkflow", workflow_id, group
 
 
@@ -179,8 +218,14 @@ def rollout_units(inputs: list[TrajectoryInput]) -> list[tuple[int, list[Traject
     units: list[tuple[int, list[TrajectoryInput]]] = []
     for i, inp in enumerate(inputs):
         last = units[-1][1] if units else None
-        if (last and _grouped(inp) and _grouped(last[0]) and last[0].task == inp.task and last[0].seed == inp.seed
-                and len(last) < inp.task.group_size):  # fmt: skip
+        if (
+            last
+            and _grouped(inp)
+            and _grouped(last[0])
+            and last[0].task == inp.task
+            and last[0].seed == inp.seed
+            and len(last) < inp.task.group_size
+        ):
             last.append(inp)
         else:
             units.append((i, [inp]))

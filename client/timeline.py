@@ -11,9 +11,10 @@ import asyncio
 import json
 from pathlib import Path
 
+from temporalio.client import Client
+
 from rollart.infra.history import activity_spans
 from rollart.infra.search_attributes import JOB_ID
-from temporalio.client import Client
 
 __all__ = ["collect_timeline", "write_timeline"]
 
@@ -30,8 +31,9 @@ async def collect_timeline(client: Client, job_id: str, limit: int = 5000, concu
             history = await client.get_workflow_handle(wid, run_id=run_id).fetch_history()
         return [
             {"workflow": wid, "pool": a.pool, "activity": a.activity_type, "start": a.started, "end": a.completed}
-            for a in activity_spans(history) if a.started and a.completed
-        ]  # fmt: skip
+            for a in activity_spans(history)
+            if a.started and a.completed
+        ]
 
     rows = [row for chunk in await asyncio.gather(*(spans(w, r) for w, r in ids)) for row in chunk]
     return sorted(rows, key=lambda r: r["start"])

@@ -7,6 +7,10 @@ import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from temporalio.client import Client, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError
+
 from rollart.client.connection import Outage, is_unreachable, probe
 from rollart.client.exporters import Exporter
 from rollart.client.unserved import Unserved
@@ -14,9 +18,6 @@ from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, 
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool, queue_name
-from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.service import RPCError
 
 __all__ = ["MetricsWriter", "follow", "run_dir_of", "start_training", "status_of", "terminate_job"]
 
@@ -30,10 +31,13 @@ async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Pat
         id=job_id,
         task_queue=queue_name(Pool.CONTROL, job.temporal.task_queue_prefix),
         result_type=TrainingResult,
-        search_attributes=TypedSearchAttributes([
-            SearchAttributePair(sa.JOB_ID, job_id), SearchAttributePair(sa.STEP, 0),
-            SearchAttributePair(sa.POLICY_VERSION, 0),
-        ]),  # fmt: skip
+        search_attributes=TypedSearchAttributes(
+            [
+                SearchAttributePair(sa.JOB_ID, job_id),
+                SearchAttributePair(sa.STEP, 0),
+                SearchAttributePair(sa.POLICY_VERSION, 0),
+            ]
+        ),
     )
 
 
@@ -82,9 +86,13 @@ class MetricsWriter:
                     continue
                 elapsed = max(r.time - started_at, 1e-9)
                 interval = max(r.time - (self.last_time if self.last_time is not None else started_at), 1e-9)
-                row = {**r.model_dump(), "elapsed_s": elapsed, "step_interval_s": interval,
-                       "trajectories_per_s": (r.trained + r.dropped + r.filtered + r.failed + r.buffered) / elapsed,
-                       "tokens_per_s": r.completion_tokens / interval}  # fmt: skip
+                row = {
+                    **r.model_dump(),
+                    "elapsed_s": elapsed,
+                    "step_interval_s": interval,
+                    "trajectories_per_s": (r.trained + r.dropped + r.filtered + r.failed + r.buffered) / elapsed,
+                    "tokens_per_s": r.completion_tokens / interval,
+                }
                 self.last_time = r.time
                 f.write(json.dumps(row) + "\n")
                 self.written = r.step
@@ -134,7 +142,9 @@ async def follow(
                 continue
             result: TrainingResult = result_task.result()
             outage.ok()
-            started_at = await _poll(handle, writer, on_step, outage, unserved, started_at, client, on_status)  # steps since the last poll
+            started_at = await _poll(
+                handle, writer, on_step, outage, unserved, started_at, client, on_status
+            )  # steps since the last poll
             if result.last is not None and started_at is not None:
                 for row in writer.write([result.last], started_at):
                     on_step(row)
@@ -143,9 +153,16 @@ async def follow(
         result_task.cancel()
 
 
-async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable[[dict], None], outage: Outage,
-                unserved: Unserved, started_at: float | None, client: Client | None,
-                on_status: Callable[[TrainingStatus], None] | None = None) -> float | None:  # fmt: skip
+async def _poll(
+    handle: WorkflowHandle,
+    writer: MetricsWriter,
+    on_step: Callable[[dict], None],
+    outage: Outage,
+    unserved: Unserved,
+    started_at: float | None,
+    client: Client | None,
+    on_status: Callable[[TrainingStatus], None] | None = None,
+) -> float | None:
     """One status query: new steps to the writer and `on_step`; returns the job's start time once known.
 
     A query that has not answered in 5 s is dropped (no worker answers, or the server is gone: the SDK would
@@ -154,7 +171,7 @@ async def _poll(handle: WorkflowHandle, writer: MetricsWriter, on_step: Callable
     """
     try:
         status = await asyncio.wait_for(status_of(handle), 5.0)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         if client is not None and await probe(client, outage):
             await unserved.no_answer(client, handle)
         return started_at

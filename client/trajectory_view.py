@@ -15,6 +15,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
+from temporalio.service import RPCError, RPCStatusCode
+
 from rollart.contracts.activities import (
     EnvHandle,
     GenerateBatchInput,
@@ -43,23 +46,52 @@ from rollart.infra.history import ActivitySpan, activity_spans
 from rollart.infra.search_attributes import JOB_ID, TASK
 from rollart.infra.store import Store, StoreError
 from rollart.infra.store_keys import key_word
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHistory
-from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["CallInfo", "LogprobSummary", "TrajectoryNotFound", "TrajectoryRow", "TrajectoryView", "TurnView",
-           "job_query", "list_trajectories", "load_trajectory", "pick_rows", "summarize_logprobs", "workflow_candidates"]  # fmt: skip
+__all__ = [
+    "CallInfo",
+    "LogprobSummary",
+    "TrajectoryNotFound",
+    "TrajectoryRow",
+    "TrajectoryView",
+    "TurnView",
+    "job_query",
+    "list_trajectories",
+    "load_trajectory",
+    "pick_rows",
+    "summarize_logprobs",
+    "workflow_candidates",
+]
 
 ROLLOUT_WORKFLOWS = ("TrajectoryWorkflow", "GroupRolloutWorkflow", "BatchRolloutWorkflow")
 
-_INPUTS: dict[str, Any] = {"reset": ResetInput, "reset_group": GroupResetInput, "restore": RestoreInput,
-                           "generate": GenerateInput, "generate_batch": GenerateBatchInput, "step": StepInput,
-                           "step_group": GroupStepInput, "reward": RewardInput, "reward_batch": RewardBatchInput}  # fmt: skip
-_RESULTS: dict[str, Any] = {"reset": EnvHandle, "reset_group": GroupHandle, "restore": GroupHandle,
-                            "generate": GenerateResult, "generate_batch": list[GenerateResult], "step": StepResult,
-                            "step_group": list[StepResult | None], "check": list[list[StepResult]],
-                            "reward": RewardResult, "reward_batch": list[RewardResult]}  # fmt: skip
-_WORKFLOW_INPUTS: dict[str, Any] = {"TrajectoryWorkflow": TrajectoryInput, "GroupRolloutWorkflow": GroupRolloutInput,
-                                    "BatchRolloutWorkflow": BatchRolloutInput}  # fmt: skip
+_INPUTS: dict[str, Any] = {
+    "reset": ResetInput,
+    "reset_group": GroupResetInput,
+    "restore": RestoreInput,
+    "generate": GenerateInput,
+    "generate_batch": GenerateBatchInput,
+    "step": StepInput,
+    "step_group": GroupStepInput,
+    "reward": RewardInput,
+    "reward_batch": RewardBatchInput,
+}
+_RESULTS: dict[str, Any] = {
+    "reset": EnvHandle,
+    "reset_group": GroupHandle,
+    "restore": GroupHandle,
+    "generate": GenerateResult,
+    "generate_batch": list[GenerateResult],
+    "step": StepResult,
+    "step_group": list[StepResult | None],
+    "check": list[list[StepResult]],
+    "reward": RewardResult,
+    "reward_batch": list[RewardResult],
+}
+_WORKFLOW_INPUTS: dict[str, Any] = {
+    "TrajectoryWorkflow": TrajectoryInput,
+    "GroupRolloutWorkflow": GroupRolloutInput,
+    "BatchRolloutWorkflow": BatchRolloutInput,
+}
 
 
 class TrajectoryNotFound(LookupError):
@@ -174,13 +206,16 @@ async def load_trajectory(client: Client, trajectory_id: str, store: Store | Non
     raise TrajectoryNotFound(trajectory_id)
 
 
-async def _view(client: Client, history: WorkflowHistory, wf_type: str, tid: str, store: Store | None) -> TrajectoryView | None:
+async def _view(
+    client: Client, history: WorkflowHistory, wf_type: str, tid: str, store: Store | None
+) -> TrajectoryView | None:
     decode = client.data_converter.decode
     wf_input, results, status, error = None, None, "running", None
     for e in history.events:
         if e.HasField("workflow_execution_started_event_attributes"):
-            wf_input = await _decoded(decode, e.workflow_execution_started_event_attributes.input.payloads,
-                                      _WORKFLOW_INPUTS[wf_type])  # fmt: skip
+            wf_input = await _decoded(
+                decode, e.workflow_execution_started_event_attributes.input.payloads, _WORKFLOW_INPUTS[wf_type]
+            )
         elif e.HasField("workflow_execution_completed_event_attributes"):
             rtype = TrajectoryResult if wf_type == "TrajectoryWorkflow" else list[TrajectoryResult]
             got = await _decoded(decode, e.workflow_execution_completed_event_attributes.result.payloads, rtype)
@@ -199,10 +234,17 @@ async def _view(client: Client, history: WorkflowHistory, wf_type: str, tid: str
     calls = await _calls(decode, history)
     turns, final = _turns(calls, result, tid, wf_input, store)
     return TrajectoryView(
-        trajectory_id=tid, workflow_id=history.workflow_id, run_id=history.events[0].workflow_execution_started_event_attributes.original_execution_run_id,
-        workflow_type=wf_type, workflow_status=status, result=result, turns=turns, final_observation=final,
-        error=(result.error if result else None) or error, calls=[CallInfo.of(c.span) for c in calls],
-    )  # fmt: skip
+        trajectory_id=tid,
+        workflow_id=history.workflow_id,
+        run_id=history.events[0].workflow_execution_started_event_attributes.original_execution_run_id,
+        workflow_type=wf_type,
+        workflow_status=status,
+        result=result,
+        turns=turns,
+        final_observation=final,
+        error=(result.error if result else None) or error,
+        calls=[CallInfo.of(c.span) for c in calls],
+    )
 
 
 def _holds(wf_type: str, wf_input: Any, workflow_id: str, tid: str) -> bool:
@@ -229,7 +271,12 @@ async def _decoded(decode: Any, payloads: Any, type_: Any) -> Any:
     try:
         (value,) = await decode(payloads, [type_])
         return value
-    except (ValueError, TypeError, RuntimeError, KeyError):  # a payload of another shape (an older or newer contract): shown without it
+    except (
+        ValueError,
+        TypeError,
+        RuntimeError,
+        KeyError,
+    ):  # a payload of another shape (an older or newer contract): shown without it
         return None
 
 
@@ -254,8 +301,9 @@ async def _calls(decode: Any, history: WorkflowHistory) -> list[_Call]:
     return calls
 
 
-def _turns(calls: list[_Call], r: TrajectoryResult | None, tid: str, wf_input: Any,
-           store: Store | None) -> tuple[list[TurnView], str]:  # fmt: skip
+def _turns(
+    calls: list[_Call], r: TrajectoryResult | None, tid: str, wf_input: Any, store: Store | None
+) -> tuple[list[TurnView], str]:
     """Each turn from its generation (by turn key), its step (by session) and the reward's transcript."""
     gens: dict[str, tuple[_Call, str, GenerateResult | None]] = {}  # turn key → call, prompt, result
     for c in calls:
@@ -281,22 +329,26 @@ def _turns(calls: list[_Call], r: TrajectoryResult | None, tid: str, wf_input: A
         stored, note = _stored(store, key)
         comp = stored.completions[index] if stored and index < len(stored.completions) else None
         gc = gen.completions[index] if gen and index < len(gen.completions) else None
-        turns.append(TurnView(
-            index=i, observation=rec.observation if rec else prompts[i], action=rec.action if rec else actions[i],
-            data_key=key,
-            env_reward=rec.env_reward if rec else step.reward if step else None,
-            done=rec.done if rec else step.done if step else None,
-            info=dict(rec.info if rec else step.info if step else {}),
-            prompt_tokens=len(stored.prompt_ids) if stored else gen.prompt_tokens if gen else None,
-            completion_tokens=len(comp.token_ids) if comp else gc.num_tokens if gc else None,
-            finish_reason=comp.finish_reason if comp else gc.finish_reason if gc else None,
-            policy_version=stored.policy_version if stored else gen.policy_version if gen else None,
-            policy_version_end=stored.policy_version_end if stored else gen.policy_version_end if gen else None,
-            logprobs=summarize_logprobs(comp.logprobs) if comp else None,
-            generate=CallInfo.of(call.span) if call else None,
-            step=CallInfo.of(step_call.span) if step_call else None,
-            store_note=note,
-        ))  # fmt: skip
+        turns.append(
+            TurnView(
+                index=i,
+                observation=rec.observation if rec else prompts[i],
+                action=rec.action if rec else actions[i],
+                data_key=key,
+                env_reward=rec.env_reward if rec else step.reward if step else None,
+                done=rec.done if rec else step.done if step else None,
+                info=dict(rec.info if rec else step.info if step else {}),
+                prompt_tokens=len(stored.prompt_ids) if stored else gen.prompt_tokens if gen else None,
+                completion_tokens=len(comp.token_ids) if comp else gc.num_tokens if gc else None,
+                finish_reason=comp.finish_reason if comp else gc.finish_reason if gc else None,
+                policy_version=stored.policy_version if stored else gen.policy_version if gen else None,
+                policy_version_end=stored.policy_version_end if stored else gen.policy_version_end if gen else None,
+                logprobs=summarize_logprobs(comp.logprobs) if comp else None,
+                generate=CallInfo.of(call.span) if call else None,
+                step=CallInfo.of(step_call.span) if step_call else None,
+                store_note=note,
+            )
+        )
     final = transcript.final_observation if transcript else steps[-1][1].observation if steps and steps[-1][1] else ""
     return turns, final
 
@@ -313,7 +365,11 @@ def _steps(calls: list[_Call], tid: str, wf_input: Any) -> list[tuple[_Call, Ste
             return [(c, None) for c in calls if c.span.activity_type == "check" and c.span.succeeded][:1]
     sessions = set()
     for c in calls:
-        if isinstance(c.input, ResetInput) and c.input.trajectory_id == owner and c.result or isinstance(c.input, GroupResetInput) and c.input.group_id == owner and c.result or isinstance(c.input, RestoreInput) and c.input.owner_id == owner and c.result:
+        if (
+            (isinstance(c.input, ResetInput) and c.input.trajectory_id == owner and c.result)
+            or (isinstance(c.input, GroupResetInput) and c.input.group_id == owner and c.result)
+            or (isinstance(c.input, RestoreInput) and c.input.owner_id == owner and c.result)
+        ):
             sessions.add(c.result.session_id)
     steps: list[tuple[_Call, StepResult | None]] = []
     for c in calls:
@@ -321,7 +377,11 @@ def _steps(calls: list[_Call], tid: str, wf_input: Any) -> list[tuple[_Call, Ste
             continue
         if isinstance(c.input, StepInput):
             steps.append((c, c.result))
-        elif isinstance(c.input, GroupStepInput) and member < len(c.input.actions) and c.input.actions[member] is not None:
+        elif (
+            isinstance(c.input, GroupStepInput)
+            and member < len(c.input.actions)
+            and c.input.actions[member] is not None
+        ):
             steps.append((c, c.result[member] if c.result and member < len(c.result) else None))
     return steps
 
@@ -329,8 +389,11 @@ def _steps(calls: list[_Call], tid: str, wf_input: Any) -> list[tuple[_Call, Ste
 def _transcript(calls: list[_Call], prompts: list[str], actions: list[str]) -> Transcript | None:
     """The transcript the reward was given for this trajectory: the one with its prompts and actions."""
     for c in calls:
-        scripts = [c.input.transcript] if isinstance(c.input, RewardInput) else (
-            c.input.transcripts if isinstance(c.input, RewardBatchInput) else [])  # fmt: skip
+        scripts = (
+            [c.input.transcript]
+            if isinstance(c.input, RewardInput)
+            else (c.input.transcripts if isinstance(c.input, RewardBatchInput) else [])
+        )
         for t in scripts:
             if [x.action for x in t.turns] == actions and [x.observation for x in t.turns][:1] == prompts[:1]:
                 return t
@@ -342,7 +405,11 @@ def _stored(store: Store | None, key: str) -> tuple[StoredTurn | None, str | Non
         return None, "no store"
     try:
         return StoredTurn.from_bytes(store.get(key)), None
-    except (StoreError, ValueError, OSError) as e:  # a key the store lost or never had: the turn is shown from history alone
+    except (
+        StoreError,
+        ValueError,
+        OSError,
+    ) as e:  # a key the store lost or never had: the turn is shown from history alone
         return None, f"not in the store: {type(e).__name__}"
 
 
@@ -374,7 +441,9 @@ def job_query(job_id: str) -> str:
     return f"WorkflowType IN ({types}) AND ({JOB_ID.name} = '{job_id}' OR WorkflowId STARTS_WITH '{job_id}-')"
 
 
-async def list_trajectories(client: Client, job_id: str, limit: int = 10_000, concurrency: int = 16) -> list[TrajectoryRow]:
+async def list_trajectories(
+    client: Client, job_id: str, limit: int = 10_000, concurrency: int = 16
+) -> list[TrajectoryRow]:
     """Every trajectory of the job's rollout workflows; a workflow that failed as a whole is one failed row."""
     found = [wf async for wf in client.list_workflows(job_query(job_id), limit=limit)]
     gate = asyncio.Semaphore(concurrency)
@@ -392,21 +461,47 @@ async def _rows(client: Client, wf: Any) -> list[TrajectoryRow]:
         rtype = TrajectoryResult if wf.workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
         got = await client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=rtype).result()
         return [_row(r, wf.id) for r in (got if isinstance(got, list) else [got])]
-    status = ("running" if wf.status == WorkflowExecutionStatus.RUNNING
-              else "cancelled" if wf.status in _ENDED_BY_OTHERS else "failed")  # fmt: skip
+    status = (
+        "running"
+        if wf.status == WorkflowExecutionStatus.RUNNING
+        else "cancelled"
+        if wf.status in _ENDED_BY_OTHERS
+        else "failed"
+    )
     task = wf.typed_search_attributes.get(TASK) or "?"
-    return [TrajectoryRow(trajectory_id=wf.id, workflow_id=wf.id, task=task, status=status,
-                          error=None if status == "running" else f"workflow {wf.status.name.lower()}")]  # fmt: skip
+    return [
+        TrajectoryRow(
+            trajectory_id=wf.id,
+            workflow_id=wf.id,
+            task=task,
+            status=status,
+            error=None if status == "running" else f"workflow {wf.status.name.lower()}",
+        )
+    ]
 
 
 def _row(r: TrajectoryResult, workflow_id: str) -> TrajectoryRow:
     versions = f"v{r.policy_version_min}..v{r.policy_version_max}" if r.policy_version_min is not None else "-"
-    return TrajectoryRow(trajectory_id=r.trajectory_id, workflow_id=workflow_id, task=r.task, status=r.status,
-                         reward=r.reward, success=r.success, turns=r.turns, versions=versions, error=r.error)  # fmt: skip
+    return TrajectoryRow(
+        trajectory_id=r.trajectory_id,
+        workflow_id=workflow_id,
+        task=r.task,
+        status=r.status,
+        reward=r.reward,
+        success=r.success,
+        turns=r.turns,
+        versions=versions,
+        error=r.error,
+    )
 
 
-def pick_rows(rows: list[TrajectoryRow], task: str | None = None, failed: bool = False, worst: int | None = None,
-              best: int | None = None) -> list[TrajectoryRow]:  # fmt: skip
+def pick_rows(
+    rows: list[TrajectoryRow],
+    task: str | None = None,
+    failed: bool = False,
+    worst: int | None = None,
+    best: int | None = None,
+) -> list[TrajectoryRow]:
     """Filter by task and failure, then the `worst` lowest or `best` highest rewards (failed ones have none)."""
     picked = [r for r in rows if (task is None or r.task == task) and (not failed or r.status != "completed")]
     if worst is not None or best is not None:

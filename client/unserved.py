@@ -11,17 +11,19 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from temporalio.client import Client, WorkflowHandle
+
 from rollart.client.connection import is_unreachable
 from rollart.infra.backlog import POLLER_FRESH_S, queue_stats
 from rollart.infra.config import TemporalConfig
 from rollart.infra.liveness import HEARTBEAT_GRACE_S, last_seen_s_ago, queue_liveness
-from temporalio.client import Client, WorkflowHandle
 
 __all__ = ["Unserved", "unserved"]
 
 
-async def unserved(client: Client, handle: WorkflowHandle,
-                   heartbeat_s: float = TemporalConfig().worker_heartbeat_s) -> str | None:  # fmt: skip
+async def unserved(
+    client: Client, handle: WorkflowHandle, heartbeat_s: float = TemporalConfig().worker_heartbeat_s
+) -> str | None:
     """A line for people when no worker serves the job's workflow queue; None when one does (it is just slow)."""
     queue = (await handle.describe()).task_queue
     live, stats = await asyncio.gather(queue_liveness(client, queue, heartbeat_s), queue_stats(client, queue))
@@ -33,8 +35,10 @@ async def unserved(client: Client, handle: WorkflowHandle,
         return None
     seen_s_ago = last_seen_s_ago(poll, live)
     seen = "none seen" if seen_s_ago is None else f"last seen {seen_s_ago:.0f} s ago"
-    return (f"no worker serves job {handle.id}'s workflow queue {queue!r} ({seen}): the job waits, and goes on "
-            "once one starts (`rollart worker --pool control`)")  # fmt: skip
+    return (
+        f"no worker serves job {handle.id}'s workflow queue {queue!r} ({seen}): the job waits, and goes on "
+        "once one starts (`rollart worker --pool control`)"
+    )
 
 
 @dataclass

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from rollart.infra.config import FaultModel, PromptFormat, SamplingParams, TaskSpec, TrainerConfig
 from rollart.infra.store_keys import key_word
 
@@ -19,20 +20,20 @@ __all__ = [
     "ActivityName",
     "CheckInput",
     "CloseInput",
+    "Completion",
     "DescribeQueuesInput",
     "DescribeQueuesResult",
-    "QueueState",
-    "Completion",
     "EnvHandle",
     "EnvOptions",
     "FinishReason",
     "GenerateBatchInput",
     "GenerateInput",
+    "GenerateResult",
     "GroupHandle",
     "GroupResetInput",
     "GroupStepInput",
-    "GenerateResult",
     "PromptsInput",
+    "QueueState",
     "ResetInput",
     "RestoreInput",
     "RewardBatchInput",

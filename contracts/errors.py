@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-__all__ = ["BAD_INPUT", "ErrorType", "NEVER_RETRY"]
+__all__ = ["BAD_INPUT", "NEVER_RETRY", "ErrorType"]
 
 
 class ErrorType(str, Enum):
@@ -30,7 +30,5 @@ class ErrorType(str, Enum):
 BAD_INPUT: tuple[str, ...] = (ErrorType.INVALID_INPUT.value, ErrorType.UNKNOWN_COMPONENT.value)
 """Errors that mean a workflow's input is wrong: they fail the workflow, not just the episode."""
 
-NEVER_RETRY: tuple[str, ...] = tuple(
-    t.value for t in ErrorType if t is not ErrorType.TRAINER_RANK_FAILED
-)
+NEVER_RETRY: tuple[str, ...] = tuple(t.value for t in ErrorType if t is not ErrorType.TRAINER_RANK_FAILED)
 """Error types no retry can fix (a lost trainer rank is the exception: fresh ranks retry the step)."""

@@ -5,10 +5,20 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from rollart.infra.config import TaskSpec
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["BatchRolloutInput", "GroupRolloutInput", "GroupSeed", "TrajectoryInput", "TrajectoryResult", "TrajectoryStatus", "batch_member_id", "member_id"]
+__all__ = [
+    "BatchRolloutInput",
+    "GroupRolloutInput",
+    "GroupSeed",
+    "TrajectoryInput",
+    "TrajectoryResult",
+    "TrajectoryStatus",
+    "batch_member_id",
+    "member_id",
+]
 
 TrajectoryStatus = Literal["completed", "failed"]
 

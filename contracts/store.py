@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from rollart.contracts.activities import FinishReason
 
 __all__ = ["StoredCompletion", "StoredTurn"]

@@ -5,12 +5,24 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from rollart.contracts.activities import SampleRef
 from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["InFlight", "Stall", "StallWatch", "StepRecord", "TrainingInput", "TrainingPlan", "TrainingResult",
-           "TrainingState", "TrainingStatus", "played_success", "stall_summary"]
+__all__ = [
+    "InFlight",
+    "Stall",
+    "StallWatch",
+    "StepRecord",
+    "TrainingInput",
+    "TrainingPlan",
+    "TrainingResult",
+    "TrainingState",
+    "TrainingStatus",
+    "played_success",
+    "stall_summary",
+]
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
@@ -77,7 +89,7 @@ class Stall(BaseModel):
 
 
 def stall_summary(stalls: list[Stall], now: float | None = None) -> str:
-    """"stalled: no worker on h800 for 60 s, 10 activities waiting; ..." or "" when nothing is stalled."""
+    """ "stalled: no worker on h800 for 60 s, 10 activities waiting; ..." or "" when nothing is stalled."""
     return "stalled: " + "; ".join(x.describe(now) for x in stalls) if stalls else ""
 
 
@@ -126,12 +138,15 @@ class TrainingState(BaseModel):
     stop_requested: bool = False
     started_at: float = 0.0
     stall: StallWatch = Field(default_factory=StallWatch)
-    entropy_coef: float | None = None  # the adaptive entropy weight of the next step (loss.entropy_target); None: as configured
+    entropy_coef: float | None = (
+        None  # the adaptive entropy weight of the next step (loss.entropy_target); None: as configured
+    )
 
     @property
     def ledger_balanced(self) -> bool:
-        return self.started == (self.trained + self.dropped + self.filtered + self.failed + len(self.in_flight)
-                                + len(self.buffer))
+        return self.started == (
+            self.trained + self.dropped + self.filtered + self.failed + len(self.in_flight) + len(self.buffer)
+        )
 
 
 class TrainingPlan(BaseModel):
@@ -158,8 +173,13 @@ class TrainingPlan(BaseModel):
     def of(cls, job: JobSpec) -> TrainingPlan:
         """The plan of a (validated) job spec."""
         trainer = job.trainer.over(job.training.steps).with_task_envs(job.tasks)
-        return cls(tasks=job.tasks, training=job.training, trainer=trainer, model_dir=str(job.model_dir),
-                   queue_prefix=job.temporal.task_queue_prefix)  # fmt: skip
+        return cls(
+            tasks=job.tasks,
+            training=job.training,
+            trainer=trainer,
+            model_dir=str(job.model_dir),
+            queue_prefix=job.temporal.task_queue_prefix,
+        )
 
 
 class TrainingInput(BaseModel):

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from temporalio import workflow
+
 from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
 from rollart.infra.pools import ENV_POOLS, GENERATION_POOLS, QUEUE_PREFIX_PATTERN, Pool
 from rollart.infra.registry import declared_env_pool, declared_reward_serverless
-from temporalio import workflow
 
 __all__ = [
     "DEFAULT_HOME",
@@ -31,19 +32,18 @@ __all__ = [
     "EnvServerSpec",
     "FaultModel",
     "JobSpec",
-    "LatencyModel",
     "JobSpecError",
-    "check_batches_hold_groups",
+    "LatencyModel",
     "LossConfig",
-    "TaskEnv",
     "MetricsConfig",
     "MooncakeConfig",
     "ParallelConfig",
     "PromptFormat",
-    "StallConfig",
     "RewardPlacement",
     "SamplingParams",
+    "StallConfig",
     "StoreConfig",
+    "TaskEnv",
     "TaskSpec",
     "TemporalConfig",
     "TemporalTLS",
@@ -52,6 +52,7 @@ __all__ = [
     "TrainingConfig",
     "WandbConfig",
     "WorkerTuning",
+    "check_batches_hold_groups",
     "format_validation_error",
     "load_job",
 ]
@@ -171,22 +172,27 @@ class TaskSpec(_Strict):
 
     faults: FaultModel | None = Field(None, description="inject env latency and failures (see FaultModel)")
     reset_pool_size: int = Field(
-        0, ge=0, le=64,
+        0,
+        ge=0,
+        le=64,
         description="pre-reset envs each cpu worker keeps per (env, args, seed): a reset takes a ready one at once; "
         "otherwise it starts max(1, size) resets of the seed at once (hedged), answers with the first to succeed and "
         "keeps the others for the next reset of that seed (the other members of a GRPO group). 0: one reset, no pool.",
-    )  # fmt: skip
+    )
     reset_timeout_s: float | None = Field(
         None, gt=0.0, description="per-reset timeout on the worker (default: the env's declared reset_timeout)"
     )
     env_pool: Pool | None = Field(
-        None, description="the pool whose workers hold this task's env sessions; filled from the env's "
+        None,
+        description="the pool whose workers hold this task's env sessions; filled from the env's "
         "`@env(pool=...)` when the spec is loaded (None: not known where it was loaded, so cpu)",
-    )  # fmt: skip
+    )
     reward_serverless: bool | None = Field(
-        None, description="whether the reward may run on the serverless pool; filled from its "
-        "`@reward(serverless=...)` when the spec is loaded (False: it runs on generate_pool whatever reward_placement says)",
-    )  # fmt: skip
+        None,
+        description="whether the reward may run on the serverless pool; filled from its "
+        "`@reward(serverless=...)` when the spec is loaded (False: it runs on generate_pool whatever reward_placement "
+        "says)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -276,9 +282,10 @@ class TracingConfig(_Strict):
     Tempo, ...), tagged with its `service_name` and host."""
 
     endpoint: str = Field(
-        ..., pattern=r"^https?://[^\s/]+(/.*)?$",
+        ...,
+        pattern=r"^https?://[^\s/]+(/.*)?$",
         description="the collector's OTLP address: http://HOST:4317 (gRPC) or http://HOST:4318 (HTTP)",
-    )  # fmt: skip
+    )
     protocol: Literal["grpc", "http"] = "grpc"
     service_name: str = Field("rollart", min_length=1, max_length=128)
 
@@ -292,27 +299,36 @@ class TemporalTLS(_Strict):
     rendered for Kubernetes names the paths inside the pods (`rollart k8s render` rewrites them).
     """
 
-    ca: Path | None = Field(None, description="PEM file of the CA that signed the server's certificate "
-                                              "(default: this machine's trusted roots)")  # fmt: skip
+    ca: Path | None = Field(
+        None,
+        description="PEM file of the CA that signed the server's certificate (default: this machine's trusted roots)",
+    )
     cert: Path | None = Field(None, description="PEM file of this client's certificate (mTLS), with `key`")
     key: Path | None = Field(None, description="PEM file of the private key of `cert`")
     server_name: str | None = Field(
-        None, min_length=1, max_length=253, pattern=r"^[A-Za-z0-9_.\-]+$",
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
         description="the name the server's certificate must carry, also sent as SNI (default: the host of "
         "temporal.address)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _cert_with_key(self) -> TemporalTLS:
         if (self.cert is None) != (self.key is None):
             given, missing = ("cert", "key") if self.cert is not None else ("key", "cert")
-            raise ValueError(f"tls.{given} is set but tls.{missing} is not: a client certificate goes with its private "
-                             "key; set both (mTLS), or neither")  # fmt: skip
+            raise ValueError(
+                f"tls.{given} is set but tls.{missing} is not: a client certificate goes with its private "
+                "key; set both (mTLS), or neither"
+            )
         return self
 
     def files(self) -> dict[str, Path]:
         """The files it names, by field (`ca`, `cert`, `key`)."""
-        return {name: path for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key)) if path is not None}
+        return {
+            name: path for name, path in (("ca", self.ca), ("cert", self.cert), ("key", self.key)) if path is not None
+        }
 
 
 class TemporalConfig(_Strict):
@@ -325,33 +341,41 @@ class TemporalConfig(_Strict):
     address: str | None = None
     tls: TemporalTLS | None = Field(None, description="TLS to the server (see TemporalTLS); null: plain gRPC")
     api_key_env: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=128,
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        max_length=128,
         description="the environment variable holding an API key for the server, sent as `authorization: Bearer "
         "KEY` on every call; it turns TLS on (this machine's trusted roots unless `tls` says otherwise)",
-    )  # fmt: skip
+    )
     namespace: str = "default"
     ui_port: int = Field(8233, ge=1, le=65535)
     task_queue_prefix: str = Field(
-        "", pattern=QUEUE_PREFIX_PATTERN, max_length=64,
+        "",
+        pattern=QUEUE_PREFIX_PATTERN,
+        max_length=64,
         description="prepended to every task queue the job's workflows and workers use (`team-a-` → `team-a-cpu`): "
         "jobs sharing one server with their own workers keep them apart",
-    )  # fmt: skip
+    )
     worker_heartbeat_s: float = Field(
-        5.0, ge=1.0, le=60.0,
+        5.0,
+        ge=1.0,
+        le=60.0,
         description="how often each worker tells the server it is alive (Temporal's worker heartbeats): the stall "
         "checks tell a dead pool from a busy one by them, within a few of these",
-    )  # fmt: skip
+    )
     max_pending_children: int = Field(
-        2000, ge=1,
+        2000,
+        ge=1,
         description="child workflows one workflow may have running on this server (its "
         "`limit.numPendingChildExecutions.error`; 2,000 is Temporal's default, and the local dev server is started "
         "with this value). With trajectory rollout every episode is a child of the training workflow, so a job "
         "whose (async_bound + 1) x batch_size exceeds it is refused when it is loaded: past the limit the server "
         "refuses every start and the job would hang",
-    )  # fmt: skip
+    )
     workers: WorkerTuning = Field(default_factory=WorkerTuning)
-    tracing: TracingConfig | None = Field(None, description="OpenTelemetry traces of workflows and activities "
-                                                            "(see TracingConfig); null: none")  # fmt: skip
+    tracing: TracingConfig | None = Field(
+        None, description="OpenTelemetry traces of workflows and activities (see TracingConfig); null: none"
+    )
 
     @field_validator("tls", mode="before")
     @classmethod
@@ -510,15 +534,19 @@ class LossConfig(_Strict):
         if self.action_bonus == "coverage" and self.entropy_over != "actions":
             raise ValueError("action_bonus: coverage is a bonus over the env's actions: set entropy_over: actions")
         if self.action_bonus == "coverage" and self.entropy_target is not None:
-            raise ValueError("entropy_target controls an entropy: use it with action_bonus: entropy, or set a "
-                             "fixed entropy_coef for coverage")  # fmt: skip
+            raise ValueError(
+                "entropy_target controls an entropy: use it with action_bonus: entropy, or set a "
+                "fixed entropy_coef for coverage"
+            )
         return self
 
     @model_validator(mode="after")
     def _entropy_start_within_its_cap(self) -> LossConfig:
         if self.entropy_target is not None and self.entropy_coef > self.entropy_coef_max:
-            raise ValueError(f"entropy_coef ({self.entropy_coef}) is the adaptive weight's start: it must not exceed "
-                             f"entropy_coef_max ({self.entropy_coef_max})")  # fmt: skip
+            raise ValueError(
+                f"entropy_coef ({self.entropy_coef}) is the adaptive weight's start: it must not exceed "
+                f"entropy_coef_max ({self.entropy_coef_max})"
+            )
         return self
 
 
@@ -592,8 +620,10 @@ class TrainerConfig(_Strict):
     loss: LossConfig = Field(default_factory=LossConfig)
 
     task_envs: dict[str, TaskEnv] = Field(
-        default_factory=dict, description="filled by the training plan with `loss.entropy_over: actions`: each "
-        "task's env, whose actions the trainer groups tokens by")  # fmt: skip
+        default_factory=dict,
+        description="filled by the training plan with `loss.entropy_over: actions`: each "
+        "task's env, whose actions the trainer groups tokens by",
+    )
 
     def over(self, steps: int) -> TrainerConfig:
         """This config for a run of `steps` training steps: a cosine schedule without `decay_steps` decays
@@ -639,8 +669,12 @@ class StallConfig(_Strict):
     no_progress_factor: float = Field(10.0, gt=1.0)
     no_progress_min_s: float = Field(60.0, ge=0.0)
     fail_after_s: float | None = Field(None, gt=0.0)
-    history_events_max: int = Field(10_000, ge=100, description="while stalled, continue-as-new once the run's "
-                                    "history has this many events (a long stall adds ~11 per check)")
+    history_events_max: int = Field(
+        10_000,
+        ge=100,
+        description="while stalled, continue-as-new once the run's "
+        "history has this many events (a long stall adds ~11 per check)",
+    )
 
 
 class DynamicSamplingConfig(_Strict):
@@ -665,7 +699,9 @@ class DynamicSamplingConfig(_Strict):
 
 
 class WandbConfig(_Strict):
-    """Weights & Biases export (`metrics.wandb`; `true` / `false` is short for `{enabled: ...}`): needs `pip install wandb`.
+    """Weights & Biases export (`metrics.wandb`; `true` / `false` is short for `{enabled: ...}`).
+
+    Needs `pip install wandb`.
 
     `mode: offline` (the default) writes the run under the run dir's `wandb/` with no network; `wandb sync` uploads it.
     """
@@ -720,7 +756,11 @@ class TrainingConfig(_Strict):
 
 def check_batches_hold_groups(training: TrainingConfig, tasks: list[TaskSpec]) -> None:
     """A batch is built from whole GRPO groups, so every task's group_size must divide training.batch_size."""
-    bad = [f"tasks.{i} ({t.name}) group_size {t.group_size}" for i, t in enumerate(tasks) if training.batch_size % t.group_size]
+    bad = [
+        f"tasks.{i} ({t.name}) group_size {t.group_size}"
+        for i, t in enumerate(tasks)
+        if training.batch_size % t.group_size
+    ]
     if bad:
         raise ValueError(
             f"training.batch_size {training.batch_size} is not a multiple of {', '.join(bad)}: a batch holds whole "
@@ -773,14 +813,23 @@ class EnvServerSpec(_Strict):
     stack's; in the pods, the Service's address).
     """
 
-    name: str = Field(min_length=1, max_length=30, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-                      description="lower-case letters, digits and '-': it names the Kubernetes Deployment and Service")  # fmt: skip
-    env: str = Field("frozenlake", min_length=1, description="the rollart env it serves (a registered name or import path)")
+    name: str = Field(
+        min_length=1,
+        max_length=30,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="lower-case letters, digits and '-': it names the Kubernetes Deployment and Service",
+    )
+    env: str = Field(
+        "frozenlake", min_length=1, description="the rollart env it serves (a registered name or import path)"
+    )
     env_args: dict[str, Any] = Field(default_factory=dict)
     port: int = Field(ge=1, le=65535, description="where it listens (and its Service's port on Kubernetes)")
     max_sessions: int = Field(256, ge=1, description="concurrent sessions at most: one per episode in flight")
-    url: str | None = Field(None, pattern=r"^(http|https|ws|wss)://[^/\s]+$",
-                            description="how the workers reach it (default http://127.0.0.1:PORT, the local stack's)")  # fmt: skip
+    url: str | None = Field(
+        None,
+        pattern=r"^(http|https|ws|wss)://[^/\s]+$",
+        description="how the workers reach it (default http://127.0.0.1:PORT, the local stack's)",
+    )
 
     @property
     def local_url(self) -> str:
@@ -794,12 +843,24 @@ class EnvServerSpec(_Strict):
 
     def command(self, host: str) -> list[str]:
         """The `rollart env-server` command line serving it on `host` (the local stack's process, a pod's container)."""
-        return ["rollart", "env-server", "--env", self.env, "--env-args", json.dumps(self.env_args, sort_keys=True),
-                "--host", host, "--port", str(self.port), "--max-sessions", str(self.max_sessions)]  # fmt: skip
+        return [
+            "rollart",
+            "env-server",
+            "--env",
+            self.env,
+            "--env-args",
+            json.dumps(self.env_args, sort_keys=True),
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+            "--max-sessions",
+            str(self.max_sessions),
+        ]
 
 
 def _resolve_env_servers(data: Any) -> Any:
-    """Fill `base_url` of every `openenv` task that names one of `env_servers` (`env_args.server`), before validation."""
+    """Before validation, fill `base_url` of every `openenv` task naming one of `env_servers` (`env_args.server`)."""
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
         return data
     servers: dict[str, str] = {}
@@ -818,15 +879,19 @@ def _resolve_env_servers(data: Any) -> Any:
             tasks.append(task)
             continue
         name = args["server"]
-        if name not in servers and any(isinstance(v, dict) and v.get("name") == name for v in data.get("env_servers") or []):
+        if name not in servers and any(
+            isinstance(v, dict) and v.get("name") == name for v in data.get("env_servers") or []
+        ):
             tasks.append(task)  # that server's own fields do not validate: its errors say why
             continue
         if name not in servers:
             known = ", ".join(sorted(servers)) or "none: add an env_servers section"
             raise ValueError(f"tasks.{i}.env_args.server: no env server {name!r} in env_servers (defined: {known})")
         if args.get("base_url") not in (None, servers[name]):
-            raise ValueError(f"tasks.{i}.env_args: give base_url or server, not both (server {name!r} is at "
-                             f"{servers[name]}, base_url says {args['base_url']!r})")  # fmt: skip
+            raise ValueError(
+                f"tasks.{i}.env_args: give base_url or server, not both (server {name!r} is at "
+                f"{servers[name]}, base_url says {args['base_url']!r})"
+            )
         tasks.append({**task, "env_args": {**args, "base_url": servers[name]}})
     return {**data, "tasks": tasks}
 
@@ -863,11 +928,15 @@ class JobSpec(_Strict):
         return _resolve_env_servers(data)
 
     def with_env_server_urls(self, urls: dict[str, str]) -> JobSpec:
-        """This job with env servers reached at other URLs (by name; in the pods, their Services'), tasks pointed there."""
+        """This job with env servers at other URLs (by name; in the pods, their Services'), tasks pointed there."""
         servers = [s.model_copy(update={"url": urls[s.name]}) if s.name in urls else s for s in self.env_servers]
         by_name = {s.name: s.base_url for s in servers}
-        tasks = [t.model_copy(update={"env_args": {**t.env_args, "base_url": by_name[t.env_args["server"]]}})
-                 if t.env == OPENENV and t.env_args.get("server") in by_name else t for t in self.tasks]  # fmt: skip
+        tasks = [
+            t.model_copy(update={"env_args": {**t.env_args, "base_url": by_name[t.env_args["server"]]}})
+            if t.env == OPENENV and t.env_args.get("server") in by_name
+            else t
+            for t in self.tasks
+        ]
         return self.model_copy(update={"env_servers": servers, "tasks": tasks})
 
     @field_validator("pools")
@@ -911,8 +980,10 @@ class JobSpec(_Strict):
         episodes = [task.name for task in self.tasks if not task.grouped]
         in_flight = t.in_flight_limit
         if t.rollout_mode == "trajectory" and episodes and in_flight > limit:
+            oversample = " (+ dynamic_sampling.oversample)" if t.dynamic_sampling.enabled else ""
             raise ValueError(
-                f"training: (async_bound + 1) x batch_size{' (+ dynamic_sampling.oversample)' if t.dynamic_sampling.enabled else ''} = {in_flight:,} episodes of {', '.join(episodes)} in "
+                f"training: (async_bound + 1) x batch_size{oversample} = {in_flight:,} episodes of "
+                f"{', '.join(episodes)} in "
                 f"flight, each a child workflow of the training workflow, but temporal.max_pending_children is "
                 f"{limit:,} (the server's limit.numPendingChildExecutions.error): lower async_bound or batch_size, "
                 "play the task as groups (rollout_unit: group), or raise the server's limit and this setting"
@@ -941,7 +1012,9 @@ class JobSpec(_Strict):
     def elastic(self, pool: Pool) -> ElasticPoolConfig:
         """The scaling of an elastic pool (its defaults when the job does not set it)."""
         if pool not in ELASTIC_POOLS:
-            raise ValueError(f"pool {pool.value!r} is not elastic; only {', '.join(p.value for p in ELASTIC_POOLS)} scales")
+            raise ValueError(
+                f"pool {pool.value!r} is not elastic; only {', '.join(p.value for p in ELASTIC_POOLS)} scales"
+            )
         return self.pools.get(pool.value, ElasticPoolConfig())
 
     def colocates_rewards(self, pool: Pool) -> bool:
@@ -956,12 +1029,18 @@ class JobSpec(_Strict):
         """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
         routes = []
         for t in self.tasks:
-            routes += [Route(t.name, "its env", t.env, Pool(t.env_queue)),
-                       Route(t.name, "its generation", None, t.generate_pool),
-                       Route(t.name, "its reward", t.reward, Pool(t.reward_queue))]  # fmt: skip
+            routes += [
+                Route(t.name, "its env", t.env, Pool(t.env_queue)),
+                Route(t.name, "its generation", None, t.generate_pool),
+                Route(t.name, "its reward", t.reward, Pool(t.reward_queue)),
+            ]
         parallel = self.trainer.parallel
-        return JobNeeds(routes=tuple(routes), tensor_parallel_size=self.engine.tensor_parallel_size,
-                        trainer_tensor=parallel.tensor, trainer_data=parallel.data)  # fmt: skip
+        return JobNeeds(
+            routes=tuple(routes),
+            tensor_parallel_size=self.engine.tensor_parallel_size,
+            trainer_tensor=parallel.tensor,
+            trainer_data=parallel.data,
+        )
 
     def task(self, name: str) -> TaskSpec:
         """The task called `name`, or a KeyError listing the ones there are."""

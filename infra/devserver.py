@@ -22,7 +22,7 @@ from pathlib import Path
 
 from rollart.infra.parent_death import guarded
 
-__all__ = ["DevServer", "DevServerError", "find_temporal_cli", "port_in_use", "free_port"]
+__all__ = ["DevServer", "DevServerError", "find_temporal_cli", "free_port", "port_in_use"]
 
 log = logging.getLogger(__name__)
 
@@ -109,15 +109,24 @@ class DevServer:
     def command(self) -> list[str]:
         """The exact command line, shown in logs so a user can run it by hand."""
         cmd = [
-            find_temporal_cli(), "server", "start-dev",
-            "--ip", "127.0.0.1",
-            "--port", str(self.port),
-            "--namespace", self.namespace,
-            "--db-filename", str(self.db_file),
-            "--sqlite-pragma", "journal_mode=wal",
-            "--sqlite-pragma", "synchronous=normal",
-            "--log-level", "warn",
-        ]  # fmt: skip
+            find_temporal_cli(),
+            "server",
+            "start-dev",
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--namespace",
+            self.namespace,
+            "--db-filename",
+            str(self.db_file),
+            "--sqlite-pragma",
+            "journal_mode=wal",
+            "--sqlite-pragma",
+            "synchronous=normal",
+            "--log-level",
+            "warn",
+        ]
         cmd += ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"] if self.ui_port else ["--headless"]
         for setting in (*_DYNAMIC_CONFIG, f"limit.numPendingChildExecutions.error={self.max_pending_children}"):
             cmd += ["--dynamic-config-value", setting]
@@ -137,8 +146,9 @@ class DevServer:
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         log.info("starting Temporal dev server: %s", " ".join(self.command()))
         # its own session (a terminal's Ctrl-C reaches the stack, which stops it in order), but it dies with us
-        self._proc = subprocess.Popen(guarded(self.command()), stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)  # fmt: skip
+        self._proc = subprocess.Popen(
+            guarded(self.command()), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         if out is not subprocess.DEVNULL:
             out.close()
         self._wait_healthy(timeout_s)

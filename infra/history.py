@@ -48,9 +48,16 @@ def activity_spans(history: WorkflowHistory) -> list[ActivitySpan]:
             for sid in waiting:
                 rows[sid]["next_command"] = t
             waiting = []
-            rows[e.event_id] = {"activity_type": a.activity_type.name, "task_queue": a.task_queue.name,
-                                "worker_identity": "", "scheduled": t, "started": 0.0, "completed": 0.0,
-                                "next_command": 0.0, "succeeded": False}  # fmt: skip
+            rows[e.event_id] = {
+                "activity_type": a.activity_type.name,
+                "task_queue": a.task_queue.name,
+                "worker_identity": "",
+                "scheduled": t,
+                "started": 0.0,
+                "completed": 0.0,
+                "next_command": 0.0,
+                "succeeded": False,
+            }
             order.append(e.event_id)
         elif e.HasField("activity_task_started_event_attributes"):
             a = e.activity_task_started_event_attributes

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from rollart.infra.config import EnvServerSpec, JobSpec, TemporalConfig
 from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
@@ -256,8 +257,12 @@ def trainer_statefulset(job: JobSpec, pool: ResolvedPool, address: str, job_dige
             "spec": _pod_spec(job, cfg, app, pool, address),
         },
     }
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": _meta(_trainer_name(app), app, cfg, Pool.TRAINER),
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _meta(_trainer_name(app), app, cfg, Pool.TRAINER),
+        "spec": spec,
+    }
 
 
 def rendezvous_address(job: JobSpec) -> str:
@@ -267,8 +272,9 @@ def rendezvous_address(job: JobSpec) -> str:
     return f"{_trainer_name(app)}-0.{_trainer_name(app)}.{cfg.namespace}.svc.cluster.local:{cfg.rdzv_port}"
 
 
-def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str,
-                  secured: TemporalConfig | None = None) -> Manifest:  # fmt: skip
+def scaled_object(
+    app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str, secured: TemporalConfig | None = None
+) -> Manifest:
     """KEDA (v2.17+) scales the serverless Deployment on its Temporal activity backlog, down to 0 when idle.
 
     `secured`: the job's Temporal settings when they use TLS or an API key, which KEDA then takes from the
@@ -304,7 +310,7 @@ def scaled_object(app: str, cfg: KubernetesConfig, address: str, temporal_namesp
 
 
 def temporal_secret_name(job: JobSpec) -> str:
-    """The Secret holding the job's Temporal TLS files and API key: `kubernetes.temporal_secret`, else `<app>-temporal`."""
+    """The Secret of the job's Temporal TLS files and API key: `kubernetes.temporal_secret`, else `<app>-temporal`."""
     cfg = job.kubernetes or KubernetesConfig()
     return cfg.temporal_secret or f"{app_name(job)}-temporal"
 
@@ -499,8 +505,11 @@ def _job_yaml(job: JobSpec) -> str:
 
 
 def _labels(app: str, pool: Pool | None = None) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": "rollart", "app.kubernetes.io/instance": app,
-              "app.kubernetes.io/managed-by": "rollart"}  # fmt: skip
+    labels = {
+        "app.kubernetes.io/name": "rollart",
+        "app.kubernetes.io/instance": app,
+        "app.kubernetes.io/managed-by": "rollart",
+    }
     if pool is not None:
         labels["app.kubernetes.io/component"] = pool.value
     return labels
@@ -518,8 +527,10 @@ def _selector(labels: dict[str, str]) -> dict[str, Any]:
 def _env_server_name(job: JobSpec, server: EnvServerSpec) -> str:
     name = f"{app_name(job)}-env-{server.name}"
     if len(name) > 63:  # a Service name is a DNS label
-        raise K8sRenderError(f"env server {server.name!r}: its Service name {name!r} is over 63 characters; shorten "
-                             "env_servers[].name or set kubernetes.name")  # fmt: skip
+        raise K8sRenderError(
+            f"env server {server.name!r}: its Service name {name!r} is over 63 characters; shorten "
+            "env_servers[].name or set kubernetes.name"
+        )
     return name
 
 
@@ -546,8 +557,16 @@ def _worker_command(job: JobSpec, pool: ResolvedPool, address: str) -> list[str]
 
     The node rank is the pod's StatefulSet index, which Kubernetes expands from `$(POD_INDEX)`.
     """
-    command = ["rollart", "worker", "--pool", pool.pool.value, "--job", f"{JOB_MOUNT}/job.yaml",
-               "--temporal-address", address]  # fmt: skip
+    command = [
+        "rollart",
+        "worker",
+        "--pool",
+        pool.pool.value,
+        "--job",
+        f"{JOB_MOUNT}/job.yaml",
+        "--temporal-address",
+        address,
+    ]
     if pool.pool is Pool.TRAINER and pool.replicas > 1:
         command += ["--nnodes", str(pool.replicas), "--node-rank", "$(POD_INDEX)", "--rdzv", rendezvous_address(job)]
     return command
@@ -601,8 +620,9 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
     return spec
 
 
-def _temporal_credentials(job: JobSpec, mounts: list[dict[str, Any]], volumes: list[dict[str, Any]],
-                          env: list[dict[str, Any]]) -> None:  # fmt: skip
+def _temporal_credentials(
+    job: JobSpec, mounts: list[dict[str, Any]], volumes: list[dict[str, Any]], env: list[dict[str, Any]]
+) -> None:
     """The Temporal Secret in a pod: its TLS files at TEMPORAL_MOUNT (read-only, private), its API key in the
     variable `temporal.api_key_env` names. A Secret without a key the job needs keeps the pod from starting."""
     t = job.temporal

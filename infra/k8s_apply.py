@@ -27,9 +27,15 @@ class Cluster(Protocol):
 
     resources: Any
 
-    def server_side_apply(self, resource: Any, body: Any = None, name: str | None = None,
-                          namespace: str | None = None, force_conflicts: bool | None = None,
-                          **kwargs: Any) -> Any: ...  # fmt: skip
+    def server_side_apply(
+        self,
+        resource: Any,
+        body: Any = None,
+        name: str | None = None,
+        namespace: str | None = None,
+        force_conflicts: bool | None = None,
+        **kwargs: Any,
+    ) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,8 @@ def connect(context: str | None = None) -> Cluster:
             api = config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"), context=context)
     except (ConfigException, OSError) as e:
         raise ApplyError(
-            f"no Kubernetes cluster configured: {str(e).rstrip('.')}. Point KUBECONFIG (or ~/.kube/config) at the cluster, "
+            f"no Kubernetes cluster configured: {str(e).rstrip('.')}. Point KUBECONFIG (or ~/.kube/config) at the "
+            "cluster, "
             "or use `rollart k8s render` and apply the files with your own tooling"
         ) from e
     api.configuration.retries = 1
@@ -67,7 +74,9 @@ def connect(context: str | None = None) -> Cluster:
     except (urllib3.exceptions.HTTPError, OSError) as e:
         raise ApplyError(f"cannot reach the Kubernetes API at {api.configuration.host}: {e}") from e
     except client.ApiException as e:
-        raise ApplyError(f"the Kubernetes API at {api.configuration.host} refused discovery: {e.status} {e.reason}") from e
+        raise ApplyError(
+            f"the Kubernetes API at {api.configuration.host} refused discovery: {e.status} {e.reason}"
+        ) from e
 
 
 def apply_manifests(cluster: Cluster, manifests: list[Manifest], dry_run_only: bool = False) -> ApplyReport:
@@ -146,9 +155,15 @@ def _resource(cluster: Cluster, m: Manifest) -> Any:
 
 def _send(cluster: Cluster, m: Manifest, resource: Any, dry_run: bool) -> Any:
     extra = {"dry_run": "All"} if dry_run else {}
-    return cluster.server_side_apply(resource, body=m, name=m["metadata"]["name"],
-                                     namespace=m["metadata"].get("namespace"), force_conflicts=True,
-                                     field_manager=FIELD_MANAGER, **extra)  # fmt: skip
+    return cluster.server_side_apply(
+        resource,
+        body=m,
+        name=m["metadata"]["name"],
+        namespace=m["metadata"].get("namespace"),
+        force_conflicts=True,
+        field_manager=FIELD_MANAGER,
+        **extra,
+    )
 
 
 def _ref(m: Manifest) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
 
 __all__ = [
@@ -197,9 +198,10 @@ class MooncakeNetwork(_Strict):
 
     network_policy: bool = Field(True, description="emit the NetworkPolicies (needs a CNI that enforces them)")
     pod_labels: dict[str, str] = Field(
-        default_factory=lambda: {"app.kubernetes.io/name": "mooncake"}, min_length=1,
+        default_factory=lambda: {"app.kubernetes.io/name": "mooncake"},
+        min_length=1,
         description="labels of the Mooncake master and store keeper pods (in the job's namespace)",
-    )  # fmt: skip
+    )
 
 
 class VolumeConfig(_Strict):
@@ -216,7 +218,8 @@ class KubernetesConfig(_Strict):
     """Where and how the job's workers run on Kubernetes. Every field is optional."""
 
     image: str = Field(
-        DEFAULT_CPU_IMAGE, min_length=1,
+        DEFAULT_CPU_IMAGE,
+        min_length=1,
         description="the CPU image (control, cpu, serverless and any pool with `gpus: 0`)",
     )
     gpu_image: str = Field(
@@ -226,9 +229,13 @@ class KubernetesConfig(_Strict):
     namespace: str = Field("rollart", description="Kubernetes namespace for every object")
     name: str | None = Field(None, description="prefix of object names (default: the job name, DNS-safe)")
     temporal_address: str | None = Field(
-        None, description=f"Temporal frontend as seen from the pods (default: temporal.address, else {DEFAULT_TEMPORAL_ADDRESS})"
+        None,
+        description="Temporal frontend as seen from the pods (default: temporal.address, else "
+        f"{DEFAULT_TEMPORAL_ADDRESS})",
     )
-    gpu_product_label: str = Field(GPU_PRODUCT_LABEL, min_length=1, description="node label the GPU product is matched on")
+    gpu_product_label: str = Field(
+        GPU_PRODUCT_LABEL, min_length=1, description="node label the GPU product is matched on"
+    )
     gpu_resource: str = Field("nvidia.com/gpu", min_length=1, description="extended resource name of a GPU")
     pools: dict[Pool, PoolDeployment] = Field(default_factory=dict, description="per-pool overrides, keyed by pool")
     serverless: ServerlessScaling = Field(default_factory=ServerlessScaling)
@@ -239,11 +246,15 @@ class KubernetesConfig(_Strict):
         "trainer node, ReadWriteMany for more: every node writes its ranks' checkpoint shards there)",
     )
     temporal_secret: str | None = Field(
-        None, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         description="the Secret the pods take temporal.tls's files and temporal.api_key_env's key from (keys ca.crt, "
         "tls.crt, tls.key, api-key; default: <name>-temporal); `rollart k8s render` prints how to create it",
-    )  # fmt: skip
-    mooncake: MooncakeNetwork = Field(default_factory=MooncakeNetwork, description="NetworkPolicies for a Mooncake store")
+    )
+    mooncake: MooncakeNetwork = Field(
+        default_factory=MooncakeNetwork, description="NetworkPolicies for a Mooncake store"
+    )
     rdzv_port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="trainer node 0's rendezvous port")
     store_mount: str = Field("/var/lib/rollart/store", pattern=r"^/", description="where the store volume is mounted")
     runs_mount: str = Field("/var/lib/rollart/runs", pattern=r"^/", description="where the trainer's volume is mounted")
@@ -289,7 +300,7 @@ class KubernetesConfig(_Strict):
         return {pool: self.resolve_pool(pool, needs.generate_pools, self.worker_gpus(pool, needs)) for pool in Pool}
 
     def runs_claim(self) -> VolumeConfig:
-        """The trainer's run-dir volume: `runs_volume`, else 20Gi, shared (ReadWriteMany) when there are several nodes."""
+        """The trainer's run-dir volume: `runs_volume`, else 20Gi, shared (ReadWriteMany) across several nodes."""
         if self.runs_volume is not None:
             return self.runs_volume
         return VolumeConfig(size="20Gi", access_mode="ReadWriteMany" if self.trainer_nodes() > 1 else "ReadWriteOnce")
@@ -319,8 +330,10 @@ class KubernetesConfig(_Strict):
         if nodes == 0:
             return []
         world = needs.trainer_world_size
-        ranks = (f"trainer.parallel.tensor {needs.trainer_tensor} x trainer.parallel.data {needs.trainer_data} = "
-                 f"{world} rank{'s' if world > 1 else ''}")  # fmt: skip
+        ranks = (
+            f"trainer.parallel.tensor {needs.trainer_tensor} x trainer.parallel.data {needs.trainer_data} = "
+            f"{world} rank{'s' if world > 1 else ''}"
+        )
         if world % nodes:
             divisors = [str(n) for n in range(1, world + 1) if world % n == 0]
             fits = divisors[0] if len(divisors) == 1 else ", ".join(divisors[:-1]) + f" or {divisors[-1]}"

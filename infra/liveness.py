@@ -53,19 +53,22 @@ def alive(hb: WorkerHeartbeat, now: float, interval_s: float) -> bool:
     return hb.status == WorkerStatus.WORKER_STATUS_RUNNING and age <= HEARTBEATS_MISSED * interval + HEARTBEAT_GRACE_S
 
 
-async def queue_liveness(client: Client, queue: str, interval_s: float,
-                         namespace: str | None = None) -> QueueLiveness | None:  # fmt: skip
+async def queue_liveness(
+    client: Client, queue: str, interval_s: float, namespace: str | None = None
+) -> QueueLiveness | None:
     """The workers heartbeating on `queue` (`interval_s` as in `alive`); None where the server keeps no heartbeats."""
     try:
-        resp = await client.workflow_service.list_workers(ListWorkersRequest(
-            namespace=namespace or client.namespace, page_size=1000, query=f"TaskQueue = '{queue}'"))  # fmt: skip
+        resp = await client.workflow_service.list_workers(
+            ListWorkersRequest(namespace=namespace or client.namespace, page_size=1000, query=f"TaskQueue = '{queue}'")
+        )
     except RPCError as e:
         if e.status in _UNSUPPORTED:
             return None
         raise
     now = time.time()
-    beats = [w.worker_heartbeat for w in resp.workers_info
-             if w.worker_heartbeat.status == WorkerStatus.WORKER_STATUS_RUNNING]  # fmt: skip
+    beats = [
+        w.worker_heartbeat for w in resp.workers_info if w.worker_heartbeat.status == WorkerStatus.WORKER_STATUS_RUNNING
+    ]
     return QueueLiveness(
         alive=sum(alive(hb, now, interval_s) for hb in beats),
         last_heartbeat_s_ago=min((now - hb.heartbeat_time.ToSeconds() for hb in beats), default=None),

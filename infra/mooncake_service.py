@@ -23,8 +23,8 @@ from pathlib import Path
 
 from rollart.infra.config import StoreConfig
 from rollart.infra.devserver import free_port
-from rollart.infra.parent_death import guarded
 from rollart.infra.mooncake_store import mooncake_env
+from rollart.infra.parent_death import guarded
 from rollart.infra.store import StoreError
 
 __all__ = ["MooncakeService", "mooncake_binary"]
@@ -104,8 +104,9 @@ class MooncakeService:
         ]
         self.keeper_proc = self._spawn(cmd, "mooncake-keeper.log")
         # the keeper's RPC port opens once its segment is mounted
-        self._wait_until(self._keeper_listening, self.keeper_proc, "the Mooncake store keeper", "mooncake-keeper.log",
-                         timeout_s)  # fmt: skip
+        self._wait_until(
+            self._keeper_listening, self.keeper_proc, "the Mooncake store keeper", "mooncake-keeper.log", timeout_s
+        )
         log.info("Mooncake store keeper (pid %d): %d MiB segment", self.keeper_proc.pid, mc.keeper_segment_mib)
 
     def kill_master(self) -> None:
@@ -131,15 +132,18 @@ class MooncakeService:
             env = {**os.environ, **mooncake_env()}  # its own session, but it dies with the stack (parent_death)
             return subprocess.Popen(guarded(cmd), stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def _wait_until(self, ready: Callable[[], bool], proc: subprocess.Popen, what: str, log_name: str,
-                    timeout_s: float) -> None:  # fmt: skip
+    def _wait_until(
+        self, ready: Callable[[], bool], proc: subprocess.Popen, what: str, log_name: str, timeout_s: float
+    ) -> None:
         """Poll `ready` until it holds; a process that exits or a timeout is a StoreError naming its log."""
         deadline = time.monotonic() + timeout_s
         while not ready():
             if proc.poll() is not None:
                 raise StoreError(f"{what} exited with code {proc.returncode}; see {self.log_dir / log_name}")
             if time.monotonic() > deadline:
-                raise StoreError(f"{what} not ready after {timeout_s:g}s on {self.address}; see {self.log_dir / log_name}")
+                raise StoreError(
+                    f"{what} not ready after {timeout_s:g}s on {self.address}; see {self.log_dir / log_name}"
+                )
             time.sleep(0.05)
 
     def _healthy(self) -> bool:

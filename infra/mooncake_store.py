@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from rollart.infra.config import MooncakeConfig
 from rollart.infra.store import Store, StoreError, StoreKeyError, StoreUnavailable, check_key
 
@@ -73,8 +74,15 @@ class MooncakeStore(Store):
         from mooncake.store import MooncakeDistributedStore
 
         client = MooncakeDistributedStore()
-        rc = client.setup(cfg.host, "P2PHANDSHAKE", cfg.segment_mib * _MIB, cfg.buffer_mib * _MIB, cfg.protocol,
-                          cfg.rdma_devices, cfg.master)  # fmt: skip
+        rc = client.setup(
+            cfg.host,
+            "P2PHANDSHAKE",
+            cfg.segment_mib * _MIB,
+            cfg.buffer_mib * _MIB,
+            cfg.protocol,
+            cfg.rdma_devices,
+            cfg.master,
+        )
         if rc != 0:
             raise StoreUnavailable(
                 f"cannot connect to the Mooncake master at {cfg.master} (setup returned {rc}): is it running? "
@@ -212,8 +220,10 @@ class MooncakeStore(Store):
         exists = self._client.is_exist(key)
         if exists == 0:
             return self._error(_OBJECT_NOT_FOUND, key, doing)
-        return StoreError(f"Mooncake returned {got} of {size} bytes {doing} {key!r} (master {self.master}): "
-                          "a partial read is never used; retry")  # fmt: skip
+        return StoreError(
+            f"Mooncake returned {got} of {size} bytes {doing} {key!r} (master {self.master}): "
+            "a partial read is never used; retry"
+        )
 
     def __repr__(self) -> str:
         return f"MooncakeStore(master={self.master!r})"

@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 from collections.abc import Sequence
 
-from rollart.infra.store import Store
 from temporalio.api.common.v1 import Payload
 from temporalio.converter import (
     ExternalStorage,
@@ -21,6 +20,8 @@ from temporalio.converter import (
     StorageDriverRetrieveContext,
     StorageDriverStoreContext,
 )
+
+from rollart.infra.store import Store
 
 __all__ = ["PAYLOAD_PREFIX", "StorePayloadDriver", "external_storage"]
 
@@ -42,7 +43,9 @@ class StorePayloadDriver(StorageDriver):
     async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
         return await asyncio.to_thread(self._store_all, payloads)
 
-    async def retrieve(self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]) -> list[Payload]:
+    async def retrieve(
+        self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
+    ) -> list[Payload]:
         return await asyncio.to_thread(self._retrieve_all, claims)
 
     def _store_all(self, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:

@@ -11,10 +11,10 @@ from enum import Enum
 
 __all__ = [
     "ENV_POOLS",
-    "Pool",
     "GENERATION_POOLS",
     "QUEUE_PREFIX_PATTERN",
     "WORKER_POOLS",
+    "Pool",
     "queue_name",
     "session_queue",
 ]

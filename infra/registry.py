@@ -91,8 +91,10 @@ class RewardEntry:
         """Reject reward_args a function cannot take or the model's `check_args` refuses (cheap: loads nothing)."""
         if not self.is_model:
             if args:
-                raise TypeError(f"reward {self.name!r} is a function of the transcript and takes no reward_args "
-                                f"(got {', '.join(sorted(args))})")  # fmt: skip
+                raise TypeError(
+                    f"reward {self.name!r} is a function of the transcript and takes no reward_args "
+                    f"(got {', '.join(sorted(args))})"
+                )
             return
         check = getattr(self.fn, "check_args", None)
         if callable(check):
@@ -190,7 +192,9 @@ def env(
     session_pool = _env_pool(name, pool)
 
     def declare(cls: type[T]) -> type[T]:
-        entry = EnvEntry(name=name, cls=cls, pool=session_pool, reset_timeout_s=reset_timeout, step_timeout_s=step_timeout)
+        entry = EnvEntry(
+            name=name, cls=cls, pool=session_pool, reset_timeout_s=reset_timeout, step_timeout_s=step_timeout
+        )
         registry.add_env(entry)
         cls.__rollart_env__ = entry  # type: ignore[attr-defined]
         return cls
@@ -253,8 +257,10 @@ def _env_pool(name: str, pool: Pool | str) -> Pool:
         session_pool = None
     if session_pool not in ENV_POOLS:
         allowed = ", ".join(p.value for p in ENV_POOLS)
-        raise ValueError(f"env {name!r}: pool {str(pool)!r} cannot hold env sessions (its workers are stateless, "
-                         f"busy training, or run workflows only); use one of: {allowed}")  # fmt: skip
+        raise ValueError(
+            f"env {name!r}: pool {str(pool)!r} cannot hold env sessions (its workers are stateless, "
+            f"busy training, or run workflows only); use one of: {allowed}"
+        )
     return session_pool
 
 
@@ -307,9 +313,11 @@ def _check_reward_fn(obj: Any, name: str) -> None:
     if inspect.isclass(obj):
         scores = any("__call__" in vars(k) for k in obj.__mro__[:-1])
         if not callable(getattr(obj, "from_args", None)) or not scores:
-            raise TypeError(f"reward {name!r} ({_qualname(obj)}) must be a function taking a Transcript, or a "
-                            "reward-model class with a classmethod from_args(**reward_args) that loads it and "
-                            "__call__(transcript) that scores")  # fmt: skip
+            raise TypeError(
+                f"reward {name!r} ({_qualname(obj)}) must be a function taking a Transcript, or a "
+                "reward-model class with a classmethod from_args(**reward_args) that loads it and "
+                "__call__(transcript) that scores"
+            )
         return
     if not callable(obj):
         raise TypeError(f"reward {name!r} must be a function taking a Transcript, got {obj!r}")

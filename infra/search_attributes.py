@@ -19,8 +19,21 @@ from temporalio.client import Client
 from temporalio.common import SearchAttributeKey
 from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["FAILURE", "JOB_ID", "POLICY_VERSION", "REWARD", "STATUS", "STEP", "SUCCESS", "TASK", "TURNS", "VERSIONS",
-           "dev_server_flags", "ensure_registered", "try_register"]
+__all__ = [
+    "FAILURE",
+    "JOB_ID",
+    "POLICY_VERSION",
+    "REWARD",
+    "STATUS",
+    "STEP",
+    "SUCCESS",
+    "TASK",
+    "TURNS",
+    "VERSIONS",
+    "dev_server_flags",
+    "ensure_registered",
+    "try_register",
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,14 +55,27 @@ VERSIONS = SearchAttributeKey.for_keyword("RollartVersions")
 FAILURE = SearchAttributeKey.for_keyword("RollartFailure")
 """Why it failed, short (`step failed: EnvBroken`); a group or batch: its first failed member's reason."""
 
-_ALL = {key.name: kind for key, kind in [
-    (JOB_ID, "Keyword"), (TASK, "Keyword"), (POLICY_VERSION, "Int"), (STEP, "Int"), (STATUS, "Keyword"),
-    (REWARD, "Double"), (SUCCESS, "Bool"), (TURNS, "Int"), (VERSIONS, "Keyword"), (FAILURE, "Keyword"),
-]}  # fmt: skip
+_ALL = {
+    key.name: kind
+    for key, kind in [
+        (JOB_ID, "Keyword"),
+        (TASK, "Keyword"),
+        (POLICY_VERSION, "Int"),
+        (STEP, "Int"),
+        (STATUS, "Keyword"),
+        (REWARD, "Double"),
+        (SUCCESS, "Bool"),
+        (TURNS, "Int"),
+        (VERSIONS, "Keyword"),
+        (FAILURE, "Keyword"),
+    ]
+}
 _INDEXED = {
-    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD, "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
-    "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE, "Bool": IndexedValueType.INDEXED_VALUE_TYPE_BOOL,
-}  # fmt: skip
+    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+    "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE,
+    "Bool": IndexedValueType.INDEXED_VALUE_TYPE_BOOL,
+}
 
 _NO_ANSWER = (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
 
@@ -90,9 +116,13 @@ async def try_register(client: Client) -> bool:
     except RPCError as e:
         if e.status in _NO_ANSWER:
             raise
-        log.warning("cannot register rollart's search attributes on namespace %r (%s): without them the Temporal UI "
-                    "cannot list rollouts by job, task or outcome; register them once with `temporal operator "
-                    "search-attribute create --name NAME --type TYPE` for each of %s", client.namespace, e,
-                    ", ".join(f"{k} ({v})" for k, v in _ALL.items()))  # fmt: skip
+        log.warning(
+            "cannot register rollart's search attributes on namespace %r (%s): without them the Temporal UI "
+            "cannot list rollouts by job, task or outcome; register them once with `temporal operator "
+            "search-attribute create --name NAME --type TYPE` for each of %s",
+            client.namespace,
+            e,
+            ", ".join(f"{k} ({v})" for k, v in _ALL.items()),
+        )
         return False
     return True

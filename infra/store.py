@@ -37,6 +37,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
 class StoreError(RuntimeError):
     """The store could not be used (unreachable, full, corrupt)."""
 
@@ -80,7 +81,7 @@ class Store(ABC):
         Path(path).write_bytes(data)
         return len(data)
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional to override: most stores hold no connection)
         """Release connections; the default holds none."""
 
     def put_json(self, key: str, obj: Any) -> None:

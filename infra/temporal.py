@@ -8,6 +8,13 @@ import functools
 import re
 from datetime import timedelta
 
+from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter
+from temporalio.runtime import Runtime, TelemetryConfig
+from temporalio.service import RPCError, RPCStatusCode
+
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.payload_storage import external_storage
 from rollart.infra.store import open_store
@@ -19,15 +26,17 @@ from rollart.infra.temporal_tls import (
     security_problem,
 )
 from rollart.infra.waiting import Backoff, wait_for
-from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
-from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter
-from temporalio.runtime import Runtime, TelemetryConfig
-from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["DEFAULT_ADDRESS", "NamespaceNotFound", "TemporalAddressError", "TemporalSecurityError", "connect",
-           "data_converter", "runtime", "ui_url"]  # fmt: skip
+__all__ = [
+    "DEFAULT_ADDRESS",
+    "NamespaceNotFound",
+    "TemporalAddressError",
+    "TemporalSecurityError",
+    "connect",
+    "data_converter",
+    "runtime",
+    "ui_url",
+]
 
 DEFAULT_ADDRESS = "127.0.0.1:7233"
 
@@ -96,9 +105,15 @@ async def _client(address: str, temporal: TemporalConfig, converter: DataConvert
     """`Client.connect` with the settings' TLS and API key; what stands in their way is a TemporalSecurityError."""
     tls, api_key = client_credentials(temporal)
     try:
-        return await Client.connect(address, namespace=temporal.namespace, data_converter=converter, tls=tls,
-                                    api_key=api_key, runtime=runtime(temporal.worker_heartbeat_s),
-                                    interceptors=_interceptors(temporal))  # fmt: skip
+        return await Client.connect(
+            address,
+            namespace=temporal.namespace,
+            data_converter=converter,
+            tls=tls,
+            api_key=api_key,
+            runtime=runtime(temporal.worker_heartbeat_s),
+            interceptors=_interceptors(temporal),
+        )
     except RuntimeError as e:
         if "dns error" in str(e):
             raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {e}") from e
@@ -156,11 +171,17 @@ def _transient(e: BaseException, address: str, temporal: TemporalConfig | None =
     if "dns error" in text:
         raise TemporalAddressError(f"cannot resolve the host of the Temporal address {address!r}: {text}") from e
     temporal = temporal or TemporalConfig()
-    for needle, why in (("ConnectionRefused", "connection refused"), ("Connection refused", "connection refused"),
-                        ("ConnectionReset", "connection reset"), ("timed out", "timed out"),
-                        ("Unavailable", "unavailable"), ("tcp connect error", "cannot connect"),
-                        ("close_notify", "connection closed"), ("connection closed", "connection closed"),
-                        ("roken pipe", "connection closed")):  # fmt: skip
+    for needle, why in (
+        ("ConnectionRefused", "connection refused"),
+        ("Connection refused", "connection refused"),
+        ("ConnectionReset", "connection reset"),
+        ("timed out", "timed out"),
+        ("Unavailable", "unavailable"),
+        ("tcp connect error", "cannot connect"),
+        ("close_notify", "connection closed"),
+        ("connection closed", "connection closed"),
+        ("roken pipe", "connection closed"),
+    ):
         if needle in text:
             return why + closed_connection_hint(text, temporal)
     return None

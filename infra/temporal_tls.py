@@ -17,11 +17,18 @@ import socket
 import ssl
 from pathlib import Path
 
-from rollart.infra.config import TemporalConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-__all__ = ["TemporalSecurityError", "certificate_verdict", "client_credentials", "closed_connection_hint",
-           "is_tls_failure", "security_problem"]  # fmt: skip
+from rollart.infra.config import TemporalConfig
+
+__all__ = [
+    "TemporalSecurityError",
+    "certificate_verdict",
+    "client_credentials",
+    "closed_connection_hint",
+    "is_tls_failure",
+    "security_problem",
+]
 
 
 class TemporalSecurityError(ConnectionError):
@@ -38,8 +45,12 @@ def client_credentials(temporal: TemporalConfig) -> tuple[TLSConfig | None, str 
     tls = None
     if temporal.tls is not None:
         t = temporal.tls
-        tls = TLSConfig(server_root_ca_cert=_pem(t.ca, "ca"), client_cert=_pem(t.cert, "cert"),
-                        client_private_key=_pem(t.key, "key"), domain=t.server_name)  # fmt: skip
+        tls = TLSConfig(
+            server_root_ca_cert=_pem(t.ca, "ca"),
+            client_cert=_pem(t.cert, "cert"),
+            client_private_key=_pem(t.key, "key"),
+            domain=t.server_name,
+        )
     return tls, _api_key(temporal.api_key_env)
 
 
@@ -61,8 +72,10 @@ def _api_key(name: str | None) -> str | None:
     key = os.environ.get(name, "").strip()
     if not key:
         state = "empty" if name in os.environ else "not set"
-        raise TemporalSecurityError(f"temporal.api_key_env: the environment variable {name} is {state} in this "
-                                    f"process: export {name}=<the API key>, or remove api_key_env")  # fmt: skip
+        raise TemporalSecurityError(
+            f"temporal.api_key_env: the environment variable {name} is {state} in this "
+            f"process: export {name}=<the API key>, or remove api_key_env"
+        )
     return key
 
 
@@ -71,14 +84,21 @@ _BAD_SERVER_CERT = re.compile(r"InvalidCertificate\((\w+)")
 _NAMES = re.compile(r'(?:DnsName|IpAddress)\(\\*"?([^"\\)]+)')
 _STATUS = re.compile(r"code: (Unauthenticated|PermissionDenied), message: \"((?:[^\"\\]|\\.)*)\"")
 _NOT_TLS = ("InvalidContentType", "InvalidMessage(", "CorruptMessage")
-_CLOSED = ("close_notify", "connection closed", "broken pipe", "Broken pipe", "BrokenPipe", "ConnectionReset",
-           "connection reset")
+_CLOSED = (
+    "close_notify",
+    "connection closed",
+    "broken pipe",
+    "Broken pipe",
+    "BrokenPipe",
+    "ConnectionReset",
+    "connection reset",
+)
 
 # what a TLS alert from the server says about the client certificate it was shown
 _ALERT_MEANS = {
     "UnknownCA": "it is not signed by a CA the server trusts",
     "UnsupportedCertificate": "the server does not take it as a client certificate (does it carry the clientAuth "
-                              "extended key usage?)",
+    "extended key usage?)",
     "CertificateExpired": "it has expired",
     "CertificateRevoked": "it has been revoked",
     "AccessDenied": "the server does not admit this client",
@@ -106,8 +126,10 @@ def security_problem(error: BaseException, address: str, temporal: TemporalConfi
     if m := _BAD_SERVER_CERT.search(text):
         return _server_cert(m.group(1), text, address, temporal)
     if any(marker in text for marker in _NOT_TLS):
-        return (f"the Temporal server at {address} did not answer the TLS handshake in TLS: it serves plain gRPC there, "
-                f"while {_why_tls(temporal)} turns TLS on: check the address, or connect without TLS")  # fmt: skip
+        return (
+            f"the Temporal server at {address} did not answer the TLS handshake in TLS: it serves plain gRPC there, "
+            f"while {_why_tls(temporal)} turns TLS on: check the address, or connect without TLS"
+        )
     return None
 
 
@@ -125,12 +147,17 @@ async def certificate_verdict(address: str, temporal: TemporalConfig, timeout_s:
 
 # OpenSSL's names for the alerts a server sends about a client certificate, as rustls names them
 _OPENSSL_ALERTS = {
-    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "CertificateRequired", "TLSV1_ALERT_UNKNOWN_CA": "UnknownCA",
-    "SSLV3_ALERT_BAD_CERTIFICATE": "BadCertificate", "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "UnsupportedCertificate",
-    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "CertificateExpired", "SSLV3_ALERT_CERTIFICATE_REVOKED": "CertificateRevoked",
-    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "CertificateUnknown", "TLSV1_ALERT_ACCESS_DENIED": "AccessDenied",
-    "SSLV3_ALERT_HANDSHAKE_FAILURE": "HandshakeFailure", "TLSV1_ALERT_DECRYPT_ERROR": "DecryptError",
-}  # fmt: skip
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED": "CertificateRequired",
+    "TLSV1_ALERT_UNKNOWN_CA": "UnknownCA",
+    "SSLV3_ALERT_BAD_CERTIFICATE": "BadCertificate",
+    "SSLV3_ALERT_UNSUPPORTED_CERTIFICATE": "UnsupportedCertificate",
+    "SSLV3_ALERT_CERTIFICATE_EXPIRED": "CertificateExpired",
+    "SSLV3_ALERT_CERTIFICATE_REVOKED": "CertificateRevoked",
+    "SSLV3_ALERT_CERTIFICATE_UNKNOWN": "CertificateUnknown",
+    "TLSV1_ALERT_ACCESS_DENIED": "AccessDenied",
+    "SSLV3_ALERT_HANDSHAKE_FAILURE": "HandshakeFailure",
+    "TLSV1_ALERT_DECRYPT_ERROR": "DecryptError",
+}
 
 
 def _listen_for_alert(address: str, temporal: TemporalConfig, timeout_s: float) -> str | None:
@@ -165,8 +192,10 @@ def closed_connection_hint(text: str, temporal: TemporalConfig) -> str:
         return ""
     if not temporal.secured:
         return " (a server that requires TLS closes plain connections like this: if it does, set temporal.tls)"
-    return (" (a server that refuses a client's certificate may close the connection like this: check "
-            "temporal.tls.cert and temporal.tls.key)")  # fmt: skip
+    return (
+        " (a server that refuses a client's certificate may close the connection like this: check "
+        "temporal.tls.cert and temporal.tls.key)"
+    )
 
 
 def _why_tls(temporal: TemporalConfig) -> str:
@@ -178,12 +207,16 @@ def _alert(alert: str, address: str, temporal: TemporalConfig) -> str:
     cert = temporal.tls.cert if temporal.tls is not None else None
     if cert is None:
         if alert in ("CertificateRequired", "BadCertificate", "CertificateUnknown", "HandshakeFailure"):
-            return (f"the Temporal server at {address} requires a client certificate (TLS alert {alert}): set "
-                    "temporal.tls.cert and temporal.tls.key (--temporal-tls-cert, --temporal-tls-key)")  # fmt: skip
+            return (
+                f"the Temporal server at {address} requires a client certificate (TLS alert {alert}): set "
+                "temporal.tls.cert and temporal.tls.key (--temporal-tls-cert, --temporal-tls-key)"
+            )
         return f"the TLS handshake with the Temporal server at {address} failed: the server sent alert {alert}"
     means = _ALERT_MEANS.get(alert)
-    return (f"the Temporal server at {address} refused this client's certificate (temporal.tls.cert {cert}): TLS "
-            f"alert {alert}" + (f"; {means}" if means else ""))  # fmt: skip
+    return (
+        f"the Temporal server at {address} refused this client's certificate (temporal.tls.cert {cert}): TLS "
+        f"alert {alert}" + (f"; {means}" if means else "")
+    )
 
 
 def _server_cert(reason: str, text: str, address: str, temporal: TemporalConfig) -> str:
@@ -191,15 +224,21 @@ def _server_cert(reason: str, text: str, address: str, temporal: TemporalConfig)
     ca = temporal.tls.ca if temporal.tls is not None else None
     if reason == "UnknownIssuer":
         if ca is None:
-            return (f"the Temporal server at {address} presented a certificate no CA this machine trusts has signed: "
-                    "set temporal.tls.ca (--temporal-tls-ca) to the PEM file of the CA that signed it")  # fmt: skip
-        return (f"the Temporal server at {address} presented a certificate not signed by the CA in temporal.tls.ca "
-                f"({ca}): point it at the CA that signed the server's certificate")  # fmt: skip
+            return (
+                f"the Temporal server at {address} presented a certificate no CA this machine trusts has signed: "
+                "set temporal.tls.ca (--temporal-tls-ca) to the PEM file of the CA that signed it"
+            )
+        return (
+            f"the Temporal server at {address} presented a certificate not signed by the CA in temporal.tls.ca "
+            f"({ca}): point it at the CA that signed the server's certificate"
+        )
     if reason.startswith("NotValidForName"):
         names = _NAMES.findall(text)
         wanted, carried = (names[0], names[1:]) if names else ("?", [])
-        return (f"the Temporal server at {address} presented a certificate for {', '.join(carried) or 'other names'}, "
-                f"not for {wanted}: set temporal.tls.server_name to a name it carries, or dial it by one")  # fmt: skip
+        return (
+            f"the Temporal server at {address} presented a certificate for {', '.join(carried) or 'other names'}, "
+            f"not for {wanted}: set temporal.tls.server_name to a name it carries, or dial it by one"
+        )
     if reason == "Expired":
         return f"the Temporal server at {address} presented an expired certificate"
     if reason == "NotValidYet":
@@ -214,8 +253,12 @@ def _refused_credentials(address: str, temporal: TemporalConfig, message: str, c
     if temporal.tls is not None and temporal.tls.cert is not None:
         shown.append(f"the client certificate {temporal.tls.cert}")
     credentials = " and ".join(shown) or "a client without credentials"
-    no_key = "" if temporal.api_key_env else " (no API key was sent: temporal.api_key_env names the variable holding one)"
+    no_key = (
+        "" if temporal.api_key_env else " (no API key was sent: temporal.api_key_env names the variable holding one)"
+    )
     if code == "PermissionDenied":
-        return (f"the Temporal server at {address} denied this client access to namespace {temporal.namespace!r} "
-                f"({message or code}); it was shown {credentials}{no_key}")  # fmt: skip
+        return (
+            f"the Temporal server at {address} denied this client access to namespace {temporal.namespace!r} "
+            f"({message or code}); it was shown {credentials}{no_key}"
+        )
     return f"the Temporal server at {address} did not accept {credentials}: {message or code}{no_key}"

@@ -14,8 +14,9 @@ import functools
 import socket
 from urllib.parse import urlparse
 
-from rollart.infra.config import TracingConfig
 from temporalio.client import Interceptor
+
+from rollart.infra.config import TracingConfig
 
 __all__ = ["flush_traces", "tracing_interceptors"]
 
@@ -32,7 +33,7 @@ def tracing_interceptors(cfg: TracingConfig | None) -> list[Interceptor]:
 
 
 @functools.cache
-def _provider(cfg: TracingConfig):  # noqa: ANN202 (opentelemetry is imported lazily)
+def _provider(cfg: TracingConfig):
     """One provider per config: a batch processor on an OTLP exporter, flushed when the process exits."""
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -47,8 +48,8 @@ def _provider(cfg: TracingConfig):  # noqa: ANN202 (opentelemetry is imported la
     return provider
 
 
-def _exporter(cfg: TracingConfig):  # noqa: ANN202
-    """OTLP over gRPC (`http://HOST:4317`) or HTTP (`http://HOST:4318`, spans to `/v1/traces` unless a path is given)."""
+def _exporter(cfg: TracingConfig):
+    """OTLP over gRPC (`http://HOST:4317`) or HTTP (`http://HOST:4318`, spans to `/v1/traces` unless a path says)."""
     if cfg.protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 

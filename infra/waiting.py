@@ -42,8 +42,9 @@ class Backoff:
             delay = min(delay * 2, self.max_s)
 
 
-async def wait_for(what: str, attempt: Callable[[], Awaitable[T]], transient: Callable[[BaseException], str | None],
-                   backoff: Backoff) -> T:  # fmt: skip
+async def wait_for(
+    what: str, attempt: Callable[[], Awaitable[T]], transient: Callable[[BaseException], str | None], backoff: Backoff
+) -> T:
     """`attempt()` until it succeeds; `transient(e)` says why an error is worth waiting out (None: raise it now)."""
     start = time.monotonic()
     for n, delay in enumerate(backoff.delays(), start=1):
@@ -56,8 +57,10 @@ async def wait_for(what: str, attempt: Callable[[], Awaitable[T]], transient: Ca
             waited = time.monotonic() - start
             if backoff.timeout_s is not None and waited + delay > backoff.timeout_s:
                 if waited >= backoff.timeout_s:
-                    raise DependencyTimeout(f"gave up waiting for {what} after {waited:.1f}s ({n} attempts; "
-                                            f"limit {backoff.timeout_s:g}s): {why}") from e  # fmt: skip
+                    raise DependencyTimeout(
+                        f"gave up waiting for {what} after {waited:.1f}s ({n} attempts; "
+                        f"limit {backoff.timeout_s:g}s): {why}"
+                    ) from e
                 delay = backoff.timeout_s - waited
             log.warning("waiting for %s (attempt %d): %s", what, n, why)
             await asyncio.sleep(delay)

@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from pydantic import BaseModel
+
 from rollart.infra.store import Store, StoreError, StoreKeyError, key_word
 
 __all__ = ["PublishedWeights", "fetch_latest", "latest_key", "latest_weights", "publish", "weights_key"]

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.infra.config import WorkerTuning
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+from rollart.infra.config import WorkerTuning
 
 __all__ = ["activity_worker_options", "workflow_runner", "workflow_worker_options"]
 

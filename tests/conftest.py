@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.devserver import find_temporal_cli, free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect, data_converter, runtime
 from rollart.workers.local_stack import LocalStack
-from temporalio.client import Client
-from temporalio.testing import WorkflowEnvironment
-
 from tests.support.spawn_guard import no_spawning
 from tests.support.tasks import frozenlake_task
 
@@ -67,8 +67,11 @@ def _guarded(item: pytest.Item) -> Generator[None, None, None]:
             return (yield)
         finally:
             if attempts:  # also when the code under test caught the SpawnInUnitTest it raised
-                pytest.fail(f"unit test {item.nodeid} tried to start a process or server ({', '.join(attempts)}): "
-                            "mark it orchestration or integration", pytrace=False)  # fmt: skip
+                pytest.fail(
+                    f"unit test {item.nodeid} tried to start a process or server ({', '.join(attempts)}): "
+                    "mark it orchestration or integration",
+                    pytrace=False,
+                )
 
 
 @pytest.hookimpl(wrapper=True)

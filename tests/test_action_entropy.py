@@ -9,6 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from transformers import AutoTokenizer
+
 from rollart.activities.envs.arithmetic import Arithmetic
 from rollart.activities.envs.base import declares_actions
 from rollart.activities.envs.frozenlake import FrozenLake
@@ -27,10 +31,6 @@ from rollart.contracts.training import TrainingPlan
 from rollart.infra.config import JobSpec, LossConfig, TaskEnv
 from rollart.infra.store import LocalStore
 from rollart.workflows.entropy_control import measured
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-from transformers import AutoTokenizer
-
 from tests.support.batches import frozenlake_batch, load_model
 from tests.test_trainer import step_input
 
@@ -50,8 +50,9 @@ def test_the_entropy_is_over_actions_renormalised_and_blind_to_how_a_move_is_spe
     # all of a's mass on one of its two tokens, and more mass on no action: the same q, the same entropy
     # (the distribution at position 0 is the one that sampled token 1: its entropy is reported at position 1)
     logits = torch.tensor([[[math.log(2.0), -30.0, 0.0, 3.0, 3.0], [0.0] * 5]])
-    assert token_action_entropy(logits, ["t"], ActionTerm({"t": SPACE}))[0, 1].item() == pytest.approx(entropy([2 / 3, 1 / 3]),
-                                                                                           abs=1e-5)  # fmt: skip
+    assert token_action_entropy(logits, ["t"], ActionTerm({"t": SPACE}))[0, 1].item() == pytest.approx(
+        entropy([2 / 3, 1 / 3]), abs=1e-5
+    )
     one_move = torch.tensor([[[0.0, 0.0, -60.0, 0.0, 0.0], [0.0] * 5]])
     assert token_action_entropy(one_move, ["t"], ActionTerm({"t": SPACE}))[0, 1].item() == pytest.approx(0.0, abs=1e-6)
 
@@ -62,7 +63,9 @@ def test_its_gradient_moves_mass_to_the_rarer_action_and_leaves_no_action_tokens
     g = logits.grad[0, 0].tolist()
     # d/dz of H(q) with q = (2/3, 1/3): the rare action's token goes up, the common one's two tokens down
     assert g[2] > 0 and g[0] < 0 and g[1] < 0 and g[0] == pytest.approx(g[1])
-    assert g[3] == 0 and g[4] == 0 and logits.grad[0, 1].abs().sum().item() == 0  # no action; the last position predicts none
+    assert (
+        g[3] == 0 and g[4] == 0 and logits.grad[0, 1].abs().sum().item() == 0
+    )  # no action; the last position predicts none
     assert g[2] == pytest.approx(-2 * g[0], abs=1e-7)  # the three action tokens' gradients sum to 0
 
 
@@ -109,10 +112,16 @@ def test_the_tiny_models_tokens_read_as_frozenlakes_moves_and_arithmetics_number
     assert Arithmetic().action_of(" 07 ") == "7" and Arithmetic().action_of("7x") is None
 
 
-@pytest.mark.parametrize(("env_args", "low", "high"), [
-    ({}, 0, 20), ({"operators": "-", "num_terms": 3}, -20, 10), ({"operators": "+-"}, -10, 20),
-    ({"operators": "*", "num_terms": 3}, 0, 1000), ({"min_digits": 1, "max_digits": 2}, 0, 200),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("env_args", "low", "high"),
+    [
+        ({}, 0, 20),
+        ({"operators": "-", "num_terms": 3}, -20, 10),
+        ({"operators": "+-"}, -10, 20),
+        ({"operators": "*", "num_terms": 3}, 0, 1000),
+        ({"min_digits": 1, "max_digits": 2}, 0, 200),
+    ],
+)
 def test_arithmetics_actions_are_the_answers_its_problems_can_have(env_args: dict, low: int, high: int) -> None:
     env = Arithmetic(**env_args)
     assert env.answer_range == (low, high)
@@ -138,7 +147,9 @@ def test_the_plan_carries_task_envs_only_when_entropy_is_over_actions() -> None:
     plain = JobSpec(tasks=tasks)
     assert TrainingPlan.of(plain).trainer.task_envs == {}  # other jobs' histories carry nothing new
     actions = JobSpec(tasks=tasks, trainer={"loss": {"entropy_over": "actions", "entropy_coef": 0.01}})
-    assert TrainingPlan.of(actions).trainer.task_envs == {"fl": TaskEnv(env="frozenlake", env_args={"maps": "standard"})}
+    assert TrainingPlan.of(actions).trainer.task_envs == {
+        "fl": TaskEnv(env="frozenlake", env_args={"maps": "standard"})
+    }
     assert measured(actions.trainer.loss) == "action_entropy" and measured(LossConfig()) == "entropy"
 
 
@@ -151,8 +162,10 @@ def test_coverage_is_refused_over_tokens_and_with_an_entropy_target() -> None:
 
 
 def test_a_job_whose_env_declares_no_actions_is_refused_before_it_starts() -> None:
-    tasks = [{"name": "calc", "env": "tool_use", "reward": "env_return"},
-             {"name": "fl", "env": "frozenlake", "reward": "success"}]  # fmt: skip
+    tasks = [
+        {"name": "calc", "env": "tool_use", "reward": "env_return"},
+        {"name": "fl", "env": "frozenlake", "reward": "success"},
+    ]
     job = JobSpec(tasks=tasks, trainer={"loss": {"entropy_over": "actions"}})
     with pytest.raises(JobCheckError, match=r"tasks.0 \(calc\): trainer.loss.entropy_over: actions.*'tool_use'") as err:
         check_job_components(job)
@@ -178,20 +191,30 @@ async def test_a_train_step_puts_its_bonus_on_the_actions(tiny_model: Path, tmp_
     assert results[0.0][metric] == pytest.approx(results[0.5][metric])  # measured before the update
     assert results[0.5]["loss"] == pytest.approx(results[0.0]["loss"] - 0.5 * results[0.0][metric], abs=1e-5)
 
-    bad = step_input(tiny_model, tmp_path / "run-bad", 0, samples, loss=LossConfig(entropy_over="actions"),
-                     task_envs={"frozenlake": TaskEnv(env="tool_use")})  # fmt: skip
+    bad = step_input(
+        tiny_model,
+        tmp_path / "run-bad",
+        0,
+        samples,
+        loss=LossConfig(entropy_over="actions"),
+        task_envs={"frozenlake": TaskEnv(env="tool_use")},
+    )
     with pytest.raises(ApplicationError) as err:
         await env.run(TrainerActivities(store).train_step, bad)
     assert err.value.type == "InvalidInput" and err.value.non_retryable
-    assert "entropy_over: actions" in err.value.message and "'tool_use' does not declare its actions" in err.value.message
+    assert (
+        "entropy_over: actions" in err.value.message and "'tool_use' does not declare its actions" in err.value.message
+    )
 
 
 async def test_with_bonus_on_unsolved_a_step_puts_the_bonus_only_on_groups_without_a_success(
-        tiny_model: Path, tmp_path: Path) -> None:  # fmt: skip
+    tiny_model: Path, tmp_path: Path
+) -> None:
     store = LocalStore(tmp_path / "store")
     samples = frozenlake_batch(store, load_model(tiny_model), AutoTokenizer.from_pretrained(tiny_model))
-    samples = [s.model_copy(update={"success": s.group_id == "g1", "reward": float(s.group_id == "g1")})
-               for s in samples]  # fmt: skip
+    samples = [
+        s.model_copy(update={"success": s.group_id == "g1", "reward": float(s.group_id == "g1")}) for s in samples
+    ]
     env = ActivityEnvironment()
     metrics = {}
     for bonus_on in ("all", "unsolved"):

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
 from rollart.activities.engines.base import Completion as EngineCompletion
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.env import EnvActivities
@@ -16,9 +19,9 @@ from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities, as_reward_result
 from rollart.contracts.activities import (
-    EnvOptions,
     CheckInput,
     CloseInput,
+    EnvOptions,
     GenerateInput,
     GroupResetInput,
     GroupStepInput,
@@ -32,15 +35,15 @@ from rollart.contracts.activities import (
 )
 from rollart.infra.config import SamplingParams
 from rollart.infra.store import LocalStore
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 ENV = ActivityEnvironment()
 
 
 async def test_env_session_lifecycle_is_sticky_to_its_worker() -> None:
     acts = EnvActivities("w1", queue="cpu@w1")
-    handle = await ENV.run(acts.reset, ResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0, trajectory_id="t1"))
+    handle = await ENV.run(
+        acts.reset, ResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0, trajectory_id="t1")
+    )
     assert handle.queue == "cpu@w1" and handle.worker_id == "w1"
     assert handle.observation == "AFFF\nFHFH\nFFFH\nHFFG\nmove:"
     step = await ENV.run(acts.step, StepInput(session_id=handle.session_id, action="R"))
@@ -56,12 +59,15 @@ async def test_env_session_lifecycle_is_sticky_to_its_worker() -> None:
 
 async def test_group_session_steps_only_the_members_still_playing() -> None:
     acts = EnvActivities("w1", queue="cpu@w1")
-    handle = await ENV.run(acts.reset_group, GroupResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0,
-                                                             size=3, group_id="g"))  # fmt: skip
+    handle = await ENV.run(
+        acts.reset_group, GroupResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0, size=3, group_id="g")
+    )
     assert handle.queue == "cpu@w1" and handle.observations == ["AFFF\nFHFH\nFFFH\nHFFG\nmove:"] * 3
     assert acts.open_sessions == 1  # one session for the whole group
     steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["R", "D", None]))
-    assert steps[0].observation.startswith("SAFF") and steps[1].observation.startswith("SFFF\nAHFH") and steps[2] is None
+    assert (
+        steps[0].observation.startswith("SAFF") and steps[1].observation.startswith("SFFF\nAHFH") and steps[2] is None
+    )
     steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=[None, "R", "R"]))
     assert steps[0] is None and steps[1].done and not steps[1].info["success"]  # member 1 fell in the hole at (1,1)
     with pytest.raises(ApplicationError) as err:  # a step after done is a caller bug
@@ -77,8 +83,10 @@ async def test_group_session_steps_only_the_members_still_playing() -> None:
 async def test_group_members_reset_and_step_concurrently() -> None:
     """Each member's reset and step waits for the others to be in the same call: sequential calls would deadlock."""
     acts = EnvActivities("w1", queue="cpu@w1")
-    handle = await ENV.run(acts.reset_group, GroupResetInput(env="tests.support.envs:RendezvousEnv",
-                                                             env_args={"members": 4}, seed=0, size=4, group_id="g"))  # fmt: skip
+    handle = await ENV.run(
+        acts.reset_group,
+        GroupResetInput(env="tests.support.envs:RendezvousEnv", env_args={"members": 4}, seed=0, size=4, group_id="g"),
+    )
     assert handle.observations == ["ready"] * 4
     steps = await ENV.run(acts.step_group, GroupStepInput(session_id=handle.session_id, actions=["a", "b", "c", "d"]))
     assert [s.observation for s in steps] == ["stepped"] * 4
@@ -90,8 +98,9 @@ async def test_a_retried_group_step_does_not_step_a_member_twice() -> None:
 
     acts = EnvActivities("w1", queue="cpu@w1")
     FlakyStepEnv.instances.clear()
-    handle = await ENV.run(acts.reset_group, GroupResetInput(env="tests.support.envs:FlakyStepEnv", seed=0, size=3,
-                                                             group_id="g"))  # fmt: skip
+    handle = await ENV.run(
+        acts.reset_group, GroupResetInput(env="tests.support.envs:FlakyStepEnv", seed=0, size=3, group_id="g")
+    )
     FlakyStepEnv.failures = {2: 1}  # the last member: the others have stepped when it fails
     first, retry = ActivityEnvironment(), ActivityEnvironment()
     retry.info = dataclasses.replace(first.info, attempt=2)
@@ -223,18 +232,27 @@ async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
     assert (result.policy_version, result.policy_version_end, result.prompt_tokens) == (3, 4, 3)
     record = store.get_json("t/turn-000")
     assert record["prompt_ids"] == [1, 2, 3]
-    assert record["completions"][0] == {"text": "R", "token_ids": [7, 8], "logprobs": [-0.5, -1.5], "finish_reason": "length"}
+    assert record["completions"][0] == {
+        "text": "R",
+        "token_ids": [7, 8],
+        "logprobs": [-0.5, -1.5],
+        "finish_reason": "length",
+    }
 
 
 async def test_generate_rejected_requests_are_not_retried(tmp_path: Path) -> None:
-    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path / "w", tmp_path / "base.safetensors")
+    acts = GenerateActivities(
+        ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path / "w", tmp_path / "base.safetensors"
+    )
     with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert err.value.type == "RequestRejected" and err.value.non_retryable
 
 
 def transcript(*turns: dict) -> Transcript:
-    return Transcript(task="t", seed=0, turns=[TurnRecord(observation="o", action=t.get("action", "L"), info=t) for t in turns])
+    return Transcript(
+        task="t", seed=0, turns=[TurnRecord(observation="o", action=t.get("action", "L"), info=t) for t in turns]
+    )
 
 
 async def test_reward_activity_runs_builtin_and_user_rewards() -> None:
@@ -270,7 +288,9 @@ async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(t
     (tmp_path / "w").mkdir()
 
     async def gen(job: str, v: int) -> None:
-        inp = GenerateInput(prompt="p", sampling=SamplingParams(), data_key="k", weights=WeightsRef(job_id=job, min_version=v))
+        inp = GenerateInput(
+            prompt="p", sampling=SamplingParams(), data_key="k", weights=WeightsRef(job_id=job, min_version=v)
+        )
         await ENV.run(acts.generate, inp)
 
     await gen("a", 0)  # the model dir's weights are v0 of any job: nothing to load

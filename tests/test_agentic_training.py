@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
+
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import TrainingStatus
 from rollart.infra.config import JobSpec, TaskSpec, TrainingConfig, load_job
 from rollart.infra.devserver import free_port
 from rollart.workers.env_server import wait_healthy
-from temporalio.client import Client
-
 from tests.support.paths import REPO
 
 pytestmark = pytest.mark.integration
@@ -33,8 +33,18 @@ def example_task(name: str, **overrides: object) -> TaskSpec:
 def env_server(log: Path) -> Iterator[str]:
     """`rollart env-server` serving FrozenLake (the standard map) on a free port; its URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "rollart.cli", "env-server", "--env", "frozenlake", "--env-args",
-           '{"maps": "standard"}', "--port", str(port)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollart.cli",
+        "env-server",
+        "--env",
+        "frozenlake",
+        "--env-args",
+        '{"maps": "standard"}',
+        "--port",
+        str(port),
+    ]
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -53,13 +63,21 @@ async def test_three_training_steps(client: Client, stack_job: JobSpec, tmp_path
             task = example_task("sokoban", max_turns=4)
         elif env == "tool_use":  # the session stack's engine holds 256 tokens: shorter prompts, shorter answers
             base = example_task("tool_use")
-            task = example_task("tool_use", env_args={**base.env_args, "max_observation_chars": 200}, max_turns=2,
-                                sampling=base.sampling.model_copy(update={"max_tokens": 8}))  # fmt: skip
+            task = example_task(
+                "tool_use",
+                env_args={**base.env_args, "max_observation_chars": 200},
+                max_turns=2,
+                sampling=base.sampling.model_copy(update={"max_tokens": 8}),
+            )
         else:
             url = stack.enter_context(env_server(tmp_path / "env-server.log"))
             task = example_task("openenv", env_args={"base_url": url}, max_turns=4)
-        job = stack_job.model_copy(update={"tasks": [TaskSpec.model_validate(task.model_dump())],
-                                           "training": TrainingConfig(steps=3, batch_size=8)})  # fmt: skip
+        job = stack_job.model_copy(
+            update={
+                "tasks": [TaskSpec.model_validate(task.model_dump())],
+                "training": TrainingConfig(steps=3, batch_size=8),
+            }
+        )
         job_id = f"agentic-{env}-{uuid.uuid4().hex[:6]}"
         handle = await start_training(client, job, job_id, tmp_path / job_id)
         rows: list[dict] = []

@@ -16,23 +16,29 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client
+from temporalio.worker import Worker
+
 from rollart.infra.config import ElasticPoolConfig, StoreConfig, TemporalConfig
 from rollart.infra.devserver import DevServer, free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
 from rollart.workers.pool_worker import WorkerSettings
-from temporalio.api.enums.v1 import PendingActivityState
-from temporalio.client import Client
-from temporalio.worker import Worker
-
-from tests.support.paths import REPO
 from tests.support.fanout import FanOutRewards
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.integration
 
-CFG = ElasticPoolConfig(min_workers=0, max_workers=3, max_concurrent_activities=2, scale_up_cooldown_s=3,
-                        scale_down_cooldown_s=5, poll_interval_s=1)  # fmt: skip
+CFG = ElasticPoolConfig(
+    min_workers=0,
+    max_workers=3,
+    max_concurrent_activities=2,
+    scale_up_cooldown_s=3,
+    scale_down_cooldown_s=5,
+    poll_interval_s=1,
+)
 
 
 @pytest.fixture
@@ -48,8 +54,11 @@ def _pid_of(identity: str) -> int:
 
 async def _running_on(client: Client, workflow_id: str) -> list[str]:
     desc = await client.get_workflow_handle(workflow_id).describe()
-    return [a.last_worker_identity for a in desc.raw_description.pending_activities
-            if a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED]  # fmt: skip
+    return [
+        a.last_worker_identity
+        for a in desc.raw_description.pending_activities
+        if a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+    ]
 
 
 async def _wait(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str, every_s: float = 0.25) -> None:
@@ -84,8 +93,9 @@ async def test_scales_up_with_backlog_retries_a_killed_workers_activity_and_drai
         async with Worker(client, task_queue="fanout", workflows=[FanOutRewards]):
             wf_id = f"fanout-{uuid.uuid4().hex[:6]}"
             t_flood = time.monotonic()
-            handle = await client.start_workflow(FanOutRewards.run, args=[12, "tests.support.rewards:slow", 3.0],
-                                                 id=wf_id, task_queue="fanout")  # fmt: skip
+            handle = await client.start_workflow(
+                FanOutRewards.run, args=[12, "tests.support.rewards:slow", 3.0], id=wf_id, task_queue="fanout"
+            )
 
             async def a_worker_ready() -> bool:
                 return scaler.procs.ready_count() >= 1
@@ -108,9 +118,12 @@ async def test_scales_up_with_backlog_retries_a_killed_workers_activity_and_drai
             after_kill_s = time.monotonic() - t_kill
         assert len(results) == 12 and all(r.success for r in results)
         history = await handle.fetch_history()
-        retried = [e.activity_task_started_event_attributes for e in history.events
-                   if e.HasField("activity_task_started_event_attributes")
-                   and e.activity_task_started_event_attributes.attempt > 1]  # fmt: skip
+        retried = [
+            e.activity_task_started_event_attributes
+            for e in history.events
+            if e.HasField("activity_task_started_event_attributes")
+            and e.activity_task_started_event_attributes.attempt > 1
+        ]
         assert retried, "no activity was retried after the kill"
         assert all(_pid_of(a.identity) != victim for a in retried)  # retried on another worker
         assert any(e.kind == "exit" and e.pid == victim and "died" in e.detail for e in scaler.events)
@@ -126,10 +139,12 @@ async def test_scales_up_with_backlog_retries_a_killed_workers_activity_and_drai
         assert max(d.target for d in scaler.decisions) <= CFG.max_workers and peak <= CFG.max_workers
         assert decisions[0].target > decisions[0].before and decisions[0].backlog > 0
         up = next(e for e in scaler.events if e.kind == "decision")
-        print(f"\nautoscaler reaction: flood → scale-up decision {up.at - t_flood:.1f}s, → first worker ready "
-              f"{first_ready_s:.1f}s; the killed worker's rewards done {after_kill_s:.1f}s after the kill "
-              f"(heartbeat timeout 10s); drained → back at 0 workers in {down_s:.1f}s; peak {peak} workers; "
-              "decisions: " + "; ".join(d.describe() for d in decisions))  # fmt: skip
+        print(
+            f"\nautoscaler reaction: flood → scale-up decision {up.at - t_flood:.1f}s, → first worker ready "
+            f"{first_ready_s:.1f}s; the killed worker's rewards done {after_kill_s:.1f}s after the kill "
+            f"(heartbeat timeout 10s); drained → back at 0 workers in {down_s:.1f}s; peak {peak} workers; "
+            "decisions: " + "; ".join(d.describe() for d in decisions)
+        )
     finally:
         sampler.cancel()
         scaler.stop_thread()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from bench.peer_trl import WARMUP, bench_job, measure
 from bench.trl_grpo import TrlRun, _TaskReward, group_seed
 from rollart.activities.envs.arithmetic import Arithmetic
@@ -52,10 +53,23 @@ def test_scale_results_carry_the_two_vs_one_control_ratio(tmp_path, monkeypatch)
     import bench.scale
 
     monkeypatch.setattr(bench.report, "RESULTS", tmp_path)
-    monkeypatch.setattr(bench.scale, "write_results",
-                        lambda name, rows, **extra: bench.report.write_results(name, rows, tmp_path, **extra))  # fmt: skip
-    rows = [{"name": f"64 x {c} control", "n": 64, "controls": c, "wall_s": 10.0 / c, "activities_per_s": 40.0 * c,
-             "failed": 0, "ledger_balanced": True} for c in (1, 2)]  # fmt: skip
+    monkeypatch.setattr(
+        bench.scale,
+        "write_results",
+        lambda name, rows, **extra: bench.report.write_results(name, rows, tmp_path, **extra),
+    )
+    rows = [
+        {
+            "name": f"64 x {c} control",
+            "n": 64,
+            "controls": c,
+            "wall_s": 10.0 / c,
+            "activities_per_s": 40.0 * c,
+            "failed": 0,
+            "ledger_balanced": True,
+        }
+        for c in (1, 2)
+    ]
     bench.scale.report(rows, 0.05)
     out = json.loads((tmp_path / "scale.json").read_text())
     assert out["control_ratio"] == {"64": pytest.approx(2.0)}
@@ -68,4 +82,8 @@ def test_the_trl_baseline_follows_the_jobs_learning_rate_schedule() -> None:
 
     assert _lr_schedule(LRScheduleConfig()) == {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0}
     cosine = _lr_schedule(LRScheduleConfig(kind="cosine", warmup_steps=5, min_ratio=0.05))
-    assert cosine == {"lr_scheduler_type": "cosine_with_min_lr", "warmup_steps": 5, "lr_scheduler_kwargs": {"min_lr_rate": 0.05}}
+    assert cosine == {
+        "lr_scheduler_type": "cosine_with_min_lr",
+        "warmup_steps": 5,
+        "lr_scheduler_kwargs": {"min_lr_rate": 0.05},
+    }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from bench.__main__ import summary
 from bench.report import format_table, plot_modes, summarize, write_results
 from bench.weight_sync import as_modes
@@ -34,8 +35,15 @@ def test_summarize_needs_the_baseline() -> None:
 
 def test_table_json_and_png(tmp_path) -> None:
     rows = summarize({"base": [{"wall_s": 2.0, "busy": 0.5}], "new": [{"wall_s": 1.0}]}, "base")
-    text = format_table(rows, [("name", "mode", ""), ("wall_s", "wall s", ".1f"), ("busy", "busy", ".0%"),
-                               ("speedup_vs_baseline", "vs base", ".2f")])  # fmt: skip
+    text = format_table(
+        rows,
+        [
+            ("name", "mode", ""),
+            ("wall_s", "wall s", ".1f"),
+            ("busy", "busy", ".0%"),
+            ("speedup_vs_baseline", "vs base", ".2f"),
+        ],
+    )
     lines = text.splitlines()
     assert "mode" in lines[0] and set(lines[1].strip()) <= {"-", " "}
     assert "50%" in lines[2] and "2.00" in lines[3] and lines[3].split()[-2] == "-"  # missing field shows "-"
@@ -53,7 +61,9 @@ def test_the_workload_injects_its_latency_through_the_fault_model(tmp_path) -> N
     frozenlake, arithmetic = job.tasks
     assert frozenlake.faults is not None and arithmetic.faults is None
     assert (frozenlake.faults.reset_latency.median_s, frozenlake.faults.reset_latency.p99_s) == (
-        LATENCY["reset_median_s"], LATENCY["reset_p99_s"])  # fmt: skip
+        LATENCY["reset_median_s"],
+        LATENCY["reset_p99_s"],
+    )
     assert frozenlake.rollout_unit == "group" and frozenlake.grouped
     assert multitask_job(tmp_path, 3, rollout_unit="trajectory").tasks[0].rollout_unit == "trajectory"
     assert {t.generate_pool.value for t in multitask_job(tmp_path, 3, single_pool=Pool.H800).tasks} == {"h800"}
@@ -72,9 +82,14 @@ def test_sokoban_joins_the_mix_with_its_own_latency(tmp_path) -> None:
 
 
 def test_weight_sync_modes_compare_each_size_with_the_local_file() -> None:
-    transfer = [{"size": "2.5M", "backend": b, "publish_s": p, "pull_s": q}
-                for b, p, q in [("mooncake", 0.02, 0.02), ("local file", 0.01, 0.01), ("socket", 0.01, 0.03)]]  # fmt: skip
-    swap = [{"model": "tiny", "store": "mooncake", "total_s": 0.3}, {"model": "tiny", "store": "local file", "total_s": 0.24}]
+    transfer = [
+        {"size": "2.5M", "backend": b, "publish_s": p, "pull_s": q}
+        for b, p, q in [("mooncake", 0.02, 0.02), ("local file", 0.01, 0.01), ("socket", 0.01, 0.03)]
+    ]
+    swap = [
+        {"model": "tiny", "store": "mooncake", "total_s": 0.3},
+        {"model": "tiny", "store": "local file", "total_s": 0.24},
+    ]
     rows = {r["name"]: r for r in as_modes(transfer, swap)}
     assert rows["2.5M mooncake"]["wall_s"] == pytest.approx(0.04)
     assert rows["2.5M mooncake"]["speedup_vs_baseline"] == pytest.approx(0.5)
@@ -106,6 +121,10 @@ def test_learning_measures_time_to_target_and_how_well_it_holds() -> None:
     assert m["last50"] == sum(success) / 30
     never = measure({"success": [0.5] * 30, "elapsed_s": list(range(30))}, target=0.8, window=5)
     assert never["steps_to_target"] is None and never["stable_share"] == 0.0
-    rows = summary_rows([{**m, "bound": 1, "seed": 0, "eval": 0.9, "filtered": 0, "dropped": 3},
-                         {**never, "bound": 1, "seed": 1, "eval": 0.5, "filtered": 0, "dropped": 5}])  # fmt: skip
+    rows = summary_rows(
+        [
+            {**m, "bound": 1, "seed": 0, "eval": 0.9, "filtered": 0, "dropped": 3},
+            {**never, "bound": 1, "seed": 1, "eval": 0.5, "filtered": 0, "dropped": 5},
+        ]
+    )
     assert rows[0]["reached"] == 1 and rows[0]["steps_to_target"] == 15 and rows[0]["eval"] == 0.7

@@ -23,18 +23,18 @@ from pathlib import Path
 
 import psutil
 import pytest
+from temporalio.api.enums.v1 import EventType, PendingActivityState
+from temporalio.client import Client, WorkflowHandle
+from temporalio.service import RPCError
+
+from rollart.client.train import start_training
 from rollart.contracts.activities import TrainStepInput
+from rollart.contracts.training import TrainingResult, TrainingStatus
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TrainerConfig, TrainingConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
 from rollart.workers.local_stack import LocalStack
-from rollart.client.train import start_training
-from rollart.contracts.training import TrainingResult, TrainingStatus
-from temporalio.api.enums.v1 import EventType, PendingActivityState
-from temporalio.client import Client, WorkflowHandle
-from temporalio.service import RPCError
-
 from tests.support.tasks import frozenlake_task
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
@@ -47,13 +47,25 @@ STEPS = 5
 def chaos_stack(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[LocalStack]:
     home = tmp_path_factory.mktemp("chaos")
     task = frozenlake_task(
-        group_size=2, max_turns=4, env_args={"maps": "standard"}, reset_pool_size=2, sampling={"max_tokens": 8},
-        faults={"reset_latency": {"median_s": 0.02, "p99_s": 0.5}, "step_latency": {"median_s": 0.02, "p99_s": 0.2},
-                "reset_failure_p": 0.05},
-    )  # fmt: skip
-    job = JobSpec(name="chaos", model_dir=tiny_model, tasks=[task], engine=EngineConfig(kind="hf", max_model_len=256),
-                  store=StoreConfig(path=home / "store"),
-                  training=TrainingConfig(steps=STEPS, batch_size=8, async_bound=1))  # fmt: skip
+        group_size=2,
+        max_turns=4,
+        env_args={"maps": "standard"},
+        reset_pool_size=2,
+        sampling={"max_tokens": 8},
+        faults={
+            "reset_latency": {"median_s": 0.02, "p99_s": 0.5},
+            "step_latency": {"median_s": 0.02, "p99_s": 0.2},
+            "reset_failure_p": 0.05,
+        },
+    )
+    job = JobSpec(
+        name="chaos",
+        model_dir=tiny_model,
+        tasks=[task],
+        engine=EngineConfig(kind="hf", max_model_len=256),
+        store=StoreConfig(path=home / "store"),
+        training=TrainingConfig(steps=STEPS, batch_size=8, async_bound=1),
+    )
     pools = [Pool.CONTROL, *TWO_EACH, *TWO_EACH, Pool.TRAINER]
     stack = LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None, autoscale=False)
     stack.start(timeout_s=300)
@@ -102,11 +114,15 @@ async def _train_step_running(handle: WorkflowHandle, timeout_s: float = 60) -> 
         for a in desc.raw_description.pending_activities:
             if a.activity_type.name == "train_step" and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
                 return
-        seen = [f"{a.activity_type.name} ({PendingActivityState.Name(a.state)})"
-                for a in desc.raw_description.pending_activities]  # fmt: skip
+        seen = [
+            f"{a.activity_type.name} ({PendingActivityState.Name(a.state)})"
+            for a in desc.raw_description.pending_activities
+        ]
         await asyncio.sleep(0.02)
-    pytest.fail(f"no train_step of {handle.id} was running within {timeout_s:g}s, so no kill could land mid-step; "
-                f"pending at the end: {seen or 'nothing'}")  # fmt: skip
+    pytest.fail(
+        f"no train_step of {handle.id} was running within {timeout_s:g}s, so no kill could land mid-step; "
+        f"pending at the end: {seen or 'nothing'}"
+    )
 
 
 async def _trained_ids(client: Client, handle: WorkflowHandle) -> list[str]:
@@ -168,8 +184,9 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
     job_id = f"chaos-{victim}-{uuid.uuid4().hex[:6]}"
     job = chaos_stack.job
     if victim == "trainer-rank":
-        job = job.model_copy(update={"trainer": TrainerConfig(backend="megatron", parallel={"tensor": 2},
-                                                              checkpoint_every=2)})  # fmt: skip
+        job = job.model_copy(
+            update={"trainer": TrainerConfig(backend="megatron", parallel={"tensor": 2}, checkpoint_every=2)}
+        )
     handle = await start_training(chaos_client, job, job_id, tmp_path / job_id)
     t_step1 = await _wait_step(handle, 1)
     t_step2 = await _wait_step(handle, 2)
@@ -200,18 +217,35 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
 
     assert result.version == STEPS and status.step == STEPS
     assert status.ledger_balanced and result.started == (
-        result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight + result.buffered_unused
+        result.trained
+        + result.dropped
+        + result.filtered
+        + result.failed
+        + result.cancelled_in_flight
+        + result.buffered_unused
     )
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
     if victim == "trainer-rank":
-        assert len(_trainer_ranks(chaos_stack)) == 2 and ranks[1].pid not in [p.pid for p in _trainer_ranks(chaos_stack)]
+        assert len(_trainer_ranks(chaos_stack)) == 2 and ranks[1].pid not in [
+            p.pid for p in _trainer_ranks(chaos_stack)
+        ]
     if victim == "cpu":  # sessions the dead worker held (if any: timing decides) were restored, none failed
         assert result.failed == 0, f"{result.failed} trajectories failed after their env worker died"
     resumed = await _resumed_after(chaos_client, job_id, kill_wall)
-    _report({"victim": victim, "run_s": round(time.monotonic() - t0, 1), "normal_step_s": round(normal_step_s, 2),
-             "kill_to_next_step_s": round(t_next - t_kill, 2), "interrupted_resumed": len(resumed),
-             "resumed_max_s": round(max(resumed, default=0.0), 2), "started": result.started,
-             "trained": result.trained, "failed": result.failed, "dropped": result.dropped,
-             "restores": status.restores})  # fmt: skip
+    _report(
+        {
+            "victim": victim,
+            "run_s": round(time.monotonic() - t0, 1),
+            "normal_step_s": round(normal_step_s, 2),
+            "kill_to_next_step_s": round(t_next - t_kill, 2),
+            "interrupted_resumed": len(resumed),
+            "resumed_max_s": round(max(resumed, default=0.0), 2),
+            "started": result.started,
+            "trained": result.trained,
+            "failed": result.failed,
+            "dropped": result.dropped,
+            "restores": status.restores,
+        }
+    )
     if victim in ("trainer", "trainer-rank"):  # killed mid-step (_train_step_running): that step must have resumed
         assert resumed, f"the train_step interrupted by killing the {victim} never resumed"

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
 from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
 from rollart.activities.engines.factory import create_engine
 from rollart.activities.generate import GenerateActivities
 from rollart.contracts.activities import GenerateBatchInput, GenerateInput
 from rollart.infra.config import EngineConfig, PromptFormat, SamplingParams, TaskSpec
 from rollart.infra.store import LocalStore
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
 
 OBS = "AFFF\nFHFH\nFFFH\nHFFG\nmove:"
 TEMPLATE = (
@@ -93,10 +94,16 @@ async def test_generation_prompts_and_stores_the_rendered_text(chat_model: Path,
         store = LocalStore(tmp_path / "store")
         acts = GenerateActivities(engine, store, "w", tmp_path / "w", chat_model / "model.safetensors")
         sampling = SamplingParams(max_tokens=2)
-        await ENV.run(acts.generate, GenerateInput(prompt=OBS, sampling=sampling, data_key="t/one",
-                                                   prompt_format=PromptFormat(system="S")))  # fmt: skip
-        await ENV.run(acts.generate_batch, GenerateBatchInput(prompts=[OBS, OBS], sampling=sampling,
-                                                              data_keys=["t/a", "t/b"], prompt_format=PromptFormat()))  # fmt: skip
+        await ENV.run(
+            acts.generate,
+            GenerateInput(prompt=OBS, sampling=sampling, data_key="t/one", prompt_format=PromptFormat(system="S")),
+        )
+        await ENV.run(
+            acts.generate_batch,
+            GenerateBatchInput(
+                prompts=[OBS, OBS], sampling=sampling, data_keys=["t/a", "t/b"], prompt_format=PromptFormat()
+            ),
+        )
         await ENV.run(acts.generate, GenerateInput(prompt=OBS, sampling=sampling, data_key="t/raw"))
     finally:
         await engine.shutdown()
@@ -104,14 +111,29 @@ async def test_generation_prompts_and_stores_the_rendered_text(chat_model: Path,
     one = store.get_json("t/one")
     assert one["prompt"] == f"<|endoftext|><system>S</system>\n<user>{OBS}</user>\n<assistant>"
     assert one["prompt_ids"] == tok(one["prompt"]).input_ids
-    assert store.get_json("t/a")["prompt"] == store.get_json("t/b")["prompt"] == f"<|endoftext|><user>{OBS}</user>\n<assistant>"
+    assert (
+        store.get_json("t/a")["prompt"]
+        == store.get_json("t/b")["prompt"]
+        == f"<|endoftext|><user>{OBS}</user>\n<assistant>"
+    )
     assert store.get_json("t/raw")["prompt"] == OBS  # no format: raw, as inputs recorded before templates read
 
 
-async def test_always_on_a_model_without_a_template_is_a_bad_input_not_retried(tiny_model: Path, tmp_path: Path) -> None:
-    acts = GenerateActivities(create_engine(tiny_model, EngineConfig(kind="hf", max_model_len=128)),
-                              LocalStore(tmp_path), "w", tmp_path / "w", tiny_model / "model.safetensors")  # fmt: skip
+async def test_always_on_a_model_without_a_template_is_a_bad_input_not_retried(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    acts = GenerateActivities(
+        create_engine(tiny_model, EngineConfig(kind="hf", max_model_len=128)),
+        LocalStore(tmp_path),
+        "w",
+        tmp_path / "w",
+        tiny_model / "model.safetensors",
+    )
     with pytest.raises(ApplicationError, match="no chat template") as err:
-        await ENV.run(acts.generate, GenerateInput(prompt=OBS, sampling=SamplingParams(), data_key="t/x",
-                                                   prompt_format=PromptFormat(chat="always")))  # fmt: skip
+        await ENV.run(
+            acts.generate,
+            GenerateInput(
+                prompt=OBS, sampling=SamplingParams(), data_key="t/x", prompt_format=PromptFormat(chat="always")
+            ),
+        )
     assert err.value.type == "InvalidInput" and err.value.non_retryable

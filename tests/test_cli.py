@@ -12,10 +12,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from rollart.client.rollout import plan_trajectories
 from rollart.infra.config import load_job
 from rollart.infra.devserver import DevServer, free_port
-from rollart.client.rollout import plan_trajectories
-
 from tests.support.paths import REPO
 
 ROLLART = [sys.executable, "-m", "rollart.cli"]
@@ -24,8 +24,26 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "command",
-    [[], ["init-model"], ["worker"], ["autoscale"], ["up"], ["rollout"], ["train"], ["status"], ["plot"], ["k8s"],
-     ["k8s", "render"], ["k8s", "apply"], ["eval"], ["attach"], ["env-server"], ["show"], ["trajectories"], ["report"]],
+    [
+        [],
+        ["init-model"],
+        ["worker"],
+        ["autoscale"],
+        ["up"],
+        ["rollout"],
+        ["train"],
+        ["status"],
+        ["plot"],
+        ["k8s"],
+        ["k8s", "render"],
+        ["k8s", "apply"],
+        ["eval"],
+        ["attach"],
+        ["env-server"],
+        ["show"],
+        ["trajectories"],
+        ["report"],
+    ],
 )
 def test_every_command_has_help(command: list[str]) -> None:
     done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
@@ -37,7 +55,10 @@ def test_every_command_has_help(command: list[str]) -> None:
     ("args", "message"),
     [
         (["--pool", "gpu"], "unknown pool 'gpu'; pools are h20, h800, cpu, serverless, trainer, control"),
-        (["--pool", "h800"], "'h800' has a fixed set of workers (`rollart worker --pool h800`); only serverless autoscales"),
+        (
+            ["--pool", "h800"],
+            "'h800' has a fixed set of workers (`rollart worker --pool h800`); only serverless autoscales",
+        ),
         (["--min", "3", "--max", "2"], "min_workers (3) exceeds max_workers (2)"),
     ],
 )
@@ -50,28 +71,41 @@ def test_autoscale_rejects_bad_pools_and_bounds(args: list[str], message: str) -
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: cuda is not refused here")
 def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_starts(tmp_path: Path) -> None:
     job = tmp_path / "job.yaml"
-    job.write_text((REPO / "examples" / "frozenlake.yaml").read_text().replace("trainer:\n", "trainer:\n  device: cuda\n"))
-    done = subprocess.run([*ROLLART, "train", str(job), "--home", str(tmp_path / "home")], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    job.write_text(
+        (REPO / "examples" / "frozenlake.yaml").read_text().replace("trainer:\n", "trainer:\n  device: cuda\n")
+    )
+    done = subprocess.run(
+        [*ROLLART, "train", str(job), "--home", str(tmp_path / "home")], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "trainer.device is cuda, but this process sees no GPU" in done.stderr, done.stderr
     assert not (tmp_path / "home" / "temporal.db").exists()  # no stack was started
-    worker = subprocess.run([*ROLLART, "worker", "--pool", "trainer", "--job", str(job), "--temporal-address",
-                             f"127.0.0.1:{free_port()}"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    worker = subprocess.run(
+        [*ROLLART, "worker", "--pool", "trainer", "--job", str(job), "--temporal-address", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert worker.returncode != 0 and "sees no GPU" in worker.stderr, worker.stderr[-2000:]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("args", "message"), [
-    (["--nnodes", "2"], "2 nodes need --rdzv HOST:PORT"),
-    (["--nnodes", "2", "--node-rank", "2", "--rdzv", "10.0.0.1:29400"], "--node-rank 2 is not below --nnodes 2"),
-    (["--nnodes", "3", "--rdzv", "10.0.0.1:29400", "--job", str(REPO / "examples" / "frozenlake_megatron.yaml")],
-     "tensor 2 x data 1 = 2 ranks do not split over --nnodes 3"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nnodes", "2"], "2 nodes need --rdzv HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv", "10.0.0.1:29400"], "--node-rank 2 is not below --nnodes 2"),
+        (
+            ["--nnodes", "3", "--rdzv", "10.0.0.1:29400", "--job", str(REPO / "examples" / "frozenlake_megatron.yaml")],
+            "tensor 2 x data 1 = 2 ranks do not split over --nnodes 3",
+        ),
+    ],
+)
 def test_trainer_node_flags_are_checked(args: list[str], message: str) -> None:
     done = subprocess.run([*ROLLART, "worker", "--pool", "trainer", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr, done.stderr
-    done = subprocess.run([*ROLLART, "worker", "--pool", "h800", "--nnodes", "2"], capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [*ROLLART, "worker", "--pool", "h800", "--nnodes", "2"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "for --pool trainer only" in done.stderr
 
 
@@ -152,8 +186,20 @@ def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout_s: float) -
 @pytest.mark.integration
 def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     port, ui = free_port(), free_port()
-    cmd = [*ROLLART, "up", "--pools", "control,cpu,serverless", "--home", str(tmp_path), "--port", str(port),
-           "--ui-port", str(ui), "--control-processes", "2"]  # fmt: skip
+    cmd = [
+        *ROLLART,
+        "up",
+        "--pools",
+        "control,cpu,serverless",
+        "--home",
+        str(tmp_path),
+        "--port",
+        str(port),
+        "--ui-port",
+        str(ui),
+        "--control-processes",
+        "2",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         lines = _wait_for_line(proc, "Ctrl-C stops everything", 120)
@@ -179,8 +225,18 @@ def test_up_serves_the_ui_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
 @pytest.mark.integration
 def test_worker_joins_a_given_server_and_drains_on_sigterm(tmp_path: Path) -> None:
     with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
-        cmd = [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address, "--store-path", str(tmp_path),
-               "--task-queue-prefix", "team-a-"]  # fmt: skip
+        cmd = [
+            *ROLLART,
+            "worker",
+            "--pool",
+            "cpu",
+            "--temporal-address",
+            server.address,
+            "--store-path",
+            str(tmp_path),
+            "--task-queue-prefix",
+            "team-a-",
+        ]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
         try:
             lines = _wait_for_line(proc, "ready: pool=cpu", 60)
@@ -201,9 +257,23 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
     job = base.model_copy(update={"model_dir": tiny_model, "store": store})
     spec = tmp_path / "job.json"
     spec.write_text(job.model_dump_json())
-    cmd = [*ROLLART, "train", str(spec), "--steps", "50", "--home", str(tmp_path / "home"), "--run-dir",
-           str(tmp_path / "run"), "--port", str(free_port()), "--ui-port", str(free_port()),
-           "--task-queue-prefix", "it-"]  # every worker, the job and its children on it-* queues  # fmt: skip
+    cmd = [
+        *ROLLART,
+        "train",
+        str(spec),
+        "--steps",
+        "50",
+        "--home",
+        str(tmp_path / "home"),
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--port",
+        str(free_port()),
+        "--ui-port",
+        str(free_port()),
+        "--task-queue-prefix",
+        "it-",
+    ]  # every worker, the job and its children on it-* queues
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         _wait_for_line(proc, "step 2/50", 240)
@@ -226,8 +296,19 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
 
 def _fake_run(run_dir: Path, success: list[float]) -> Path:
     run_dir.mkdir(parents=True)
-    rows = [{"step": i, "elapsed_s": 3.0 * (i + 1), "reward_mean": s, "success_rate": s, "task_success": {"t": s},
-             "staleness_mean": 1.0, "dropped": 0, "failed": 0} for i, s in enumerate(success)]  # fmt: skip
+    rows = [
+        {
+            "step": i,
+            "elapsed_s": 3.0 * (i + 1),
+            "reward_mean": s,
+            "success_rate": s,
+            "task_success": {"t": s},
+            "staleness_mean": 1.0,
+            "dropped": 0,
+            "failed": 0,
+        }
+        for i, s in enumerate(success)
+    ]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return run_dir
 
@@ -239,11 +320,16 @@ def test_plot_one_run_and_compare_several(tmp_path: Path) -> None:
     one = subprocess.run([*ROLLART, "plot", str(a)], capture_output=True, text=True, timeout=120)
     assert one.returncode == 0 and (a / "learning.png").read_bytes()[:4] == b"\x89PNG"
     out = tmp_path / "cmp.png"
-    two = subprocess.run([*ROLLART, "plot", str(a), str(b), "--labels", "bound 0,bound 1", "--out", str(out)],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    two = subprocess.run(
+        [*ROLLART, "plot", str(a), str(b), "--labels", "bound 0,bound 1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert two.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", two.stderr
-    bad = subprocess.run([*ROLLART, "plot", str(a), str(b), "--labels", "only-one"], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+    bad = subprocess.run(
+        [*ROLLART, "plot", str(a), str(b), "--labels", "only-one"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode != 0 and "2 run dirs" in bad.stderr
     missing = subprocess.run([*ROLLART, "plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and "metrics.jsonl" in missing.stderr
@@ -257,36 +343,56 @@ def test_moving_mean_is_a_trailing_window() -> None:
 
 @pytest.mark.integration
 def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: Path, tiny_model: Path) -> None:
-    spec = {"name": "ev", "model_dir": str(tiny_model), "store": {"path": str(tmp_path / "store")},
-            "engine": {"kind": "hf", "max_model_len": 128},
-            "tasks": [{"name": "lake", "env": "frozenlake", "reward": "success", "max_turns": 3,
-                       "env_args": {"maps": "standard"}, "sampling": {"max_tokens": 1}}]}  # fmt: skip
+    spec = {
+        "name": "ev",
+        "model_dir": str(tiny_model),
+        "store": {"path": str(tmp_path / "store")},
+        "engine": {"kind": "hf", "max_model_len": 128},
+        "tasks": [
+            {
+                "name": "lake",
+                "env": "frozenlake",
+                "reward": "success",
+                "max_turns": 3,
+                "env_args": {"maps": "standard"},
+                "sampling": {"max_tokens": 1},
+            }
+        ],
+    }
     job = tmp_path / "job.json"
     job.write_text(json.dumps(spec))
     done = subprocess.run([*ROLLART, "eval", str(job), "-n", "3"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     row = next(line.split() for line in done.stdout.splitlines() if line.startswith("lake"))
     assert row[1:3] == ["0", "3"] and 0.0 <= float(row[3]) <= 1.0  # version 0, 3 episodes
-    missing = subprocess.run([*ROLLART, "eval", str(job), "--job-id", "nope", "-n", "1"], capture_output=True,
-                             text=True, timeout=300)  # fmt: skip
+    missing = subprocess.run(
+        [*ROLLART, "eval", str(job), "--job-id", "nope", "-n", "1"], capture_output=True, text=True, timeout=300
+    )
     assert missing.returncode != 0 and "'nope' has published no weights" in missing.stderr
     bad = subprocess.run([*ROLLART, "eval", str(job), "--task", "x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "no task 'x'" in bad.stderr
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("command", "extra"), [
-    (["eval"], ["-n", "1"]),
-    (["rollout"], ["--home", "HOME"]),
-    (["train"], ["--home", "HOME"]),
-    (["worker", "--pool", "h800", "--job"], ["--temporal-address", "127.0.0.1:1"]),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("command", "extra"),
+    [
+        (["eval"], ["-n", "1"]),
+        (["rollout"], ["--home", "HOME"]),
+        (["train"], ["--home", "HOME"]),
+        (["worker", "--pool", "h800", "--job"], ["--temporal-address", "127.0.0.1:1"]),
+    ],
+)
 def test_a_mistyped_model_dir_fails_instead_of_building_a_fresh_model(
     tmp_path: Path, command: list[str], extra: list[str]
 ) -> None:
     typo = tmp_path / "modles" / "tiny"
-    spec = {"name": "typo", "model_dir": str(typo), "store": {"path": str(tmp_path / "store")},
-            "tasks": [{"name": "lake", "env": "frozenlake", "reward": "success"}]}  # fmt: skip
+    spec = {
+        "name": "typo",
+        "model_dir": str(typo),
+        "store": {"path": str(tmp_path / "store")},
+        "tasks": [{"name": "lake", "env": "frozenlake", "reward": "success"}],
+    }
     job = tmp_path / "job.json"
     job.write_text(json.dumps(spec))
     extra = [str(tmp_path / "home") if a == "HOME" else a for a in extra]

@@ -8,17 +8,17 @@ import time
 from pathlib import Path
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
+from rollart.cli.errors import UserError
+from rollart.cli.stack import connect_client
 from rollart.cli.train import attach_command
 from rollart.client.connection import Outage, is_unreachable, retry_unreachable
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
-from rollart.cli.errors import UserError
-from rollart.cli.stack import connect_client
 from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.devserver import DevServer, free_port
 from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError
-from temporalio.service import RPCError, RPCStatusCode
-
 from tests.support.tasks import frozenlake_task
 
 
@@ -87,14 +87,19 @@ def test_the_reattach_command_names_server_and_namespace() -> None:
 
 
 def _job_on(address: str, tmp_path: Path) -> JobSpec:
-    return JobSpec(name="c", tasks=[frozenlake_task()], temporal=TemporalConfig(address=address),
-                   store=StoreConfig(path=tmp_path / "store"))  # fmt: skip
+    return JobSpec(
+        name="c",
+        tasks=[frozenlake_task()],
+        temporal=TemporalConfig(address=address),
+        store=StoreConfig(path=tmp_path / "store"),
+    )
 
 
 @pytest.mark.orchestration
 @pytest.mark.timeout(120)
-async def test_train_and_rollout_wait_for_a_server_that_is_still_starting(tmp_path: Path,
-                                                                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+async def test_train_and_rollout_wait_for_a_server_that_is_still_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`connect_client` (rollart train, rollart rollout) waits out a server that comes up 3 s later."""
     server = DevServer(db_file=tmp_path / "temporal.db", port=free_port(), ui_port=None)
     t0 = time.monotonic()

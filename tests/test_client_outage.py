@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client, WorkflowExecutionStatus
+
 from rollart.client.connection import Outage
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.client.train import MetricsWriter, follow, start_training
@@ -24,8 +26,6 @@ from rollart.contracts.training import TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig, TrainingConfig
 from rollart.infra.devserver import DevServer, free_port
 from rollart.infra.temporal import connect
-from temporalio.client import Client, WorkflowExecutionStatus
-
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
@@ -54,8 +54,11 @@ def _store(server: DevServer) -> StoreConfig:
 
 def _job(prefix: str, steps: int) -> JobSpec:
     """Two-member FrozenLake groups, batches of 4, on the test's queues."""
-    spec = JobSpec(name="outage", tasks=[frozenlake_task(group_size=2, max_turns=2)],
-                   training=TrainingConfig(steps=steps, batch_size=4, async_bound=1))  # fmt: skip
+    spec = JobSpec(
+        name="outage",
+        tasks=[frozenlake_task(group_size=2, max_turns=2)],
+        training=TrainingConfig(steps=steps, batch_size=4, async_bound=1),
+    )
     return with_queue_prefix(spec, prefix)
 
 
@@ -73,8 +76,9 @@ async def _until(check: object, timeout_s: float, what: str) -> None:
 
 @pytest.mark.chaos
 @pytest.mark.timeout(180)
-async def test_followers_ride_out_a_server_outage(server: DevServer, server_client: Client, tmp_path: Path,
-                                                  queue_prefix: str) -> None:  # fmt: skip
+async def test_followers_ride_out_a_server_outage(
+    server: DevServer, server_client: Client, tmp_path: Path, queue_prefix: str
+) -> None:
     """`follow` in this process, `rollart attach` and `rollart status --follow` follow one job through a 20 s outage."""
     w, steps = _world(queue_prefix, train_delay_s=0.5), 16
     job_id = f"outage-{uuid.uuid4().hex[:6]}"
@@ -84,8 +88,11 @@ async def test_followers_ride_out_a_server_outage(server: DevServer, server_clie
     async with standin_workers(server_client, w):
         handle = await start_training(server_client, _job(queue_prefix, steps), job_id, tmp_path / job_id)
         outage = Outage(say=lambda line: events.append((time.monotonic(), line)), max_delay_s=2.0)
-        following = asyncio.create_task(follow(handle, MetricsWriter(tmp_path / job_id), rows.append, poll_s=0.2,
-                                               outage=outage, client=server_client))  # fmt: skip
+        following = asyncio.create_task(
+            follow(
+                handle, MetricsWriter(tmp_path / job_id), rows.append, poll_s=0.2, outage=outage, client=server_client
+            )
+        )
         attach = await _cli("attach", job_id, *address, "--run-dir", str(tmp_path / "attached"))
         status = await _cli("status", job_id, *address, "--follow", "--interval", "0.5")
         seen: list[str] = []
@@ -103,8 +110,13 @@ async def test_followers_ride_out_a_server_outage(server: DevServer, server_clie
         attached = "".join(seen) + (await asyncio.wait_for(attach.communicate(), 60))[0].decode(errors="replace")
         statused = (await asyncio.wait_for(status.communicate(), 60))[0].decode(errors="replace")
         final = await handle.query("status", result_type=TrainingStatus)
-    timeline = {"killed": 0.0, "restart begun": t_up - t_kill, "healthy": t_healthy - t_kill,
-                **{line.split(" (")[0]: t - t_kill for t, line in events}, "job end": t_end - t_kill}  # fmt: skip
+    timeline = {
+        "killed": 0.0,
+        "restart begun": t_up - t_kill,
+        "healthy": t_healthy - t_kill,
+        **{line.split(" (")[0]: t - t_kill for t, line in events},
+        "job end": t_end - t_kill,
+    }
     print("outage timeline (s after the kill):", {k: round(v, 1) for k, v in timeline.items()})
     said = [line for _, line in events]
     assert sum("Temporal unreachable, retrying" in line for line in said) == 1, said
@@ -142,20 +154,22 @@ async def _read_until(proc: asyncio.subprocess.Process, needle: str, timeout_s: 
 
     try:
         await asyncio.wait_for(read(), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise AssertionError(f"no {needle!r} within {timeout_s}s:\n" + "".join(seen)) from None
 
 
 async def _cli(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(*ROLLART, *args, stdout=asyncio.subprocess.PIPE,
-                                                stderr=asyncio.subprocess.STDOUT, cwd=REPO)  # fmt: skip
+    return await asyncio.create_subprocess_exec(
+        *ROLLART, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO
+    )
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("command", [["attach", "{job}", "--store-path", "{store}"], ["train", "--attach", "{job}"]])
-async def test_attach_follows_a_running_job_to_its_end(server: DevServer, server_client: Client, tmp_path: Path,
-                                                       queue_prefix: str, command: list[str]) -> None:  # fmt: skip
+async def test_attach_follows_a_running_job_to_its_end(
+    server: DevServer, server_client: Client, tmp_path: Path, queue_prefix: str, command: list[str]
+) -> None:
     w, steps = _world(queue_prefix, train_delay_s=1.0), 6
     job_id = f"attach-{uuid.uuid4().hex[:6]}"
     run_dir = tmp_path / job_id
@@ -182,8 +196,9 @@ async def test_attach_follows_a_running_job_to_its_end(server: DevServer, server
 
 @pytest.mark.integration
 @pytest.mark.timeout(120)
-async def test_ctrl_c_on_a_remote_server_detaches_and_says_how_to_attach(server: DevServer, server_client: Client,
-                                                                         tmp_path: Path, queue_prefix: str) -> None:  # fmt: skip
+async def test_ctrl_c_on_a_remote_server_detaches_and_says_how_to_attach(
+    server: DevServer, server_client: Client, tmp_path: Path, queue_prefix: str
+) -> None:
     w = _world(queue_prefix, train_delay_s=0.3)
     spec = tmp_path / "job.json"
     spec.write_text(_job(queue_prefix, steps=1000).model_copy(update={"store": _store(server)}).model_dump_json())
@@ -220,8 +235,9 @@ async def test_rollout_rides_out_a_server_outage(server: DevServer, server_clien
     said: list[str] = []
     async with standin_workers(server_client, w):
         inputs = plan_trajectories(spec, 4, seed=0, job_id=f"ro-{uuid.uuid4().hex[:6]}")
-        rolling = asyncio.create_task(run_rollout(server_client, inputs, inputs[0].job_id,
-                                                  outage=Outage(say=said.append, max_delay_s=2.0)))  # fmt: skip
+        rolling = asyncio.create_task(
+            run_rollout(server_client, inputs, inputs[0].job_id, outage=Outage(say=said.append, max_delay_s=2.0))
+        )
         await _until(lambda: len(w.called("generate")) >= 8, 60, "two turns each")
         os.kill(server.pid, signal.SIGKILL)  # type: ignore[arg-type]
         await asyncio.to_thread(server.stop)

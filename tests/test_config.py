@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rollart.infra.config import JobSpec, JobSpecError, TrainingConfig, load_job
 from rollart.infra.pools import Pool
 
@@ -26,7 +27,11 @@ def test_example_job_loads() -> None:
 
 def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
     y = write(tmp_path, "j.yaml", "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: h20}\n")
-    j = write(tmp_path, "j.json", '{"tasks": [{"name": "a", "env": "frozenlake", "reward": "success", "generate_pool": "h20"}]}')
+    j = write(
+        tmp_path,
+        "j.json",
+        '{"tasks": [{"name": "a", "env": "frozenlake", "reward": "success", "generate_pool": "h20"}]}',
+    )
     assert load_job(y) == load_job(j)
 
 
@@ -34,29 +39,74 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("tasks: []", ["tasks: List should have at least 1 item"]),
-        ("tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: gpu9}", ["tasks.0.generate_pool", "gpu9"]),
-        ("tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: cpu}", ["tasks.0.generate_pool", "no inference engine"]),
-        ("tasks:\n  - {name: a, env: frozenlake, reward: success, max_turns: 0}", ["tasks.0.max_turns", "greater than or equal to 1"]),
-        ("tasks:\n  - {name: a, env: frozenlake, reward: success, sampling: {temprature: 1}}", ["tasks.0.sampling.temprature", "Extra inputs"]),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: gpu9}",
+            ["tasks.0.generate_pool", "gpu9"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: cpu}",
+            ["tasks.0.generate_pool", "no inference engine"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success, max_turns: 0}",
+            ["tasks.0.max_turns", "greater than or equal to 1"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success, sampling: {temprature: 1}}",
+            ["tasks.0.sampling.temprature", "Extra inputs"],
+        ),
         ("tasks:\n  - {name: a, env: frozenlake}", ["tasks.0.reward", "Field required"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\n  - {name: a, env: x, reward: y}", ["task names must be unique", "a"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\nstore: {payload_threshold_bytes: 4000000}", ["store.payload_threshold_bytes"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: megatron, parallel: {tensor: 2, pipeline: 2}}",
-         ["trainer.parallel.pipeline", "pipeline parallelism is not supported yet (got 2)"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {parallel: {data: 2}}",
-         ["trainer: Value error, parallel: tensor 1 x data 2 needs backend: megatron"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: deepspeed}", ["trainer.backend", "'torch' or 'megatron'"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {device: tpu}", ["trainer.device", "'auto', 'cpu' or 'cuda'"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\nengine: {gpu_memory_utilization: 1.5}", ["engine.gpu_memory_utilization"]),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\n  - {name: a, env: x, reward: y}",
+            ["task names must be unique", "a"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\nstore: {payload_threshold_bytes: 4000000}",
+            ["store.payload_threshold_bytes"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: megatron, parallel: {tensor: 2, pipeline: "
+            "2}}",
+            ["trainer.parallel.pipeline", "pipeline parallelism is not supported yet (got 2)"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {parallel: {data: 2}}",
+            ["trainer: Value error, parallel: tensor 1 x data 2 needs backend: megatron"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {backend: deepspeed}",
+            ["trainer.backend", "'torch' or 'megatron'"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntrainer: {device: tpu}",
+            ["trainer.device", "'auto', 'cpu' or 'cuda'"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\nengine: {gpu_memory_utilization: 1.5}",
+            ["engine.gpu_memory_utilization"],
+        ),
         # checked at load, not inside workflows once the stack is up:
-        ("tasks:\n  - {name: a, env: x, reward: y, sampling: {n: 4}}",
-         ["tasks.0: Value error, sampling.n is 4, but a multi-turn task (max_turns 8)"]),
-        ("tasks:\n  - {name: a, env: x, reward: y, group_size: 8}\n  - {name: b, env: x, reward: y, group_size: 6}\n"
-         "training: {batch_size: 16}", ["training.batch_size 16 is not a multiple of tasks.1 (b) group_size 6"]),
-        ("tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {task_queue_prefix: 'a b'}", ["temporal.task_queue_prefix"]),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y, sampling: {n: 4}}",
+            ["tasks.0: Value error, sampling.n is 4, but a multi-turn task (max_turns 8)"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y, group_size: 8}\n  - {name: b, env: x, reward: y, group_size: 6}\n"
+            "training: {batch_size: 16}",
+            ["training.batch_size 16 is not a multiple of tasks.1 (b) group_size 6"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {task_queue_prefix: 'a b'}",
+            ["temporal.task_queue_prefix"],
+        ),
         # every episode in flight is a child of the training workflow: past the server's limit the job would hang
-        ("tasks:\n  - {name: a, env: x, reward: y}\ntraining: {batch_size: 1024, async_bound: 1}",
-         ["(async_bound + 1) x batch_size = 2,048 episodes of a in flight", "temporal.max_pending_children is 2,000"]),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntraining: {batch_size: 1024, async_bound: 1}",
+            [
+                "(async_bound + 1) x batch_size = 2,048 episodes of a in flight",
+                "temporal.max_pending_children is 2,000",
+            ],
+        ),
     ],
 )
 def test_invalid_specs_name_file_and_field(tmp_path: Path, text: str, expected: list[str]) -> None:
@@ -117,23 +167,32 @@ def test_task_lookup_lists_known_tasks() -> None:
 
 
 def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) -> None:
-    from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
     from temporalio.worker import UnsandboxedWorkflowRunner
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+    from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
 
     default = JobSpec(tasks=[{"name": "a", "env": "x", "reward": "y"}]).temporal.workers
     opts = workflow_worker_options(default)
     assert opts["workflow_task_poller_behavior"].maximum == 32 and opts["max_cached_workflows"] == 1000
     assert isinstance(opts["workflow_runner"], UnsandboxedWorkflowRunner)
     assert activity_worker_options(default)["activity_task_poller_behavior"].maximum == 32
-    path = write(tmp_path, "j.yaml", "tasks:\n  - {name: a, env: x, reward: y}\n"
-                                     "temporal: {workers: {sandbox: strict, activity_task_pollers: 8}}\n")  # fmt: skip
+    path = write(
+        tmp_path,
+        "j.yaml",
+        "tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {workers: {sandbox: strict, activity_task_pollers: 8}}\n",
+    )
     tuned = load_job(path).temporal.workers
     assert isinstance(workflow_worker_options(tuned)["workflow_runner"], SandboxedWorkflowRunner)
     assert activity_worker_options(tuned)["activity_task_poller_behavior"].maximum == 8
     with pytest.raises(JobSpecError, match="workflow_task_pollers"):
-        load_job(write(tmp_path, "bad.yaml", "tasks:\n  - {name: a, env: x, reward: y}\n"
-                                             "temporal: {workers: {workflow_task_pollers: 1}}\n"))  # fmt: skip
+        load_job(
+            write(
+                tmp_path,
+                "bad.yaml",
+                "tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {workers: {workflow_task_pollers: 1}}\n",
+            )
+        )
 
 
 def test_dynamic_sampling_is_on_or_off_and_widens_admission_by_its_oversample() -> None:

@@ -18,10 +18,10 @@ import tomllib
 from pathlib import Path
 
 import pytest
+
 from rollart.infra.config import load_job
 from rollart.infra.k8s import IMAGE_GID, render
 from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
-
 from tests.support.paths import REPO
 
 DOCKERFILES = sorted((REPO / "docker").glob("Dockerfile.*"))
@@ -43,10 +43,19 @@ def make_dry_run(*targets: str, env: dict[str, str] | None = None) -> str:
     Run as a top-level make (no MAKELEVEL/MAKEFLAGS from a `make test` above us, and
     --no-print-directory): a nested make would add "Entering directory" lines and inherit flags.
     """
-    base = {k: v for k, v in (env if env is not None else os.environ).items()
-            if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}  # fmt: skip
-    done = subprocess.run([MAKE or "make", "--no-print-directory", "-n", *targets], capture_output=True, text=True,
-                          timeout=60, cwd=REPO, env=base)  # fmt: skip
+    base = {
+        k: v
+        for k, v in (env if env is not None else os.environ).items()
+        if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")
+    }
+    done = subprocess.run(
+        [MAKE or "make", "--no-print-directory", "-n", *targets],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=base,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -115,8 +124,10 @@ def test_the_default_images_are_what_the_makefile_builds() -> None:
     built = image_targets()
     cfg = KubernetesConfig()
     assert (cfg.image, cfg.gpu_image) == (DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE)
-    assert built == {DEFAULT_CPU_IMAGE: REPO / "docker" / "Dockerfile.cpu",
-                     DEFAULT_GPU_IMAGE: REPO / "docker" / "Dockerfile.gpu"}  # fmt: skip
+    assert built == {
+        DEFAULT_CPU_IMAGE: REPO / "docker" / "Dockerfile.cpu",
+        DEFAULT_GPU_IMAGE: REPO / "docker" / "Dockerfile.gpu",
+    }
     assert all(path.is_file() for path in built.values())
 
 
@@ -126,8 +137,12 @@ def test_the_default_images_are_what_the_makefile_builds() -> None:
 def test_every_image_a_rendered_example_names_has_a_dockerfile(example: str) -> None:
     built = image_targets()
     manifests = render(load_job(REPO / "examples" / f"{example}.yaml"))
-    images = {c["image"] for m in manifests if m["kind"] in ("Deployment", "StatefulSet")
-              for c in m["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+    images = {
+        c["image"]
+        for m in manifests
+        if m["kind"] in ("Deployment", "StatefulSet")
+        for c in m["spec"]["template"]["spec"]["containers"]
+    }
     assert images and images <= set(built), images - set(built)
     pods = [m["spec"]["template"]["spec"] for m in manifests if m["kind"] in ("Deployment", "StatefulSet")]
     assert all(p["securityContext"]["fsGroup"] == IMAGE_GID for p in pods)
@@ -182,6 +197,12 @@ def test_make_setup_picks_the_build_nvidia_smi_finds(tmp_path: Path, gpu: bool, 
 def test_make_setup_build_can_be_forced_and_is_checked(tmp_path: Path) -> None:
     env = _fake_nvidia_smi(tmp_path, works=False)
     assert "-e '.[gpu,test]'" in _setup_plan(env, tmp_path, "ROLLART_BUILD=gpu")
-    done = subprocess.run([MAKE or "make", "-n", "setup", "ROLLART_BUILD=tpu"], capture_output=True, text=True,
-                          timeout=60, cwd=REPO, env=env)  # fmt: skip
+    done = subprocess.run(
+        [MAKE or "make", "-n", "setup", "ROLLART_BUILD=tpu"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert done.returncode != 0 and "ROLLART_BUILD must be cpu or gpu, got 'tpu'" in done.stderr

@@ -10,20 +10,20 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Replayer
+from transformers import AutoTokenizer
+
+from rollart.client.rollout import plan_trajectories, run_rollout
+from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.config import JobSpec
 from rollart.infra.devserver import find_temporal_cli
 from rollart.infra.history import activity_spans
 from rollart.infra.store import LocalStore
 from rollart.infra.temporal import data_converter
 from rollart.workers.local_stack import LocalStack
-from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.workflows import ALL_WORKFLOWS
-from rollart.contracts.rollouts import TrajectoryInput
-from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Replayer
-from transformers import AutoTokenizer
-
 from tests.support.history import payload_sizes
 from tests.support.paths import REPO
 from tests.support.tasks import frozenlake_task
@@ -111,7 +111,9 @@ async def test_a_grouped_task_rolls_out_a_workflow_per_group(client: Client, sta
 
 async def test_an_env_that_raises_fails_only_its_trajectory(client: Client) -> None:
     broken = frozenlake_task(name="broken", env="tests.support.envs:BrokenStepEnv", env_args={})
-    inputs = [TrajectoryInput(task=t, seed=i) for i, t in enumerate([broken, frozenlake_task(), broken, frozenlake_task()])]
+    inputs = [
+        TrajectoryInput(task=t, seed=i) for i, t in enumerate([broken, frozenlake_task(), broken, frozenlake_task()])
+    ]
     outcomes = await run_rollout(client, inputs, f"broken-{uuid.uuid4().hex[:6]}")
     statuses = [o.status for o in outcomes]
     assert statuses == ["failed", "completed", "failed", "completed"]
@@ -134,9 +136,11 @@ async def test_oversize_payloads_never_reach_history(client: Client, stack_job: 
 
 async def test_unknown_env_fails_the_workflow_with_its_name(client: Client) -> None:
     handle = await client.start_workflow(
-        "TrajectoryWorkflow", TrajectoryInput(task=frozenlake_task(env="frozenlak"), seed=0),
-        id=f"unknown-{uuid.uuid4().hex[:6]}", task_queue="control",
-    )  # fmt: skip
+        "TrajectoryWorkflow",
+        TrajectoryInput(task=frozenlake_task(env="frozenlak"), seed=0),
+        id=f"unknown-{uuid.uuid4().hex[:6]}",
+        task_queue="control",
+    )
     with pytest.raises(WorkflowFailureError) as err:
         await handle.result()
     cause = err.value.cause
@@ -153,16 +157,38 @@ async def test_temporal_cli_start_valid_and_invalid_input(stack: LocalStack, cli
     good = tmp_path / "t.json"
     good.write_text(TrajectoryInput(task=frozenlake_task(), seed=3).model_dump_json())
     wid = f"cli-good-{uuid.uuid4().hex[:6]}"
-    done = _temporal(stack, "workflow", "start", "--type", "TrajectoryWorkflow", "--task-queue", "control",
-                     "--workflow-id", wid, "--input-file", str(good))  # fmt: skip
+    done = _temporal(
+        stack,
+        "workflow",
+        "start",
+        "--type",
+        "TrajectoryWorkflow",
+        "--task-queue",
+        "control",
+        "--workflow-id",
+        wid,
+        "--input-file",
+        str(good),
+    )
     assert done.returncode == 0, done.stderr
     result = await client.get_workflow_handle(wid).result()
     assert result["status"] == "completed"
 
     wid = f"cli-bad-{uuid.uuid4().hex[:6]}"
     bad = '{"task": {"name": "t", "env": "frozenlake", "max_turns": 0}, "seed": 1}'
-    done = _temporal(stack, "workflow", "start", "--type", "TrajectoryWorkflow", "--task-queue", "control",
-                     "--workflow-id", wid, "--input", bad)  # fmt: skip
+    done = _temporal(
+        stack,
+        "workflow",
+        "start",
+        "--type",
+        "TrajectoryWorkflow",
+        "--task-queue",
+        "control",
+        "--workflow-id",
+        wid,
+        "--input",
+        bad,
+    )
     assert done.returncode == 0, done.stderr
     with pytest.raises(WorkflowFailureError) as err:
         await client.get_workflow_handle(wid).result()  # fails at once: no endless workflow-task retry

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+
 from rollart.activities.engines.base import Engine, EngineError, EngineOutput, EngineRequestError
 from rollart.activities.engines.factory import create_engine
 from rollart.infra.config import EngineConfig, SamplingParams
@@ -57,7 +58,10 @@ def test_factory_is_lazy() -> None:
     import sys
 
     code = "import sys, rollart.activities.engines.factory; print('vllm' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    assert (
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+        == "False"
+    )
     with pytest.raises(ValueError, match="unknown engine kind"):
         create_engine(Path("."), EngineConfig.model_construct(kind="tpu"))
 
@@ -66,11 +70,21 @@ def test_factory_is_lazy() -> None:
 def test_the_jobs_gpu_settings_reach_vllm(model_dir: Path) -> None:
     import torch
 
-    cfg = EngineConfig(dtype="bfloat16", tensor_parallel_size=2, gpu_memory_utilization=0.6,
-                       enable_prefix_caching=False, max_num_seqs=32)  # fmt: skip
+    cfg = EngineConfig(
+        dtype="bfloat16",
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.6,
+        enable_prefix_caching=False,
+        max_num_seqs=32,
+    )
     args = create_engine(model_dir, cfg).engine_args()
-    assert (args.dtype, args.tensor_parallel_size, args.gpu_memory_utilization, args.enable_prefix_caching,
-            args.max_num_seqs) == ("bfloat16", 2, 0.6, False, 32)  # fmt: skip
+    assert (
+        args.dtype,
+        args.tensor_parallel_size,
+        args.gpu_memory_utilization,
+        args.enable_prefix_caching,
+        args.max_num_seqs,
+    ) == ("bfloat16", 2, 0.6, False, 32)
     assert args.enforce_eager is not torch.cuda.is_available()  # CUDA graphs on GPUs, eager on CPUs
     assert create_engine(model_dir, EngineConfig()).engine_args().enable_prefix_caching is True
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from temporalio.testing import WorkflowEnvironment
+
 from rollart.contracts.activities import TrainStepInput
 from rollart.infra.config import LossConfig, TrainerConfig
 from rollart.workflows.entropy_control import next_coef, trainer_for_step
-from temporalio.testing import WorkflowEnvironment
-
 from tests.test_training_workflow import assert_ledger, job, train, world
 
 
@@ -39,7 +39,8 @@ def test_a_start_above_the_cap_is_refused_with_both_values() -> None:
 
 @pytest.mark.orchestration
 async def test_the_workflow_carries_the_weight_across_steps_and_continue_as_new(
-        bare_env: WorkflowEnvironment, queue_prefix: str) -> None:  # fmt: skip
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     """Entropies 0.1 (below the 0.3 target) for steps 0–3, then 0.9: weights 0, .001, .002, .003, .004, .003."""
 
     def metrics(inp: TrainStepInput) -> dict[str, float]:

@@ -8,24 +8,38 @@ import json
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
 from rollart.client.exporters import ExporterUnavailable, TensorBoardExporter, check_installed, flatten, open_exporters
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
 from rollart.infra.config import JobSpec, JobSpecError, MetricsConfig, load_job
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
 from tests.support.tasks import frozenlake_task
 
 
 def _record(step: int) -> StepRecord:
     """A step as the training workflow reports it: two tasks, the ledger, the trainer's metrics."""
     return StepRecord(
-        step=step, version=step + 1, time=1_700_000_000.0 + 10 * step, samples=8, reward_mean=0.25 * step,
-        success_rate=0.5, success_sampled=None, task_success={"frozenlake": 0.5, "arithmetic": 0.125 * step},
-        staleness_mean=0.5, staleness_max=1, completion_tokens=1000, started=16, trained=8, dropped=1,
-        failed=0, in_flight=7, buffered=0, filtered=0,
+        step=step,
+        version=step + 1,
+        time=1_700_000_000.0 + 10 * step,
+        samples=8,
+        reward_mean=0.25 * step,
+        success_rate=0.5,
+        success_sampled=None,
+        task_success={"frozenlake": 0.5, "arithmetic": 0.125 * step},
+        staleness_mean=0.5,
+        staleness_max=1,
+        completion_tokens=1000,
+        started=16,
+        trained=8,
+        dropped=1,
+        failed=0,
+        in_flight=7,
+        buffered=0,
+        filtered=0,
         train={"loss": 1.0 - 0.1 * step, "entropy": 0.7, "lr": 1e-5, "grad_norm": 2.0, "clip_frac": 0.0},
-    )  # fmt: skip
+    )
 
 
 def _scalars(log_dir: Path) -> EventAccumulator:
@@ -42,8 +56,9 @@ def test_flatten_makes_tag_paths_and_leaves_out_what_is_not_a_scalar() -> None:
     assert flat["reward_mean"] == 0.5 and flat["tokens_per_s"] == 100.0 and flat["version"] == 3.0
     assert not {"step", "time", "success_sampled"} & flat.keys()  # the global step, an epoch time, a None
     assert flatten({"step": 0, "note": "text", "flag": True, "nested": {"deeper": {"x": 1}}}) == {
-        "flag": 1.0, "nested/deeper/x": 1.0,
-    }  # fmt: skip
+        "flag": 1.0,
+        "nested/deeper/x": 1.0,
+    }
 
 
 def test_tensorboard_reader_finds_the_scalars_of_every_step(tmp_path: Path) -> None:
@@ -52,14 +67,26 @@ def test_tensorboard_reader_finds_the_scalars_of_every_step(tmp_path: Path) -> N
     events = _scalars(tmp_path / "tensorboard")  # flushed on each write: readable before close
     writer.close()
     tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/grad_norm", "task_success/frozenlake", "task_success/arithmetic", "ledger/trained",
-            "ledger/dropped", "reward_mean", "success_rate", "tokens_per_s", "trajectories_per_s"} <= tags  # fmt: skip
+    assert {
+        "train/loss",
+        "train/grad_norm",
+        "task_success/frozenlake",
+        "task_success/arithmetic",
+        "ledger/trained",
+        "ledger/dropped",
+        "reward_mean",
+        "success_rate",
+        "tokens_per_s",
+        "trajectories_per_s",
+    } <= tags
     loss = events.Scalars("train/loss")
     assert [e.step for e in loss] == [0, 1, 2]
     assert [e.value for e in loss] == pytest.approx([1.0, 0.9, 0.8])
     assert [e.value for e in events.Scalars("task_success/arithmetic")] == pytest.approx([0.0, 0.125, 0.25])
     assert [e.value for e in events.Scalars("ledger/trained")] == [8.0, 8.0, 8.0]
-    assert [e.value for e in events.Scalars("trajectories_per_s")] == pytest.approx([r["trajectories_per_s"] for r in rows])
+    assert [e.value for e in events.Scalars("trajectories_per_s")] == pytest.approx(
+        [r["trajectories_per_s"] for r in rows]
+    )
 
 
 def test_a_reattached_client_exports_each_step_once(tmp_path: Path) -> None:
@@ -88,8 +115,14 @@ def test_the_metrics_section_defaults_to_tensorboard_only(tmp_path: Path) -> Non
 
 def test_a_bad_metrics_section_is_a_readable_error(tmp_path: Path) -> None:
     spec = tmp_path / "job.json"
-    spec.write_text(json.dumps({"tasks": [frozenlake_task().model_dump(mode="json")],
-                                "metrics": {"tensorbord": True, "wandb": {"enabled": True, "mode": "cloud"}}}))  # fmt: skip
+    spec.write_text(
+        json.dumps(
+            {
+                "tasks": [frozenlake_task().model_dump(mode="json")],
+                "metrics": {"tensorbord": True, "wandb": {"enabled": True, "mode": "cloud"}},
+            }
+        )
+    )
     with pytest.raises(JobSpecError) as err:
         load_job(spec)
     message = str(err.value)
@@ -109,9 +142,14 @@ def test_wandb_enabled_but_missing_names_the_install(monkeypatch: pytest.MonkeyP
 @pytest.mark.integration  # wandb.init starts its service process (wandb-core)
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (pip install wandb)")
 def test_wandb_offline_run_holds_the_config_and_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
-                       "WANDB_CONFIG_DIR": str(tmp_path / "config"), "WANDB_CACHE_DIR": str(tmp_path / "cache")}.items():
-        monkeypatch.setenv(key, value)  # fmt: skip
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_DIR": str(tmp_path),
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(tmp_path / "config"),
+        "WANDB_CACHE_DIR": str(tmp_path / "cache"),
+    }.items():
+        monkeypatch.setenv(key, value)
     job = JobSpec(tasks=[frozenlake_task()], metrics={"tensorboard": False, "wandb": {"enabled": True}})
     (exporter,) = open_exporters(job, "job-wandb-1", tmp_path)
     writer = MetricsWriter(tmp_path, [exporter])

@@ -8,15 +8,22 @@ import statistics
 
 import pytest
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
 from rollart.activities.env import EnvActivities
 from rollart.activities.env_pool import ResetPool
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, sample_latency
 from rollart.activities.envs.frozenlake import FrozenLake
-from rollart.contracts.activities import EnvOptions, GroupResetInput, GroupStepInput, ResetInput, RestoreInput, StepInput
+from rollart.contracts.activities import (
+    EnvOptions,
+    GroupResetInput,
+    GroupStepInput,
+    ResetInput,
+    RestoreInput,
+    StepInput,
+)
 from rollart.infra.config import FaultModel, LatencyModel
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-
 from tests.support.tasks import frozenlake_task
 
 ENV = ActivityEnvironment()
@@ -37,8 +44,9 @@ def test_fault_model_is_validated() -> None:
         LatencyModel(median_s=1.0, p99_s=0.5)
     with pytest.raises(ValidationError):
         FaultModel(reset_failure_p=1.5)
-    task = frozenlake_task(faults={"reset_latency": {"median_s": 0.01, "p99_s": 0.2}, "reset_failure_p": 0.05},
-                           reset_pool_size=2)  # fmt: skip
+    task = frozenlake_task(
+        faults={"reset_latency": {"median_s": 0.01, "p99_s": 0.2}, "reset_failure_p": 0.05}, reset_pool_size=2
+    )
     opts = EnvOptions.of(task)
     assert opts is not None and opts.faults == task.faults and opts.reset_pool_size == 2
     assert EnvOptions.of(frozenlake_task()) is None  # a task without them sends none (old inputs decode alike)
@@ -87,7 +95,7 @@ async def test_reset_pool_hedges_and_keeps_spares_for_the_same_seed() -> None:
     assert calls == 3 and obs in ("obs2", "obs3")  # answered by a fast hedge, not the slow one
     await asyncio.sleep(0.3)
     assert pool.spares("k") == 2  # the other two are kept (≤ size)
-    [(_, again)] = await pool.take("k", 1, 3, reset_one)
+    [(_, _again)] = await pool.take("k", 1, 3, reset_one)
     assert calls == 3 and pool.hits == 1  # served from the spares, no new reset
 
 
@@ -105,8 +113,10 @@ async def test_resets_under_injected_failures_succeed_with_the_pool() -> None:
     ok = failed = 0
     for seed in range(200):
         try:
-            await ENV.run(acts.reset, ResetInput(env="frozenlake", env_args=LAKE, seed=seed, trajectory_id=f"t{seed}",
-                                                 options=opts))  # fmt: skip
+            await ENV.run(
+                acts.reset,
+                ResetInput(env="frozenlake", env_args=LAKE, seed=seed, trajectory_id=f"t{seed}", options=opts),
+            )
             ok += 1
         except ApplicationError:
             failed += 1
@@ -131,8 +141,12 @@ async def test_restore_replays_actions_and_continues_where_the_episode_was() -> 
     for a in actions:
         observation = (await ENV.run(first.step, StepInput(session_id=h.session_id, action=a))).observation
     # w1 dies: w2 rebuilds the session from the seed and the recorded actions
-    moved = await ENV.run(second.restore, RestoreInput(env="frozenlake", env_args=LAKE, seed=0, owner_id="t",
-                                                       actions=[actions], observations=[observation]))  # fmt: skip
+    moved = await ENV.run(
+        second.restore,
+        RestoreInput(
+            env="frozenlake", env_args=LAKE, seed=0, owner_id="t", actions=[actions], observations=[observation]
+        ),
+    )
     assert moved.queue == "cpu@w2" and moved.observations == [observation]
     on_w1 = await ENV.run(first.step, StepInput(session_id=h.session_id, action="D"))
     on_w2 = await ENV.run(second.step, StepInput(session_id=moved.session_id, action="D"))
@@ -142,8 +156,17 @@ async def test_restore_replays_actions_and_continues_where_the_episode_was() -> 
 async def test_restore_of_a_diverging_env_fails_without_retry() -> None:
     acts = EnvActivities("w", queue="cpu@w")
     with pytest.raises(ApplicationError) as err:
-        await ENV.run(acts.restore, RestoreInput(env="frozenlake", env_args=LAKE, seed=0, owner_id="t",
-                                                 actions=[["R"]], observations=["not what the env shows"]))  # fmt: skip
+        await ENV.run(
+            acts.restore,
+            RestoreInput(
+                env="frozenlake",
+                env_args=LAKE,
+                seed=0,
+                owner_id="t",
+                actions=[["R"]],
+                observations=["not what the env shows"],
+            ),
+        )
     assert err.value.type == "ReplayMismatch" and err.value.non_retryable
     assert acts.open_sessions == 0
 
@@ -152,7 +175,15 @@ async def test_restore_rebuilds_a_whole_group() -> None:
     acts = EnvActivities("w", queue="cpu@w")
     g = await ENV.run(acts.reset_group, GroupResetInput(env="frozenlake", env_args=LAKE, seed=0, size=2, group_id="g"))
     steps = await ENV.run(acts.step_group, GroupStepInput(session_id=g.session_id, actions=["R", "D"]))
-    moved = await ENV.run(acts.restore, RestoreInput(env="frozenlake", env_args=LAKE, seed=0, owner_id="g",
-                                                     actions=[["R"], ["D"]],
-                                                     observations=[s.observation for s in steps]))  # fmt: skip
+    moved = await ENV.run(
+        acts.restore,
+        RestoreInput(
+            env="frozenlake",
+            env_args=LAKE,
+            seed=0,
+            owner_id="g",
+            actions=[["R"], ["D"]],
+            observations=[s.observation for s in steps],
+        ),
+    )
     assert moved.observations == [s.observation for s in steps] and acts.open_sessions == 2

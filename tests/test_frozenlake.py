@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.envs.frozenlake import (
     STANDARD_MAP,
@@ -123,8 +124,15 @@ def test_invalid_action_is_a_no_op() -> None:
         observation="SAFF\nFHFH\nFFFH\nHFFG\nmove:",
         reward=0.0,
         done=False,
-        info={"valid": False, "success": False, "hole": False, "position": [0, 1], "action": None,
-              "distance": 5, "start_distance": 6},
+        info={
+            "valid": False,
+            "success": False,
+            "hole": False,
+            "position": [0, 1],
+            "action": None,
+            "distance": 5,
+            "start_distance": 6,
+        },
     )
 
 
@@ -146,8 +154,15 @@ def test_reaching_the_goal_gives_reward_one_and_success() -> None:
     assert all(not o.done and o.reward == 0.0 for o in outs[:-1])
     last = outs[-1]
     assert last.done is True and last.reward == 1.0
-    assert last.info == {"valid": True, "success": True, "hole": False, "position": [3, 3], "action": "R",
-                         "distance": 0, "start_distance": 6}
+    assert last.info == {
+        "valid": True,
+        "success": True,
+        "hole": False,
+        "position": [3, 3],
+        "action": "R",
+        "distance": 0,
+        "start_distance": 6,
+    }
     assert last.observation == "SFFF\nFHFH\nFFFH\nHFFA\nmove:"
     json.dumps(last.info)  # info crosses process boundaries as JSON
 

@@ -11,13 +11,13 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+
 from rollart.activities.envs.gem_env import GemEnv
 from rollart.activities.rewards.rule_based import env_return
 from rollart.contracts.activities import Transcript, TurnRecord
 from rollart.infra.config import JobSpec, load_job
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.workers.local_stack import LocalStack
-
 from tests.support.paths import REPO
 
 pytest.importorskip("gem", reason="the gem env needs gem-llm (`make setup` installs it)")
@@ -219,8 +219,11 @@ def test_reasoning_gym_task_scores_the_boxed_answer() -> None:
 
 
 def test_math_on_an_offline_dataset(tmp_path: Path) -> None:
-    rows = [{"problem": "What is 2+3?", "answer": "5"}, {"problem": "What is 7*6?", "answer": "42"},
-            {"problem": "What is 10-4?", "answer": "6"}]  # fmt: skip
+    rows = [
+        {"problem": "What is 2+3?", "answer": "5"},
+        {"problem": "What is 7*6?", "answer": "42"},
+        {"problem": "What is 10-4?", "answer": "6"},
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     # use_mp: false grades in this thread (GEM's signal timeout needs the main thread, which a unit test runs on)
@@ -269,8 +272,10 @@ def test_gem_kwargs_reach_gem_make() -> None:
 
 
 def test_env_return_sums_env_rewards_with_the_last_turns_success() -> None:
-    turns = [TurnRecord(observation="o", action="a", env_reward=0.0, info={"success": False}),
-             TurnRecord(observation="o", action="b", env_reward=1.0, done=True, info={"success": True})]  # fmt: skip
+    turns = [
+        TurnRecord(observation="o", action="a", env_reward=0.0, info={"success": False}),
+        TurnRecord(observation="o", action="b", env_reward=1.0, done=True, info={"success": True}),
+    ]
     solved = env_return(Transcript(task="t", seed=0, turns=turns))
     assert (solved.value, solved.success) == (1.0, True)
     failed = env_return(Transcript(task="t", seed=0, turns=[TurnRecord(observation="o", action="x", env_reward=-0.1)]))
@@ -282,11 +287,24 @@ def test_env_return_sums_env_rewards_with_the_last_turns_success() -> None:
 def test_rollout_cli_runs_the_sokoban_example(stack: LocalStack, stack_job: JobSpec, tmp_path: Path) -> None:
     """examples/sokoban.yaml through `rollart rollout` on the session's stack (its tiny model and engine)."""
     job = load_job(REPO / "examples" / "sokoban.yaml")
-    job = job.model_copy(update={"model_dir": stack_job.model_dir, "store": stack_job.store, "engine": stack_job.engine})
+    job = job.model_copy(
+        update={"model_dir": stack_job.model_dir, "store": stack_job.store, "engine": stack_job.engine}
+    )
     job_file = tmp_path / "job.json"
     job_file.write_text(job.model_dump_json())
-    cmd = [sys.executable, "-m", "rollart.cli", "rollout", str(job_file), "-n", "8", "--temporal-address",
-           stack.address, "--ui-url", "http://ui"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollart.cli",
+        "rollout",
+        str(job_file),
+        "-n",
+        "8",
+        "--temporal-address",
+        stack.address,
+        "--ui-url",
+        "http://ui",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8/8 completed" in done.stdout

@@ -13,8 +13,10 @@ import torch
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not torch.cuda.is_available(),
-                       reason=f"no GPU visible to torch {torch.__version__} (the CPU paths are tested elsewhere)"),  # fmt: skip
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason=f"no GPU visible to torch {torch.__version__} (the CPU paths are tested elsewhere)",
+    ),
 ]
 
 

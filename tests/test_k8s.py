@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError, api_exception
+
 from rollart.cli.main import build_parser
 from rollart.cli.worker import worker_settings
 from rollart.infra.config import JobSpec, JobSpecError, load_job
@@ -30,7 +31,6 @@ from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
 from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from rollart.infra.pools import Pool
 from rollart.workers.pool_worker import TrainerNodes
-
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"
@@ -43,7 +43,9 @@ def by_kind(manifests: list[Manifest], kind: str) -> dict[str, Manifest]:
 
 
 def deployments_by_pool(manifests: list[Manifest]) -> dict[str, Manifest]:
-    return {m["metadata"]["labels"]["app.kubernetes.io/component"]: m for m in by_kind(manifests, "Deployment").values()}
+    return {
+        m["metadata"]["labels"]["app.kubernetes.io/component"]: m for m in by_kind(manifests, "Deployment").values()
+    }
 
 
 def workloads_by_pool(manifests: list[Manifest]) -> dict[str, Manifest]:
@@ -65,8 +67,10 @@ def validate_all(manifests: list[Manifest]) -> None:
 
 def megatron_job(tensor: int, data: int, section: dict[str, Any], **engine: Any) -> JobSpec:
     """The FrozenLake job with the megatron backend on tensor x data ranks and the given `kubernetes` section."""
-    overrides: dict[str, Any] = {"trainer": {"backend": "megatron", "parallel": {"tensor": tensor, "data": data}},
-                                 "kubernetes": section}  # fmt: skip
+    overrides: dict[str, Any] = {
+        "trainer": {"backend": "megatron", "parallel": {"tensor": tensor, "data": data}},
+        "kubernetes": section,
+    }
     if engine:
         overrides["engine"] = engine
     return load_job(EXAMPLES["frozenlake"], overrides)
@@ -135,7 +139,9 @@ def test_each_pool_deployment_runs_its_pool_on_its_gpu_product() -> None:
     for pool in ("h800", "h20", "trainer"):
         resources = pod(deployments[pool])["containers"][0]["resources"]
         assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == 1
-        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(deployments[pool])["tolerations"]
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod(deployments[pool])[
+            "tolerations"
+        ]
     for pool in ("cpu", "control", "serverless"):
         assert "nvidia.com/gpu" not in pod(deployments[pool])["containers"][0]["resources"]["requests"]
         assert container(deployments[pool])["image"] == DEFAULT_CPU_IMAGE
@@ -155,9 +161,15 @@ def test_gpu_product_label_resources_and_tolerations_are_overridable() -> None:
         "image": "registry.example/rollart:1.2",
         "gpu_product_label": "cloud.example/accelerator",
         "pools": {
-            "h800": {"gpu_product": "NVIDIA-H800-80GB-HBM3", "gpus": 2, "cpu": "16", "memory": "128Gi", "replicas": 3,
-                     "node_selector": {"pool": "prefill"},
-                     "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}]},
+            "h800": {
+                "gpu_product": "NVIDIA-H800-80GB-HBM3",
+                "gpus": 2,
+                "cpu": "16",
+                "memory": "128Gi",
+                "replicas": 3,
+                "node_selector": {"pool": "prefill"},
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}],
+            },
             "cpu": {"replicas": 4, "node_selector": {"node.kubernetes.io/instance-type": "c7.4xlarge"}},
             "trainer": {"replicas": 0},
         },
@@ -167,7 +179,9 @@ def test_gpu_product_label_resources_and_tolerations_are_overridable() -> None:
     h800 = deployments["h800"]
     assert h800["spec"]["replicas"] == 3
     assert pod(h800)["nodeSelector"] == {"cloud.example/accelerator": "NVIDIA-H800-80GB-HBM3", "pool": "prefill"}
-    assert pod(h800)["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}]
+    assert pod(h800)["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "h800", "effect": "NoSchedule"}
+    ]
     assert container(h800)["image"] == DEFAULT_GPU_IMAGE  # a GPU pool: `image` is the CPU image
     assert container(deployments["cpu"])["image"] == "registry.example/rollart:1.2"
     assert container(h800)["resources"]["requests"] == {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": 2}
@@ -195,7 +209,11 @@ def test_the_trainer_is_one_statefulset_node_with_its_run_dir_volume() -> None:
     assert container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == 1  # the torch backend: one rank
     mounts = {m["name"]: m["mountPath"] for m in container(trainer)["volumeMounts"]}
     assert mounts["runs"] == "/var/lib/rollart/runs" and mounts["store"] == "/var/lib/rollart/store"
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod(trainer)["volumes"] if "persistentVolumeClaim" in v}
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod(trainer)["volumes"]
+        if "persistentVolumeClaim" in v
+    }
     assert set(claims.values()) <= set(by_kind(manifests, "PersistentVolumeClaim"))
     assert by_kind(manifests, "PersistentVolumeClaim")[claims["runs"]]["spec"]["accessModes"] == ["ReadWriteOnce"]
     assert by_kind(manifests, "PersistentVolumeClaim")[claims["store"]]["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -247,7 +265,9 @@ def test_tensor_2_by_data_2_on_2_nodes_meet_at_node_0_through_the_headless_servi
     assert svc["spec"]["selector"] == spec["selector"]["matchLabels"]
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     others = [m for m in workloads_by_pool(manifests).values() if m is not sts]
-    assert not any(svc["spec"]["selector"].items() <= m["spec"]["template"]["metadata"]["labels"].items() for m in others)
+    assert not any(
+        svc["spec"]["selector"].items() <= m["spec"]["template"]["metadata"]["labels"].items() for m in others
+    )
 
     # pod k is node rank k: $(POD_INDEX) comes from the pod-index label; node 0 is pod 0 under the Service
     command = container(sts)["command"]
@@ -271,7 +291,9 @@ def test_tensor_2_by_data_2_on_2_nodes_meet_at_node_0_through_the_headless_servi
         assert settings.nodes == TrainerNodes(nnodes=2, node_rank=index, rdzv=rdzv)
 
     # every node writes its ranks' checkpoint shards to the one run dir
-    runs = next(c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs"))
+    runs = next(
+        c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs")
+    )
     assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
     claims = [v["persistentVolumeClaim"]["claimName"] for v in pod(sts)["volumes"] if "persistentVolumeClaim" in v]
     assert runs["metadata"]["name"] in claims and "volumeClaimTemplates" not in spec
@@ -301,9 +323,14 @@ def test_the_megatron_example_puts_generation_and_trainer_ranks_on_gpus() -> Non
     assert job.temporal.address is None  # `rollart train` here still starts the local stack
     frozenlake = load_job(EXAMPLES["frozenlake"])
     assert job.tasks == frozenlake.tasks and job.training == frozenlake.training and job.engine == frozenlake.engine
-    assert job.trainer.model_dump(exclude={"backend", "parallel"}) == frozenlake.trainer.model_dump(exclude={"backend", "parallel"})
+    assert job.trainer.model_dump(exclude={"backend", "parallel"}) == frozenlake.trainer.model_dump(
+        exclude={"backend", "parallel"}
+    )
     manifests = render(job)
-    gpus = {pool: container(w)["resources"]["limits"].get("nvidia.com/gpu", 0) for pool, w in workloads_by_pool(manifests).items()}
+    gpus = {
+        pool: container(w)["resources"]["limits"].get("nvidia.com/gpu", 0)
+        for pool, w in workloads_by_pool(manifests).items()
+    }
     assert gpus == {"control": 0, "cpu": 0, "serverless": 0, "h800": 1, "trainer": 2}
     validate_all(manifests)
 
@@ -311,15 +338,35 @@ def test_the_megatron_example_puts_generation_and_trainer_ranks_on_gpus() -> Non
 @pytest.mark.parametrize(
     ("tensor", "data", "section", "expected"),
     [
-        (2, 2, {"pools": {"trainer": {"replicas": 3}}},
-         ["kubernetes.pools.trainer.replicas is 3 (trainer nodes)", "does not divide",
-          "trainer.parallel.tensor 2 x trainer.parallel.data 2 = 4 ranks", "use 1, 2 or 4"]),
-        (2, 2, {"pools": {"trainer": {"replicas": 2}}, "runs_volume": {"access_mode": "ReadWriteOnce"}},
-         ["kubernetes.runs_volume.access_mode is ReadWriteOnce", "2 trainer nodes", "use ReadWriteMany"]),
-        (2, 2, {"pools": {"trainer": {"replicas": 2, "gpus": 4}}},
-         ["kubernetes.pools.trainer.gpus is 4", "runs 2 rank(s)", "one GPU each", "0 for CPU ranks"]),
-        (1, 1, {"pools": {"h800": {"gpus": 1}}},
-         ["kubernetes.pools.h800.gpus is 1", "engine.tensor_parallel_size is 2", "leave gpus unset"]),
+        (
+            2,
+            2,
+            {"pools": {"trainer": {"replicas": 3}}},
+            [
+                "kubernetes.pools.trainer.replicas is 3 (trainer nodes)",
+                "does not divide",
+                "trainer.parallel.tensor 2 x trainer.parallel.data 2 = 4 ranks",
+                "use 1, 2 or 4",
+            ],
+        ),
+        (
+            2,
+            2,
+            {"pools": {"trainer": {"replicas": 2}}, "runs_volume": {"access_mode": "ReadWriteOnce"}},
+            ["kubernetes.runs_volume.access_mode is ReadWriteOnce", "2 trainer nodes", "use ReadWriteMany"],
+        ),
+        (
+            2,
+            2,
+            {"pools": {"trainer": {"replicas": 2, "gpus": 4}}},
+            ["kubernetes.pools.trainer.gpus is 4", "runs 2 rank(s)", "one GPU each", "0 for CPU ranks"],
+        ),
+        (
+            1,
+            1,
+            {"pools": {"h800": {"gpus": 1}}},
+            ["kubernetes.pools.h800.gpus is 1", "engine.tensor_parallel_size is 2", "leave gpus unset"],
+        ),
     ],
 )
 def test_gpu_layouts_that_cannot_run_fail_on_load_naming_the_fields(
@@ -342,8 +389,10 @@ def test_gpu_layouts_that_cannot_run_fail_on_load_naming_the_fields(
 
 
 def test_keda_scales_the_serverless_deployment_on_its_temporal_backlog() -> None:
-    section = {"temporal_address": "temporal.prod.svc:7233",
-               "serverless": {"min_replicas": 1, "max_replicas": 32, "target_queue_size": 5}}  # fmt: skip
+    section = {
+        "temporal_address": "temporal.prod.svc:7233",
+        "serverless": {"min_replicas": 1, "max_replicas": 32, "target_queue_size": 5},
+    }
     job = with_kubernetes(load_job(EXAMPLES["multitask"]), section)
     manifests = render(job)
     (so,) = by_kind(manifests, "ScaledObject").values()
@@ -361,8 +410,17 @@ def test_keda_scales_the_serverless_deployment_on_its_temporal_backlog() -> None
     assert meta["endpoint"] == "temporal.prod.svc:7233" and meta["namespace"] == job.temporal.namespace
     assert meta["targetQueueSize"] == "5" and meta["activationTargetQueueSize"] == "0"
     assert all(isinstance(v, str) for v in meta.values())  # KEDA's trigger metadata is map[string]string
-    assert set(spec) <= {"scaleTargetRef", "minReplicaCount", "maxReplicaCount", "pollingInterval",
-                         "cooldownPeriod", "triggers", "advanced", "fallback", "idleReplicaCount"}  # fmt: skip
+    assert set(spec) <= {
+        "scaleTargetRef",
+        "minReplicaCount",
+        "maxReplicaCount",
+        "pollingInterval",
+        "cooldownPeriod",
+        "triggers",
+        "advanced",
+        "fallback",
+        "idleReplicaCount",
+    }
 
 
 def test_without_keda_a_cpu_hpa_scales_serverless_from_at_least_one() -> None:
@@ -381,22 +439,46 @@ def test_without_keda_a_cpu_hpa_scales_serverless_from_at_least_one() -> None:
 @pytest.mark.parametrize(
     ("section", "expected"),
     [
-        ({"pools": {"a100": {"replicas": 1}}}, ["kubernetes.pools", "unknown pool 'a100'", "pools are: control, cpu, h800, h20, serverless, trainer"]),
-        ({"pools": {"h20": {"replicas": 0}}}, ["task 'arithmetic'", "its generation", "pool 'h20'", "kubernetes.pools.h20.replicas is 0"]),
-        ({"pools": {"serverless": {"replicas": 0}}}, ["task 'arithmetic'", "its reward 'exact_match'", "pool 'serverless'",
-                                                      "task 'frozenlake'", "its reward 'success'"]),
+        (
+            {"pools": {"a100": {"replicas": 1}}},
+            ["kubernetes.pools", "unknown pool 'a100'", "pools are: control, cpu, h800, h20, serverless, trainer"],
+        ),
+        (
+            {"pools": {"h20": {"replicas": 0}}},
+            ["task 'arithmetic'", "its generation", "pool 'h20'", "kubernetes.pools.h20.replicas is 0"],
+        ),
+        (
+            {"pools": {"serverless": {"replicas": 0}}},
+            [
+                "task 'arithmetic'",
+                "its reward 'exact_match'",
+                "pool 'serverless'",
+                "task 'frozenlake'",
+                "its reward 'success'",
+            ],
+        ),
         ({"pools": {"cpu": {"replicas": 0}}}, ["task 'frozenlake'", "its env 'frozenlake'", "pool 'cpu'"]),
         ({"pools": {"control": {"replicas": 0}}}, ["control pool runs every workflow"]),
-        ({"pools": {"trainer": {"replicas": 2}}}, ["kubernetes.pools.trainer.replicas is 2 (trainer nodes)",
-                                                   "trainer.parallel.tensor 1 x trainer.parallel.data 1 = 1 rank",
-                                                   "use 1"]),
-        ({"pools": {"h800": {"memory": "lots"}}}, ["kubernetes.pools.h800.memory", "not a Kubernetes quantity: 'lots'"]),
+        (
+            {"pools": {"trainer": {"replicas": 2}}},
+            [
+                "kubernetes.pools.trainer.replicas is 2 (trainer nodes)",
+                "trainer.parallel.tensor 1 x trainer.parallel.data 1 = 1 rank",
+                "use 1",
+            ],
+        ),
+        (
+            {"pools": {"h800": {"memory": "lots"}}},
+            ["kubernetes.pools.h800.memory", "not a Kubernetes quantity: 'lots'"],
+        ),
         ({"namespace": "My_NS"}, ["kubernetes.namespace", "not a usable Kubernetes name"]),
         ({"serverless": {"min_replicas": 5, "max_replicas": 2}}, ["kubernetes.serverless", "exceeds max_replicas"]),
         ({"pools": {"h800": {"gpu": 1}}}, ["kubernetes.pools.h800.gpu", "Extra inputs are not permitted"]),
     ],
 )
-def test_bad_kubernetes_sections_fail_on_load_naming_file_and_field(tmp_path: Path, section: dict, expected: list[str]) -> None:
+def test_bad_kubernetes_sections_fail_on_load_naming_file_and_field(
+    tmp_path: Path, section: dict, expected: list[str]
+) -> None:
     path = write_job(tmp_path, EXAMPLES["multitask"], section)
     with pytest.raises(JobSpecError) as err:
         load_job(path)
@@ -415,7 +497,7 @@ def test_a_local_temporal_address_is_refused_for_pods() -> None:
 def test_render_checks_pools_even_for_jobs_built_without_validation() -> None:
     job = load_job(EXAMPLES["multitask"])
     job = job.model_copy(update={"kubernetes": KubernetesConfig.model_validate({"pools": {"h20": {"replicas": 0}}})})
-    with pytest.raises(K8sRenderError, match="task 'arithmetic'.*pool 'h20'"):
+    with pytest.raises(K8sRenderError, match=r"task 'arithmetic'.*pool 'h20'"):
         render(job)
 
 
@@ -425,10 +507,27 @@ def test_render_checks_pools_even_for_jobs_built_without_validation() -> None:
 @pytest.mark.integration
 def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
     out = tmp_path / "manifests"
-    done = subprocess.run([*ROLLART, "k8s", "render", str(EXAMPLES["multitask"]), "-o", str(out), "--hpa",
-                           "--image", "registry.example/rollart:2-cpu", "--gpu-image", "registry.example/rollart:2-gpu",
-                           "--temporal-address", "t.example:7233"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [
+            *ROLLART,
+            "k8s",
+            "render",
+            str(EXAMPLES["multitask"]),
+            "-o",
+            str(out),
+            "--hpa",
+            "--image",
+            "registry.example/rollart:2-cpu",
+            "--gpu-image",
+            "registry.example/rollart:2-gpu",
+            "--temporal-address",
+            "t.example:7233",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr
     files = sorted(out.glob("*.yaml"))
     assert files and done.stdout.count("wrote ") == len(files)
@@ -442,16 +541,22 @@ def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
         c = container(d)
         images[d["metadata"]["labels"]["app.kubernetes.io/component"]] = c["image"]
         assert c["command"][-2:] == ["--temporal-address", "t.example:7233"]
-    assert images == {"control": "registry.example/rollart:2-cpu", "cpu": "registry.example/rollart:2-cpu",
-                      "serverless": "registry.example/rollart:2-cpu", "h800": "registry.example/rollart:2-gpu",
-                      "h20": "registry.example/rollart:2-gpu", "trainer": "registry.example/rollart:2-gpu"}  # fmt: skip
+    assert images == {
+        "control": "registry.example/rollart:2-cpu",
+        "cpu": "registry.example/rollart:2-cpu",
+        "serverless": "registry.example/rollart:2-cpu",
+        "h800": "registry.example/rollart:2-gpu",
+        "h20": "registry.example/rollart:2-gpu",
+        "trainer": "registry.example/rollart:2-gpu",
+    }
 
 
 @pytest.mark.integration
 def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
     path = write_job(tmp_path, EXAMPLES["multitask"], {"pools": {"h20": {"replicas": 0}}})
-    done = subprocess.run([*ROLLART, "k8s", "render", str(path), "-o", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [*ROLLART, "k8s", "render", str(path), "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("error: ") and "task 'arithmetic'" in done.stderr and "'h20'" in done.stderr
     assert not (tmp_path / "out").exists()
@@ -461,8 +566,13 @@ def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
 def test_cli_apply_without_a_cluster_says_so(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
     env["KUBECONFIG"] = str(tmp_path / "missing-kubeconfig")
-    done = subprocess.run([*ROLLART, "k8s", "apply", str(EXAMPLES["frozenlake"]), "--dry-run"],
-                          capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    done = subprocess.run(
+        [*ROLLART, "k8s", "apply", str(EXAMPLES["frozenlake"]), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "error: no Kubernetes cluster configured" in done.stderr and "KUBECONFIG" in done.stderr
 
@@ -470,11 +580,13 @@ def test_cli_apply_without_a_cluster_says_so(tmp_path: Path) -> None:
 def test_connect_to_an_unreachable_api_server_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     port = free_port()
     kubeconfig = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "nowhere",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "nowhere",
         "clusters": [{"name": "nowhere", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
         "users": [{"name": "me", "user": {"token": "x"}}],
         "contexts": [{"name": "nowhere", "context": {"cluster": "nowhere", "user": "me"}}],
-    }  # fmt: skip
+    }
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(kubeconfig))
     monkeypatch.setenv("KUBECONFIG", str(path))
@@ -500,7 +612,9 @@ class FakeResource:
 class FakeCluster:
     """Records server-side apply calls; `reject` maps `Kind/name` to the message its dry-run fails with."""
 
-    def __init__(self, crds: bool = True, reject: dict[str, str] | None = None, namespaces: set[str] | None = None) -> None:
+    def __init__(
+        self, crds: bool = True, reject: dict[str, str] | None = None, namespaces: set[str] | None = None
+    ) -> None:
         self.crds = crds
         self.reject = reject or {}
         self.namespaces = namespaces if namespaces is not None else set()
@@ -512,8 +626,15 @@ class FakeCluster:
             raise ResourceNotFoundError(f"No matches found for {{'api_version': {api_version!r}, 'kind': {kind!r}}}")
         return FakeResource(kind, self.namespaces)
 
-    def server_side_apply(self, resource: FakeResource, body: Any = None, name: str | None = None,
-                          namespace: str | None = None, force_conflicts: bool | None = None, **kwargs: Any) -> dict:  # fmt: skip
+    def server_side_apply(
+        self,
+        resource: FakeResource,
+        body: Any = None,
+        name: str | None = None,
+        namespace: str | None = None,
+        force_conflicts: bool | None = None,
+        **kwargs: Any,
+    ) -> dict:
         assert kwargs["field_manager"] == "rollart" and force_conflicts is True
         dry = kwargs.get("dry_run") == "All"
         ref = f"{resource.kind}/{name}"
@@ -601,7 +722,9 @@ def test_the_readme_multi_node_trainer_section_renders() -> None:
     manifests = render(megatron_job(8, 4, section))
     (sts,) = by_kind(manifests, "StatefulSet").values()
     assert sts["spec"]["replicas"] == 4 and container(sts)["resources"]["limits"]["nvidia.com/gpu"] == 8
-    runs = next(c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs"))
+    runs = next(
+        c for c in by_kind(manifests, "PersistentVolumeClaim").values() if c["metadata"]["name"].endswith("-runs")
+    )
     assert runs["spec"]["accessModes"] == ["ReadWriteMany"]
     validate_all(manifests)
 

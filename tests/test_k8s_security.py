@@ -13,18 +13,25 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+
 from rollart.cli.main import build_parser
 from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.k8s import K8sRenderError, Manifest, render, secret_command
 from rollart.infra.pools import WORKER_POOLS
-
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"
 EXAMPLES = REPO / "examples"
-TEMPORAL = {"address": "temporal.prod.example:7233", "api_key_env": "TEMPORAL_API_KEY",
-            "tls": {"ca": "certs/ca.pem", "cert": "certs/client.pem", "key": "certs/client.key",
-                    "server_name": "temporal.prod.example"}}  # fmt: skip
+TEMPORAL = {
+    "address": "temporal.prod.example:7233",
+    "api_key_env": "TEMPORAL_API_KEY",
+    "tls": {
+        "ca": "certs/ca.pem",
+        "cert": "certs/client.pem",
+        "key": "certs/client.key",
+        "server_name": "temporal.prod.example",
+    },
+}
 MOONCAKE = {"kind": "mooncake", "mooncake": {"master": "mooncake-master.rollart.svc.cluster.local:50051"}}
 
 
@@ -68,32 +75,54 @@ def test_every_pool_pod_mounts_the_tls_files_and_gets_the_api_key_from_the_secre
     manifests = render(secured())
     validate(manifests)
     pools = workloads(manifests)
-    assert set(pools) == {"multitask-control", "multitask-cpu", "multitask-h800", "multitask-h20",
-                          "multitask-serverless", "multitask-trainer"}  # fmt: skip
+    assert set(pools) == {
+        "multitask-control",
+        "multitask-cpu",
+        "multitask-h800",
+        "multitask-h20",
+        "multitask-serverless",
+        "multitask-trainer",
+    }
     for name, w in pools.items():
         spec = pod(w)
         (volume,) = [v for v in spec["volumes"] if v["name"] == "temporal-tls"]
-        assert volume["secret"] == {"secretName": "multitask-temporal", "defaultMode": 0o440,
-                                    "items": [{"key": "ca.crt", "path": "ca.crt"}, {"key": "tls.crt", "path": "tls.crt"},
-                                              {"key": "tls.key", "path": "tls.key"}]}, name  # fmt: skip
+        assert volume["secret"] == {
+            "secretName": "multitask-temporal",
+            "defaultMode": 0o440,
+            "items": [
+                {"key": "ca.crt", "path": "ca.crt"},
+                {"key": "tls.crt", "path": "tls.crt"},
+                {"key": "tls.key", "path": "tls.key"},
+            ],
+        }, name
         (c,) = spec["containers"]
         assert {"name": "temporal-tls", "mountPath": "/etc/rollart-temporal", "readOnly": True} in c["volumeMounts"]
-        assert {"name": "TEMPORAL_API_KEY", "valueFrom": {"secretKeyRef": {"name": "multitask-temporal",
-                                                                           "key": "api-key"}}} in c["env"]  # fmt: skip
+        assert {
+            "name": "TEMPORAL_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "multitask-temporal", "key": "api-key"}},
+        } in c["env"]
         assert spec["securityContext"]["fsGroup"] == 10001  # the files are group-readable for the image's user
     # the pods' job names the mounted files; it loads there as it is
     (configmap,) = of_kind(manifests, "ConfigMap")
     pods_job = JobSpec.model_validate(yaml.safe_load(configmap["data"]["job.yaml"]))
     tls = pods_job.temporal.tls
-    assert (tls.ca, tls.cert, tls.key) == (Path("/etc/rollart-temporal/ca.crt"), Path("/etc/rollart-temporal/tls.crt"),
-                                           Path("/etc/rollart-temporal/tls.key"))  # fmt: skip
+    assert (tls.ca, tls.cert, tls.key) == (
+        Path("/etc/rollart-temporal/ca.crt"),
+        Path("/etc/rollart-temporal/tls.crt"),
+        Path("/etc/rollart-temporal/tls.key"),
+    )
     assert tls.server_name == "temporal.prod.example" and pods_job.temporal.api_key_env == "TEMPORAL_API_KEY"
     assert "certs/" not in configmap["data"]["job.yaml"] and "Secret" not in {m["kind"] for m in manifests}
 
 
 def test_only_the_files_the_job_names_are_mounted_and_env_servers_get_none() -> None:
-    manifests = render(secured("openenv", {"address": "t.example:7233", "tls": {"ca": "ca.pem"}},
-                               kubernetes={"serverless": {"keda": False}}))  # fmt: skip
+    manifests = render(
+        secured(
+            "openenv",
+            {"address": "t.example:7233", "tls": {"ca": "ca.pem"}},
+            kubernetes={"serverless": {"keda": False}},
+        )
+    )
     validate(manifests)
     for name, w in workloads(manifests).items():
         volumes = {v["name"]: v for v in pod(w).get("volumes", [])}
@@ -105,7 +134,9 @@ def test_only_the_files_the_job_names_are_mounted_and_env_servers_get_none() -> 
 
 
 def test_an_api_key_alone_is_an_env_var_and_no_volume() -> None:
-    manifests = render(secured("frozenlake", {"address": "ns.acct.tmprl.cloud:7233", "api_key_env": "TEMPORAL_API_KEY"}))
+    manifests = render(
+        secured("frozenlake", {"address": "ns.acct.tmprl.cloud:7233", "api_key_env": "TEMPORAL_API_KEY"})
+    )
     for w in workloads(manifests).values():
         assert "temporal-tls" not in {v["name"] for v in pod(w)["volumes"]}
         assert any(e["name"] == "TEMPORAL_API_KEY" for e in pod(w)["containers"][0]["env"])
@@ -116,9 +147,15 @@ def test_an_api_key_alone_is_an_env_var_and_no_volume() -> None:
 def test_the_secret_name_is_set_in_the_kubernetes_section_and_the_command_creates_it() -> None:
     job = secured(kubernetes={"namespace": "rl-team", "temporal_secret": "temporal-prod-creds"})
     manifests = render(job)
-    names = {v["secret"]["secretName"] for w in workloads(manifests).values() for v in pod(w)["volumes"] if "secret" in v}
-    keys = {e["valueFrom"]["secretKeyRef"]["name"] for w in workloads(manifests).values()
-            for e in pod(w)["containers"][0]["env"] if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]}  # fmt: skip
+    names = {
+        v["secret"]["secretName"] for w in workloads(manifests).values() for v in pod(w)["volumes"] if "secret" in v
+    }
+    keys = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for w in workloads(manifests).values()
+        for e in pod(w)["containers"][0]["env"]
+        if "valueFrom" in e and "secretKeyRef" in e["valueFrom"]
+    }
     (auth,) = of_kind(manifests, "TriggerAuthentication")
     assert names == keys == {r["name"] for r in auth["spec"]["secretTargetRef"]} == {"temporal-prod-creds"}
     assert secret_command(job) == (
@@ -135,7 +172,9 @@ def test_keda_gets_the_credentials_through_a_trigger_authentication() -> None:
     manifests = render(secured())
     (auth,) = of_kind(manifests, "TriggerAuthentication")
     (scaler,) = of_kind(manifests, "ScaledObject")
-    assert [m["kind"] for m in manifests].index("TriggerAuthentication") < [m["kind"] for m in manifests].index("ScaledObject")
+    assert [m["kind"] for m in manifests].index("TriggerAuthentication") < [m["kind"] for m in manifests].index(
+        "ScaledObject"
+    )
     assert auth["apiVersion"] == "keda.sh/v1alpha1" and auth["metadata"]["namespace"] == "rollart"
     assert auth["spec"]["secretTargetRef"] == [
         {"parameter": "ca", "name": "multitask-temporal", "key": "ca.crt"},
@@ -152,24 +191,34 @@ def test_keda_gets_the_credentials_through_a_trigger_authentication() -> None:
     assert "authenticationRef" not in of_kind(plain, "ScaledObject")[0]["spec"]["triggers"][0]
 
 
-@pytest.mark.parametrize(("temporal", "expected"), [
-    ({"tls": {"ca": "ca.pem"}}, "KEDA's temporal scaler uses TLS only with a client certificate or an API key"),
-    ({"tls": {"ca": "ca.pem"}, "api_key_env": "K"}, "cannot use temporal.tls.ca: give the job a client certificate"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("temporal", "expected"),
+    [
+        ({"tls": {"ca": "ca.pem"}}, "KEDA's temporal scaler uses TLS only with a client certificate or an API key"),
+        (
+            {"tls": {"ca": "ca.pem"}, "api_key_env": "K"},
+            "cannot use temporal.tls.ca: give the job a client certificate",
+        ),
+    ],
+)
 def test_credentials_keda_cannot_use_are_refused_unless_the_hpa_scales(temporal: dict, expected: str) -> None:
     job = secured(temporal={"address": "t.example:7233", **temporal})
     with pytest.raises(K8sRenderError, match=expected) as e:
         render(job)
     assert "--hpa" in str(e.value)
-    hpa = render(secured(temporal={"address": "t.example:7233", **temporal}, kubernetes={"serverless": {"keda": False}}))
+    hpa = render(
+        secured(temporal={"address": "t.example:7233", **temporal}, kubernetes={"serverless": {"keda": False}})
+    )
     assert of_kind(hpa, "HorizontalPodAutoscaler") and not of_kind(hpa, "TriggerAuthentication")
     validate(hpa)
 
 
 def test_render_prints_how_to_create_the_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     raw = yaml.safe_load((EXAMPLES / "frozenlake.yaml").read_text())
-    raw["temporal"] = {"address": "t.example:7233", "tls": {"ca": "certs/ca.pem", "cert": "certs/c.pem",
-                                                             "key": "certs/c.key"}}  # fmt: skip
+    raw["temporal"] = {
+        "address": "t.example:7233",
+        "tls": {"ca": "certs/ca.pem", "cert": "certs/c.pem", "key": "certs/c.key"},
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(raw))
     args = build_parser().parse_args(["k8s", "render", str(path), "-o", str(tmp_path / "out")])
@@ -177,8 +226,10 @@ def test_render_prints_how_to_create_the_secret(tmp_path: Path, capsys: pytest.C
     out = capsys.readouterr().out
     assert "from Secret 'frozenlake-temporal', which is not rendered" in out
     assert f"once its namespace exists (kubectl apply -f {tmp_path}/out/00-namespace-rollart.yaml)" in out
-    assert ("  kubectl -n rollart create secret generic frozenlake-temporal \\\n    --from-file=ca.crt=certs/ca.pem \\\n"
-            "    --from-file=tls.crt=certs/c.pem \\\n    --from-file=tls.key=certs/c.key\n") in out  # fmt: skip
+    assert (
+        "  kubectl -n rollart create secret generic frozenlake-temporal \\\n    --from-file=ca.crt=certs/ca.pem \\\n"
+        "    --from-file=tls.crt=certs/c.pem \\\n    --from-file=tls.key=certs/c.key\n"
+    ) in out
     raw.pop("temporal")
     path.write_text(yaml.safe_dump(raw))
     assert args.func(args) == 0 and "Secret" not in capsys.readouterr().out
@@ -213,7 +264,8 @@ def test_a_mooncake_store_gets_network_policies_letting_only_the_pools_in() -> N
     assert all(selects(policies["openenv-pools-ingress"]["podSelector"], labels) for labels in pool_pods.values())
     assert not selects(policies["openenv-pools-ingress"]["podSelector"], env_server)
     assert {v for e in policies["openenv-pools-ingress"]["podSelector"]["matchExpressions"] for v in e["values"]} == {
-        p.value for p in WORKER_POOLS}
+        p.value for p in WORKER_POOLS
+    }
 
 
 def test_the_mooncake_pod_labels_are_configurable_and_the_policies_can_be_left_out() -> None:
@@ -222,10 +274,13 @@ def test_the_mooncake_pod_labels_are_configurable_and_the_policies_can_be_left_o
     policy = next(m for m in of_kind(manifests, "NetworkPolicy") if m["metadata"]["name"].endswith("-mooncake-ingress"))
     assert policy["spec"]["podSelector"] == {"matchLabels": {"app": "mooncake", "tier": "store"}}
     off = {"mooncake": {"network_policy": False}}
-    assert not of_kind(render(secured("frozenlake", {"address": "t.example:7233"}, store=MOONCAKE, kubernetes=off)),
-                       "NetworkPolicy")  # fmt: skip
-    assert not of_kind(render(load_job(EXAMPLES / "frozenlake.yaml")), "NetworkPolicy")  # a local store: nothing listens
-    with pytest.raises(JobSpecError, match="kubernetes.mooncake.pod_labels"):  # {} would select every pod
+    assert not of_kind(
+        render(secured("frozenlake", {"address": "t.example:7233"}, store=MOONCAKE, kubernetes=off)), "NetworkPolicy"
+    )
+    assert not of_kind(
+        render(load_job(EXAMPLES / "frozenlake.yaml")), "NetworkPolicy"
+    )  # a local store: nothing listens
+    with pytest.raises(JobSpecError, match=r"kubernetes.mooncake.pod_labels"):  # {} would select every pod
         secured("frozenlake", {"address": "t.example:7233"}, kubernetes={"mooncake": {"pod_labels": {}}})
 
 

@@ -9,20 +9,23 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
-from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.liveness import alive, queue_liveness
-from rollart.infra.temporal import connect
 from temporalio import activity
 from temporalio.api.enums.v1 import WorkerStatus
 from temporalio.api.worker.v1 import WorkerHeartbeat
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from rollart.infra.config import StoreConfig, TemporalConfig
+from rollart.infra.liveness import alive, queue_liveness
+from rollart.infra.temporal import connect
+
 
 def beat(age_s: float, interval_s: float, status: int = WorkerStatus.WORKER_STATUS_RUNNING) -> WorkerHeartbeat:
     at = Timestamp()
     at.FromSeconds(int(1000.0 - age_s))
-    return WorkerHeartbeat(status=status, heartbeat_time=at, elapsed_since_last_heartbeat=Duration(seconds=int(interval_s)))
+    return WorkerHeartbeat(
+        status=status, heartbeat_time=at, elapsed_since_last_heartbeat=Duration(seconds=int(interval_s))
+    )
 
 
 def test_a_worker_is_alive_until_it_misses_two_of_its_own_heartbeats() -> None:
@@ -41,7 +44,8 @@ async def noop() -> None:
 
 @pytest.mark.orchestration
 async def test_a_running_worker_heartbeats_on_its_queue_and_stops_when_shut_down(
-        bare_env: WorkflowEnvironment, queue_prefix: str, tmp_path: Path) -> None:
+    bare_env: WorkflowEnvironment, queue_prefix: str, tmp_path: Path
+) -> None:
     """rollart's clients send a heartbeat every `worker_heartbeat_s`; the queue's liveness reads them."""
     temporal = TemporalConfig(address=bare_env.client.service_client.config.target_host, worker_heartbeat_s=1.0)
     client = await connect(temporal, StoreConfig(path=tmp_path / "store"))

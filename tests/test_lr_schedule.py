@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+
 from rollart.activities.training.lr_schedule import lr_at, scheduled
 from rollart.contracts.training import TrainingPlan
 from rollart.infra.config import JobSpec, TrainerConfig
@@ -33,11 +36,13 @@ def test_cosine_decays_from_lr_to_its_floor_over_decay_steps_and_stays_there() -
     assert lr_at(cfg, 7) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way: half way between lr and the floor
     assert lr_at(cfg, 12) == pytest.approx(1e-4) and lr_at(cfg, 500) == pytest.approx(1e-4)
     rates = [lr_at(cfg, s) for s in range(2, 13)]
-    assert all(a > b for a, b in zip(rates, rates[1:]))
+    assert all(a > b for a, b in itertools.pairwise(rates))
 
 
 def test_a_cosine_job_decays_over_the_steps_left_after_warm_up() -> None:
-    job = JobSpec(tasks=[TASK], training={"steps": 100}, trainer={"lr_schedule": {"kind": "cosine", "warmup_steps": 10}})
+    job = JobSpec(
+        tasks=[TASK], training={"steps": 100}, trainer={"lr_schedule": {"kind": "cosine", "warmup_steps": 10}}
+    )
     assert TrainingPlan.of(job).trainer.lr_schedule.decay_steps == 90  # what the train steps get
     kept = JobSpec(tasks=[TASK], trainer={"lr_schedule": {"kind": "cosine", "decay_steps": 7}})
     assert TrainingPlan.of(kept).trainer.lr_schedule.decay_steps == 7

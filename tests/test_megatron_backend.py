@@ -16,17 +16,27 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rollart.activities.rl.action_entropy import ActionSpace, ActionTerm
 from rollart.activities.rl.batch import TrainSequence, collate
 from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
 from rollart.activities.training.megatron.hf_layout import HfArch, UnsupportedModel
 from rollart.infra.config import LossConfig, TrainerConfig
-
 from tests.support.gloo import run_on_ranks
 
-BASE = dict(vocab_size=387, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, rms_norm_eps=1e-6,
-            tie_word_embeddings=False, pad_token_id=0)  # fmt: skip
+BASE = {
+    "vocab_size": 387,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 128,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
 
 
 def build_model(out: Path, **overrides: object) -> Path:
@@ -51,10 +61,16 @@ def hf_state(model_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(model_dir / "model.safetensors"))
 
 
-@pytest.mark.parametrize(("variant", "overrides", "tp"), [
-    ("untied GQA", {}, 2), ("tied", {"tie_word_embeddings": True}, 2), ("4 ranks", {}, 4),
-    ("MQA: 1 kv head < tp", {"num_key_value_heads": 1}, 2), ("one rank", {}, 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("variant", "overrides", "tp"),
+    [
+        ("untied GQA", {}, 2),
+        ("tied", {"tie_word_embeddings": True}, 2),
+        ("4 ranks", {}, 4),
+        ("MQA: 1 kv head < tp", {"num_key_value_heads": 1}, 2),
+        ("one rank", {}, 1),
+    ],
+)
 def test_hf_to_megatron_to_hf_round_trips_exactly(tmp_path: Path, variant: str, overrides: dict, tp: int) -> None:
     model_dir = build_model(tmp_path / "m", **overrides)
     arch = HfArch.from_model_dir(model_dir)
@@ -74,22 +90,40 @@ def test_the_vocabulary_is_padded_with_zero_rows_to_a_multiple_of_tp(tmp_path: P
     assert arch.padded_vocab(2) == 388 and last.shape[0] == 194 and torch.equal(last[-1], torch.zeros(64))
 
 
-@pytest.mark.parametrize(("config", "message"), [
-    ({"model_type": "gemma"}, "model_type 'gemma' is not supported"),
-    ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling"),
-    ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
-    ({"model_type": "qwen2", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "gemma"}, "model_type 'gemma' is not supported"),
+        ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling"),
+        ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
+        ({"model_type": "qwen2", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ],
+)
 def test_unsupported_architectures_fail_at_load_saying_why(config: dict, message: str) -> None:
-    c = {"num_attention_heads": 4, "hidden_size": 64, "vocab_size": 10, "intermediate_size": 8,
-         "num_hidden_layers": 1, **config}  # fmt: skip
+    c = {
+        "num_attention_heads": 4,
+        "hidden_size": 64,
+        "vocab_size": 10,
+        "intermediate_size": 8,
+        "num_hidden_layers": 1,
+        **config,
+    }
     with pytest.raises(UnsupportedModel, match=message):
         HfArch.from_config(c)
 
 
 def test_tensor_parallel_sizes_that_do_not_split_the_heads_are_refused() -> None:
-    arch = HfArch.from_config({"model_type": "qwen2", "num_attention_heads": 4, "num_key_value_heads": 2,
-                               "hidden_size": 64, "vocab_size": 10, "intermediate_size": 8, "num_hidden_layers": 1})  # fmt: skip
+    arch = HfArch.from_config(
+        {
+            "model_type": "qwen2",
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "hidden_size": 64,
+            "vocab_size": 10,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+        }
+    )
     arch.check_tensor_parallel(2)
     with pytest.raises(UnsupportedModel, match="does not divide the model's 4 attention heads"):
         arch.check_tensor_parallel(3)
@@ -101,8 +135,14 @@ def batch(seed: int = 0, n: int = 6, vocab: int = 387) -> list[TrainSequence]:
     out = []
     for _ in range(n):
         completion = [rng.randrange(vocab) for _ in range(rng.randint(1, 5))]
-        out.append(TrainSequence([rng.randrange(vocab) for _ in range(rng.randint(3, 9))], completion,
-                                 [0.0] * len(completion), rng.choice([-1.0, 0.5, 1.2])))  # fmt: skip
+        out.append(
+            TrainSequence(
+                [rng.randrange(vocab) for _ in range(rng.randint(3, 9))],
+                completion,
+                [0.0] * len(completion),
+                rng.choice([-1.0, 0.5, 1.2]),
+            )
+        )
     return out
 
 
@@ -122,13 +162,20 @@ def with_behaviour_logprobs(ref, seqs: list[TrainSequence]) -> list[TrainSequenc
     with torch.no_grad():
         lp, _ = ref.logprobs(collate(seqs, ref.pad_id), entropy_grad=False)
     gen = torch.Generator().manual_seed(1)
-    return [TrainSequence(s.prompt_ids, s.completion_ids,
-                          (lp[i, len(s.prompt_ids): s.length] + 0.05 * torch.randn(len(s.completion_ids), generator=gen)).tolist(),
-                          s.advantage) for i, s in enumerate(seqs)]  # fmt: skip
+    return [
+        TrainSequence(
+            s.prompt_ids,
+            s.completion_ids,
+            (lp[i, len(s.prompt_ids) : s.length] + 0.05 * torch.randn(len(s.completion_ids), generator=gen)).tolist(),
+            s.advantage,
+        )
+        for i, s in enumerate(seqs)
+    ]
 
 
-def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str,
-                       actions: ActionTerm | None = None) -> dict[str, float] | None:  # fmt: skip
+def compare_with_torch(
+    model_dir: str, seqs: list[TrainSequence], cfg_json: str, actions: ActionTerm | None = None
+) -> dict[str, float] | None:
     """On each rank: the torch backend (whole batch) and the megatron backend (its data-parallel share) take one
     step from the same weights; the leader returns the largest differences. With `actions` the entropy is over
     actions (every sequence of task "t" when there is one such space, else alternating tasks)."""
@@ -147,8 +194,9 @@ def compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str,
         lp_m, ent_m = meg.logprobs(whole, entropy_grad=False, actions=actions)
     total = sum(len(s.completion_ids) for s in seqs)
     m_t = accumulate_gradients(ref, seqs, total, cfg, actions=actions)
-    m_m = ranks.sum_over_data(accumulate_gradients(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg,
-                                                   actions=actions))  # fmt: skip
+    m_m = ranks.sum_over_data(
+        accumulate_gradients(meg, data_shard(seqs, ranks.data_rank, ranks.data_size), total, cfg, actions=actions)
+    )
     meg.sync_grads()
     grads_m = meg.gathered_hf(grads=True)
     grads_t = {n: p.grad.clone() for n, p in ref.model.named_parameters()}
@@ -177,26 +225,39 @@ COVERAGE_BONUS = LossConfig(entropy_coef=0.05, entropy_over="actions", action_bo
 
 def action_term(form: str) -> ActionTerm:
     """Two tasks reading the 387 tokens as actions differently: id % 5 (4 actions and none), id % 3 (3 actions)."""
-    return ActionTerm({"t": ActionSpace(tuple("abcd"), torch.arange(387) % 5),
-                       "u": ActionSpace(tuple("xyz"), torch.arange(387) % 3)}, form)  # fmt: skip
+    return ActionTerm(
+        {"t": ActionSpace(tuple("abcd"), torch.arange(387) % 5), "u": ActionSpace(tuple("xyz"), torch.arange(387) % 3)},
+        form,
+    )
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("tensor", "data", "loss", "n"), [
-    (2, 1, LossConfig(), 6), (1, 2, LossConfig(), 6), (2, 1, BONUS_AND_KL, 6), (1, 2, BONUS_AND_KL, 6),
-    (1, 2, LossConfig(), 1),  # one sequence: data rank 1 has nothing to train on and still joins the gradient sum
-    (2, 1, ACTION_BONUS, 6), (2, 1, COVERAGE_BONUS, 6),  # over actions from each rank's vocabulary slice, 2 tasks
-], ids=["T2", "D2", "T2-entropy-kl", "D2-entropy-kl", "D2-one-sequence", "T2-action-entropy", "T2-coverage"])  # fmt: skip
-def test_megatron_equals_torch_on_the_same_weights_and_batch(tmp_path: Path, tensor: int, data: int,
-                                                             loss: LossConfig, n: int) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("tensor", "data", "loss", "n"),
+    [
+        (2, 1, LossConfig(), 6),
+        (1, 2, LossConfig(), 6),
+        (2, 1, BONUS_AND_KL, 6),
+        (1, 2, BONUS_AND_KL, 6),
+        (1, 2, LossConfig(), 1),  # one sequence: data rank 1 has nothing to train on and still joins the gradient sum
+        (2, 1, ACTION_BONUS, 6),
+        (2, 1, COVERAGE_BONUS, 6),  # over actions from each rank's vocabulary slice, 2 tasks
+    ],
+    ids=["T2", "D2", "T2-entropy-kl", "D2-entropy-kl", "D2-one-sequence", "T2-action-entropy", "T2-coverage"],
+)
+def test_megatron_equals_torch_on_the_same_weights_and_batch(
+    tmp_path: Path, tensor: int, data: int, loss: LossConfig, n: int
+) -> None:
     """Log-probs within 1e-4, gradients within 1e-6, and with AdamW eps 1e-6 one step leaves the weights within 1e-5
     (with eps 1e-8, rounding noise on near-zero gradients becomes full-size updates)."""
     model_dir = build_model(tmp_path / "m", tie_word_embeddings=tensor == 2)
-    cfg = TrainerConfig(backend="megatron", parallel={"tensor": tensor, "data": data}, eps=1e-6, micro_batch_size=2,
-                        loss=loss)  # fmt: skip
+    cfg = TrainerConfig(
+        backend="megatron", parallel={"tensor": tensor, "data": data}, eps=1e-6, micro_batch_size=2, loss=loss
+    )
     actions = action_term(loss.action_bonus) if loss.entropy_over == "actions" else None
-    d = run_on_ranks(compare_with_torch, tensor * data, tensor, str(model_dir), batch(n=n), cfg.model_dump_json(),
-                     actions)[0]  # fmt: skip
+    d = run_on_ranks(
+        compare_with_torch, tensor * data, tensor, str(model_dir), batch(n=n), cfg.model_dump_json(), actions
+    )[0]
     print(f"T={tensor} D={data} {loss}: {json.dumps(d)}")
     assert d["names_match"] == 1.0
     assert d["logprob"] < 1e-4 and d["entropy"] < 1e-4 and d["loss"] < 1e-6, d
@@ -264,8 +325,14 @@ def test_bf16_keeps_fp32_masters_and_recomputation_changes_no_gradient(tmp_path:
 def ppo_compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: str) -> dict[str, float] | None:
     """Megatron's ranks run `ppo_updates` on their shares; the torch backend makes the same updates on the same
     global mini-batches in one process. The leader returns the largest differences."""
-    from rollart.activities.training.updates import (accumulate_gradients, data_shard, epoch_seed,
-                                                     mini_batch_parts, ppo_updates, with_proximal_logprobs)
+    from rollart.activities.training.updates import (
+        accumulate_gradients,
+        data_shard,
+        epoch_seed,
+        mini_batch_parts,
+        ppo_updates,
+        with_proximal_logprobs,
+    )
 
     cfg, ranks, ref, meg = both_backends(model_dir, cfg_json)
     seqs = with_behaviour_logprobs(ref, seqs)
@@ -285,12 +352,15 @@ def ppo_compare_with_torch(model_dir: str, seqs: list[TrainSequence], cfg_json: 
             ref.step(cfg)
     weights_t = ref.model.state_dict()
     return {
-        "updates": float(len(outcomes)), "reference_updates": float(len(clip)),
-        "clip_frac": m_m["clip_frac"], "clip_frac_diff": abs(m_m["clip_frac"] - sum(clip) / len(clip)),
+        "updates": float(len(outcomes)),
+        "reference_updates": float(len(clip)),
+        "clip_frac": m_m["clip_frac"],
+        "clip_frac_diff": abs(m_m["clip_frac"] - sum(clip) / len(clip)),
         "weights": max(float((weights_t[k] - w).abs().max()) for k, w in weights_m.items()),
-        "moved": max(float((weights_t[k] - w).abs().max()) for k, w in hf_state(Path(model_dir)).items()
-                     if k in weights_t),
-    }  # fmt: skip
+        "moved": max(
+            float((weights_t[k] - w).abs().max()) for k, w in hf_state(Path(model_dir)).items() if k in weights_t
+        ),
+    }
 
 
 @pytest.mark.integration
@@ -298,8 +368,9 @@ def test_ppo_updates_over_data_parallel_ranks_equal_the_same_updates_in_one_proc
     """2 mini-batches x 2 epochs on D=2: each rank steps 4 times on its part of each mini-batch (one rank's part
     may be smaller), normalised by the whole mini-batch, and the weights match one process making those updates."""
     model_dir = build_model(tmp_path / "m")
-    cfg = TrainerConfig(backend="megatron", parallel={"data": 2}, eps=1e-6, lr=0.02, micro_batch_size=2,
-                        mini_batches=2, ppo_epochs=2)  # fmt: skip
+    cfg = TrainerConfig(
+        backend="megatron", parallel={"data": 2}, eps=1e-6, lr=0.02, micro_batch_size=2, mini_batches=2, ppo_epochs=2
+    )
     d = run_on_ranks(ppo_compare_with_torch, 2, 1, str(model_dir), batch(n=7), cfg.model_dump_json())[0]
     print(f"PPO D=2: {json.dumps(d)}")
     assert d["updates"] == d["reference_updates"] == 4.0, d

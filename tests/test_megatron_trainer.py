@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load as st_load
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from transformers import AutoTokenizer
+
 from rollart.activities.trainer import TrainerActivities, step_record_path
 from rollart.contracts.activities import SampleRef, TrainStepInput
 from rollart.infra.config import StoreConfig, TrainerConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.store import LocalStore
 from rollart.workers.trainer_ranks import RankGroup
-from safetensors.torch import load as st_load
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-from transformers import AutoTokenizer
-
 from tests.support.batches import frozenlake_batch, load_model
 
 pytestmark = pytest.mark.integration  # real rank processes
@@ -54,8 +54,14 @@ def group(tmp_path: Path) -> Iterator[RankGroup]:
 
 def step(tiny_model: Path, run_dir: Path, n: int, samples: list[SampleRef], **trainer: object) -> TrainStepInput:
     """Step `n` of the job whose run dir is `run_dir` (its name is the job id)."""
-    return TrainStepInput(job_id=run_dir.name, step=n, samples=samples, model_dir=str(tiny_model), run_dir=str(run_dir),
-                          trainer=TrainerConfig(**trainer))  # fmt: skip
+    return TrainStepInput(
+        job_id=run_dir.name,
+        step=n,
+        samples=samples,
+        model_dir=str(tiny_model),
+        run_dir=str(run_dir),
+        trainer=TrainerConfig(**trainer),
+    )
 
 
 def max_diff(blob_a: bytes, blob_b: bytes) -> float:
@@ -64,8 +70,9 @@ def max_diff(blob_a: bytes, blob_b: bytes) -> float:
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
-async def test_megatron_steps_publish_what_the_torch_backend_publishes(tiny_model: Path, setup, group: RankGroup,
-                                                                       tmp_path: Path) -> None:  # fmt: skip
+async def test_megatron_steps_publish_what_the_torch_backend_publishes(
+    tiny_model: Path, setup, group: RankGroup, tmp_path: Path
+) -> None:
     store, samples = setup
     env = ActivityEnvironment()
     torch_acts = TrainerActivities(store)
@@ -83,8 +90,9 @@ async def test_megatron_steps_publish_what_the_torch_backend_publishes(tiny_mode
     assert shards == ["meta.json", "model-tp00.pt", "model-tp01.pt", "optim-tp00.pt", "optim-tp01.pt"]
 
 
-async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(tiny_model: Path, setup, group: RankGroup,
-                                                                          tmp_path: Path) -> None:  # fmt: skip
+async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(
+    tiny_model: Path, setup, group: RankGroup, tmp_path: Path
+) -> None:
     store, samples = setup
     env = ActivityEnvironment()
     acts = TrainerActivities(store, ranks=group)
@@ -107,8 +115,9 @@ async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(tiny_m
     assert max_diff(store.get(want.weights_key), store.get(retried.weights_key)) < 1e-5
 
 
-async def test_two_nodes_run_one_job_and_a_gpu_the_machine_lacks_is_not_retried(tiny_model: Path, setup,
-                                                                                 tmp_path: Path) -> None:  # fmt: skip
+async def test_two_nodes_run_one_job_and_a_gpu_the_machine_lacks_is_not_retried(
+    tiny_model: Path, setup, tmp_path: Path
+) -> None:
     store, samples = setup
     rdzv = f"127.0.0.1:{free_port()}"
     cfg = StoreConfig(path=tmp_path / "store")
@@ -123,8 +132,18 @@ async def test_two_nodes_run_one_job_and_a_gpu_the_machine_lacks_is_not_retried(
         assert r.version == 1 and len(node0._procs) == 1 and len(node1._procs) == 1  # rank 0 here, rank 1 there
         if not torch.cuda.is_available():
             with pytest.raises(ApplicationError) as err:
-                await env.run(acts.train_step, step(tiny_model, tmp_path / "gpu", 0, samples, device="cuda",
-                                                    backend="megatron", parallel={"tensor": 2}))  # fmt: skip
+                await env.run(
+                    acts.train_step,
+                    step(
+                        tiny_model,
+                        tmp_path / "gpu",
+                        0,
+                        samples,
+                        device="cuda",
+                        backend="megatron",
+                        parallel={"tensor": 2},
+                    ),
+                )
             assert err.value.non_retryable and "sees no GPU" in err.value.message
     finally:
         node1.close()

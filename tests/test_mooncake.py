@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from rollart.infra.config import MooncakeConfig, StoreConfig
 from rollart.infra.mooncake_service import MooncakeService
 from rollart.infra.mooncake_store import MooncakeStore
@@ -28,8 +29,12 @@ REPO = Path(__file__).resolve().parent.parent
 def mooncake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeService]:
     """One master + keeper for the module's tests that do not kill it."""
     home = tmp_path_factory.mktemp("mooncake")
-    cfg = StoreConfig(kind="mooncake", path=home / "store", fallback="none",
-                      mooncake=MooncakeConfig(keeper_segment_mib=256, buffer_mib=8))  # fmt: skip
+    cfg = StoreConfig(
+        kind="mooncake",
+        path=home / "store",
+        fallback="none",
+        mooncake=MooncakeConfig(keeper_segment_mib=256, buffer_mib=8),
+    )
     with MooncakeService(cfg, log_dir=home / "logs") as svc:
         yield svc
 
@@ -37,22 +42,30 @@ def mooncake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MooncakeServi
 @pytest.fixture
 def fresh_mooncake(tmp_path: Path) -> Iterator[MooncakeService]:
     """A master + keeper of its own, for tests that kill the master."""
-    cfg = StoreConfig(kind="mooncake", path=tmp_path / "store", mooncake=MooncakeConfig(keeper_segment_mib=64,
-                      buffer_mib=8, retry_after_s=0.5))  # fmt: skip
+    cfg = StoreConfig(
+        kind="mooncake",
+        path=tmp_path / "store",
+        mooncake=MooncakeConfig(keeper_segment_mib=64, buffer_mib=8, retry_after_s=0.5),
+    )
     with MooncakeService(cfg, log_dir=tmp_path / "logs") as svc:
         yield svc
 
 
 def _in_other_process(cfg: StoreConfig, code: str) -> str:
     """Run `code` in a fresh Python process with `store` opened on `cfg`; its stdout."""
-    script = textwrap.dedent("""
+    script = (
+        textwrap.dedent("""
         import os, sys
         from rollart.infra.config import StoreConfig
         from rollart.infra.store import open_store
         store = open_store(StoreConfig.model_validate_json(sys.argv[1]))
-    """) + textwrap.dedent(code) + "\nsys.stdout.flush(); os._exit(0)\n"
-    out = subprocess.run([sys.executable, "-c", script, cfg.model_dump_json()], capture_output=True, text=True,
-                         timeout=60, cwd=REPO)  # fmt: skip
+    """)
+        + textwrap.dedent(code)
+        + "\nsys.stdout.flush(); os._exit(0)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, cfg.model_dump_json()], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 
@@ -62,11 +75,14 @@ def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_pat
     """Another process writes a turn record and a 24 MiB weights blob (zero-copy path); this one reads both."""
     cfg = mooncake.config
     job = f"job-{uuid.uuid4().hex[:6]}"
-    _in_other_process(cfg, f"""
+    _in_other_process(
+        cfg,
+        f"""
         from rollart.infra.weights import publish
         store.put_json("turns/{job}/t0", {{"token_ids": [1, 2, 3], "logprobs": [-0.5, -0.25, -1.0]}})
         publish(store, "{job}", 1, bytes(range(256)) * (24 * 4096))
-    """)
+    """,
+    )
     store = open_store(cfg)
     assert isinstance(store, MooncakeStore)
     assert store.get_json(f"turns/{job}/t0") == {"token_ids": [1, 2, 3], "logprobs": [-0.5, -0.25, -1.0]}
@@ -75,13 +91,16 @@ def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_pat
     assert store.get(ref.key) == bytes(range(256)) * (24 * 4096)
     # and back: this process publishes v2, the other one reads it into a file
     publish(store, job, 2, b"\x07" * (9 << 20))
-    out = _in_other_process(cfg, f"""
+    out = _in_other_process(
+        cfg,
+        f"""
         from pathlib import Path
         from rollart.infra.weights import fetch_latest
         ref = fetch_latest(store, "{job}", Path("{tmp_path}") / "w.bin")
         data = (Path("{tmp_path}") / "w.bin").read_bytes()
         print(ref.version, len(data), set(data))
-    """)
+    """,
+    )
     assert out.split() == ["2", str(9 << 20), "{7}"]
 
 
@@ -152,39 +171,52 @@ def test_master_killed_with_local_fallback_loses_nothing(fresh_mooncake: Mooncak
 
 
 def test_config_rejects_a_bad_master_address() -> None:
-    from rollart.infra.config import JobSpec, format_validation_error
     from pydantic import ValidationError
 
+    from rollart.infra.config import JobSpec, format_validation_error
+
     with pytest.raises(ValidationError) as err:
-        JobSpec.model_validate({"tasks": [{"name": "a", "env": "x", "reward": "y"}],
-                                "store": {"kind": "mooncake", "mooncake": {"master": "no-port"}}})  # fmt: skip
+        JobSpec.model_validate(
+            {
+                "tasks": [{"name": "a", "env": "x", "reward": "y"}],
+                "store": {"kind": "mooncake", "mooncake": {"master": "no-port"}},
+            }
+        )
     assert "store.mooncake.master" in format_validation_error(err.value, "job.yaml")
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("extra", "message"), [
-    (["--store-master", "not an address"], "--store-master: expected HOST:PORT"),
-    ([], "the job's store is Mooncake but no master is given: pass --store-master"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--store-master", "not an address"], "--store-master: expected HOST:PORT"),
+        ([], "the job's store is Mooncake but no master is given: pass --store-master"),
+    ],
+)
 def test_worker_needs_a_valid_master_for_a_mooncake_job(tmp_path: Path, extra: list[str], message: str) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("tasks: [{name: a, env: frozenlake, reward: success}]\nstore: {kind: mooncake}\n")
-    out = subprocess.run([sys.executable, "-m", "rollart.cli", "worker", "--pool", "cpu", "--job", str(job),
-                          *extra], capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "rollart.cli", "worker", "--pool", "cpu", "--job", str(job), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 
 @pytest.mark.integration
 async def test_temporal_payloads_over_the_threshold_go_through_mooncake(mooncake: MooncakeService) -> None:
     """Temporal's external storage on Mooncake: 3 MiB through an activity and a workflow result, history stays small."""
-    from rollart.infra.devserver import find_temporal_cli
-    from rollart.infra.temporal import data_converter
     from temporalio.client import Client
     from temporalio.testing import WorkflowEnvironment
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-    from tests.support.history import payload_sizes
+    from rollart.infra.devserver import find_temporal_cli
+    from rollart.infra.temporal import data_converter
     from tests.support.blob import BlobWorkflow, make_blob
+    from tests.support.history import payload_sizes
 
     cfg = mooncake.config.model_copy(update={"payload_threshold_bytes": 64 * 1024})
     async with await WorkflowEnvironment.start_local(
@@ -192,8 +224,13 @@ async def test_temporal_payloads_over_the_threshold_go_through_mooncake(mooncake
     ) as env:
         client: Client = env.client
         queue = f"mc-blob-{uuid.uuid4().hex[:6]}"
-        async with Worker(client, task_queue=queue, workflows=[BlobWorkflow], activities=[make_blob],
-                          workflow_runner=UnsandboxedWorkflowRunner()):  # fmt: skip
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[BlobWorkflow],
+            activities=[make_blob],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
             handle = await client.start_workflow(BlobWorkflow.run, 3 * 1024, id=queue, task_queue=queue)
             assert await handle.result() == "x" * (3 * 1024 * 1024) + "!"
             history = await handle.fetch_history()

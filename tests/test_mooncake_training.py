@@ -1,4 +1,4 @@
-"""Training with `store: mooncake` on the real local stack: same outcome as `local`; the master killed and restarted mid-run.
+"""Training with `store: mooncake` on the real local stack: as `local`; the master killed and restarted mid-run.
 
 The stack starts its own `mooncake_master` and store keeper on free loopback
 ports (stopped by PID with the stack). Weights reach vLLM through Mooncake
@@ -13,6 +13,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
+
+from rollart.contracts.training import TrainingResult
 from rollart.infra.config import JobSpec, MooncakeConfig, StoreConfig
 from rollart.infra.devserver import free_port
 from rollart.infra.mooncake_store import MooncakeStore
@@ -21,9 +24,6 @@ from rollart.infra.store import MirroredStore, StoreUnavailable, open_store
 from rollart.infra.temporal import connect
 from rollart.infra.weights import PublishedWeights, latest_weights, publish, weights_key
 from rollart.workers.local_stack import LocalStack
-from rollart.contracts.training import TrainingResult
-from temporalio.client import Client
-
 from tests.support.training_runs import run_job
 
 pytestmark = pytest.mark.integration
@@ -38,8 +38,12 @@ def _stack(job: JobSpec, home: Path) -> LocalStack:
 @pytest.fixture(scope="module")
 def mc_job(stack_job: JobSpec, tmp_path_factory: pytest.TempPathFactory) -> JobSpec:
     home = tmp_path_factory.mktemp("mcstack")
-    store = StoreConfig(kind="mooncake", path=home / "store", fallback="local",
-                        mooncake=MooncakeConfig(keeper_segment_mib=256, retry_after_s=2.0))  # fmt: skip
+    store = StoreConfig(
+        kind="mooncake",
+        path=home / "store",
+        fallback="local",
+        mooncake=MooncakeConfig(keeper_segment_mib=256, retry_after_s=2.0),
+    )
     return stack_job.model_copy(update={"store": store})
 
 
@@ -60,8 +64,9 @@ def _counts(r: TrainingResult) -> tuple[int, ...]:
     return (r.steps, r.version, r.started, r.trained, r.dropped, r.failed)
 
 
-async def test_mooncake_training_matches_local(mc_stack: LocalStack, mc_client: Client, mc_job: JobSpec,
-                                               stack_job: JobSpec, tmp_path: Path) -> None:
+async def test_mooncake_training_matches_local(
+    mc_stack: LocalStack, mc_client: Client, mc_job: JobSpec, stack_job: JobSpec, tmp_path: Path
+) -> None:
     """Bound 0 (deterministic admission): the same versions and trajectory counts with either store."""
     job, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path / "mc", async_bound=0)
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2] and status.ledger_balanced
@@ -97,7 +102,8 @@ def _steps_written(tmp_path: Path) -> int:
 
 
 async def test_master_killed_mid_run_falls_back_to_local_then_serves_again_once_restarted(
-        mc_stack: LocalStack, mc_client: Client, tmp_path: Path) -> None:  # fmt: skip
+    mc_stack: LocalStack, mc_client: Client, tmp_path: Path
+) -> None:
     """`fallback: local`: the master dies after the first step and is restarted (empty) after the third.
 
     Every step trains a full batch and none fails: the run carries on from the local copy, and once the
@@ -135,7 +141,9 @@ async def test_master_killed_mid_run_falls_back_to_local_then_serves_again_once_
     assert ref is not None and ref.version == 6
 
 
-async def _latest_from_mooncake(cache: MooncakeStore, job_name: str, timeout_s: float = 15.0) -> PublishedWeights | None:
+async def _latest_from_mooncake(
+    cache: MooncakeStore, job_name: str, timeout_s: float = 15.0
+) -> PublishedWeights | None:
     """The job's latest weights as Mooncake serves them. This process's client last spoke to the killed master:
     its first call after the restart fails unreachable, and it reconnects by itself (as the workers' clients did)."""
     deadline = time.monotonic() + timeout_s

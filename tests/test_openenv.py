@@ -26,6 +26,9 @@ import psutil
 import pytest
 import uvicorn
 import yaml
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+
 from rollart.activities.env import EnvActivities
 from rollart.activities.envs.base import Env, EnvSessionLost, StepOutcome
 from rollart.activities.envs.frozenlake import FrozenLake
@@ -35,9 +38,6 @@ from rollart.contracts.activities import ResetInput, RestoreInput, StepInput
 from rollart.infra.config import JobSpec, load_job
 from rollart.infra.devserver import free_port
 from rollart.workers.env_server import wait_healthy
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-
 from tests.support.paths import REPO
 
 ENV = ActivityEnvironment()
@@ -52,8 +52,13 @@ class _ThreadServer:
     def __init__(self, env_args: dict[str, Any]) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(openenv_app("frozenlake", env_args), host="127.0.0.1", port=self.port, log_level="warning",
-                                ws_ping_interval=None)  # fmt: skip
+        config = uvicorn.Config(
+            openenv_app("frozenlake", env_args),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            ws_ping_interval=None,
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -124,7 +129,7 @@ def test_a_step_the_server_refuses_is_an_env_error_not_a_lost_session(lake_serve
     try:
         _, outcomes = _play(env, 3, ACTIONS * 3)
         assert outcomes == _play(reference, 3, ACTIONS * 3)[1] and outcomes[-1].done
-        with pytest.raises(RuntimeError, match="Server error: .*after the episode ended") as err:
+        with pytest.raises(RuntimeError, match=r"Server error: .*after the episode ended") as err:
             env.step("R")  # the server's env raises: an env error (EnvBroken), not a lost session
         assert not isinstance(err.value, EnvSessionLost)
     finally:
@@ -175,24 +180,28 @@ def test_the_mapping_for_servers_of_other_shapes() -> None:
     out, sent = _step_with(_Reply({"text": "grid", "info": {"valid": True}}, reward=1, done=True))
     assert sent == [{"message": "go left"}] and out == StepOutcome("grid", 1.0, True, {"valid": True})
     # another server: the action under its own field, the observation's text field named, the rest as info
-    out, sent = _step_with(_Reply({"echoed": "hi", "length": 2}, reward=None), action_field="cmd",
-                           observation_field="echoed")  # fmt: skip
+    out, sent = _step_with(
+        _Reply({"echoed": "hi", "length": 2}, reward=None), action_field="cmd", observation_field="echoed"
+    )
     assert sent == [{"cmd": "go left"}] and out == StepOutcome("hi", 0.0, False, {"length": 2})
     # no text field and none named: the whole observation as compact JSON
     out, _ = _step_with(_Reply({"board": [[1, 0]], "score": 3}))
     assert out.observation == '{"board":[[1,0]],"score":3}' and out.info == {"board": [[1, 0]], "score": 3}
-    with pytest.raises(ValueError, match="has no text field 'prompt' .*fields: board"):
+    with pytest.raises(ValueError, match=r"has no text field 'prompt' .*fields: board"):
         _step_with(_Reply({"board": 1}), observation_field="prompt")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ({}, "base_url must be the server's URL"),
-    ({"server": "lake"}, "env server 'lake' was not resolved"),
-    ({"base_url": "localhost:8300"}, "base_url must be the server's URL"),
-    ({"base_url": "http://h:1", "timeout_s": 0}, "timeout_s must be a positive number"),
-    ({"base_url": "http://h:1", "reset_args": [1]}, "reset_args must be a mapping"),
-    ({"base_url": "http://h:1", "actionfield": "x"}, "unknown env_args"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, "base_url must be the server's URL"),
+        ({"server": "lake"}, "env server 'lake' was not resolved"),
+        ({"base_url": "localhost:8300"}, "base_url must be the server's URL"),
+        ({"base_url": "http://h:1", "timeout_s": 0}, "timeout_s must be a positive number"),
+        ({"base_url": "http://h:1", "reset_args": [1]}, "reset_args must be a mapping"),
+        ({"base_url": "http://h:1", "actionfield": "x"}, "unknown env_args"),
+    ],
+)
 def test_bad_env_args_name_the_argument(args: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         OpenEnv(**args)
@@ -230,11 +239,16 @@ async def test_a_lost_session_is_reported_as_session_lost_so_the_workflow_restor
     assert acts.open_sessions == 0  # dropped: the episode lives on in its restored session
     # a restore whose replay loses its fresh session too is retried (the server may still be coming back)
     with pytest.raises(ApplicationError) as err:
-        await ENV.run(acts.restore, RestoreInput(env=name, env_args={"lose_at": 1}, seed=0, owner_id="t",
-                                                 actions=[["a"]], observations=["after 1"]))  # fmt: skip
+        await ENV.run(
+            acts.restore,
+            RestoreInput(
+                env=name, env_args={"lose_at": 1}, seed=0, owner_id="t", actions=[["a"]], observations=["after 1"]
+            ),
+        )
     assert err.value.type == "EnvRestoreLost" and not err.value.non_retryable
-    moved = await ENV.run(acts.restore, RestoreInput(env=name, seed=0, owner_id="t", actions=[["a"]],
-                                                     observations=["after 1"]))  # fmt: skip
+    moved = await ENV.run(
+        acts.restore, RestoreInput(env=name, seed=0, owner_id="t", actions=[["a"]], observations=["after 1"])
+    )
     assert moved.observations == ["after 1"] and acts.open_sessions == 1
     acts.shutdown()
 
@@ -251,8 +265,19 @@ def test_a_task_naming_an_env_server_gets_its_url() -> None:
     job = JobSpec.model_validate(_job([{"name": "lake", "port": 8301}], server="lake"))
     assert job.tasks[0].env_args == {"server": "lake", "base_url": "http://127.0.0.1:8301"}
     assert job.env_servers[0].command("0.0.0.0") == [
-        "rollart", "env-server", "--env", "frozenlake", "--env-args", "{}", "--host", "0.0.0.0", "--port", "8301",
-        "--max-sessions", "256"]  # fmt: skip
+        "rollart",
+        "env-server",
+        "--env",
+        "frozenlake",
+        "--env-args",
+        "{}",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8301",
+        "--max-sessions",
+        "256",
+    ]
     moved = job.with_env_server_urls({"lake": "http://lake.ns.svc:8301"})
     assert moved.tasks[0].env_args["base_url"] == "http://lake.ns.svc:8301"
     assert JobSpec.model_validate(moved.model_dump()) == moved  # the pods load it unchanged
@@ -263,14 +288,23 @@ def test_the_example_job_loads_with_its_server() -> None:
     assert job.tasks[0].env_args["base_url"] == "http://127.0.0.1:8300" and job.env_servers[0].env == "frozenlake"
 
 
-@pytest.mark.parametrize(("job", "message"), [
-    (_job([{"name": "lake", "port": 1}], server="pond"), r"tasks.0.env_args.server: no env server 'pond' in env_servers \(defined: lake\)"),
-    (_job([], server="pond"), "no env server 'pond' .*add an env_servers section"),
-    (_job([{"name": "lake", "port": 1}], server="lake", base_url="http://x:2"), "give base_url or server, not both"),
-    (_job([{"name": "lake", "port": 1}, {"name": "lake", "port": 2}]), "name 'lake' is used twice"),
-    (_job([{"name": "Lake", "port": 1}], server="Lake"), "env_servers.0.name"),
-    (_job([{"name": "lake"}]), "env_servers.0.port"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        (
+            _job([{"name": "lake", "port": 1}], server="pond"),
+            r"tasks.0.env_args.server: no env server 'pond' in env_servers \(defined: lake\)",
+        ),
+        (_job([], server="pond"), "no env server 'pond' .*add an env_servers section"),
+        (
+            _job([{"name": "lake", "port": 1}], server="lake", base_url="http://x:2"),
+            "give base_url or server, not both",
+        ),
+        (_job([{"name": "lake", "port": 1}, {"name": "lake", "port": 2}]), "name 'lake' is used twice"),
+        (_job([{"name": "Lake", "port": 1}], server="Lake"), "env_servers.0.name"),
+        (_job([{"name": "lake"}]), "env_servers.0.port"),
+    ],
+)
 def test_bad_env_servers_fail_on_load_naming_the_field(tmp_path: Path, job: dict, message: str) -> None:
     from rollart.infra.config import JobSpecError
 
@@ -301,7 +335,9 @@ async def test_a_sigkilled_server_loses_its_sessions_and_restore_replays_them_on
     try:
         wait_healthy(url, 120, server)
         played, last = ["R", "D", "R"], ""
-        seed = next(s for s in range(100) if not any(o.done for o in _play(FrozenLake(**RANDOM_MAPS), s, [*played, "D"])[1]))
+        seed = next(
+            s for s in range(100) if not any(o.done for o in _play(FrozenLake(**RANDOM_MAPS), s, [*played, "D"])[1])
+        )
         h = await ENV.run(acts.reset, ResetInput(env="openenv", env_args=args, seed=seed, trajectory_id="t"))
         for a in played:
             last = (await ENV.run(acts.step, StepInput(session_id=h.session_id, action=a))).observation
@@ -313,8 +349,10 @@ async def test_a_sigkilled_server_loses_its_sessions_and_restore_replays_them_on
         assert err.value.type == "SessionLost"
         server = _start_server(port, tmp_path / "server.log")  # what the local stack (or Kubernetes) does
         # restore starts while the server is still coming up: its reset waits for it (connect_wait_s)
-        moved = await ENV.run(acts.restore, RestoreInput(env="openenv", env_args=args, seed=seed, owner_id="t",
-                                                         actions=[played], observations=[last]))  # fmt: skip
+        moved = await ENV.run(
+            acts.restore,
+            RestoreInput(env="openenv", env_args=args, seed=seed, owner_id="t", actions=[played], observations=[last]),
+        )
         restored_after = time.monotonic() - killed
         on_fresh = await ENV.run(acts.step, StepInput(session_id=moved.session_id, action="D"))
         reference = FrozenLake(**RANDOM_MAPS)
@@ -364,8 +402,19 @@ def test_rollout_of_the_example_survives_its_env_server_being_sigkilled(tmp_path
     job = tmp_path / "openenv.yaml"
     job.write_text(yaml.safe_dump(spec))
     home = tmp_path / "home"
-    cmd = [*ROLLART, "rollout", str(job), "-n", "16", "--home", str(home), "--port", str(free_port()), "--ui-port",
-           str(free_port())]  # fmt: skip
+    cmd = [
+        *ROLLART,
+        "rollout",
+        str(job),
+        "-n",
+        "16",
+        "--home",
+        str(home),
+        "--port",
+        str(free_port()),
+        "--ui-port",
+        str(free_port()),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         deadline = time.monotonic() + 600
@@ -393,7 +442,9 @@ def test_rollout_of_the_example_survives_its_env_server_being_sigkilled(tmp_path
     control_log = "\n".join(p.read_text() for p in (home / "logs").glob("worker-control-*.log"))
     restores = re.findall(r"(\S+): \w+ failed: SessionLost: .*; restoring its env elsewhere", control_log)
     assert restores, control_log[-3000:]  # the groups in play moved to fresh sessions (their steps replayed)
-    print(f"env server SIGKILLed with {before['sessions']} sessions open after {before['steps']} steps; healthy again "
-          f"{restarted.group(1)}s later; {len(restores)} groups restored, stepping again {resumed_after:.1f}s after the "
-          "kill; 16/16 trajectories completed")
+    print(
+        f"env server SIGKILLed with {before['sessions']} sessions open after {before['steps']} steps; healthy again "
+        f"{restarted.group(1)}s later; {len(restores)} groups restored, stepping again {resumed_after:.1f}s after the "
+        "kill; 16/16 trajectories completed"
+    )
     assert not psutil.pid_exists(server.pid) or server.status() == psutil.STATUS_ZOMBIE

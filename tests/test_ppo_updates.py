@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from rollart.activities.rl.batch import MicroBatch, TrainSequence
 from rollart.activities.rl.losses import token_logprobs_and_entropy
 from rollart.activities.training.policy import Policy, StepOutcome
@@ -25,7 +26,9 @@ class Bandit(Policy):
         self.theta = torch.zeros(3, requires_grad=True)
         self.lr = lr
 
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: object = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs(
+        self, mb: MicroBatch, *, entropy_grad: bool, actions: object = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert actions is None  # this policy's entropy is over its 3 tokens
         logits = self.theta.expand(*mb.input_ids.shape, 3)
         return token_logprobs_and_entropy(logits, mb.input_ids)
@@ -126,5 +129,10 @@ def test_several_updates_step_the_optimizer_that_many_times() -> None:
 
 def test_more_mini_batches_than_a_batch_holds_is_refused() -> None:
     with pytest.raises(ValueError, match=r"trainer.mini_batches \(16\) is more than training.batch_size \(8\)"):
-        JobSpec.model_validate({"tasks": [{"name": "t", "env": "frozenlake", "reward": "success"}],
-                                "training": {"batch_size": 8}, "trainer": {"mini_batches": 16}})  # fmt: skip
+        JobSpec.model_validate(
+            {
+                "tasks": [{"name": "t", "env": "frozenlake", "reward": "success"}],
+                "training": {"batch_size": 8},
+                "trainer": {"mini_batches": 16},
+            }
+        )

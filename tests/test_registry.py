@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.activities.rewards.rule_based import exact_match, success
 from rollart.infra.imports import ImportPathError, is_import_path, resolve_import_path
@@ -168,6 +169,7 @@ def test_an_env_on_a_pool_that_cannot_hold_sessions_is_refused_when_declared() -
     with pytest.raises(ValueError, match=r"pool 'gpu' cannot hold env sessions"):
         env("x", pool="gpu")
     from pydantic import ValidationError
+
     from rollart.infra.config import TaskSpec
 
     with pytest.raises(ValidationError, match=r"'trainer' workers cannot hold env sessions"):

@@ -10,24 +10,38 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import WorkerTuning
-from rollart.infra.worker_tuning import workflow_runner
-from rollart.workflows import ALL_WORKFLOWS
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
+
+from rollart.infra.config import WorkerTuning
+from rollart.infra.worker_tuning import workflow_runner
+from rollart.workflows import ALL_WORKFLOWS
 
 HISTORIES = sorted((Path(__file__).parent / "histories").glob("*.json"))
 
 
 def test_recorded_histories_exist() -> None:
     names = {p.stem for p in HISTORIES}
-    assert {"trajectory-completed", "trajectory-env-broken", "trajectory-invalid-input", "trajectory-unknown-env",
-            "group-multi-turn", "group-multi-turn-close-while-scoring", "group-single-turn", "group-single-turn-wave",
-            "training-continued-as-new", "training-dynamic-sampling",
-            # recorded since the patch ui-summary: rollout workflows upsert their outcome's search attributes
-            "trajectory-ui-summary", "trajectory-failed-ui-summary", "group-multi-turn-ui-summary",
-            "group-single-turn-ui-summary", "batch-ui-summary", "training-ui-summary"} <= names  # fmt: skip
+    assert {
+        "trajectory-completed",
+        "trajectory-env-broken",
+        "trajectory-invalid-input",
+        "trajectory-unknown-env",
+        "group-multi-turn",
+        "group-multi-turn-close-while-scoring",
+        "group-single-turn",
+        "group-single-turn-wave",
+        "training-continued-as-new",
+        "training-dynamic-sampling",
+        # recorded since the patch ui-summary: rollout workflows upsert their outcome's search attributes
+        "trajectory-ui-summary",
+        "trajectory-failed-ui-summary",
+        "group-multi-turn-ui-summary",
+        "group-single-turn-ui-summary",
+        "batch-ui-summary",
+        "training-ui-summary",
+    } <= names
 
 
 @pytest.mark.parametrize("sandbox", ["strict", "off"])

@@ -12,24 +12,24 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
+
 from rollart.activities.reward import RewardActivities
 from rollart.activities.rewards.model_based import RewardModel, render
+from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.contracts.activities import (
     RewardBatchInput,
     RewardInput,
     Transcript,
     TurnRecord,
 )
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.infra.config import ElasticPoolConfig, JobSpec, TaskSpec
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_reward
 from rollart.workers.pool_worker import WorkerSettings
-from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.workflows import GroupRolloutWorkflow, TrajectoryWorkflow
-from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
-
 from tests.support.paths import REPO
 from tests.support.rewards import CountingModel
 from tests.support.standins import StandIns, standin_workers
@@ -39,9 +39,14 @@ ENV = ActivityEnvironment()
 
 
 def won(turns: int = 2) -> Transcript:
-    return Transcript(task="t", seed=0, turns=[TurnRecord(observation=f"obs {i}", action="R",
-                                                          info={"success": i == turns - 1, "valid": True})
-                                               for i in range(turns)])  # fmt: skip
+    return Transcript(
+        task="t",
+        seed=0,
+        turns=[
+            TurnRecord(observation=f"obs {i}", action="R", info={"success": i == turns - 1, "valid": True})
+            for i in range(turns)
+        ],
+    )
 
 
 # ---------------------------------------------------------------- the job spec
@@ -67,8 +72,11 @@ def test_unknown_or_fixed_pools_in_a_job_are_clear_errors() -> None:
 
 def test_a_reward_on_a_pool_without_workers_is_a_clear_error() -> None:
     none = {"serverless": {"min_workers": 0, "max_workers": 0}}
-    with pytest.raises(ValidationError, match=r"tasks.0 \(frozenlake\) places its reward on pool 'serverless', but "
-                       r"pools.serverless.max_workers is 0"):  # fmt: skip
+    with pytest.raises(
+        ValidationError,
+        match=r"tasks.0 \(frozenlake\) places its reward on pool 'serverless', but "
+        r"pools.serverless.max_workers is 0",
+    ):
         JobSpec.model_validate({"tasks": [frozenlake_task().model_dump()], "pools": none})
     colocated = frozenlake_task(reward_placement="colocated").model_dump()
     job = JobSpec.model_validate({"tasks": [colocated], "pools": none})  # colocated needs no serverless worker
@@ -84,8 +92,10 @@ def test_only_jobs_with_serverless_rewards_need_the_serverless_pool() -> None:
 
 
 def test_worker_settings_follow_the_placement() -> None:
-    job = JobSpec(tasks=[frozenlake_task(reward_placement="colocated", generate_pool="h20")],
-                  pools={"serverless": ElasticPoolConfig(max_concurrent_activities=3)})  # fmt: skip
+    job = JobSpec(
+        tasks=[frozenlake_task(reward_placement="colocated", generate_pool="h20")],
+        pools={"serverless": ElasticPoolConfig(max_concurrent_activities=3)},
+    )
     assert WorkerSettings.from_job(job, Pool.H20).serve_rewards
     assert not WorkerSettings.from_job(job, Pool.H800).serve_rewards
     assert WorkerSettings.from_job(job, Pool.SERVERLESS).max_concurrent_activities == 3
@@ -133,13 +143,17 @@ async def test_reward_models_load_once_per_worker_and_args_even_under_concurrenc
     CountingModel.loaded = 0
     acts = RewardActivities()
     name = "tests.support.rewards:CountingModel"
-    results = await asyncio.gather(*(ENV.run(acts.reward, RewardInput(reward=name, transcript=won(3),
-                                                                       reward_args={"bias": 0.5}))
-                                     for _ in range(6)))  # fmt: skip
+    results = await asyncio.gather(
+        *(
+            ENV.run(acts.reward, RewardInput(reward=name, transcript=won(3), reward_args={"bias": 0.5}))
+            for _ in range(6)
+        )
+    )
     assert [r.value for r in results] == [3.5] * 6
     assert CountingModel.loaded == 1 and acts.loads == 1
-    batch = await ENV.run(acts.reward_batch, RewardBatchInput(reward=name, transcripts=[won(1), won(2)],
-                                                              reward_args={"bias": 0.5}))  # fmt: skip
+    batch = await ENV.run(
+        acts.reward_batch, RewardBatchInput(reward=name, transcripts=[won(1), won(2)], reward_args={"bias": 0.5})
+    )
     assert [r.value for r in batch] == [1.5, 2.5] and CountingModel.loaded == 1
     await ENV.run(acts.reward, RewardInput(reward=name, transcript=won(1), reward_args={"bias": 1.0}))
     assert CountingModel.loaded == 2  # other args, another model
@@ -163,15 +177,18 @@ async def test_bad_reward_args_fail_without_retry() -> None:
 
 @pytest.mark.orchestration
 @pytest.mark.parametrize(("placement", "pool"), [("serverless", "serverless"), ("colocated", "h800")])
-async def test_trajectory_reward_goes_where_the_task_places_it(bare_env: WorkflowEnvironment, queue_prefix: str,
-                                                               placement: str, pool: str) -> None:  # fmt: skip
+async def test_trajectory_reward_goes_where_the_task_places_it(
+    bare_env: WorkflowEnvironment, queue_prefix: str, placement: str, pool: str
+) -> None:
     s = StandIns(prefix=queue_prefix, turns=2)
     inp = TrajectoryInput(task=frozenlake_task(reward_placement=placement), seed=1, queue_prefix=queue_prefix)
     async with standin_workers(bare_env.client, s, workflows=[TrajectoryWorkflow], reward_pools=("serverless", pool)):
         result = await bare_env.client.execute_workflow(
-            TrajectoryWorkflow.run, inp, id=f"t-{uuid.uuid4().hex[:8]}",
+            TrajectoryWorkflow.run,
+            inp,
+            id=f"t-{uuid.uuid4().hex[:8]}",
             task_queue=queue_name(Pool.CONTROL, queue_prefix),
-        )  # fmt: skip
+        )
     assert result.status == "completed" and result.success
     assert [(c.name, c.queue) for c in s.called("reward")] == [("reward", queue_name(pool, queue_prefix))]
 
@@ -181,14 +198,24 @@ async def test_single_turn_group_reward_goes_to_the_generation_pool_when_colocat
     bare_env: WorkflowEnvironment, queue_prefix: str
 ) -> None:
     s = StandIns(prefix=queue_prefix)
-    task = TaskSpec(name="arith", env="arithmetic", reward="reward_model", reward_args={"weight": 0.0},
-                    reward_placement="colocated", generate_pool="h20", max_turns=1, group_size=4)  # fmt: skip
+    task = TaskSpec(
+        name="arith",
+        env="arithmetic",
+        reward="reward_model",
+        reward_args={"weight": 0.0},
+        reward_placement="colocated",
+        generate_pool="h20",
+        max_turns=1,
+        group_size=4,
+    )
     inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g0", seed=3)], queue_prefix=queue_prefix)
     async with standin_workers(bare_env.client, s, workflows=[GroupRolloutWorkflow], reward_pools=["h20"]):
         results = await bare_env.client.execute_workflow(
-            GroupRolloutWorkflow.run, inp, id=f"g-{uuid.uuid4().hex[:8]}",
+            GroupRolloutWorkflow.run,
+            inp,
+            id=f"g-{uuid.uuid4().hex[:8]}",
             task_queue=queue_name(Pool.CONTROL, queue_prefix),
-        )  # fmt: skip
+        )
     assert len(results) == 4 and all(r.status == "completed" for r in results)
     h20 = queue_name(Pool.H20, queue_prefix)
     assert [(c.queue, c.inp.reward_args) for c in s.called("reward_batch")] == [(h20, {"weight": 0.0})]

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages, in_unsolved_group
 from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import (
@@ -52,7 +53,9 @@ def test_a_std_floor_keeps_tiny_differences_tiny_and_real_ones_normalised() -> N
     plain = grpo_advantages(route, ["g"] * 8)
     floored = grpo_advantages(route, ["g"] * 8, std_floor=0.1)
     assert plain[-1] == pytest.approx(-math.sqrt(7), rel=1e-3)  # -(7/8 · 0.01) / (0.01 · √7/8)
-    assert floored[-1] == pytest.approx(-0.00875 / 0.1, rel=1e-3) and floored[0] == pytest.approx(0.00125 / 0.1, rel=1e-3)
+    assert floored[-1] == pytest.approx(-0.00875 / 0.1, rel=1e-3) and floored[0] == pytest.approx(
+        0.00125 / 0.1, rel=1e-3
+    )
     real = [1.1, 0.43, 0.43, 0.43]
     assert grpo_advantages(real, ["h"] * 4, std_floor=0.1) == pytest.approx(grpo_advantages(real, ["h"] * 4))
 
@@ -191,8 +194,16 @@ def test_the_bonus_acts_only_on_sequences_of_unsolved_groups_and_the_metric_stay
     ent = torch.tensor([[0.0, 2.0, 2.0], [0.0, 0.0, 4.0]])
     logp = torch.zeros(2, 3)
     mask = torch.tensor([[0, 1, 1], [0, 0, 1]], dtype=torch.float32)
-    out = policy_loss(logp, logp, torch.zeros(2), mask, LossConfig(entropy_coef=0.1), total_tokens=3, entropy=ent,
-                      bonus_weight=torch.tensor([0.0, 1.0]))  # fmt: skip
+    out = policy_loss(
+        logp,
+        logp,
+        torch.zeros(2),
+        mask,
+        LossConfig(entropy_coef=0.1),
+        total_tokens=3,
+        entropy=ent,
+        bonus_weight=torch.tensor([0.0, 1.0]),
+    )
     assert out.metrics["entropy"] == pytest.approx((2 + 2 + 4) / 3)  # every loss token
     assert out.loss.item() == pytest.approx(-0.1 * 4 / 3)  # only the second sequence's token
 
@@ -235,7 +246,9 @@ def test_loss_aggregations_by_hand() -> None:
     logp = torch.zeros(2, 3)
 
     def pg(**cfg: object) -> float:
-        return policy_loss(logp, logp, adv, mask, LossConfig(**cfg), total_tokens=4, total_sequences=2).metrics["pg_loss"]
+        return policy_loss(logp, logp, adv, mask, LossConfig(**cfg), total_tokens=4, total_sequences=2).metrics[
+            "pg_loss"
+        ]
 
     assert pg() == pytest.approx((-1.0 + 3 * 2.0) / 4)  # token_mean: (−A₁ + 3·−A₂) / 4 tokens
     assert pg(aggregation="seq_mean") == pytest.approx((-1.0 + 2.0) / 2)
@@ -251,8 +264,9 @@ def test_dr_grpo_advantages_keep_the_raw_difference_from_the_group_mean() -> Non
     assert grpo_advantages([1.0, 0.0], ["g"] * 2)[0] == pytest.approx(1.0, abs=1e-5)  # std 0.5 divides
 
 
-@pytest.mark.parametrize(("decoupled", "aggregation"), [(True, "token_mean"), (False, "token_mean"),
-                                                         (True, "seq_mean"), (True, "constant")])
+@pytest.mark.parametrize(
+    ("decoupled", "aggregation"), [(True, "token_mean"), (False, "token_mean"), (True, "seq_mean"), (True, "constant")]
+)
 def test_gradient_accumulation_over_micro_batches_equals_one_batch(decoupled: bool, aggregation: str) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(10, 8), torch.nn.Tanh(), torch.nn.Linear(8, 10))
@@ -266,9 +280,15 @@ def test_gradient_accumulation_over_micro_batches_equals_one_batch(decoupled: bo
         for mb in batches:
             logp, ent = token_logprobs_and_entropy(model(mb.input_ids), mb.input_ids)
             out = policy_loss(
-                logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, cfg, total_tokens=total,
-                total_sequences=len(seqs), entropy=ent,
-            )  # fmt: skip
+                logp,
+                mb.behav_logprobs,
+                mb.advantages,
+                mb.completion_mask,
+                cfg,
+                total_tokens=total,
+                total_sequences=len(seqs),
+                entropy=ent,
+            )
             out.loss.backward()
             for k, v in out.metrics.items():
                 sums[k] = sums.get(k, 0.0) + v

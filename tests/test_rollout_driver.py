@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
+from temporalio.exceptions import ApplicationError
+
 from rollart.activities.env import EnvActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.in_process import InProcessCalls
@@ -29,8 +31,6 @@ from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play
 from rollart.workflows.driver.single_turn import play_single_turn
-from temporalio.exceptions import ApplicationError
-
 from tests.support.tasks import frozenlake_task
 
 
@@ -43,8 +43,13 @@ class ScriptedGenerator:
     def _result(self, prompt: str, key: str, n: int) -> GenerateResult:
         if self.fail_on is not None and self.fail_on in prompt:
             raise RuntimeError(f"engine died on {prompt!r}")
-        return GenerateResult(completions=[Completion(text=self.text, num_tokens=1, finish_reason="stop")] * n,
-                              prompt_tokens=3, policy_version=0, policy_version_end=0, data_key=key)  # fmt: skip
+        return GenerateResult(
+            completions=[Completion(text=self.text, num_tokens=1, finish_reason="stop")] * n,
+            prompt_tokens=3,
+            policy_version=0,
+            policy_version_end=0,
+            data_key=key,
+        )
 
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         return self._result(inp.prompt, inp.data_key, inp.sampling.n)
@@ -101,7 +106,11 @@ async def test_a_finished_episode_closes_its_session_while_it_is_scored(envs: En
 
 async def test_a_broken_env_fails_its_episode_unscored_and_still_closes(envs: EnvActivities) -> None:
     c = calls(envs)
-    ep = Episode(c, TrajectoryInput(task=frozenlake_task(env="tests.support.envs:BrokenStepEnv", env_args={}), seed=1), "t-broken")
+    ep = Episode(
+        c,
+        TrajectoryInput(task=frozenlake_task(env="tests.support.envs:BrokenStepEnv", env_args={}), seed=1),
+        "t-broken",
+    )
     [result] = await play([ep])
     assert result.status == "failed" and result.reward is None
     assert result.error is not None and result.error.startswith("step failed: EnvBroken")
@@ -118,7 +127,9 @@ async def test_bad_input_fails_the_run_not_the_episode(envs: EnvActivities) -> N
 async def test_a_lockstep_batch_masks_only_the_failed_episode(envs: EnvActivities) -> None:
     c = calls(envs)
     good = TrajectoryInput(task=frozenlake_task(max_turns=2), seed=3)
-    bad = TrajectoryInput(task=frozenlake_task(max_turns=2, env="tests.support.envs:BrokenStepEnv", env_args={}), seed=3)
+    bad = TrajectoryInput(
+        task=frozenlake_task(max_turns=2, env="tests.support.envs:BrokenStepEnv", env_args={}), seed=3
+    )
     results = await play([Episode(c, good, "b-000"), Episode(c, bad, "b-001"), Episode(c, good, "b-002")])
     assert [r.status for r in results] == ["completed", "failed", "completed"]
     assert c.counts["reward"] == 2 and c.counts["close"] == 3
@@ -177,10 +188,14 @@ class FailingBatches(InProcessCalls):
         return await super().call(activity, arg, **kwargs)
 
 
-@pytest.mark.parametrize("failure", [CallFailed("generate_batch", "timed out (HEARTBEAT)", timed_out=True),
-                                     CallFailed("generate_batch", "Cancelled")], ids=["timeout", "cancelled"])  # fmt: skip
-async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the_wave(envs: EnvActivities,
-                                                                                      failure: CallFailed) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "failure",
+    [CallFailed("generate_batch", "timed out (HEARTBEAT)", timed_out=True), CallFailed("generate_batch", "Cancelled")],
+    ids=["timeout", "cancelled"],
+)
+async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the_wave(
+    envs: EnvActivities, failure: CallFailed
+) -> None:
     """A timeout concerns the engine, which per-group calls would wait on again, and a cancellation (the job
     ended) the whole wave: its groups all fail, and nothing more is called."""
     task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=2)

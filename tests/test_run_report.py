@@ -12,21 +12,26 @@ from html import escape
 from pathlib import Path
 
 import pytest
+
 from rollart.client.report import Ledger, ReportData, Sample, TaskSamples, gather_report, ledger_of, write_report
 from rollart.client.trajectory_view import CallInfo, TrajectoryRow, TrajectoryView, TurnView, summarize_logprobs
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.infra.config import JobSpec
-
 from tests.support.paths import REPO
 from tests.support.tasks import frozenlake_task
 
-EVIL = "<script>document.title='pwned'</script><img src=\"http://example.com/pwn.png\" onerror=\"document.title='pwned'\">"
+EVIL = (
+    "<script>document.title='pwned'</script><img src=\"http://example.com/pwn.png\" onerror=\"document.title='pwned'\">"
+)
 """What a policy might print: executed or fetched, it would change the title or reach the network."""
 
 # An attribute that makes a browser fetch: src=, href=, srcset=, poster=, data=, action= to a URL with a host
 # (http:, https:, ws:, protocol-relative //), or a CSS url()/@import of one.
-_FETCH = re.compile(r"""(?:\b(?:src|href|srcset|poster|data|action)\s*=\s*["']?\s*(?:[a-z][a-z0-9+.-]*:)?//)|"""
-                    r"""(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import)""", re.IGNORECASE)  # fmt: skip
+_FETCH = re.compile(
+    r"""(?:\b(?:src|href|srcset|poster|data|action)\s*=\s*["']?\s*(?:[a-z][a-z0-9+.-]*:)?//)|"""
+    r"""(?:url\(\s*["']?\s*(?:https?:)?//)|(?:@import)""",
+    re.IGNORECASE,
+)
 
 
 # ------------------------------------------------------------------ hand-built run dir and trajectories
@@ -36,21 +41,54 @@ def _metrics(steps: int = 6) -> list[dict]:
     rows = []
     for s in range(steps):
         trained = 8 * (s + 1)
-        rows.append({"step": s, "version": s + 1, "time": 1000.0 + s, "samples": 8, "reward_mean": 0.1 * s,
-                     "success_rate": 0.1 * s, "task_success": {"frozenlake": 0.1 * s}, "staleness_mean": 0.5,
-                     "staleness_max": 1, "completion_tokens": 64, "started": trained + 16, "trained": trained,
-                     "dropped": 4, "filtered": 4, "failed": 2, "in_flight": 4, "buffered": 2,
-                     "train": {"loss": 0.5 - 0.05 * s, "entropy": 3.0 - 0.3 * s, "kl": 0.01 * s, "grad_norm": 1.0,
-                               "lr": 1e-4},
-                     "elapsed_s": 10.0 * (s + 1), "step_interval_s": 10.0, "trajectories_per_s": 1.0,
-                     "tokens_per_s": 6.4})  # fmt: skip
+        rows.append(
+            {
+                "step": s,
+                "version": s + 1,
+                "time": 1000.0 + s,
+                "samples": 8,
+                "reward_mean": 0.1 * s,
+                "success_rate": 0.1 * s,
+                "task_success": {"frozenlake": 0.1 * s},
+                "staleness_mean": 0.5,
+                "staleness_max": 1,
+                "completion_tokens": 64,
+                "started": trained + 16,
+                "trained": trained,
+                "dropped": 4,
+                "filtered": 4,
+                "failed": 2,
+                "in_flight": 4,
+                "buffered": 2,
+                "train": {
+                    "loss": 0.5 - 0.05 * s,
+                    "entropy": 3.0 - 0.3 * s,
+                    "kl": 0.01 * s,
+                    "grad_norm": 1.0,
+                    "lr": 1e-4,
+                },
+                "elapsed_s": 10.0 * (s + 1),
+                "step_interval_s": 10.0,
+                "trajectories_per_s": 1.0,
+                "tokens_per_s": 6.4,
+            }
+        )
     return rows
 
 
 def _timeline() -> list[dict]:
-    return [{"workflow": f"w{i}", "pool": pool, "activity": act, "start": 1000.0 + i, "end": 1000.5 + i}
-            for i, (pool, act) in enumerate([("cpu", "reset"), ("h800", "generate"), ("cpu", "step"),
-                                             ("serverless", "reward"), ("trainer", "train_step")])]  # fmt: skip
+    return [
+        {"workflow": f"w{i}", "pool": pool, "activity": act, "start": 1000.0 + i, "end": 1000.5 + i}
+        for i, (pool, act) in enumerate(
+            [
+                ("cpu", "reset"),
+                ("h800", "generate"),
+                ("cpu", "step"),
+                ("serverless", "reward"),
+                ("trainer", "train_step"),
+            ]
+        )
+    ]
 
 
 def _run_dir(tmp_path: Path) -> Path:
@@ -62,34 +100,86 @@ def _run_dir(tmp_path: Path) -> Path:
 
 
 def _turn(i: int, observation: str, action: str, reward: float = 0.0) -> TurnView:
-    return TurnView(index=i, observation=observation, action=action, data_key=f"trajectories/j/t/turn-{i:03d}",
-                    env_reward=reward, done=reward > 0, info={"position": [0, i]}, prompt_tokens=40,
-                    completion_tokens=2, finish_reason="length", policy_version=3, policy_version_end=3,
-                    logprobs=summarize_logprobs([-0.5, -1.5]),
-                    generate=CallInfo("generate", "h800-ab12", "h800", 0.01, 0.2, True),
-                    step=CallInfo("step", "cpu-cd34", "cpu@cpu-cd34", 0.002, 0.004, True))  # fmt: skip
+    return TurnView(
+        index=i,
+        observation=observation,
+        action=action,
+        data_key=f"trajectories/j/t/turn-{i:03d}",
+        env_reward=reward,
+        done=reward > 0,
+        info={"position": [0, i]},
+        prompt_tokens=40,
+        completion_tokens=2,
+        finish_reason="length",
+        policy_version=3,
+        policy_version_end=3,
+        logprobs=summarize_logprobs([-0.5, -1.5]),
+        generate=CallInfo("generate", "h800-ab12", "h800", 0.01, 0.2, True),
+        step=CallInfo("step", "cpu-cd34", "cpu@cpu-cd34", 0.002, 0.004, True),
+    )
 
 
 def _sample(tid: str, reward: float, turns: list[TurnView], status: str = "completed") -> Sample:
     error = None if status == "completed" else "env raised: boom <b>"
-    result = TrajectoryResult(trajectory_id=tid, task="frozenlake", seed=7, status=status, reward=reward,  # type: ignore[arg-type]
-                              success=reward >= 1, turns=len(turns), policy_version_min=3, policy_version_max=3,
-                              prompt_tokens=80, completion_tokens=4, env_worker="cpu-cd34", error=error)  # fmt: skip
-    view = TrajectoryView(trajectory_id=tid, workflow_id=tid, run_id="run", workflow_type="TrajectoryWorkflow",
-                          workflow_status="completed", result=result, turns=turns, final_observation="SFFF\nFHFH\nG")  # fmt: skip
-    row = TrajectoryRow(trajectory_id=tid, workflow_id=tid, task="frozenlake", status=status, reward=reward,
-                        success=reward >= 1, turns=len(turns), versions="v3..v3", error=error)  # fmt: skip
+    result = TrajectoryResult(
+        trajectory_id=tid,
+        task="frozenlake",
+        seed=7,
+        status=status,
+        reward=reward,  # type: ignore[arg-type]
+        success=reward >= 1,
+        turns=len(turns),
+        policy_version_min=3,
+        policy_version_max=3,
+        prompt_tokens=80,
+        completion_tokens=4,
+        env_worker="cpu-cd34",
+        error=error,
+    )
+    view = TrajectoryView(
+        trajectory_id=tid,
+        workflow_id=tid,
+        run_id="run",
+        workflow_type="TrajectoryWorkflow",
+        workflow_status="completed",
+        result=result,
+        turns=turns,
+        final_observation="SFFF\nFHFH\nG",
+    )
+    row = TrajectoryRow(
+        trajectory_id=tid,
+        workflow_id=tid,
+        task="frozenlake",
+        status=status,
+        reward=reward,
+        success=reward >= 1,
+        turns=len(turns),
+        versions="v3..v3",
+        error=error,
+    )
     return Sample(row, view)
 
 
 def _samples() -> list[TaskSamples]:
-    best = _sample("job-frozenlake-0001", 1.0, [_turn(0, "SFFF\nFHFH\nmove:", "right"), _turn(1, "obs one", "down", 1.0)])
+    best = _sample(
+        "job-frozenlake-0001", 1.0, [_turn(0, "SFFF\nFHFH\nmove:", "right"), _turn(1, "obs one", "down", 1.0)]
+    )
     worst = _sample("job-frozenlake-0002", 0.0, [_turn(0, "the board " + EVIL, "answer " + EVIL)])
     failed = _sample("job-frozenlake-0003", 0.0, [_turn(0, "obs before the crash", "left")], status="failed")
-    gone = Sample(TrajectoryRow("job-g000004", "job-g000004", "frozenlake", "failed", error="workflow failed"),
-                  note="no turns recorded for job-g000004")  # fmt: skip
-    return [TaskSamples(task="frozenlake", scanned=12, statuses={"cancelled": 2, "completed": 8, "failed": 2},
-                        best=[best], worst=[worst], failed=[failed, gone])]
+    gone = Sample(
+        TrajectoryRow("job-g000004", "job-g000004", "frozenlake", "failed", error="workflow failed"),
+        note="no turns recorded for job-g000004",
+    )
+    return [
+        TaskSamples(
+            task="frozenlake",
+            scanned=12,
+            statuses={"cancelled": 2, "completed": 8, "failed": 2},
+            best=[best],
+            worst=[worst],
+            failed=[failed, gone],
+        )
+    ]
 
 
 def _job() -> JobSpec:
@@ -101,8 +191,15 @@ def _report(tmp_path: Path) -> Path:
     from rollart.client.plot import read_jsonl
 
     metrics = read_jsonl(run_dir / "metrics.jsonl")
-    data = ReportData(job_id=run_dir.name, run_dir=run_dir, metrics=metrics, timeline=_timeline(),
-                      ledger=ledger_of(metrics), samples=_samples(), ui="http://ui:8233")  # fmt: skip
+    data = ReportData(
+        job_id=run_dir.name,
+        run_dir=run_dir,
+        metrics=metrics,
+        timeline=_timeline(),
+        ledger=ledger_of(metrics),
+        samples=_samples(),
+        ui="http://ui:8233",
+    )
     return write_report(data)
 
 
@@ -125,7 +222,7 @@ def test_the_page_shows_curves_ledger_timeline_and_transcripts_and_loads_nothing
     assert page.count('<tr class="turn">') == 4
     assert "SFFF\nFHFH\nmove:" in page and "<pre>right</pre>" in page and "obs before the crash" in page
     assert "&lt;script&gt;document.title=&#x27;pwned&#x27;&lt;/script&gt;" in page
-    assert "<script>document.title" not in page and "<img src=\"http://example.com" not in page
+    assert "<script>document.title" not in page and '<img src="http://example.com' not in page
     assert "12 trajectories read: 2 cancelled, 8 completed, 2 failed" in page
     assert "error: env raised: boom &lt;b&gt;" in page and "no turns recorded for job-g000004" in page
     assert "http://ui:8233/namespaces/default/workflows/job-20261201-000000-ab12" in page  # printed, not linked
@@ -134,8 +231,18 @@ def test_the_page_shows_curves_ledger_timeline_and_transcripts_and_loads_nothing
 def test_ledger_comes_from_the_result_when_there_is_one() -> None:
     from rollart.contracts.training import TrainingResult
 
-    result = TrainingResult(job_id="j", steps=6, version=6, started=70, trained=48, dropped=4, failed=2,
-                            cancelled_in_flight=10, buffered_unused=2, filtered=4)  # fmt: skip
+    result = TrainingResult(
+        job_id="j",
+        steps=6,
+        version=6,
+        started=70,
+        trained=48,
+        dropped=4,
+        failed=2,
+        cancelled_in_flight=10,
+        buffered_unused=2,
+        filtered=4,
+    )
     ledger = ledger_of(_metrics(), result)
     assert ledger is not None and ledger.balanced and (ledger.started, ledger.in_flight) == (70, 10)
     assert "result" in ledger.source and ledger.final
@@ -157,8 +264,9 @@ async def test_an_unreachable_server_leaves_out_only_the_trajectories(tmp_path: 
     assert "cannot reach the Temporal server" in page and page.count("data:image/png;base64,") == 3
 
 
-async def test_a_report_that_fails_never_fails_the_training_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+async def test_a_report_that_fails_never_fails_the_training_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     import rollart.cli.report
     from rollart.cli.train import write_run_report
 
@@ -170,13 +278,15 @@ async def test_a_report_that_fails_never_fails_the_training_command(tmp_path: Pa
     assert "report: not written (ValueError: a bad row)" in capsys.readouterr().out
 
 
-async def test_the_training_command_writes_the_report_without_a_server(tmp_path: Path,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+async def test_the_training_command_writes_the_report_without_a_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from rollart.cli.train import write_run_report
 
     run_dir = _run_dir(tmp_path)
-    path = await write_run_report(None, _job(), run_dir.name, run_dir, "",
-                                  note="trajectories not loaded: the client failed (RuntimeError: x)")  # fmt: skip
+    path = await write_run_report(
+        None, _job(), run_dir.name, run_dir, "", note="trajectories not loaded: the client failed (RuntimeError: x)"
+    )
     assert path == run_dir / "report.html" and "the client failed" in path.read_text()
     assert f"report: {path}" in capsys.readouterr().out
     empty = tmp_path / "empty"
@@ -197,9 +307,22 @@ def _browse(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProce
     of its own background traffic, so that its net log holds only what the page asked for."""
     browser = _chromium()
     assert browser is not None
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-default-apps",
-           "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={profile}", *extra, page.as_uri()]  # fmt: skip
+    cmd = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-default-apps",
+        "--host-resolver-rules=MAP * ~NOTFOUND",
+        f"--user-data-dir={profile}",
+        *extra,
+        page.as_uri(),
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -212,9 +335,13 @@ def _page_fetches(net_log: Path) -> list[str]:
     except json.JSONDecodeError:  # a log cut short at exit: close it
         log = json.loads(text.rstrip().rstrip(",") + "]}")
     names = {v: k for k, v in log["constants"]["logEventTypes"].items()}
-    return [p["url"] for e in log["events"] if names.get(e["type"]) == "URL_REQUEST_START_JOB"
-            and (p := e.get("params", {})).get("url", "").startswith(("http:", "https:", "ws:", "wss:"))
-            and p.get("initiator") != "not an origin"]  # fmt: skip
+    return [
+        p["url"]
+        for e in log["events"]
+        if names.get(e["type"]) == "URL_REQUEST_START_JOB"
+        and (p := e.get("params", {})).get("url", "").startswith(("http:", "https:", "ws:", "wss:"))
+        and p.get("initiator") != "not an origin"
+    ]
 
 
 @pytest.mark.integration
@@ -253,15 +380,20 @@ def test_chromium_renders_the_report_offline(tmp_path: Path) -> None:
 
 
 def _rollart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollart.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rollart.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
 
 
 @pytest.mark.integration
 async def test_rollart_report_on_a_real_training_run(stack, stack_job, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from rollart.cli.train import write_run_report
     from rollart.infra.store import LocalStore
-
     from tests.support.training_runs import run_job
 
     job, result, _, rows = await run_job(client, stack_job, tmp_path, steps=2, batch_size=8)
@@ -281,8 +413,18 @@ async def test_rollart_report_on_a_real_training_run(stack, stack_job, client, t
 
     # the command, on the same run dir
     out = tmp_path / "elsewhere.html"
-    done = _rollart("report", str(run_dir), "--out", str(out), "--samples", "2", "--temporal-address", stack.address,
-                    "--store-path", str(stack_job.store.path))  # fmt: skip
+    done = _rollart(
+        "report",
+        str(run_dir),
+        "--out",
+        str(out),
+        "--samples",
+        "2",
+        "--temporal-address",
+        stack.address,
+        "--store-path",
+        str(stack_job.store.path),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     shown = len(picked) + len(data.samples[0].failed)  # failed: none, unless an episode failed on this stack
     assert f"wrote {out}: 2 steps, {shown} trajectories of 1 task(s)" in done.stdout
@@ -296,8 +438,16 @@ async def test_rollart_report_on_a_real_training_run(stack, stack_job, client, t
     # the server gone (a port nobody serves): the page still comes, with its curves and a note
     from rollart.infra.devserver import free_port
 
-    down = _rollart("report", str(run_dir), "--out", str(tmp_path / "down.html"), "--temporal-address",
-                    f"127.0.0.1:{free_port()}", "--timeout", "30")  # fmt: skip
+    down = _rollart(
+        "report",
+        str(run_dir),
+        "--out",
+        str(tmp_path / "down.html"),
+        "--temporal-address",
+        f"127.0.0.1:{free_port()}",
+        "--timeout",
+        "30",
+    )
     assert down.returncode == 0, down.stdout + down.stderr
     page = (tmp_path / "down.html").read_text()
     assert "trajectories could not be loaded: cannot reach the Temporal server" in page

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+
 from rollart.infra.backlog import QueueStats
 from rollart.infra.config import ElasticPoolConfig
 from rollart.infra.pools import Pool
@@ -15,8 +17,14 @@ from rollart.workers import autoscaler as mod
 from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleState, decide, recommend
 
-CFG = ElasticPoolConfig(min_workers=0, max_workers=4, max_concurrent_activities=2, scale_up_cooldown_s=6,
-                        scale_down_cooldown_s=30, poll_interval_s=2)  # fmt: skip
+CFG = ElasticPoolConfig(
+    min_workers=0,
+    max_workers=4,
+    max_concurrent_activities=2,
+    scale_up_cooldown_s=6,
+    scale_down_cooldown_s=30,
+    poll_interval_s=2,
+)
 
 
 def play(cfg: ElasticPoolConfig, observations: list[tuple[int, float]], dt: float = 2.0) -> list[int]:
@@ -64,7 +72,7 @@ def test_work_still_arriving_without_backlog_keeps_the_workers() -> None:
 def test_a_flapping_backlog_does_not_flap_the_workers() -> None:
     targets = play(CFG, [(6, 3.0), (0, 0.0)] * 30)
     assert targets[0] == 3
-    assert all(a <= b for a, b in zip(targets, targets[1:]))  # only up (the backlog persists); dips never last 30 s
+    assert all(a <= b for a, b in itertools.pairwise(targets))  # only up (the backlog persists); dips never last 30 s
     assert targets[-1] == CFG.max_workers
 
 
@@ -80,15 +88,20 @@ def test_scale_down_goes_to_the_highest_recent_need() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_random_backlogs_respect_bounds_and_cooldowns(seed: int) -> None:
     rng = random.Random(seed)
-    cfg = ElasticPoolConfig(min_workers=rng.randint(0, 2), max_workers=rng.randint(2, 6), max_concurrent_activities=4,
-                            scale_up_cooldown_s=rng.choice([0, 4, 6]), scale_down_cooldown_s=rng.choice([10, 30]))  # fmt: skip
+    cfg = ElasticPoolConfig(
+        min_workers=rng.randint(0, 2),
+        max_workers=rng.randint(2, 6),
+        max_concurrent_activities=4,
+        scale_up_cooldown_s=rng.choice([0, 4, 6]),
+        scale_down_cooldown_s=rng.choice([10, 30]),
+    )
     obs = [(rng.choice([0, 0, 0, rng.randint(1, 40)]), rng.choice([0.0, 0.0, 3.0])) for _ in range(300)]
     state = ScaleState.initial(cfg, now=0.0)
     last_change, last_up = 0.0, -1e9
     for i, (backlog, rate) in enumerate(obs, start=1):
         now = i * 2.0
         before = state.target
-        state, d = decide(cfg, state, backlog, rate, now)
+        state, _d = decide(cfg, state, backlog, rate, now)
         assert cfg.min_workers <= state.target <= cfg.max_workers
         if state.target > before:
             assert now - last_up >= cfg.scale_up_cooldown_s
@@ -108,12 +121,14 @@ def test_autoscaler_keeps_the_processes_at_the_target_and_replaces_the_dead(
         ready = tmp_path / f"{name}.ready"
         ready.write_text(name)
         proc = subprocess.Popen(["sleep", "60"])
-        return mod.WorkerProcess(name=name, proc=proc, log_file=tmp_path / "log", ready_file=ready,
-                                 started_at=time.monotonic())  # fmt: skip
+        return mod.WorkerProcess(
+            name=name, proc=proc, log_file=tmp_path / "log", ready_file=ready, started_at=time.monotonic()
+        )
 
     monkeypatch.setattr(mod, "spawn_worker", fake_spawn)
-    cfg = ElasticPoolConfig(min_workers=1, max_workers=3, max_concurrent_activities=2, scale_up_cooldown_s=0,
-                            scale_down_cooldown_s=0)  # fmt: skip
+    cfg = ElasticPoolConfig(
+        min_workers=1, max_workers=3, max_concurrent_activities=2, scale_up_cooldown_s=0, scale_down_cooldown_s=0
+    )
     scaler = mod.Autoscaler(cfg=cfg, procs=mod.WorkerProcesses(WorkerSettings(pool=Pool.SERVERLESS), tmp_path))
     scaler._state = ScaleState.initial(cfg, now=0.0)
     try:
@@ -134,6 +149,8 @@ def test_autoscaler_keeps_the_processes_at_the_target_and_replaces_the_dead(
         for w in scaler.procs.draining:
             w.proc.wait(5)
         scaler.reconcile()
-        assert scaler.procs.draining == [] and sum(e.kind == "exit" and "drained" in e.detail for e in scaler.events) == 2
+        assert (
+            scaler.procs.draining == [] and sum(e.kind == "exit" and "drained" in e.detail for e in scaler.events) == 2
+        )
     finally:
         scaler.procs.stop_all(timeout_s=5)

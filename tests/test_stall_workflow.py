@@ -14,6 +14,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio import activity
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, Worker
+
 from rollart.activities.queues import QueueActivities
 from rollart.client.connection import Outage
 from rollart.client.train import MetricsWriter, follow
@@ -24,14 +32,6 @@ from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
 from rollart.workers.pool_worker import WorkerSettings, _pool_workers
 from rollart.workflows import ALL_WORKFLOWS
-from temporalio import activity
-from temporalio.api.sdk.v1 import WorkflowMetadata
-from temporalio.client import WorkflowFailureError, WorkflowHandle
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
-
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
@@ -43,8 +43,11 @@ FAST = {"check_every_s": 1, "no_worker_after_s": 2, "no_progress_min_s": 120}
 
 def job(prefix: str, steps: int = 2, **stall: object) -> JobSpec:
     """`steps` steps of 4 FrozenLake trajectories (groups of 2) on h800, with stall checks every second."""
-    spec = JobSpec(name="stall", tasks=[frozenlake_task(group_size=2, max_turns=2)],
-                   training=TrainingConfig(steps=steps, batch_size=4, stall={**FAST, **stall}))  # fmt: skip
+    spec = JobSpec(
+        name="stall",
+        tasks=[frozenlake_task(group_size=2, max_turns=2)],
+        training=TrainingConfig(steps=steps, batch_size=4, stall={**FAST, **stall}),
+    )
     return with_queue_prefix(spec, prefix)
 
 
@@ -52,12 +55,15 @@ async def start(env: WorkflowEnvironment, spec: JobSpec, prefix: str) -> Workflo
     await ensure_registered(env.client)
     job_id = f"stall-{uuid.uuid4().hex[:8]}"
     return await env.client.start_workflow(
-        "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-        task_queue=queue_name(Pool.CONTROL, prefix), result_type=TrainingResult,
-    )  # fmt: skip
+        "TrainingWorkflow",
+        TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+        id=job_id,
+        task_queue=queue_name(Pool.CONTROL, prefix),
+        result_type=TrainingResult,
+    )
 
 
-async def status_until(handle: WorkflowHandle, ok, timeout_s: float = 30.0) -> TrainingStatus:  # noqa: ANN001
+async def status_until(handle: WorkflowHandle, ok, timeout_s: float = 30.0) -> TrainingStatus:
     """Query `status` every 0.25 s until `ok(status)`; a query the server drops is retried, as `rollart train` does."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -99,8 +105,9 @@ async def test_a_pool_without_workers_is_reported_then_clears(bare_env: Workflow
         assert stall.seen_at - stall.since >= FAST["no_worker_after_s"]
         assert (await details(handle)).startswith("stalled: no worker on h800 for ")
         timeline.append(f"{time.monotonic() - t0:5.1f} s  reported: {stall.describe()}")
-        async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix),
-                          activities=[w.generate, w.generate_batch]):  # fmt: skip
+        async with Worker(
+            bare_env.client, task_queue=queue_name("h800", queue_prefix), activities=[w.generate, w.generate_batch]
+        ):
             timeline.append(f"{time.monotonic() - t0:5.1f} s  h800 worker started")
             cleared = await status_until(handle, lambda s: not s.stalls)
             assert cleared.stalls == [] and not cleared.done  # cleared by a check, while the job runs on
@@ -116,13 +123,20 @@ async def test_a_pool_without_workers_is_reported_then_clears(bare_env: Workflow
     print("\n" + "\n".join(timeline))
     assert result.version == 12 and status.ledger_balanced and status.stalls == []
     await assert_replays(bare_env, handle)
-    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
-                              + result.buffered_unused)  # fmt: skip
+    assert result.started == (
+        result.trained
+        + result.dropped
+        + result.filtered
+        + result.failed
+        + result.cancelled_in_flight
+        + result.buffered_unused
+    )
 
 
 @pytest.mark.parametrize("control", ["stand-in", "rollart worker --pool control"])
-async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnvironment, queue_prefix: str,
-                                                       control: str) -> None:  # fmt: skip
+async def test_fail_after_ends_the_job_naming_the_pool(
+    bare_env: WorkflowEnvironment, queue_prefix: str, control: str
+) -> None:
     w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
     real = control != "stand-in"  # the control worker `rollart worker` runs: the workflows and describe_queues
     settings = WorkerSettings(pool=Pool.CONTROL, temporal=TemporalConfig(task_queue_prefix=queue_prefix))
@@ -141,8 +155,9 @@ async def test_fail_after_ends_the_job_naming_the_pool(bare_env: WorkflowEnviron
     await assert_replays(bare_env, handle)
 
 
-async def test_a_long_stall_continues_as_new_and_keeps_its_clock(bare_env: WorkflowEnvironment,
-                                                                 queue_prefix: str) -> None:  # fmt: skip
+async def test_a_long_stall_continues_as_new_and_keeps_its_clock(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
     async with standin_workers(bare_env.client, w, missing_pools=["h800"]):
         handle = await start(bare_env, job(queue_prefix, check_every_s=0.5, history_events_max=100), queue_prefix)
@@ -153,12 +168,19 @@ async def test_a_long_stall_continues_as_new_and_keeps_its_clock(bare_env: Workf
         assert (await handle.describe()).run_id != first_run  # stalled, its history full: a fresh run
         [stall] = (await status_until(handle, lambda s: s.stalls)).stalls
         assert stall.pool == "h800" and stall.seen_at - stall.since >= 2.0  # the same stall, its clock carried over
-        async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix),
-                          activities=[w.generate, w.generate_batch]):  # fmt: skip
+        async with Worker(
+            bare_env.client, task_queue=queue_name("h800", queue_prefix), activities=[w.generate, w.generate_batch]
+        ):
             result = await asyncio.wait_for(handle.result(), 60)
     assert result.version == 2 and len(w.trained_ids) == len(set(w.trained_ids)) == result.trained
-    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
-                              + result.buffered_unused)  # fmt: skip
+    assert result.started == (
+        result.trained
+        + result.dropped
+        + result.filtered
+        + result.failed
+        + result.cancelled_in_flight
+        + result.buffered_unused
+    )
 
 
 async def test_no_trajectory_finishing_is_a_stall_too(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
@@ -188,8 +210,9 @@ async def test_no_trajectory_finishing_is_a_stall_too(bare_env: WorkflowEnvironm
 
 @pytest.mark.chaos
 @pytest.mark.timeout(240)
-async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env: WorkflowEnvironment,
-                                                                        queue_prefix: str, tmp_path: Path) -> None:  # fmt: skip
+async def test_a_killed_worker_is_reported_within_seconds_then_replaced(
+    bare_env: WorkflowEnvironment, queue_prefix: str, tmp_path: Path
+) -> None:
     """SIGKILL the only h800 worker (a process of its own) mid-job: the stall is reported from its last heartbeat.
 
     Temporal lists a killed worker's poller for ~90 s, so judged by pollers the report would come after
@@ -199,8 +222,12 @@ async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env
     after_s = 5.0
     w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=0.2)
     address = bare_env.client.service_client.config.target_host
-    engine = subprocess.Popen([sys.executable, "-m", "tests.support.standin_engine", address, queue_prefix,
-                               str(tmp_path / "store")], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.standin_engine", address, queue_prefix, str(tmp_path / "store")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     timeline: list[str] = []
     try:
         assert engine.stdout is not None and engine.stdout.readline().strip() == "serving"
@@ -216,8 +243,9 @@ async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env
             assert (stall.reason, stall.pool) == ("no_worker", "h800") and stall.backlog > 0
             # heartbeats every 1 s: at most 2 missed + 5 s grace, then `after_s`, then a check (1 s); far under 90 s
             assert detected < after_s + 2 + 5 + 1 + 10, "\n".join(timeline)
-            async with Worker(bare_env.client, task_queue=queue_name("h800", queue_prefix),
-                              activities=[w.generate, w.generate_batch]):  # fmt: skip
+            async with Worker(
+                bare_env.client, task_queue=queue_name("h800", queue_prefix), activities=[w.generate, w.generate_batch]
+            ):
                 timeline.append(f"{time.monotonic() - killed:5.1f} s  replacement h800 worker started")
                 await status_until(handle, lambda s: not s.stalls, timeout_s=30)
                 timeline.append(f"{time.monotonic() - killed:5.1f} s  stall cleared")
@@ -228,34 +256,62 @@ async def test_a_killed_worker_is_reported_within_seconds_then_replaced(bare_env
         engine.wait()
     print("\n" + "\n".join(timeline))
     assert result.version == 10 and result.failed == 0
-    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
-                              + result.buffered_unused)  # fmt: skip
+    assert result.started == (
+        result.trained
+        + result.dropped
+        + result.filtered
+        + result.failed
+        + result.cancelled_in_flight
+        + result.buffered_unused
+    )
 
 
 @pytest.mark.timeout(180)
-async def test_a_job_no_worker_serves_says_so_to_status_and_followers(bare_env: WorkflowEnvironment,
-                                                                      queue_prefix: str, tmp_path: Path) -> None:  # fmt: skip
+async def test_a_job_no_worker_serves_says_so_to_status_and_followers(
+    bare_env: WorkflowEnvironment, queue_prefix: str, tmp_path: Path
+) -> None:
     """No control worker: nothing runs the job, so it cannot report itself; its clients ask Temporal and say so."""
     w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks)
     async with standin_workers(bare_env.client, w, missing_pools=["control"]):
         handle = await start(bare_env, job(queue_prefix), queue_prefix)
         address = bare_env.client.service_client.config.target_host
         status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "rollart.cli", "status", handle.id, "--temporal-address", address,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=REPO)  # fmt: skip
+            sys.executable,
+            "-m",
+            "rollart.cli",
+            "status",
+            handle.id,
+            "--temporal-address",
+            address,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=REPO,
+        )
         out = (await status.communicate())[0].decode()
         control = queue_name(Pool.CONTROL, queue_prefix)
         assert status.returncode == 2, out
         assert f"no worker serves job {handle.id}'s workflow queue '{control}' (none seen)" in out, out
         said: list[str] = []
-        following = asyncio.create_task(follow(handle, MetricsWriter(tmp_path), lambda row: None, poll_s=0.2,
-                                               outage=Outage(say=said.append), client=bare_env.client))  # fmt: skip
+        following = asyncio.create_task(
+            follow(
+                handle,
+                MetricsWriter(tmp_path),
+                lambda row: None,
+                poll_s=0.2,
+                outage=Outage(say=said.append),
+                client=bare_env.client,
+            )
+        )
         deadline = time.monotonic() + 30
         while not said and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         assert said and said[0].startswith(f"no worker serves job {handle.id}'s workflow queue"), said
-        async with Worker(bare_env.client, task_queue=control, workflows=list(ALL_WORKFLOWS),
-                          activities=[QueueActivities(bare_env.client).describe_queues]):  # fmt: skip
+        async with Worker(
+            bare_env.client,
+            task_queue=control,
+            workflows=list(ALL_WORKFLOWS),
+            activities=[QueueActivities(bare_env.client).describe_queues],
+        ):
             result = await asyncio.wait_for(following, 60)
     assert result.version == 2
     assert said == [said[0], "the job answers again: a worker serves its workflow queue"]

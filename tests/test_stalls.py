@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+
 from rollart.contracts.activities import QueueState
 from rollart.contracts.training import StallWatch, TrainingPlan, TrainingStatus
 from rollart.infra.config import JobSpec, StallConfig, TrainingConfig
 from rollart.workflows import stalls
-
 from tests.support.tasks import frozenlake_task
 
 CFG = StallConfig(check_every_s=15, no_worker_after_s=60, no_progress_factor=10, no_progress_min_s=30)
@@ -18,8 +18,12 @@ def q(backlog: int, pollers: int) -> QueueState:
     return QueueState(queue="x", backlog=backlog, pollers=pollers)
 
 
-def run_checks(seen: list[tuple[float, dict[str, QueueState]]], watch: StallWatch | None = None,
-               in_flight: int = 0, cfg: StallConfig = CFG) -> StallWatch:  # fmt: skip
+def run_checks(
+    seen: list[tuple[float, dict[str, QueueState]]],
+    watch: StallWatch | None = None,
+    in_flight: int = 0,
+    cfg: StallConfig = CFG,
+) -> StallWatch:
     """The watch after a series of checks at the given workflow times."""
     watch = watch or StallWatch()
     for now, queues in seen:
@@ -122,8 +126,11 @@ def test_watched_pools_are_the_queues_the_tasks_use() -> None:
 
 
 def test_the_spec_validates_the_thresholds_and_the_plan_carries_them() -> None:
-    spec = JobSpec(name="s", tasks=[frozenlake_task()],
-                   training=TrainingConfig(batch_size=8, stall={"check_every_s": 2, "fail_after_s": 30}))  # fmt: skip
+    spec = JobSpec(
+        name="s",
+        tasks=[frozenlake_task()],
+        training=TrainingConfig(batch_size=8, stall={"check_every_s": 2, "fail_after_s": 30}),
+    )
     assert TrainingPlan.of(spec).training.stall == StallConfig(check_every_s=2, fail_after_s=30)
     for bad in ({"check_every_s": 0}, {"no_progress_factor": 1}, {"fail_after_s": -1}, {"no_worker_after": 5}):
         with pytest.raises(ValidationError):
@@ -131,9 +138,24 @@ def test_the_spec_validates_the_thresholds_and_the_plan_carries_them() -> None:
 
 
 def test_old_status_and_state_payloads_still_decode() -> None:
-    status = TrainingStatus(job_id="j", step=0, steps=1, version=0, async_bound=1, rollout_mode="trajectory",
-                            started=0, trained=0, dropped=0, failed=0, in_flight=0, buffered=0, paused=False,
-                            stopping=False, done=False, ledger_balanced=True)  # fmt: skip
+    status = TrainingStatus(
+        job_id="j",
+        step=0,
+        steps=1,
+        version=0,
+        async_bound=1,
+        rollout_mode="trajectory",
+        started=0,
+        trained=0,
+        dropped=0,
+        failed=0,
+        in_flight=0,
+        buffered=0,
+        paused=False,
+        stopping=False,
+        done=False,
+        ledger_balanced=True,
+    )
     assert status.stalls == []
     assert TrainingConfig.model_validate({"steps": 3}).stall.enabled
 
@@ -149,9 +171,25 @@ def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys
 
     now = time.time()
     stall = Stall(reason="no_worker", pool="h800", since=now - 60, seen_at=now - 1, backlog=10, reported=True)
-    status = TrainingStatus(job_id="j", step=1, steps=3, version=1, async_bound=1, rollout_mode="trajectory",
-                            started=8, trained=4, dropped=0, failed=0, in_flight=4, buffered=0, paused=False,
-                            stopping=False, done=False, ledger_balanced=True, stalls=[stall])  # fmt: skip
+    status = TrainingStatus(
+        job_id="j",
+        step=1,
+        steps=3,
+        version=1,
+        async_bound=1,
+        rollout_mode="trajectory",
+        started=8,
+        trained=4,
+        dropped=0,
+        failed=0,
+        in_flight=4,
+        buffered=0,
+        paused=False,
+        stopping=False,
+        done=False,
+        ledger_balanced=True,
+        stalls=[stall],
+    )
 
     class _Client:
         def get_workflow_handle(self, job_id: str) -> str:
@@ -170,7 +208,7 @@ def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys
     assert "STALLED: no worker on h800 for 60 s, 10 activities waiting (since " in capsys.readouterr().out
 
 
-async def test_follow_hands_each_status_to_the_progress_bar(tmp_path) -> None:  # noqa: ANN001
+async def test_follow_hands_each_status_to_the_progress_bar(tmp_path) -> None:
     import asyncio
 
     from rollart.client.train import MetricsWriter, follow
@@ -183,17 +221,46 @@ async def test_follow_hands_each_status_to_the_progress_bar(tmp_path) -> None:  
 
         async def query(self, name: str, result_type: type) -> TrainingStatus:
             self.queries += 1
-            return TrainingStatus(job_id="j", step=0, steps=1, version=0, async_bound=1, rollout_mode="trajectory",
-                                  started=0, trained=0, dropped=0, failed=0, in_flight=0, buffered=0, paused=False,
-                                  stopping=False, done=False, ledger_balanced=True,
-                                  stalls=[stall] if self.queries < 3 else [])  # fmt: skip
+            return TrainingStatus(
+                job_id="j",
+                step=0,
+                steps=1,
+                version=0,
+                async_bound=1,
+                rollout_mode="trajectory",
+                started=0,
+                trained=0,
+                dropped=0,
+                failed=0,
+                in_flight=0,
+                buffered=0,
+                paused=False,
+                stopping=False,
+                done=False,
+                ledger_balanced=True,
+                stalls=[stall] if self.queries < 3 else [],
+            )
 
         async def result(self) -> TrainingResult:
             await asyncio.sleep(0.2)
-            return TrainingResult(job_id="j", steps=1, version=1, started=0, trained=0, dropped=0, failed=0,
-                                  cancelled_in_flight=0, buffered_unused=0)  # fmt: skip
+            return TrainingResult(
+                job_id="j",
+                steps=1,
+                version=1,
+                started=0,
+                trained=0,
+                dropped=0,
+                failed=0,
+                cancelled_in_flight=0,
+                buffered_unused=0,
+            )
 
     seen: list[str] = []
-    await follow(_Handle(), MetricsWriter(tmp_path), lambda row: None, poll_s=0.01,  # type: ignore[arg-type]
-                 on_status=lambda s: seen.append(stalls.summary(s.stalls)))  # fmt: skip
+    await follow(
+        _Handle(),
+        MetricsWriter(tmp_path),
+        lambda row: None,
+        poll_s=0.01,  # type: ignore[arg-type]
+        on_status=lambda s: seen.append(stalls.summary(s.stalls)),
+    )
     assert seen[:2] == ["stalled: no worker on h20 for 5 s, 3 activities waiting"] * 2 and seen[-1] == ""

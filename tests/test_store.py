@@ -6,14 +6,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from rollart.infra.config import StoreConfig
-from rollart.infra.store import LocalStore, StoreKeyError
-from rollart.infra.temporal import data_converter
 from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from rollart.infra.config import StoreConfig
+from rollart.infra.store import LocalStore, StoreKeyError
+from rollart.infra.temporal import data_converter
 from tests.support.blob import BlobWorkflow, make_blob
 from tests.support.history import payload_sizes
 
@@ -33,10 +33,15 @@ def test_local_store_round_trip_and_missing_key(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- the stored turn record
 
 OLD_RECORD = {
-    "prompt": "SFFF\nFHAH\nmove:", "prompt_ids": [5, 6, 7], "policy_version": 2, "policy_version_end": 3,
-    "completions": [{"text": "R", "token_ids": [7, 8], "logprobs": [-0.5, -1e-05], "finish_reason": "length"},
-                    {"text": "", "token_ids": [], "logprobs": [], "finish_reason": "None"}],
-}  # fmt: skip
+    "prompt": "SFFF\nFHAH\nmove:",
+    "prompt_ids": [5, 6, 7],
+    "policy_version": 2,
+    "policy_version_end": 3,
+    "completions": [
+        {"text": "R", "token_ids": [7, 8], "logprobs": [-0.5, -1e-05], "finish_reason": "length"},
+        {"text": "", "token_ids": [], "logprobs": [], "finish_reason": "None"},
+    ],
+}
 """A record as generate wrote it before StoredTurn: a dict through `put_json` (and a vLLM "None" reason)."""
 
 
@@ -60,8 +65,16 @@ def test_malformed_turn_records_are_refused_naming_the_key(tmp_path: Path) -> No
     store = LocalStore(tmp_path)
     bad = {**OLD_RECORD, "completions": [{"token_ids": [1, 2], "logprobs": [-0.1]}]}
     store.put_json("t/bad", bad)
-    sample = SampleRef(trajectory_id="t", task="x", group_id="g", reward=1.0, success=True, turn_keys=["t/bad"],
-                       policy_version_min=0, policy_version_max=0)  # fmt: skip
+    sample = SampleRef(
+        trajectory_id="t",
+        task="x",
+        group_id="g",
+        reward=1.0,
+        success=True,
+        turn_keys=["t/bad"],
+        policy_version_min=0,
+        policy_version_max=0,
+    )
     with pytest.raises(InvalidSample, match=r"turn record 't/bad' is malformed.*2 tokens but 1 logprobs"):
         load_sequences(store, [sample], [1.0])
     store.put_json("t/bad", OLD_RECORD)
@@ -71,6 +84,7 @@ def test_malformed_turn_records_are_refused_naming_the_key(tmp_path: Path) -> No
 
 def test_finish_reasons_are_the_engines_own() -> None:
     from pydantic import ValidationError
+
     from rollart.contracts.activities import Completion
 
     for reason in ("stop", "length", "abort", "error", "repetition", "None"):  # "None": old vLLM records
@@ -96,8 +110,13 @@ async def test_payloads_over_threshold_go_to_the_store(tmp_path: Path) -> None:
     ) as env:
         client: Client = env.client
         queue = f"blob-{uuid.uuid4().hex[:6]}"
-        async with Worker(client, task_queue=queue, workflows=[BlobWorkflow], activities=[make_blob],
-                          workflow_runner=UnsandboxedWorkflowRunner()):  # fmt: skip
+        async with Worker(
+            client,
+            task_queue=queue,
+            workflows=[BlobWorkflow],
+            activities=[make_blob],
+            workflow_runner=UnsandboxedWorkflowRunner(),
+        ):
             handle = await client.start_workflow(BlobWorkflow.run, 3 * 1024, id=queue, task_queue=queue)
             assert await handle.result() == "x" * (3 * 1024 * 1024) + "!"
             history = await handle.fetch_history()

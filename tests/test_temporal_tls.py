@@ -20,6 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode, TLSConfig
+from temporalio.testing import WorkflowEnvironment
+
 from rollart.cli.errors import UserError
 from rollart.cli.main import build_parser
 from rollart.cli.spec import load_spec
@@ -35,10 +39,6 @@ from rollart.infra.temporal_tls import certificate_verdict, closed_connection_hi
 from rollart.infra.waiting import Backoff
 from rollart.workers.local_stack import LocalStack
 from rollart.workers.pool_worker import WorkerSettings, serve
-from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode, TLSConfig
-from temporalio.testing import WorkflowEnvironment
-
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task
@@ -53,8 +53,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 def _job(tmp_path: Path, **temporal: Any) -> JobSpec:
-    return JobSpec(name="tls", tasks=[frozenlake_task(max_turns=2)], temporal=TemporalConfig(**temporal),
-                   store=StoreConfig(path=tmp_path / "store"))  # fmt: skip
+    return JobSpec(
+        name="tls",
+        tasks=[frozenlake_task(max_turns=2)],
+        temporal=TemporalConfig(**temporal),
+        store=StoreConfig(path=tmp_path / "store"),
+    )
 
 
 def _mtls(pki: Pki, **overrides: Any) -> TemporalTLS:
@@ -68,14 +72,20 @@ def _load(temporal: dict[str, Any]) -> JobSpec:
     return load_job(REPO / "examples" / "frozenlake.yaml", {"temporal": {"address": "t.example:7233", **temporal}})
 
 
-@pytest.mark.parametrize(("temporal", "expected"), [
-    ({"tls": {"cert": "c.pem"}}, "temporal.tls: Value error, tls.cert is set but tls.key is not: a client "
-                                 "certificate goes with its private key; set both (mTLS), or neither"),
-    ({"tls": {"key": "k.pem"}}, "tls.key is set but tls.cert is not"),
-    ({"tls": {"ca": "ca.pem", "pem": "x"}}, "temporal.tls.pem: Extra inputs are not permitted"),
-    ({"tls": {"server_name": "a b"}}, "temporal.tls.server_name: String should match pattern"),
-    ({"api_key_env": "sk-1234"}, "temporal.api_key_env: String should match pattern"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("temporal", "expected"),
+    [
+        (
+            {"tls": {"cert": "c.pem"}},
+            "temporal.tls: Value error, tls.cert is set but tls.key is not: a client "
+            "certificate goes with its private key; set both (mTLS), or neither",
+        ),
+        ({"tls": {"key": "k.pem"}}, "tls.key is set but tls.cert is not"),
+        ({"tls": {"ca": "ca.pem", "pem": "x"}}, "temporal.tls.pem: Extra inputs are not permitted"),
+        ({"tls": {"server_name": "a b"}}, "temporal.tls.server_name: String should match pattern"),
+        ({"api_key_env": "sk-1234"}, "temporal.api_key_env: String should match pattern"),
+    ],
+)
 def test_a_bad_tls_section_fails_on_load_naming_the_field(temporal: dict, expected: str) -> None:
     with pytest.raises(JobSpecError) as e:
         _load(temporal)
@@ -94,13 +104,28 @@ def test_tls_true_is_tls_with_the_trusted_roots_and_false_is_none() -> None:
 def test_every_command_that_connects_takes_the_tls_flags() -> None:
     """The flags set temporal.tls / api_key_env on the commands with a job (over the job's) and on status/attach."""
     parser = build_parser()
-    flags = ["--temporal-tls-ca", "ca.pem", "--temporal-tls-cert", "c.pem", "--temporal-tls-key", "c.key",
-             "--temporal-tls-server-name", "temporal.example", "--temporal-api-key-env", "MY_KEY"]  # fmt: skip
+    flags = [
+        "--temporal-tls-ca",
+        "ca.pem",
+        "--temporal-tls-cert",
+        "c.pem",
+        "--temporal-tls-key",
+        "c.key",
+        "--temporal-tls-server-name",
+        "temporal.example",
+        "--temporal-api-key-env",
+        "MY_KEY",
+    ]
     want = TemporalTLS(ca=Path("ca.pem"), cert=Path("c.pem"), key=Path("c.key"), server_name="temporal.example")
     example = str(REPO / "examples" / "frozenlake.yaml")
-    for argv in (["status", "j-1", *flags], ["attach", "j-1", *flags], ["show", "t-1", *flags],
-                 ["trajectories", "j-1", *flags], ["rollout", example, "--temporal-address", "t:7233", *flags],
-                 ["train", example, "--temporal-address", "t:7233", *flags]):  # fmt: skip
+    for argv in (
+        ["status", "j-1", *flags],
+        ["attach", "j-1", *flags],
+        ["show", "t-1", *flags],
+        ["trajectories", "j-1", *flags],
+        ["rollout", example, "--temporal-address", "t:7233", *flags],
+        ["train", example, "--temporal-address", "t:7233", *flags],
+    ):
         args = parser.parse_args(argv)
         temporal = load_spec(getattr(args, "job", None), args).temporal
         assert (temporal.tls, temporal.api_key_env) == (want, "MY_KEY"), argv[0]
@@ -160,37 +185,61 @@ def sdk_connect(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 async def test_connect_dials_with_the_files_the_server_name_and_the_api_key(
-        tmp_path: Path, pki: Pki, sdk_connect: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, pki: Pki, sdk_connect: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("ROLLART_TEST_KEY", "  key-123\n")
-    job = _job(tmp_path, address="t.example:7233", tls=_mtls(pki, server_name="temporal.example"),
-               api_key_env="ROLLART_TEST_KEY")  # fmt: skip
+    job = _job(
+        tmp_path,
+        address="t.example:7233",
+        tls=_mtls(pki, server_name="temporal.example"),
+        api_key_env="ROLLART_TEST_KEY",
+    )
     assert await connect(job.temporal, job.store) == "client"
     (call,) = sdk_connect
     assert call["target_host"] == "t.example:7233" and call["api_key"] == "key-123"
-    assert call["tls"] == TLSConfig(server_root_ca_cert=pki.ca.read_bytes(), client_cert=pki.client_cert.read_bytes(),
-                                    client_private_key=pki.client_key.read_bytes(), domain="temporal.example")  # fmt: skip
+    assert call["tls"] == TLSConfig(
+        server_root_ca_cert=pki.ca.read_bytes(),
+        client_cert=pki.client_cert.read_bytes(),
+        client_private_key=pki.client_key.read_bytes(),
+        domain="temporal.example",
+    )
     # an API key alone: tls left to the SDK, which then uses TLS with the trusted roots; nothing: plain gRPC
-    for temporal, (tls, key) in ((TemporalConfig(address="t:1", api_key_env="ROLLART_TEST_KEY"), (None, "key-123")),
-                                 (TemporalConfig(address="t:1"), (None, None))):  # fmt: skip
+    for temporal, (tls, key) in (
+        (TemporalConfig(address="t:1", api_key_env="ROLLART_TEST_KEY"), (None, "key-123")),
+        (TemporalConfig(address="t:1"), (None, None)),
+    ):
         await connect(temporal, job.store)
         assert (sdk_connect[-1]["tls"], sdk_connect[-1]["api_key"]) == (tls, key)
 
 
 async def test_what_cannot_be_read_fails_at_once_naming_the_setting(
-        tmp_path: Path, pki: Pki, sdk_connect: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, pki: Pki, sdk_connect: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A missing or non-PEM file, an unset or empty variable: clients and waiting workers alike fail at once."""
     (tmp_path / "not.pem").write_text("hello")
     monkeypatch.delenv("ROLLART_UNSET_KEY", raising=False)
     monkeypatch.setenv("ROLLART_EMPTY_KEY", "")
     cases = [
-        (TemporalTLS(ca=tmp_path / "missing.pem"), None, rf"temporal.tls.ca: cannot read {tmp_path}/missing.pem: "
-                                                          "No such file or directory"),
-        (TemporalTLS(cert=tmp_path / "not.pem", key=pki.client_key), None, r"temporal.tls.cert: .*not.pem is not a "
-                                                                           r"PEM file"),
-        (None, "ROLLART_UNSET_KEY", r"temporal.api_key_env: the environment variable ROLLART_UNSET_KEY is not set in "
-                                    r"this process: export ROLLART_UNSET_KEY=<the API key>, or remove api_key_env"),
+        (
+            TemporalTLS(ca=tmp_path / "missing.pem"),
+            None,
+            rf"temporal.tls.ca: cannot read {tmp_path}/missing.pem: "
+            "No such file or directory",
+        ),
+        (
+            TemporalTLS(cert=tmp_path / "not.pem", key=pki.client_key),
+            None,
+            r"temporal.tls.cert: .*not.pem is not a "
+            r"PEM file",
+        ),
+        (
+            None,
+            "ROLLART_UNSET_KEY",
+            r"temporal.api_key_env: the environment variable ROLLART_UNSET_KEY is not set in "
+            r"this process: export ROLLART_UNSET_KEY=<the API key>, or remove api_key_env",
+        ),
         (None, "ROLLART_EMPTY_KEY", "the environment variable ROLLART_EMPTY_KEY is empty"),
-    ]  # fmt: skip
+    ]
     for tls, key, message in cases:
         job = _job(tmp_path, address="t:7233", tls=tls, api_key_env=key)
         for wait in (None, Backoff(timeout_s=60)):
@@ -203,35 +252,58 @@ async def test_what_cannot_be_read_fails_at_once_naming_the_setting(
 
 # What the SDK's core (rustls under tonic) reported in the handshakes of the orchestration tests below, verbatim.
 _CORE = "Failed client connect: "
-NO_CLIENT_CERT = (_CORE + '`get_system_info` call error after connection: Status { code: Unknown, message: "transport '
-                  'error", source: Some(tonic::transport::Error(Transport, hyper::Error(Io, Custom { kind: InvalidData, '
-                  'error: "received fatal alert: CertificateRequired" }))) }')  # fmt: skip
-UNKNOWN_ISSUER = (_CORE + "Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: "
-                  "InvalidData, error: InvalidCertificate(UnknownIssuer) }))")  # fmt: skip
-WRONG_NAME = (_CORE + 'Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: '
-              'InvalidData, error: InvalidCertificate(NotValidForNameContext { expected: DnsName("temporal.example"), '
-              'presented: ["DnsName(\\"localhost\\")", "IpAddress(127.0.0.1)"] }) }))')  # fmt: skip
-NOT_TLS = (_CORE + "Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: "
-           "InvalidData, error: InvalidMessage(InvalidContentType) }))")  # fmt: skip
-PLAIN_TO_TLS = (_CORE + '`get_system_info` call error after connection: Status { code: Unknown, message: "transport '
-                'error", source: Some(tonic::transport::Error(Transport, hyper::Error(Io, Kind(ConnectionReset)))) }')  # fmt: skip
-CLOSED = (_CORE + '`get_system_info` call error after connection: Status { code: Cancelled, message: "operation was '
-          'canceled", source: Some(tonic::transport::Error(Transport, hyper::Error(Canceled, "connection closed"))) }')  # fmt: skip
+NO_CLIENT_CERT = (
+    _CORE + '`get_system_info` call error after connection: Status { code: Unknown, message: "transport '
+    'error", source: Some(tonic::transport::Error(Transport, hyper::Error(Io, Custom { kind: InvalidData, '
+    'error: "received fatal alert: CertificateRequired" }))) }'
+)
+UNKNOWN_ISSUER = (
+    _CORE + "Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: "
+    "InvalidData, error: InvalidCertificate(UnknownIssuer) }))"
+)
+WRONG_NAME = (
+    _CORE + "Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: "
+    'InvalidData, error: InvalidCertificate(NotValidForNameContext { expected: DnsName("temporal.example"), '
+    'presented: ["DnsName(\\"localhost\\")", "IpAddress(127.0.0.1)"] }) }))'
+)
+NOT_TLS = (
+    _CORE + "Server connection error: tonic::transport::Error(Transport, ConnectError(Custom { kind: "
+    "InvalidData, error: InvalidMessage(InvalidContentType) }))"
+)
+PLAIN_TO_TLS = (
+    _CORE + '`get_system_info` call error after connection: Status { code: Unknown, message: "transport '
+    'error", source: Some(tonic::transport::Error(Transport, hyper::Error(Io, Kind(ConnectionReset)))) }'
+)
+CLOSED = (
+    _CORE + '`get_system_info` call error after connection: Status { code: Cancelled, message: "operation was '
+    'canceled", source: Some(tonic::transport::Error(Transport, hyper::Error(Canceled, "connection closed"))) }'
+)
 
 
 def test_refusals_are_said_in_words_and_are_not_outages(pki: Pki) -> None:
     mtls = TemporalConfig(address="t:7233", tls=_mtls(pki))
     ca_only = TemporalConfig(address="t:7233", tls=TemporalTLS(ca=pki.ca))
     cases = [
-        (NO_CLIENT_CERT, ca_only, "the Temporal server at t:7233 requires a client certificate (TLS alert "
-                                  "CertificateRequired): set temporal.tls.cert and temporal.tls.key"),
+        (
+            NO_CLIENT_CERT,
+            ca_only,
+            "the Temporal server at t:7233 requires a client certificate (TLS alert "
+            "CertificateRequired): set temporal.tls.cert and temporal.tls.key",
+        ),
         (UNKNOWN_ISSUER, mtls, f"presented a certificate not signed by the CA in temporal.tls.ca ({pki.ca})"),
-        (UNKNOWN_ISSUER, TemporalConfig(address="t:7233", tls=TemporalTLS()),
-         "presented a certificate no CA this machine trusts has signed: set temporal.tls.ca"),
-        (WRONG_NAME, mtls, "presented a certificate for localhost, 127.0.0.1, not for temporal.example: set "
-                           "temporal.tls.server_name to a name it carries"),
+        (
+            UNKNOWN_ISSUER,
+            TemporalConfig(address="t:7233", tls=TemporalTLS()),
+            "presented a certificate no CA this machine trusts has signed: set temporal.tls.ca",
+        ),
+        (
+            WRONG_NAME,
+            mtls,
+            "presented a certificate for localhost, 127.0.0.1, not for temporal.example: set "
+            "temporal.tls.server_name to a name it carries",
+        ),
         (NOT_TLS, mtls, "did not answer the TLS handshake in TLS: it serves plain gRPC there"),
-    ]  # fmt: skip
+    ]
     for text, temporal, message in cases:
         said = security_problem(RuntimeError(text), "t:7233", temporal)
         assert said is not None and message in said, (said, message)
@@ -239,8 +311,9 @@ def test_refusals_are_said_in_words_and_are_not_outages(pki: Pki) -> None:
         assert not is_unreachable(TemporalSecurityError(said))
     keyed = TemporalConfig(address="t:7233", api_key_env="MY_KEY")
     refused = RPCError("Request unauthorized.", RPCStatusCode.UNAUTHENTICATED, b"")
-    assert security_problem(refused, "t:7233", keyed) == ("the Temporal server at t:7233 did not accept the API key "
-                                                          "in $MY_KEY: Request unauthorized.")  # fmt: skip
+    assert security_problem(refused, "t:7233", keyed) == (
+        "the Temporal server at t:7233 did not accept the API key in $MY_KEY: Request unauthorized."
+    )
     denied = RPCError("no access", RPCStatusCode.PERMISSION_DENIED, b"")
     assert "denied this client access to namespace 'default' (no access)" in security_problem(denied, "t:7233", keyed)
     assert not is_unreachable(refused) and not is_unreachable(denied)
@@ -283,7 +356,8 @@ async def _control_worker(settings: WorkerSettings, tmp_path: Path) -> AsyncIter
 
 @pytest.mark.orchestration
 async def test_a_rollout_runs_over_mtls_with_its_workers_connected_through_it(
-        front: TLSFront, pki: Pki, tmp_path: Path, queue_prefix: str) -> None:  # fmt: skip
+    front: TLSFront, pki: Pki, tmp_path: Path, queue_prefix: str
+) -> None:
     """`rollart rollout`'s client, a real control worker and the stand-in activity workers all dial the TLS front."""
     job = _job(tmp_path, address=front.address, tls=_mtls(pki), task_queue_prefix=queue_prefix)
     async with _control_worker(WorkerSettings.from_job(job, Pool.CONTROL, connect_timeout_s=30), tmp_path):
@@ -298,19 +372,39 @@ async def test_a_rollout_runs_over_mtls_with_its_workers_connected_through_it(
 
 
 @pytest.mark.orchestration
-@pytest.mark.parametrize(("tls", "message", "server_saw"), [
-    (lambda p: TemporalTLS(ca=p.ca), r"requires a client certificate \(TLS alert CertificateRequired\): set "
-                                     "temporal.tls.cert and temporal.tls.key", "PEER_DID_NOT_RETURN_A_CERTIFICATE"),
-    (lambda p: _mtls(p, ca=p.other_ca), r"presented a certificate not signed by the CA in temporal.tls.ca "
-                                        r"\(.*other-ca.pem\)", "ALERT_UNKNOWN_CA"),
-    (lambda p: _mtls(p, cert=p.stranger_cert, key=p.stranger_key),
-     r"refused this client's certificate \(temporal.tls.cert .*stranger.pem\): TLS alert UnknownCA; it is not signed "
-     "by a CA the server trusts", "CERTIFICATE_VERIFY_FAILED"),
-    (lambda p: _mtls(p, server_name="temporal.example"), "presented a certificate for localhost, 127.0.0.1, not for "
-                                                         "temporal.example", "ALERT_BAD_CERTIFICATE"),
-], ids=["no client certificate", "wrong CA", "client certificate of another CA", "wrong server name"])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tls", "message", "server_saw"),
+    [
+        (
+            lambda p: TemporalTLS(ca=p.ca),
+            r"requires a client certificate \(TLS alert CertificateRequired\): set "
+            "temporal.tls.cert and temporal.tls.key",
+            "PEER_DID_NOT_RETURN_A_CERTIFICATE",
+        ),
+        (
+            lambda p: _mtls(p, ca=p.other_ca),
+            r"presented a certificate not signed by the CA in temporal.tls.ca "
+            r"\(.*other-ca.pem\)",
+            "ALERT_UNKNOWN_CA",
+        ),
+        (
+            lambda p: _mtls(p, cert=p.stranger_cert, key=p.stranger_key),
+            r"refused this client's certificate \(temporal.tls.cert .*stranger.pem\): TLS alert UnknownCA; it is not "
+            r"signed "
+            "by a CA the server trusts",
+            "CERTIFICATE_VERIFY_FAILED",
+        ),
+        (
+            lambda p: _mtls(p, server_name="temporal.example"),
+            "presented a certificate for localhost, 127.0.0.1, not for temporal.example",
+            "ALERT_BAD_CERTIFICATE",
+        ),
+    ],
+    ids=["no client certificate", "wrong CA", "client certificate of another CA", "wrong server name"],
+)
 async def test_a_refused_handshake_is_a_clear_error_at_once_for_clients_and_workers(
-        front: TLSFront, pki: Pki, tmp_path: Path, tls: Any, message: str, server_saw: str) -> None:  # fmt: skip
+    front: TLSFront, pki: Pki, tmp_path: Path, tls: Any, message: str, server_saw: str
+) -> None:
     job = _job(tmp_path, address=front.address, tls=tls(pki))
     t0 = time.monotonic()
     with pytest.raises(UserError, match=message):  # `rollart train/rollout`: would otherwise retry for 60 s
@@ -322,11 +416,13 @@ async def test_a_refused_handshake_is_a_clear_error_at_once_for_clients_and_work
 
 
 @pytest.mark.orchestration
-async def test_a_connection_closed_at_once_is_asked_again_whether_it_was_the_certificate(front: TLSFront,
-                                                                                         pki: Pki) -> None:  # fmt: skip
+async def test_a_connection_closed_at_once_is_asked_again_whether_it_was_the_certificate(
+    front: TLSFront, pki: Pki
+) -> None:
     """The core often sees only a closed connection where the server sent an alert (a TLS 1.3 client sends its first
     request with its last handshake message; the server's answer to both is the alert and a close). A handshake that
     only listens hears the alert, and nothing from a server that took the certificate."""
+
     def verdict(tls: TemporalTLS) -> Any:
         return certificate_verdict(front.address, TemporalConfig(address=front.address, tls=tls))
 
@@ -337,8 +433,9 @@ async def test_a_connection_closed_at_once_is_asked_again_whether_it_was_the_cer
 
 
 @pytest.mark.orchestration
-async def test_tls_to_a_plain_server_says_it_does_not_speak_tls(bare_env: WorkflowEnvironment, pki: Pki,
-                                                                tmp_path: Path) -> None:  # fmt: skip
+async def test_tls_to_a_plain_server_says_it_does_not_speak_tls(
+    bare_env: WorkflowEnvironment, pki: Pki, tmp_path: Path
+) -> None:
     plain = bare_env.client.service_client.config.target_host
     job = _job(tmp_path, address=plain, tls=_mtls(pki))
     with pytest.raises(UserError, match=f"the Temporal server at {plain} did not answer the TLS handshake in TLS"):
@@ -351,29 +448,40 @@ def test_the_cli_says_what_is_wrong_without_a_traceback(front: TLSFront, pki: Pk
     tls = ["--temporal-address", front.address, "--temporal-tls-ca", str(pki.ca)]
     status = subprocess.run([*ROLLART, "status", "j-1", *tls], capture_output=True, text=True, timeout=120)
     assert status.returncode == 2 and "Traceback" not in status.stderr, status.stderr
-    assert status.stderr.startswith(f"error: cannot get the status of 'j-1' from {front.address}: the Temporal server "
-                                    f"at {front.address} requires a client certificate")  # fmt: skip
+    assert status.stderr.startswith(
+        f"error: cannot get the status of 'j-1' from {front.address}: the Temporal server "
+        f"at {front.address} requires a client certificate"
+    )
     t0 = time.monotonic()
-    worker = subprocess.run([*ROLLART, "worker", "--pool", "serverless", *tls, "--store-path", str(tmp_path / "s")],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    worker = subprocess.run(
+        [*ROLLART, "worker", "--pool", "serverless", *tls, "--store-path", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert worker.returncode == 2 and "Traceback" not in worker.stderr, worker.stderr
     assert "requires a client certificate" in worker.stderr and time.monotonic() - t0 < 60
 
 
 @pytest.mark.orchestration
 async def test_the_api_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(
-        pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("grpc")  # grpcio comes with tensorboard
     monkeypatch.setenv("ROLLART_TEST_KEY", "key-123")
     monkeypatch.setenv("ROLLART_OTHER_KEY", "key-456")
     with FakeFrontend(pki, api_key="key-123") as server:
         job = _job(tmp_path, address=server.address, tls=_mtls(pki), api_key_env="ROLLART_TEST_KEY")
         await connect(job.temporal, job.store)
-        await connect(job.temporal, job.store, wait=Backoff(timeout_s=10))  # a worker's, which also checks the namespace
+        await connect(
+            job.temporal, job.store, wait=Backoff(timeout_s=10)
+        )  # a worker's, which also checks the namespace
         assert len(server.seen) == 3 and all(m["authorization"] == "Bearer key-123" for m in server.seen)
         wrong = _job(tmp_path, address=server.address, tls=_mtls(pki), api_key_env="ROLLART_OTHER_KEY")
-        said = (f"the Temporal server at {server.address} did not accept the API key in \\$ROLLART_OTHER_KEY and "
-                f"the client certificate {pki.client_cert}: Request unauthorized.")  # fmt: skip
+        said = (
+            f"the Temporal server at {server.address} did not accept the API key in \\$ROLLART_OTHER_KEY and "
+            f"the client certificate {pki.client_cert}: Request unauthorized."
+        )
         with pytest.raises(UserError, match=said):
             await connect_client(wrong, wait_s=60)
         t0 = time.monotonic()

@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from rollart.infra.tiny_model import EOS_TOKEN, build_tiny_model, ensure_tiny_model
 
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from rollart.activities.envs import sandbox
 from rollart.activities.envs.sandbox import (
     CalcError,
@@ -28,7 +29,6 @@ from rollart.activities.envs.tool_use import ToolUse, make_problem, parse_action
 from rollart.infra.config import JobSpec, TaskSpec
 from rollart.infra.registry import lookup_env
 from rollart.workers.local_stack import LocalStack
-
 from tests.support.paths import REPO
 
 FAST = SandboxLimits(time_limit_s=1.0, cpu_limit_s=1, memory_mb=256, max_output_chars=200)
@@ -37,27 +37,37 @@ FAST = SandboxLimits(time_limit_s=1.0, cpu_limit_s=1, memory_mb=256, max_output_
 # --- unit: nothing here starts a process ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("expression", "canonical"), [
-    ("4821*37", "4821 * 37"), ("(1 + 2) * -3", "(1 + 2) * -3"), ("2 ** 0.5", "2 ** 0.5"), ("7 // 2 % 3", "7 // 2 % 3"),
-    ("1 + 2  # a comment", "1 + 2"), ("10 / 4", "10 / 4"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("expression", "canonical"),
+    [
+        ("4821*37", "4821 * 37"),
+        ("(1 + 2) * -3", "(1 + 2) * -3"),
+        ("2 ** 0.5", "2 ** 0.5"),
+        ("7 // 2 % 3", "7 // 2 % 3"),
+        ("1 + 2  # a comment", "1 + 2"),
+        ("10 / 4", "10 / 4"),
+    ],
+)
 def test_calculator_accepts_numbers_and_arithmetic(expression: str, canonical: str) -> None:
     assert check_expression(expression) == canonical
 
 
-@pytest.mark.parametrize(("expression", "message"), [
-    ("x + 1", "names are not allowed ('x')"),
-    ("__import__('os').system('true')", "function calls are not allowed"),
-    ("(1).real", "attributes are not allowed (.real)"),
-    ("'a' * 3", "not str"),
-    ("True + 1", "not bool"),
-    ("1j * 2", "not complex"),
-    ("[1, 2][0]", "is not allowed"),
-    ("1 < 2", "Compare is not allowed"),
-    ("lambda: 1", "Lambda is not allowed"),
-    ("1 +", "not an arithmetic expression"),
-    ("1+" * 300 + "1", "longer than 500"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("expression", "message"),
+    [
+        ("x + 1", "names are not allowed ('x')"),
+        ("__import__('os').system('true')", "function calls are not allowed"),
+        ("(1).real", "attributes are not allowed (.real)"),
+        ("'a' * 3", "not str"),
+        ("True + 1", "not bool"),
+        ("1j * 2", "not complex"),
+        ("[1, 2][0]", "is not allowed"),
+        ("1 < 2", "Compare is not allowed"),
+        ("lambda: 1", "Lambda is not allowed"),
+        ("1 +", "not an arithmetic expression"),
+        ("1+" * 300 + "1", "longer than 500"),
+    ],
+)
 def test_calculator_refuses_names_attributes_and_anything_else(expression: str, message: str) -> None:
     with pytest.raises(CalcError, match=re.escape(message)):
         check_expression(expression)
@@ -66,13 +76,24 @@ def test_calculator_refuses_names_attributes_and_anything_else(expression: str, 
 def test_a_refused_expression_returns_an_error_without_running_anything() -> None:
     result = run_calc("os.sep", FAST)  # the unit tier's spawn guard fails this test if it starts a process
     assert result.reason == "error" and result.exit_code is None and "attributes are not allowed" in result.stderr_tail
-    assert result.error_line(FAST) == "error: calc: attributes are not allowed (.sep); use numbers and + - * / // % ** only"
+    assert (
+        result.error_line(FAST)
+        == "error: calc: attributes are not allowed (.sep); use numbers and + - * / // % ** only"
+    )
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("time_limit_s", 0), ("time_limit_s", 60), ("cpu_limit_s", 0.5), ("memory_mb", 8), ("memory_mb", 256.0),
-    ("max_output_chars", 0), ("max_output_chars", True),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("time_limit_s", 0),
+        ("time_limit_s", 60),
+        ("cpu_limit_s", 0.5),
+        ("memory_mb", 8),
+        ("memory_mb", 256.0),
+        ("max_output_chars", 0),
+        ("max_output_chars", True),
+    ],
+)
 def test_limits_are_checked_and_name_the_argument(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SandboxLimits(**{field: value})
@@ -128,7 +149,10 @@ def test_text_without_a_tag_is_invalid_and_the_episode_goes_on() -> None:
     assert not out.done and out.reward == 0.0 and out.info["valid"] is False and out.info["tool"] is None
     assert out.observation.endswith("hello there\nerror: no <calc>, <answer> tag\n")
     disabled = env.step("<python>print(1)</python>")  # python is not enabled: invalid, nothing runs
-    assert disabled.info["valid"] is False and "error: tool python is not enabled; use <calc>, <answer>" in disabled.observation
+    assert (
+        disabled.info["valid"] is False
+        and "error: tool python is not enabled; use <calc>, <answer>" in disabled.observation
+    )
     ended = _env(invalid_action="end")
     ended.reset(0)
     assert ended.step("hello").done
@@ -140,8 +164,9 @@ def test_a_refused_calculator_call_is_an_error_observation() -> None:
     out = env.step("<calc>x*2</calc>")
     assert not out.done and out.info["valid"] is True and out.info["tool"] == "calc"
     assert out.info["reason"] == "error" and out.info["tool_calls"] == 1
-    assert out.observation.endswith("<calc>x*2</calc>\nerror: calc: names are not allowed ('x'); use numbers and "
-                                    "+ - * / // % ** only\n")  # fmt: skip
+    assert out.observation.endswith(
+        "<calc>x*2</calc>\nerror: calc: names are not allowed ('x'); use numbers and + - * / // % ** only\n"
+    )
     json.dumps(out.info)
 
 
@@ -158,13 +183,22 @@ def test_observations_stay_within_their_bound_and_ascii() -> None:
     assert len(long.observation) == 240 and long.observation.endswith("...\nerror: no <calc>, <python>, <answer> tag\n")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    ({"digits": 0}, "digits"), ({"num_terms": 1}, "num_terms"), ({"operators": "/"}, "operators"),
-    ({"tools": ["shell"]}, "tools"), ({"tools": []}, "tools"), ({"tools": "calc"}, "tools"),
-    ({"time_limit_s": 100}, "time_limit_s"), ({"memory_mb": 1}, "memory_mb"),
-    ({"max_observation_chars": 50}, "max_observation_chars"), ({"invalid_action": "stop"}, "invalid_action"),
-    ({"timeout": 3}, "unknown env_args"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"digits": 0}, "digits"),
+        ({"num_terms": 1}, "num_terms"),
+        ({"operators": "/"}, "operators"),
+        ({"tools": ["shell"]}, "tools"),
+        ({"tools": []}, "tools"),
+        ({"tools": "calc"}, "tools"),
+        ({"time_limit_s": 100}, "time_limit_s"),
+        ({"memory_mb": 1}, "memory_mb"),
+        ({"max_observation_chars": 50}, "max_observation_chars"),
+        ({"invalid_action": "stop"}, "invalid_action"),
+        ({"timeout": 3}, "unknown env_args"),
+    ],
+)
 def test_bad_env_args_are_refused_naming_the_argument(args: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         _env(**args)
@@ -238,9 +272,11 @@ def test_processes_a_call_leaves_behind_are_killed(tmp_path: Path) -> None:
     if sandbox.network_isolation() != "netns":
         pytest.skip("only the pid namespace (with the network namespace) kills a process that left the process group")
     beat = tmp_path / "beat"
-    code = (f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    for _ in range(600):\n"
-            f"        open({str(beat)!r}, 'a').write('.')\n        time.sleep(0.05)\n"
-            f"else:\n    time.sleep(0.3)\n    print('parent done')")  # fmt: skip
+    code = (
+        f"import os, time\nif os.fork() == 0:\n    os.setsid()\n    for _ in range(600):\n"
+        f"        open({str(beat)!r}, 'a').write('.')\n        time.sleep(0.05)\n"
+        f"else:\n    time.sleep(0.3)\n    print('parent done')"
+    )
     result = run_python(code, FAST)
     assert result.reason == "ok" and result.stdout == "parent done\n"
     assert beat.exists()  # the orphan ran, in its own session...
@@ -275,15 +311,31 @@ def test_an_episode_with_tool_calls_a_timeout_and_an_answer() -> None:
 
 @pytest.mark.integration
 def test_rollout_cli_runs_tool_use_episodes_on_the_stack(stack: LocalStack, stack_job: JobSpec, tmp_path: Path) -> None:
-    task = TaskSpec.model_validate({
-        "name": "tool_use", "env": "tool_use", "reward": "success", "generate_pool": "h800", "max_turns": 3,
-        "env_args": {"max_observation_chars": 200, "time_limit_s": 1.0}, "sampling": {"max_tokens": 16},
-    })  # prompts within the stack's max_model_len (256): 200 ASCII chars + 16 new tokens  # fmt: skip
+    task = TaskSpec.model_validate(
+        {
+            "name": "tool_use",
+            "env": "tool_use",
+            "reward": "success",
+            "generate_pool": "h800",
+            "max_turns": 3,
+            "env_args": {"max_observation_chars": 200, "time_limit_s": 1.0},
+            "sampling": {"max_tokens": 16},
+        }
+    )  # prompts within the stack's max_model_len (256): 200 ASCII chars + 16 new tokens
     job = stack_job.model_copy(update={"name": "tooluse", "tasks": [task]})
     job_file = tmp_path / "job.json"
     job_file.write_text(job.model_dump_json())
-    cmd = [sys.executable, "-m", "rollart.cli", "rollout", str(job_file), "-n", "4", "--temporal-address",
-           stack.address]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollart.cli",
+        "rollout",
+        str(job_file),
+        "-n",
+        "4",
+        "--temporal-address",
+        stack.address,
+    ]
     done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4/4 completed" in done.stdout

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from pydantic import ValidationError
+from temporalio.testing import WorkflowEnvironment
+
 from rollart.contracts.training import TrainingInput, TrainingResult
 from rollart.infra.config import StoreConfig, TemporalConfig, TracingConfig
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
 from rollart.infra.temporal import connect
 from rollart.infra.tracing import flush_traces
-from temporalio.testing import WorkflowEnvironment
-
 from tests.support.standins import standin_workers
 from tests.support.tasks import with_queue_prefix
 from tests.test_training_workflow import job, world
@@ -35,7 +35,7 @@ class _Collector(ThreadingHTTPServer):
 
 
 class _Receive(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         request = ExportTraceServiceRequest.FromString(body)
         for rs in request.resource_spans:
@@ -67,8 +67,9 @@ def test_the_endpoint_must_be_a_url_and_the_protocol_known() -> None:
 
 
 @pytest.mark.orchestration
-async def test_a_training_job_is_one_trace_from_start_to_every_activity(bare_env: WorkflowEnvironment, collector: _Collector,
-                                                                        queue_prefix: str, tmp_path: Path) -> None:  # fmt: skip
+async def test_a_training_job_is_one_trace_from_start_to_every_activity(
+    bare_env: WorkflowEnvironment, collector: _Collector, queue_prefix: str, tmp_path: Path
+) -> None:
     address = bare_env.client.service_client.config.target_host
     tracing = TracingConfig(endpoint=f"http://127.0.0.1:{collector.server_port}", protocol="http", service_name="rt")
     client = await connect(TemporalConfig(address=address, tracing=tracing), StoreConfig(path=tmp_path / "store"))
@@ -78,16 +79,26 @@ async def test_a_training_job_is_one_trace_from_start_to_every_activity(bare_env
     job_id = f"traced-{uuid.uuid4().hex[:8]}"
     async with standin_workers(client, w):
         handle = await client.start_workflow(
-            "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-            task_queue=queue_name(Pool.CONTROL, queue_prefix), result_type=TrainingResult,
-        )  # fmt: skip
+            "TrainingWorkflow",
+            TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+            id=job_id,
+            task_queue=queue_name(Pool.CONTROL, queue_prefix),
+            result_type=TrainingResult,
+        )
         result = await asyncio.wait_for(handle.result(), 120)
     assert result.version == 2
     assert await asyncio.to_thread(flush_traces)
     names = [s[0] for s in collector.spans]
-    for name in ("StartWorkflow:TrainingWorkflow", "RunWorkflow:TrainingWorkflow", "StartChildWorkflow:TrajectoryWorkflow",
-                 "RunWorkflow:TrajectoryWorkflow", "RunActivity:reset", "RunActivity:generate", "RunActivity:step",
-                 "RunActivity:train_step"):  # fmt: skip
+    for name in (
+        "StartWorkflow:TrainingWorkflow",
+        "RunWorkflow:TrainingWorkflow",
+        "StartChildWorkflow:TrajectoryWorkflow",
+        "RunWorkflow:TrajectoryWorkflow",
+        "RunActivity:reset",
+        "RunActivity:generate",
+        "RunActivity:step",
+        "RunActivity:train_step",
+    ):
         assert name in names, (name, sorted(set(names)))
     [start] = [s for s in collector.spans if s[0] == "StartWorkflow:TrainingWorkflow"]
     ours = [s for s in collector.spans if s[1] == start[1]]

@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import ActivityEnvironment
+from transformers import AutoTokenizer
+
 from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
 from rollart.activities.trainer import TrainerActivities, checkpoint_dir, step_record_path
 from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult, turn_key
@@ -15,17 +19,31 @@ from rollart.infra.config import LossConfig, TrainerConfig
 from rollart.infra.store import LocalStore, StoreUnavailable
 from rollart.infra.weights import latest_weights, weights_key
 from rollart.workflows import policies
-from temporalio.exceptions import ApplicationError
-from temporalio.testing import ActivityEnvironment
-from transformers import AutoTokenizer
-
 from tests.support.batches import JOB, frozenlake_batch, load_model
 
 METRICS = {
-    "loss", "pg_loss", "entropy", "kl", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
-    "grad_norm", "samples", "sequences", "tokens", "reward_mean", "success_rate", "adv_abs_mean",
-    "groups_with_signal", "staleness_mean", "staleness_max", "lr", "train_s", "updates",
-}  # fmt: skip
+    "loss",
+    "pg_loss",
+    "entropy",
+    "kl",
+    "clip_frac",
+    "is_weight_mean",
+    "is_truncated_frac",
+    "logprob_diff_behav",
+    "grad_norm",
+    "samples",
+    "sequences",
+    "tokens",
+    "reward_mean",
+    "success_rate",
+    "adv_abs_mean",
+    "groups_with_signal",
+    "staleness_mean",
+    "staleness_max",
+    "lr",
+    "train_s",
+    "updates",
+}
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +55,13 @@ def step_input(
     tiny_model: Path, run_dir: Path, step: int, samples: list[SampleRef], **trainer: object
 ) -> TrainStepInput:
     return TrainStepInput(
-        job_id=JOB, step=step, samples=samples, model_dir=str(tiny_model), run_dir=str(run_dir),
+        job_id=JOB,
+        step=step,
+        samples=samples,
+        model_dir=str(tiny_model),
+        run_dir=str(run_dir),
         trainer=TrainerConfig(**trainer),
-    )  # fmt: skip
+    )
 
 
 async def test_a_step_updates_publishes_and_replays_without_change(tiny_model: Path, tok, tmp_path: Path) -> None:
@@ -164,8 +186,11 @@ def test_the_megatron_agent_fails_a_step_its_own_code_fails() -> None:
     assert _step_error_type(ConnectionResetError()) is None and _step_error_type(KeyboardInterrupt()) is None
     group = RankGroup()
     try:
-        shape = RankError(type="RuntimeError", message="trainer rank 1 failed in step 3: RuntimeError: size mismatch",
-                          cause="RuntimeError: size mismatch")  # fmt: skip
+        shape = RankError(
+            type="RuntimeError",
+            message="trainer rank 1 failed in step 3: RuntimeError: size mismatch",
+            cause="RuntimeError: size mismatch",
+        )
         first = _rank_failed(group._repeated(shape, "job", 3), 3, "job")
         assert first.type == "TrainerRankFailed" and not first.non_retryable
         again = _rank_failed(group._repeated(shape, "job", 3), 3, "job")
@@ -173,8 +198,12 @@ def test_the_megatron_agent_fails_a_step_its_own_code_fails() -> None:
         died = RankError(type="TrainerRankDied", message="trainer rank 1 (pid 9, node 0) exited with code -9")
         for _ in range(2):
             assert not _rank_failed(group._repeated(died, "job", 4), 4, "job").non_retryable
-        own = RankError(type="TrainStepFailed", message="trainer rank 0 failed in step 5: IndexError: index out of "
-                        "range in self", non_retryable=True, cause="IndexError: index out of range in self")  # fmt: skip
+        own = RankError(
+            type="TrainStepFailed",
+            message="trainer rank 0 failed in step 5: IndexError: index out of range in self",
+            non_retryable=True,
+            cause="IndexError: index out of range in self",
+        )
         assert _rank_failed(group._repeated(own, "job", 5), 5, "job").type == "TrainStepFailed"
     finally:
         group.close()
@@ -214,8 +243,9 @@ async def test_the_optimizer_steps_at_the_schedules_rate(tiny_model: Path, tok, 
     env, acts = ActivityEnvironment(), TrainerActivities(store)
     schedule = {"warmup_steps": 4}
     for step, expected in enumerate([2.5e-4, 5e-4]):
-        result = await env.run(acts.train_step, step_input(tiny_model, tmp_path / "run", step, samples, lr=1e-3,
-                                                           lr_schedule=schedule))  # fmt: skip
+        result = await env.run(
+            acts.train_step, step_input(tiny_model, tmp_path / "run", step, samples, lr=1e-3, lr_schedule=schedule)
+        )
         assert result.metrics["lr"] == pytest.approx(expected)
         assert acts._jobs[JOB].policy.optimizer.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
 
@@ -228,10 +258,14 @@ async def test_dr_grpo_settings_reach_the_step(tiny_model: Path, tok, tmp_path: 
     samples = frozenlake_batch(store, load_model(tiny_model), tok)
     raw = grpo_advantages([s.reward for s in samples], [s.group_id for s in samples], normalize_std=False)
     results = {}
-    for name, loss in {"token_mean": {}, "dr_grpo": {"aggregation": "constant", "normalize_advantage_std": False}}.items():
+    for name, loss in {
+        "token_mean": {},
+        "dr_grpo": {"aggregation": "constant", "normalize_advantage_std": False},
+    }.items():
         acts = TrainerActivities(store)
         inp = step_input(tiny_model, tmp_path / name, 0, samples, loss=LossConfig(**loss)).model_copy(
-            update={"job_id": f"{JOB}-{name}"})
+            update={"job_id": f"{JOB}-{name}"}
+        )
         results[name] = (await ActivityEnvironment().run(acts.train_step, inp)).metrics
     assert results["dr_grpo"]["adv_abs_mean"] == pytest.approx(sum(map(abs, raw)) / len(raw))
     assert results["dr_grpo"]["adv_abs_mean"] != pytest.approx(results["token_mean"]["adv_abs_mean"])
@@ -248,8 +282,9 @@ async def test_ppo_mini_batches_and_epochs_clip_from_the_second_update(tiny_mode
     for name, ppo in {"one": {}, "ppo": {"mini_batches": 2, "ppo_epochs": 2}}.items():
         acts = TrainerActivities(store)
         inp = step_input(tiny_model, tmp_path / name, 0, samples, lr=0.05, micro_batch_size=4, **ppo)
-        results[name] = (await ActivityEnvironment().run(acts.train_step, inp.model_copy(
-            update={"job_id": f"{JOB}-{name}"}))).metrics  # fmt: skip
+        results[name] = (
+            await ActivityEnvironment().run(acts.train_step, inp.model_copy(update={"job_id": f"{JOB}-{name}"}))
+        ).metrics
     assert results["one"]["updates"] == 1.0 and results["one"]["clip_frac"] == 0.0
     assert results["ppo"]["updates"] == 4.0 and results["ppo"]["clip_frac"] > 0.0
     assert results["ppo"]["update_skipped"] == 0.0
@@ -314,16 +349,29 @@ async def test_a_bandit_learns_to_say_R(tiny_model: Path, tok, tmp_path: Path) -
             completions = [
                 {"text": "", "token_ids": [t], "logprobs": [float(logp[t])], "finish_reason": "length"} for t in toks
             ]
-            record = {"prompt": "move:", "prompt_ids": prompt_ids, "policy_version": step, "policy_version_end": step,
-                      "completions": completions}  # fmt: skip
+            record = {
+                "prompt": "move:",
+                "prompt_ids": prompt_ids,
+                "policy_version": step,
+                "policy_version_end": step,
+                "completions": completions,
+            }
             store.put_json(key, record)
             for i, c in enumerate(record["completions"]):
                 hit = c["token_ids"][0] == r_id
                 samples.append(
-                    SampleRef(trajectory_id=f"s{step}-g{g}-{i}", task="bandit", group_id=f"s{step}-g{g}",
-                              reward=float(hit), success=hit, turn_keys=[key], policy_version_min=step,
-                              policy_version_max=step, completion_index=i)
-                )  # fmt: skip
+                    SampleRef(
+                        trajectory_id=f"s{step}-g{g}-{i}",
+                        task="bandit",
+                        group_id=f"s{step}-g{g}",
+                        reward=float(hit),
+                        success=hit,
+                        turn_keys=[key],
+                        policy_version_min=step,
+                        policy_version_max=step,
+                        completion_index=i,
+                    )
+                )
         inp = step_input(tiny_model, tmp_path / "run", step, samples, micro_batch_size=256)
         result = await env.run(acts.train_step, inp)
         load_blob_into(sampler, store.get(result.weights_key))
@@ -345,19 +393,25 @@ async def test_the_kl_term_loads_a_frozen_reference_policy(tiny_model: Path, tok
     assert not any(p.requires_grad for p in acts._jobs[JOB].policy._ref.parameters())
 
 
-async def test_bf16_trains_with_fp32_masters_and_checkpointing_keeps_the_step(tiny_model: Path, tok,
-                                                                              tmp_path: Path) -> None:  # fmt: skip
+async def test_bf16_trains_with_fp32_masters_and_checkpointing_keeps_the_step(
+    tiny_model: Path, tok, tmp_path: Path
+) -> None:
     """dtype bfloat16: the model computes in bf16, AdamW steps fp32 masters, the blob is float32 for the engines.
     activation_checkpointing: recomputing activations in backward publishes the same weights."""
     store = LocalStore(tmp_path / "store")
     samples = frozenlake_batch(store, load_model(tiny_model), tok)
     env = ActivityEnvironment()
     results = {}
-    for name, extra in {"plain": {}, "recompute": {"activation_checkpointing": True}, "bf16": {"dtype": "bfloat16"}}.items():
+    for name, extra in {
+        "plain": {},
+        "recompute": {"activation_checkpointing": True},
+        "bf16": {"dtype": "bfloat16"},
+    }.items():
         acts = TrainerActivities(store)
         run = tmp_path / name
-        results[name] = await env.run(acts.train_step, step_input(tiny_model, run, 0, samples, **extra).model_copy(
-            update={"job_id": name}))  # fmt: skip
+        results[name] = await env.run(
+            acts.train_step, step_input(tiny_model, run, 0, samples, **extra).model_copy(update={"job_id": name})
+        )
         policy = acts._jobs[name].policy
         if name == "bf16":
             assert all(p.dtype == torch.bfloat16 for p in policy.params)

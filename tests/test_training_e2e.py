@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from temporalio.client import Client
+
 from rollart.infra.config import JobSpec, TrainerConfig
 from rollart.infra.store import LocalStore
 from rollart.infra.weights import latest_weights
-from temporalio.client import Client
-
 from tests.support.training_runs import run_job
 
 pytestmark = pytest.mark.integration
@@ -18,19 +18,34 @@ pytestmark = pytest.mark.integration
 MEGATRON_T2 = TrainerConfig(backend="megatron", parallel={"tensor": 2})
 
 
-@pytest.mark.parametrize(("bound", "unit", "mode", "trainer"), [
-    (0, "trajectory", "trajectory", None), (1, "trajectory", "trajectory", None), (2, "trajectory", "trajectory", None),
-    (0, "group", "trajectory", None), (0, "group", "batch", None), (0, "group", "trajectory", MEGATRON_T2),
-], ids=["b0", "b1", "b2", "b0-group", "b0-group-batch", "b0-group-megatron-T2"])  # fmt: skip
-async def test_training_steps_advance_within_the_bound(client: Client, stack_job: JobSpec, tmp_path: Path, bound: int,
-                                                        unit: str, mode: str, trainer: TrainerConfig | None) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("bound", "unit", "mode", "trainer"),
+    [
+        (0, "trajectory", "trajectory", None),
+        (1, "trajectory", "trajectory", None),
+        (2, "trajectory", "trajectory", None),
+        (0, "group", "trajectory", None),
+        (0, "group", "batch", None),
+        (0, "group", "trajectory", MEGATRON_T2),
+    ],
+    ids=["b0", "b1", "b2", "b0-group", "b0-group-batch", "b0-group-megatron-T2"],
+)
+async def test_training_steps_advance_within_the_bound(
+    client: Client, stack_job: JobSpec, tmp_path: Path, bound: int, unit: str, mode: str, trainer: TrainerConfig | None
+) -> None:
     """The megatron case trains on 2 tensor-parallel ranks the trainer worker starts; vLLM's logprobs must equal
     its vocabulary-parallel logprobs as they equal the torch backend's."""
-    job, result, status, rows = await run_job(client, stack_job, tmp_path, unit, trainer, async_bound=bound,
-                                              continue_as_new_every=1, rollout_mode=mode)
+    job, result, status, rows = await run_job(
+        client, stack_job, tmp_path, unit, trainer, async_bound=bound, continue_as_new_every=1, rollout_mode=mode
+    )
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2]
     assert status.ledger_balanced and result.started == (
-        result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight + result.buffered_unused
+        result.trained
+        + result.dropped
+        + result.filtered
+        + result.failed
+        + result.cancelled_in_flight
+        + result.buffered_unused
     )
     assert all(r.staleness_max <= bound for r in status.history)
     assert [row["step"] for row in rows] == [0, 1, 2]  # metrics.jsonl got every step once
@@ -52,8 +67,9 @@ async def test_new_weights_change_the_engines_logprobs(client: Client, stack_job
     The dense `progress` reward, so that step 0's groups have advantages and v1 differs from v0 (with `success`
     the random tiny model's groups are mostly all-zero, and then nothing moves: CI saw that once).
     """
-    _, result, status, _ = await run_job(client, stack_job, tmp_path, async_bound=1, steps=3,
-                                         task={"reward": "progress"})
+    _, _result, status, _ = await run_job(
+        client, stack_job, tmp_path, async_bound=1, steps=3, task={"reward": "progress"}
+    )
     stale = [r for r in status.history if r.staleness_mean > 0]
     assert stale, "no step trained on stale data"
     assert any(r.train["logprob_diff_behav"] > 1e-3 for r in stale)

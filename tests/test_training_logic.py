@@ -3,21 +3,31 @@
 from __future__ import annotations
 
 from rollart.contracts.activities import SampleRef
+from rollart.contracts.rollouts import TrajectoryResult
+from rollart.contracts.training import InFlight, TrainingInput, TrainingState
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.workflows.training import TrainingWorkflow
-from rollart.contracts.training import InFlight, TrainingInput, TrainingState
-from rollart.contracts.rollouts import TrajectoryResult
 from tests.support.tasks import frozenlake_task
 
 
 def loop(bound: int = 1, batch: int = 8, group: int = 4, **state: object) -> TrainingWorkflow:
-    job = JobSpec(tasks=[frozenlake_task(group_size=group)], training=TrainingConfig(batch_size=batch, async_bound=bound))
+    job = JobSpec(
+        tasks=[frozenlake_task(group_size=group)], training=TrainingConfig(batch_size=batch, async_bound=bound)
+    )
     return TrainingWorkflow(TrainingInput(job=job, job_id="j", run_dir="/r", state=TrainingState(**state)))
 
 
 def sample(tid: str, group: str, version: int) -> SampleRef:
-    return SampleRef(trajectory_id=tid, task="frozenlake", group_id=group, reward=1.0, success=True, turn_keys=[],
-                     policy_version_min=version, policy_version_max=version)  # fmt: skip
+    return SampleRef(
+        trajectory_id=tid,
+        task="frozenlake",
+        group_id=group,
+        reward=1.0,
+        success=True,
+        turn_keys=[],
+        policy_version_min=version,
+        policy_version_max=version,
+    )
 
 
 def test_admission_keeps_bound_plus_one_batches_in_flight_and_buffered() -> None:
@@ -34,10 +44,12 @@ def test_admission_keeps_bound_plus_one_batches_in_flight_and_buffered() -> None
 
 def test_stale_groups_are_dropped_and_counted_fresh_ones_batched_whole() -> None:
     wf = loop(bound=1, batch=8, group=4, step=3)
-    wf.s.buffer = ([sample(f"a{i}", "old", 1) for i in range(4)]        # 3 - 1 = 2 > 1: stale
-                   + [sample(f"b{i}", "ok", 2) for i in range(4)]       # 3 - 2 = 1: admissible
-                   + [sample(f"c{i}", "new", 3) for i in range(4)]      # on-policy
-                   + [sample(f"d{i}", "open", 3) for i in range(2)])    # group not complete yet  # fmt: skip
+    wf.s.buffer = (
+        [sample(f"a{i}", "old", 1) for i in range(4)]  # 3 - 1 = 2 > 1: stale
+        + [sample(f"b{i}", "ok", 2) for i in range(4)]  # 3 - 2 = 1: admissible
+        + [sample(f"c{i}", "new", 3) for i in range(4)]  # on-policy
+        + [sample(f"d{i}", "open", 3) for i in range(2)]
+    )  # group not complete yet
     wf.s.ready_groups = ["old", "ok", "new"]
     assert wf._batch_ready()  # 8 admissible in complete groups
     wf._drop_stale()
@@ -52,8 +64,17 @@ def test_signals_fill_groups_and_mask_failures() -> None:
     wf.s.in_flight = {"g-0": InFlight(group="g", workflow="w0"), "g-1": InFlight(group="g", workflow="w1")}
     wf.s.unfinished = {"g": 2}
     wf.s.started = 2
-    ok = TrajectoryResult(trajectory_id="g-0", task="frozenlake", seed=1, status="completed", group_id="g",
-                          reward=0.5, success=False, policy_version_min=0, policy_version_max=0)  # fmt: skip
+    ok = TrajectoryResult(
+        trajectory_id="g-0",
+        task="frozenlake",
+        seed=1,
+        status="completed",
+        group_id="g",
+        reward=0.5,
+        success=False,
+        policy_version_min=0,
+        policy_version_max=0,
+    )
     wf.trajectories_done([ok])
     assert wf.s.ready_groups == [] and len(wf.s.buffer) == 1
     failed = TrajectoryResult(trajectory_id="g-1", task="frozenlake", seed=1, status="failed", group_id="g", error="x")

@@ -12,6 +12,9 @@ import uuid
 from collections import Counter
 
 import pytest
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
@@ -19,9 +22,6 @@ from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.history import activity_spans
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
-
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 
@@ -31,8 +31,9 @@ pytestmark = pytest.mark.orchestration
 def world(prefix: str, **config: object) -> StandIns:
     """Stand-ins for training on queues of `prefix`: a one-step env (member i of a group plays i + 1 turns), every
     reward 1, 50 ms steps."""
-    return StandIns(**{"prefix": prefix, "turns": 1, "stagger": 1, "score": full_marks, "train_delay_s": 0.05,
-                       **config})  # fmt: skip
+    return StandIns(
+        **{"prefix": prefix, "turns": 1, "stagger": 1, "score": full_marks, "train_delay_s": 0.05, **config}
+    )
 
 
 def job(**training: object) -> JobSpec:
@@ -48,9 +49,12 @@ async def train(env: WorkflowEnvironment, w: StandIns, spec: JobSpec) -> tuple[T
     spec = with_queue_prefix(spec, w.prefix)
     async with standin_workers(env.client, w):
         handle = await env.client.start_workflow(
-            "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-            task_queue=queue_name(Pool.CONTROL, w.prefix), result_type=TrainingResult,
-        )  # fmt: skip
+            "TrainingWorkflow",
+            TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+            id=job_id,
+            task_queue=queue_name(Pool.CONTROL, w.prefix),
+            result_type=TrainingResult,
+        )
         result = await asyncio.wait_for(handle.result(), 120)
         status = await handle.query("status", result_type=TrainingStatus)
     return result, status
@@ -58,8 +62,14 @@ async def train(env: WorkflowEnvironment, w: StandIns, spec: JobSpec) -> tuple[T
 
 def assert_ledger(result: TrainingResult) -> None:
     """Every trajectory started is accounted for exactly once."""
-    assert result.started == (result.trained + result.dropped + result.filtered + result.failed + result.cancelled_in_flight
-                              + result.buffered_unused)  # fmt: skip
+    assert result.started == (
+        result.trained
+        + result.dropped
+        + result.filtered
+        + result.failed
+        + result.cancelled_in_flight
+        + result.buffered_unused
+    )
 
 
 @pytest.mark.parametrize("bound", [0, 1, 2])
@@ -80,8 +90,9 @@ async def test_versions_advance_within_the_bound(bare_env: WorkflowEnvironment, 
         assert all(x.policy_version_min == s.step for s in w.inputs("train_step") for x in s.samples)
 
 
-async def test_continue_as_new_every_step_conserves_trajectories(bare_env: WorkflowEnvironment,
-                                                                 queue_prefix: str) -> None:  # fmt: skip
+async def test_continue_as_new_every_step_conserves_trajectories(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     w = world(queue_prefix, turn_delay_s=0.03)
     result, status = await train(bare_env, w, job(async_bound=2, steps=4, continue_as_new_every=1))
     assert result.version == 4 and [s.step for s in w.inputs("train_step")] == [0, 1, 2, 3]
@@ -121,11 +132,15 @@ async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment, queue_prefix
     job_id = f"ctl-{uuid.uuid4().hex[:8]}"
     async with standin_workers(bare_env.client, w):
         handle = await bare_env.client.start_workflow(
-            "TrainingWorkflow", TrainingInput(job=with_queue_prefix(job(async_bound=1, steps=1000), queue_prefix),
-                                              job_id=job_id, run_dir="/tmp/x"),
-            id=job_id, task_queue=queue_name(Pool.CONTROL, queue_prefix), result_type=TrainingResult,
+            "TrainingWorkflow",
+            TrainingInput(
+                job=with_queue_prefix(job(async_bound=1, steps=1000), queue_prefix), job_id=job_id, run_dir="/tmp/x"
+            ),
+            id=job_id,
+            task_queue=queue_name(Pool.CONTROL, queue_prefix),
+            result_type=TrainingResult,
             start_signal="pause",
-        )  # fmt: skip
+        )
         await asyncio.sleep(1.0)
         paused = await handle.query("status", result_type=TrainingStatus)
         assert paused.paused and paused.started == 0  # paused before the first launch: nothing started
@@ -139,13 +154,15 @@ async def test_pause_resume_and_stop(bare_env: WorkflowEnvironment, queue_prefix
 
 
 @pytest.mark.parametrize("mode", ["trajectory", "batch"])
-async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: WorkflowEnvironment,
-                                                                  queue_prefix: str, mode: str) -> None:  # fmt: skip
+async def test_single_turn_groups_take_a_few_activities_per_group(
+    bare_env: WorkflowEnvironment, queue_prefix: str, mode: str
+) -> None:
     """A multitask job: single-turn groups launched together run as one generate_batch with n = group size, plus
     batched calls."""
     w = world(queue_prefix)
-    math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
-                           max_turns=1, group_size=4)  # fmt: skip
+    math = frozenlake_task(
+        name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20", max_turns=1, group_size=4
+    )
     spec = job(async_bound=1, steps=3, batch_size=8, rollout_mode=mode)
     spec = spec.model_copy(update={"tasks": [frozenlake_task(group_size=4, max_turns=2, weight=1.0), math]})
     result, status = await train(bare_env, w, spec)
@@ -168,8 +185,9 @@ async def test_single_turn_groups_take_a_few_activities_per_group(bare_env: Work
 
 def single_turn_job(steps: int = 3) -> JobSpec:
     """Arithmetic alone, in groups of 4 with batches of 4 groups: with bound 1 the first wave holds 8 groups."""
-    math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
-                           max_turns=1, group_size=4)  # fmt: skip
+    math = frozenlake_task(
+        name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20", max_turns=1, group_size=4
+    )
     return JobSpec(name="wf", tasks=[math], training=TrainingConfig(steps=steps, batch_size=16, async_bound=1))
 
 
@@ -185,8 +203,9 @@ async def wave_activities(env: WorkflowEnvironment, job_id: str) -> list[tuple[i
     return waves
 
 
-async def test_a_wave_of_single_turn_groups_makes_one_generate_call(bare_env: WorkflowEnvironment,
-                                                                    queue_prefix: str) -> None:  # fmt: skip
+async def test_a_wave_of_single_turn_groups_makes_one_generate_call(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     """A wave of N groups: one prompts, one generate_batch (N prompts, n = group size), one check, one
     reward_batch, whatever N; a training step costs a handful of activities. Waves past the second, which
     the 3 steps do not need, generate for a minute: in flight at the end, cancelled, they make no per-group calls
@@ -208,8 +227,9 @@ async def test_a_wave_of_single_turn_groups_makes_one_generate_call(bare_env: Wo
     assert rollout_calls <= 4 * (result.version + 1)  # ~ one wave of 4 calls per step (the first serves two)
 
 
-async def test_a_refused_request_in_a_wave_fails_only_its_group(bare_env: WorkflowEnvironment,
-                                                                queue_prefix: str) -> None:  # fmt: skip
+async def test_a_refused_request_in_a_wave_fails_only_its_group(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     """The engine refuses group 2's prompt: the wave's generate_batch fails, each of its groups is generated on
     its own, and only group 2 ends failed (masked, never scored); the others train."""
     w = world(queue_prefix, rejected_key="-g000002/")
@@ -225,8 +245,9 @@ async def test_a_refused_request_in_a_wave_fails_only_its_group(bare_env: Workfl
     assert any(g.endswith("-g000003") for g in trained_groups)  # its wave-mates were not failed with it
 
 
-async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(bare_env: WorkflowEnvironment,
-                                                                         queue_prefix: str) -> None:  # fmt: skip
+async def test_multi_turn_groups_play_in_lockstep_with_one_call_per_turn(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     """rollout_unit group: one reset, one generate_batch and one step_group per turn for the whole group."""
     w = world(queue_prefix, fail_seeds={2})  # the third group's env crashes: all its members fail, masked
     task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
@@ -254,8 +275,9 @@ async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(
     """Batch mode, rollout_unit group: every group's generations before any group's step (the baseline's barrier);
     trajectory mode: a group steps while another still waits for its answer."""
     task = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
-    spec = JobSpec(name="wf", tasks=[task], training=TrainingConfig(steps=2, batch_size=8, async_bound=0,
-                                                                    rollout_mode=mode))  # fmt: skip
+    spec = JobSpec(
+        name="wf", tasks=[task], training=TrainingConfig(steps=2, batch_size=8, async_bound=0, rollout_mode=mode)
+    )
     # the first group is held; g000002's generation and g000003's env crash: both masked
     w = world(queue_prefix, held_group="-g000000", broken_engine_group="-g000002", fail_seeds={3})
     result, status = await train(bare_env, w, spec)
@@ -267,11 +289,15 @@ async def test_grouped_batches_play_phase_by_phase_and_groups_otherwise_alone(
     if mode == "batch":
         kinds = [c.name for c in w.calls if c.name in ("reset_group", "generate_batch", "step_group", "reward_batch")]
         first_batch = kinds[: kinds.index("reward_batch") + 2]
-        assert first_batch == ["reset_group"] * 2 + (["generate_batch"] * 2 + ["step_group"] * 2) * 3 + ["reward_batch"] * 2
+        assert (
+            first_batch
+            == ["reset_group"] * 2 + (["generate_batch"] * 2 + ["step_group"] * 2) * 3 + ["reward_batch"] * 2
+        )
 
 
-async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(bare_env: WorkflowEnvironment,
-                                                                               queue_prefix: str) -> None:  # fmt: skip
+async def test_trajectories_cancelled_at_the_end_count_as_cancelled_not_failed(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     """Slow turns and bound 2 leave trajectories in flight at the last step; their cancellation is no failure."""
     w = world(queue_prefix, turn_delay_s=0.3)
     result, status = await train(bare_env, w, job(async_bound=2, steps=2))
@@ -288,8 +314,9 @@ def turns_unless_flat(t: Transcript) -> RewardResult:
     return RewardResult(value=float(len(t.turns)), success=len(t.turns) == 2)
 
 
-async def test_dynamic_sampling_filters_groups_without_signal_and_refills(bare_env: WorkflowEnvironment,
-                                                                          queue_prefix: str) -> None:  # fmt: skip
+async def test_dynamic_sampling_filters_groups_without_signal_and_refills(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     w = world(queue_prefix, score=turns_unless_flat, turn_delay_s=0.01)
     spec = job(async_bound=1, steps=4, dynamic_sampling=True)  # groups in one session: members play 1 and 2 turns
     spec = spec.model_copy(update={"tasks": [frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")]})
@@ -308,13 +335,15 @@ async def test_dynamic_sampling_filters_groups_without_signal_and_refills(bare_e
     assert any(r.success_sampled < r.success_rate for r in status.history)
 
 
-async def test_dynamic_sampling_keeps_groups_when_nothing_has_a_signal(bare_env: WorkflowEnvironment,
-                                                                       queue_prefix: str) -> None:  # fmt: skip
+async def test_dynamic_sampling_keeps_groups_when_nothing_has_a_signal(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     """A policy that solves everything: after a batch's worth filtered since the last step, groups are kept
     again, so the job finishes instead of waiting forever."""
     w = world(queue_prefix, turn_delay_s=0.01)  # every reward 1
-    result, _ = await train(bare_env, w, job(async_bound=0, steps=3,
-                                             dynamic_sampling={"enabled": True, "max_filtered_batches": 1}))
+    result, _ = await train(
+        bare_env, w, job(async_bound=0, steps=3, dynamic_sampling={"enabled": True, "max_filtered_batches": 1})
+    )
     assert result.version == 3 and result.trained == 12
     assert result.filtered >= 3 * 4  # a batch's worth before each step
     assert_ledger(result)

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from rollart.cli.show import header_lines, turn_lines
 from rollart.client.trajectory_view import (
     CallInfo,
@@ -21,19 +22,29 @@ from rollart.client.trajectory_view import (
     workflow_candidates,
 )
 from rollart.contracts.rollouts import TrajectoryResult
-
 from tests.support.paths import REPO
 
 # ------------------------------------------------------------------ unit: hand-built data
 
 
 def _turn(i: int, **kw: object) -> TurnView:
-    base = {"index": i, "observation": f"obs {i}", "action": f"act {i}", "data_key": f"trajectories/j/t/turn-{i:03d}",
-            "env_reward": 0.0, "done": False, "info": {"cell": i}, "prompt_tokens": 40, "completion_tokens": 3,
-            "finish_reason": "stop", "policy_version": 2, "policy_version_end": 2,
-            "logprobs": summarize_logprobs([-0.5, -1.0, -1.5]),
-            "generate": CallInfo("generate", "h800-ab12", "h800", 0.01, 0.25, True),
-            "step": CallInfo("step", "cpu-cd34", "cpu@cpu-cd34", 0.002, 0.004, True)}  # fmt: skip
+    base = {
+        "index": i,
+        "observation": f"obs {i}",
+        "action": f"act {i}",
+        "data_key": f"trajectories/j/t/turn-{i:03d}",
+        "env_reward": 0.0,
+        "done": False,
+        "info": {"cell": i},
+        "prompt_tokens": 40,
+        "completion_tokens": 3,
+        "finish_reason": "stop",
+        "policy_version": 2,
+        "policy_version_end": 2,
+        "logprobs": summarize_logprobs([-0.5, -1.0, -1.5]),
+        "generate": CallInfo("generate", "h800-ab12", "h800", 0.01, 0.25, True),
+        "step": CallInfo("step", "cpu-cd34", "cpu@cpu-cd34", 0.002, 0.004, True),
+    }
     return TurnView(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -60,11 +71,29 @@ def test_a_turn_without_store_record_says_why_and_long_text_is_cut() -> None:
 
 
 def test_header_names_outcome_versions_worker_and_ui() -> None:
-    r = TrajectoryResult(trajectory_id="j-frozenlake-0000", task="frozenlake", seed=7, status="completed", reward=1.0,
-                         success=True, turns=2, policy_version_min=2, policy_version_max=2, prompt_tokens=80,
-                         completion_tokens=6, env_worker="cpu-cd34")  # fmt: skip
-    view = TrajectoryView(trajectory_id=r.trajectory_id, workflow_id=r.trajectory_id, run_id="run", workflow_type="TrajectoryWorkflow",
-                          workflow_status="completed", result=r, turns=[_turn(0), _turn(1)])  # fmt: skip
+    r = TrajectoryResult(
+        trajectory_id="j-frozenlake-0000",
+        task="frozenlake",
+        seed=7,
+        status="completed",
+        reward=1.0,
+        success=True,
+        turns=2,
+        policy_version_min=2,
+        policy_version_max=2,
+        prompt_tokens=80,
+        completion_tokens=6,
+        env_worker="cpu-cd34",
+    )
+    view = TrajectoryView(
+        trajectory_id=r.trajectory_id,
+        workflow_id=r.trajectory_id,
+        run_id="run",
+        workflow_type="TrajectoryWorkflow",
+        workflow_status="completed",
+        result=r,
+        turns=[_turn(0), _turn(1)],
+    )
     text = "\n".join(header_lines(view, "http://ui/x"))
     assert "trajectory j-frozenlake-0000: completed" in text and "reward 1.000 · success yes · 2 turn(s)" in text
     assert "policy versions v2..v2 · env worker cpu-cd34" in text and "Temporal UI: http://ui/x" in text
@@ -77,8 +106,12 @@ def test_member_ids_map_to_their_group_or_batch_workflow() -> None:
 
 
 def test_rows_filter_and_sort() -> None:
-    rows = [TrajectoryRow("a", "a", "t1", "completed", reward=0.5), TrajectoryRow("b", "b", "t2", "completed", reward=1.0),
-            TrajectoryRow("c", "c", "t1", "failed", error="boom"), TrajectoryRow("d", "d", "t1", "completed", reward=0.0)]  # fmt: skip
+    rows = [
+        TrajectoryRow("a", "a", "t1", "completed", reward=0.5),
+        TrajectoryRow("b", "b", "t2", "completed", reward=1.0),
+        TrajectoryRow("c", "c", "t1", "failed", error="boom"),
+        TrajectoryRow("d", "d", "t1", "completed", reward=0.0),
+    ]
     assert [r.trajectory_id for r in pick_rows(rows, worst=2)] == ["d", "a"]
     assert [r.trajectory_id for r in pick_rows(rows, best=1)] == ["b"]
     assert [r.trajectory_id for r in pick_rows(rows, task="t1")] == ["a", "c", "d"]
@@ -90,8 +123,14 @@ def test_rows_filter_and_sort() -> None:
 
 
 def _rollart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "rollart.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "rollart.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
 
 
 @pytest.mark.integration
@@ -133,7 +172,6 @@ async def test_show_finds_a_member_of_a_group_workflow(stack, stack_job, client)
     from rollart.client.rollout import plan_trajectories, run_rollout
     from rollart.client.trajectory_view import load_trajectory
     from rollart.infra.store import LocalStore
-
     from tests.support.tasks import frozenlake_task
 
     task = frozenlake_task(group_size=2, max_turns=3, env_args={"maps": "standard"}, rollout_unit="group")

@@ -11,14 +11,14 @@ import uuid
 
 import pytest
 from pydantic import ValidationError
-from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
-from rollart.infra.config import SamplingParams
-from rollart.infra.pools import Pool, queue_name
-from rollart.workflows import TrajectoryWorkflow
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
+from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+from rollart.infra.config import SamplingParams
+from rollart.infra.pools import Pool, queue_name
+from rollart.workflows import TrajectoryWorkflow
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task
 
@@ -38,14 +38,17 @@ def queues(s: StandIns) -> list[tuple[str, str]]:
 async def run(client: Client, inp: TrajectoryInput) -> TrajectoryResult:
     """Run one TrajectoryWorkflow to its end, on the control queue of its prefix."""
     control = queue_name(Pool.CONTROL, inp.queue_prefix)
-    return await client.execute_workflow(TrajectoryWorkflow.run, inp, id=f"t-{uuid.uuid4().hex[:8]}", task_queue=control)
+    return await client.execute_workflow(
+        TrajectoryWorkflow.run, inp, id=f"t-{uuid.uuid4().hex[:8]}", task_queue=control
+    )
 
 
 async def test_routes_each_activity_to_its_pool(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
     s = StandIns(prefix=queue_prefix, turns=3)
     async with workers(bare_env.client, s):
-        result = await run(bare_env.client, TrajectoryInput(task=frozenlake_task(max_turns=8), seed=1,
-                                                            queue_prefix=queue_prefix))  # fmt: skip
+        result = await run(
+            bare_env.client, TrajectoryInput(task=frozenlake_task(max_turns=8), seed=1, queue_prefix=queue_prefix)
+        )
     assert result.status == "completed" and result.success and result.reward == 1.0
     assert result.turns == 3
     cpu, h800, serverless = (queue_name(p, queue_prefix) for p in (Pool.CPU, Pool.H800, Pool.SERVERLESS))
@@ -59,14 +62,16 @@ async def test_routes_each_activity_to_its_pool(bare_env: WorkflowEnvironment, q
 async def test_max_turns_ends_the_episode(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
     s = StandIns(prefix=queue_prefix, turns=100, versions=[0, 1, 2])
     async with workers(bare_env.client, s):
-        result = await run(bare_env.client, TrajectoryInput(task=frozenlake_task(max_turns=4), seed=1,
-                                                            queue_prefix=queue_prefix))  # fmt: skip
+        result = await run(
+            bare_env.client, TrajectoryInput(task=frozenlake_task(max_turns=4), seed=1, queue_prefix=queue_prefix)
+        )
     assert result.status == "completed" and result.turns == 4 and result.success is False
     assert (result.policy_version_min, result.policy_version_max) == (0, 2)
 
 
-async def test_env_that_raises_fails_the_trajectory_not_the_workflow(bare_env: WorkflowEnvironment,
-                                                                     queue_prefix: str) -> None:  # fmt: skip
+async def test_env_that_raises_fails_the_trajectory_not_the_workflow(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
     s = StandIns(prefix=queue_prefix, turns=5, fail_step_at=2)
     async with workers(bare_env.client, s):
         result = await run(bare_env.client, TrajectoryInput(task=frozenlake_task(), seed=1, queue_prefix=queue_prefix))
@@ -82,8 +87,9 @@ async def test_unknown_env_fails_the_workflow_at_once(bare_env: WorkflowEnvironm
     s = StandIns(prefix=queue_prefix, unknown_env=True)
     async with workers(bare_env.client, s):
         with pytest.raises(WorkflowFailureError) as err:
-            await run(bare_env.client, TrajectoryInput(task=frozenlake_task(env="nope"), seed=1,
-                                                       queue_prefix=queue_prefix))  # fmt: skip
+            await run(
+                bare_env.client, TrajectoryInput(task=frozenlake_task(env="nope"), seed=1, queue_prefix=queue_prefix)
+            )
     cause = err.value.cause
     assert isinstance(cause, ApplicationError) and cause.type == "UnknownComponent" and cause.non_retryable
     assert "nope" in cause.message
@@ -91,7 +97,7 @@ async def test_unknown_env_fails_the_workflow_at_once(bare_env: WorkflowEnvironm
 
 
 async def test_multi_sample_tasks_are_rejected(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
-    with pytest.raises(ValidationError, match="sampling.n is 4, but a multi-turn task"):  # at load, naming the field
+    with pytest.raises(ValidationError, match=r"sampling.n is 4, but a multi-turn task"):  # at load, naming the field
         frozenlake_task(sampling=SamplingParams(n=4))
     task = frozenlake_task().model_dump(mode="json")
     task["sampling"]["n"] = 4
@@ -99,8 +105,10 @@ async def test_multi_sample_tasks_are_rejected(bare_env: WorkflowEnvironment, qu
     async with workers(bare_env.client, s):  # sent as raw JSON (`temporal workflow start`): the workflow fails at once
         with pytest.raises(WorkflowFailureError) as err:
             await bare_env.client.execute_workflow(
-                "TrajectoryWorkflow", {"task": task, "seed": 1, "queue_prefix": queue_prefix},
-                id=f"t-{uuid.uuid4().hex[:8]}", task_queue=queue_name(Pool.CONTROL, queue_prefix),
-            )  # fmt: skip
+                "TrajectoryWorkflow",
+                {"task": task, "seed": 1, "queue_prefix": queue_prefix},
+                id=f"t-{uuid.uuid4().hex[:8]}",
+                task_queue=queue_name(Pool.CONTROL, queue_prefix),
+            )
     assert "sampling.n is 4" in str(err.value.cause)
     assert s.calls == []

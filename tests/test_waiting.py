@@ -6,17 +6,22 @@ import asyncio
 import logging
 
 import pytest
+from temporalio.service import RPCError, RPCStatusCode
+
 from rollart.cli.main import build_parser
 from rollart.cli.worker import worker_settings
 from rollart.infra.temporal import TemporalAddressError, _check_address, _transient
 from rollart.infra.waiting import Backoff, DependencyTimeout, unless_stopped, wait_for
-from temporalio.service import RPCError, RPCStatusCode
 
-REFUSED = ('Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError('
-           'ConnectError("tcp connect error", 127.0.0.1:1, Os { code: 111, kind: ConnectionRefused, '
-           'message: "Connection refused" })))')  # fmt: skip
-NO_DNS = ('Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError('
-          'ConnectError("dns error", Custom { kind: Uncategorized, error: "failed to lookup address information" })))')
+REFUSED = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError("
+    'ConnectError("tcp connect error", 127.0.0.1:1, Os { code: 111, kind: ConnectionRefused, '
+    'message: "Connection refused" })))'
+)
+NO_DNS = (
+    "Failed client connect: Server connection error: tonic::transport::Error(Transport, ConnectError("
+    'ConnectError("dns error", Custom { kind: Uncategorized, error: "failed to lookup address information" })))'
+)
 
 
 def test_backoff_doubles_from_half_a_second_up_to_ten() -> None:
@@ -36,8 +41,10 @@ def test_wait_for_retries_what_is_transient_and_logs_each_attempt(caplog: pytest
     with caplog.at_level(logging.WARNING, logger="rollart.waiting"):
         got = asyncio.run(wait_for("the thing at X", attempt, lambda e: "down", Backoff(first_s=0.01)))
     assert got == "up" and len(calls) == 3
-    assert [r.getMessage() for r in caplog.records] == ["waiting for the thing at X (attempt 1): down",
-                                                        "waiting for the thing at X (attempt 2): down"]  # fmt: skip
+    assert [r.getMessage() for r in caplog.records] == [
+        "waiting for the thing at X (attempt 1): down",
+        "waiting for the thing at X (attempt 2): down",
+    ]
 
 
 def test_wait_for_raises_a_permanent_error_at_once() -> None:
@@ -75,8 +82,9 @@ def test_a_malformed_address_is_refused(address: str) -> None:
         _check_address(address)
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:7233", "temporal-frontend.temporal.svc.cluster.local:7233",
-                                     "[::1]:7233"])  # fmt: skip
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:7233", "temporal-frontend.temporal.svc.cluster.local:7233", "[::1]:7233"]
+)
 def test_a_well_formed_address_passes(address: str) -> None:
     _check_address(address)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+
 from rollart.activities.engines.base import Engine, EngineDeadError, EngineOutput, WeightsBlobError, check_weights_blob
 from rollart.activities.engines.factory import create_engine
 from rollart.infra.config import EngineConfig, SamplingParams
@@ -62,7 +63,9 @@ def teacher_forced(model: Any, out: EngineOutput) -> list[list[float]]:
 
 
 def max_error(out: EngineOutput, expected: list[list[float]]) -> float:
-    return max(abs(a - b) for c, e in zip(out.completions, expected, strict=True) for a, b in zip(c.logprobs, e, strict=True))
+    return max(
+        abs(a - b) for c, e in zip(out.completions, expected, strict=True) for a, b in zip(c.logprobs, e, strict=True)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +190,9 @@ async def test_vllm_stale_and_bad_loads_keep_the_engine(vllm_engine: Engine, mod
 async def test_vllm_concurrent_loads_are_serialised(vllm_engine: Engine, model_dir: Path) -> None:
     """Two racing swaps both apply in order; the older one arriving last is a no-op."""
     v = vllm_engine.policy_version
-    blobs = [save_blob(perturbed_model(model_dir, seed=10 + i), model_dir.parent / f"race{i}.safetensors") for i in range(2)]
+    blobs = [
+        save_blob(perturbed_model(model_dir, seed=10 + i), model_dir.parent / f"race{i}.safetensors") for i in range(2)
+    ]
     await asyncio.gather(vllm_engine.load_weights(blobs[0], v + 1), vllm_engine.load_weights(blobs[1], v + 2))
     assert vllm_engine.policy_version == v + 2
     await vllm_engine.load_weights(blobs[0], v + 1)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from temporalio.worker import Worker
+
 from rollart.contracts.activities import EnvHandle
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.devserver import DevServer, free_port
 from rollart.infra.temporal import connect
 from rollart.workers import lifeline
-from temporalio.worker import Worker
-
 from tests.support.one_reset import OneReset
 from tests.support.paths import REPO
 
@@ -32,8 +32,9 @@ class Lines:
     """A process's merged output, read by a thread so that a test can wait for a line without blocking on it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                                     env=env)  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -65,8 +66,21 @@ class Lines:
 
 
 def _cpu_worker(address: str, store: Path, prefix: str, *extra: str) -> Lines:
-    return Lines([*ROLLART, "worker", "--pool", "cpu", "--temporal-address", address, "--store-path", str(store),
-                  "--task-queue-prefix", prefix, *extra])  # fmt: skip
+    return Lines(
+        [
+            *ROLLART,
+            "worker",
+            "--pool",
+            "cpu",
+            "--temporal-address",
+            address,
+            "--store-path",
+            str(store),
+            "--task-queue-prefix",
+            prefix,
+            *extra,
+        ]
+    )
 
 
 async def _one_reset(address: str, store: Path, prefix: str, timeout_s: float = 30.0) -> EnvHandle:
@@ -75,9 +89,15 @@ async def _one_reset(address: str, store: Path, prefix: str, timeout_s: float = 
     queue = f"{prefix}test-{uuid.uuid4().hex[:6]}"
     async with Worker(client, task_queue=queue, workflows=[OneReset]):
         return await asyncio.wait_for(
-            client.execute_workflow(OneReset.run, f"{prefix}cpu", id=f"one-reset-{uuid.uuid4().hex[:8]}",
-                                    task_queue=queue, result_type=EnvHandle),
-            timeout_s)  # fmt: skip
+            client.execute_workflow(
+                OneReset.run,
+                f"{prefix}cpu",
+                id=f"one-reset-{uuid.uuid4().hex[:8]}",
+                task_queue=queue,
+                result_type=EnvHandle,
+            ),
+            timeout_s,
+        )
 
 
 @pytest.mark.integration
@@ -115,8 +135,22 @@ def test_sigterm_stops_a_worker_still_waiting_for_its_server(tmp_path: Path) -> 
 
 @pytest.mark.integration
 def test_the_autoscaler_waits_for_its_server_and_stops_on_sigterm(tmp_path: Path) -> None:
-    scaler = Lines([*ROLLART, "autoscale", "--min", "0", "--max", "1", "--temporal-address", f"127.0.0.1:{free_port()}",
-                    "--store-path", str(tmp_path / "store"), "--home", str(tmp_path)])  # fmt: skip
+    scaler = Lines(
+        [
+            *ROLLART,
+            "autoscale",
+            "--min",
+            "0",
+            "--max",
+            "1",
+            "--temporal-address",
+            f"127.0.0.1:{free_port()}",
+            "--store-path",
+            str(tmp_path / "store"),
+            "--home",
+            str(tmp_path),
+        ]
+    )
     try:
         scaler.wait_for("waiting for Temporal at 127.0.0.1:", 30)
         scaler.proc.send_signal(signal.SIGTERM)
@@ -169,20 +203,41 @@ def test_a_worker_keeps_serving_across_a_server_restart(tmp_path: Path) -> None:
 def test_a_namespace_the_server_lacks_fails_at_once_naming_it(tmp_path: Path) -> None:
     with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
         t0 = time.monotonic()
-        done = subprocess.run([*ROLLART, "worker", "--pool", "cpu", "--temporal-address", server.address,
-                               "--namespace", "no-such-ns", "--store-path", str(tmp_path)],
-                              capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
+        done = subprocess.run(
+            [
+                *ROLLART,
+                "worker",
+                "--pool",
+                "cpu",
+                "--temporal-address",
+                server.address,
+                "--namespace",
+                "no-such-ns",
+                "--store-path",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            timeout=60,
+        )
         assert done.returncode == 2, done.stderr
         assert "no namespace 'no-such-ns'" in done.stderr and "waiting for" not in done.stderr
         assert time.monotonic() - t0 < 20
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("address, expected", [("nosuchhost.invalid:7233", "cannot resolve the host"),
-                                               ("127.0.0.1", "expected HOST:PORT")])  # fmt: skip
+@pytest.mark.parametrize(
+    "address, expected", [("nosuchhost.invalid:7233", "cannot resolve the host"), ("127.0.0.1", "expected HOST:PORT")]
+)
 def test_a_bad_address_fails_at_once(tmp_path: Path, address: str, expected: str) -> None:
-    done = subprocess.run([*ROLLART, "worker", "--pool", "cpu", "--temporal-address", address, "--store-path",
-                           str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [*ROLLART, "worker", "--pool", "cpu", "--temporal-address", address, "--store-path", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert done.returncode == 2 and expected in done.stderr, done.stderr
     assert "waiting for" not in done.stderr
 
@@ -190,9 +245,24 @@ def test_a_bad_address_fails_at_once(tmp_path: Path, address: str, expected: str
 @pytest.mark.integration
 def test_connect_timeout_gives_up_with_a_clear_error(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    done = subprocess.run([*ROLLART, "worker", "--pool", "cpu", "--temporal-address", f"127.0.0.1:{free_port()}",
-                           "--store-path", str(tmp_path), "--connect-timeout", "2"],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [
+            *ROLLART,
+            "worker",
+            "--pool",
+            "cpu",
+            "--temporal-address",
+            f"127.0.0.1:{free_port()}",
+            "--store-path",
+            str(tmp_path),
+            "--connect-timeout",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     elapsed = time.monotonic() - t0
     assert done.returncode == 1, done.stderr
     assert "gave up waiting for Temporal at 127.0.0.1:" in done.stderr and "limit 2s" in done.stderr
@@ -208,8 +278,10 @@ def test_a_leftover_engine_of_a_dead_worker_is_found_and_reclaimed(tmp_path: Pat
     mark = f"h800|{gone.pid}|{model.resolve()}"
     env = {**os.environ, lifeline.ENGINE_MARK_ENV: mark}
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**env, lifeline.ENGINE_MARK_ENV: f"h800|{gone.pid}|/elsewhere"})  # fmt: skip
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**env, lifeline.ENGINE_MARK_ENV: f"h800|{gone.pid}|/elsewhere"},
+    )
     try:
         deadline = time.monotonic() + 10
         while {orphan.pid, other.pid} - {left.pid for left in lifeline.leftover_engines("h800")}:
@@ -229,8 +301,9 @@ def test_a_leftover_engine_of_a_dead_worker_is_found_and_reclaimed(tmp_path: Pat
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["hooked", "plain"])
 def test_a_forked_child_dies_with_its_sigkilled_parent_only_when_hooked(mode: str) -> None:
-    parent = subprocess.Popen([sys.executable, "-m", "tests.support.fork_parent", mode], stdout=subprocess.PIPE,
-                              text=True, cwd=REPO)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.fork_parent", mode], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
     assert parent.stdout is not None
     child = psutil.Process(int(parent.stdout.readline()))
     try:
@@ -249,8 +322,12 @@ def test_a_forked_child_dies_with_its_sigkilled_parent_only_when_hooked(mode: st
 
 @pytest.mark.integration
 def test_a_worker_started_by_a_stack_drains_and_exits_when_the_stack_is_killed(tmp_path: Path) -> None:
-    stack = subprocess.Popen([sys.executable, "-m", "tests.support.spawn_parent", str(tmp_path),
-                              f"127.0.0.1:{free_port()}"], stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.spawn_parent", str(tmp_path), f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     assert stack.stdout is not None
     worker = psutil.Process(int(stack.stdout.readline()))
     try:
@@ -274,8 +351,12 @@ def test_a_worker_started_by_a_stack_drains_and_exits_when_the_stack_is_killed(t
 
 @pytest.mark.integration
 def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path: Path) -> None:
-    stack = subprocess.Popen([sys.executable, "-m", "tests.support.server_parent", str(tmp_path)],
-                             stdout=subprocess.PIPE, text=True, cwd=REPO)  # fmt: skip
+    stack = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.server_parent", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     assert stack.stdout is not None
     children = [psutil.Process(int(pid)) for pid in stack.stdout.readline().split()]
     try:
@@ -284,7 +365,7 @@ def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path
         stack.kill()
         stack.wait()
         t0 = time.monotonic()
-        gone, alive = psutil.wait_procs(children, timeout=10)
+        _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"outlived their SIGKILLed stack: {alive}"
         print(f"dev server, Mooncake master and keeper gone {time.monotonic() - t0:.2f}s after the stack was killed")
     finally:
@@ -297,8 +378,20 @@ def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path
 
 @pytest.mark.integration
 def test_a_sigkilled_rollart_up_leaves_nothing_running(tmp_path: Path) -> None:
-    up = Lines([*ROLLART, "up", "--pools", "control,cpu,serverless", "--home", str(tmp_path), "--port",
-                str(free_port()), "--ui-port", str(free_port())])  # fmt: skip
+    up = Lines(
+        [
+            *ROLLART,
+            "up",
+            "--pools",
+            "control,cpu,serverless",
+            "--home",
+            str(tmp_path),
+            "--port",
+            str(free_port()),
+            "--ui-port",
+            str(free_port()),
+        ]
+    )
     family: list[psutil.Process] = []
     try:
         up.wait_for("Ctrl-C stops everything", 120)
@@ -323,12 +416,28 @@ def test_a_sigkilled_generation_worker_leaves_no_process(tmp_path: Path, tiny_mo
     gone = subprocess.Popen(["true"])
     gone.wait()  # what a killed worker of an older version left: an engine whose worker is dead
     mark = f"h800|{gone.pid}|{tiny_model.resolve()}"
-    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
-                                env={**os.environ, lifeline.ENGINE_MARK_ENV: mark})  # fmt: skip
+    leftover = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, lifeline.ENGINE_MARK_ENV: mark}
+    )
     with DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None) as server:
-        worker = Lines([*ROLLART, "worker", "--pool", "h800", "--engine", "vllm", "--model-dir", str(tiny_model),
-                        "--temporal-address", server.address, "--store-path", str(tmp_path),
-                        "--task-queue-prefix", "kill-"])  # fmt: skip
+        worker = Lines(
+            [
+                *ROLLART,
+                "worker",
+                "--pool",
+                "h800",
+                "--engine",
+                "vllm",
+                "--model-dir",
+                str(tiny_model),
+                "--temporal-address",
+                server.address,
+                "--store-path",
+                str(tmp_path),
+                "--task-queue-prefix",
+                "kill-",
+            ]
+        )
         family: list[psutil.Process] = []
         try:
             worker.wait_for("ready: pool=h800", 180)

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.infra.backlog import QueueStats, queue_stats
-from rollart.infra.pools import queue_name
 from rollart.infra.config import ElasticPoolConfig
+from rollart.infra.pools import queue_name
 from rollart.infra.temporal import connect
 from rollart.infra.waiting import Backoff, unless_stopped
 from rollart.workers.pool_worker import WorkerSettings
@@ -182,10 +182,17 @@ class Autoscaler:
             async def stats() -> QueueStats:
                 return await queue_stats(client, self.queue)
 
-        log.info("autoscaling pool %s: %d..%d workers, %d activities each, a worker per %d of backlog, "
-                 "cooldowns up %gs / down %gs", self.queue, self.cfg.min_workers, self.cfg.max_workers,
-                 self.cfg.max_concurrent_activities, self.cfg.per_worker, self.cfg.scale_up_cooldown_s,
-                 self.cfg.scale_down_cooldown_s)  # fmt: skip
+        log.info(
+            "autoscaling pool %s: %d..%d workers, %d activities each, a worker per %d of backlog, "
+            "cooldowns up %gs / down %gs",
+            self.queue,
+            self.cfg.min_workers,
+            self.cfg.max_workers,
+            self.cfg.max_concurrent_activities,
+            self.cfg.per_worker,
+            self.cfg.scale_up_cooldown_s,
+            self.cfg.scale_down_cooldown_s,
+        )
         self._state = ScaleState.initial(self.cfg, time.monotonic())
         try:
             self.reconcile()
@@ -235,8 +242,9 @@ class Autoscaler:
                 self._event("stop", f"stopping {w.name} (SIGTERM: it drains first)", w.pid)
 
     def _event(self, kind: str, detail: str, pid: int | None = None, level: int = logging.INFO) -> None:
-        self.events.append(ScaleEvent(at=time.monotonic(), kind=kind, workers=len(self.procs.serving),
-                                      detail=detail, pid=pid))  # fmt: skip
+        self.events.append(
+            ScaleEvent(at=time.monotonic(), kind=kind, workers=len(self.procs.serving), detail=detail, pid=pid)
+        )
         if kind != "decision":
             log.log(level, "%s: %s (pid %s)", self.queue, detail, pid)
 
@@ -251,14 +259,18 @@ class Autoscaler:
             started.set()
             await self.run(self._stop)
 
-        self._thread = threading.Thread(target=asyncio.run, args=(main(),), name=f"autoscaler-{self.queue}", daemon=True)
+        self._thread = threading.Thread(
+            target=asyncio.run, args=(main(),), name=f"autoscaler-{self.queue}", daemon=True
+        )
         self._thread.start()
         started.wait()
         deadline = time.monotonic() + ready_timeout_s
         while self.procs.ready_count() < self.cfg.min_workers:
             dead = [w for w in self.procs.serving if w.proc.poll() is not None]
             if dead:
-                raise RuntimeError(f"{dead[0].name} exited with code {dead[0].proc.returncode}; log: {dead[0].log_file}")
+                raise RuntimeError(
+                    f"{dead[0].name} exited with code {dead[0].proc.returncode}; log: {dead[0].log_file}"
+                )
             if time.monotonic() > deadline or not self._thread.is_alive():
                 raise RuntimeError(f"{self.queue} workers not ready after {ready_timeout_s:g}s")
             time.sleep(0.2)

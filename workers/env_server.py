@@ -37,10 +37,12 @@ class EnvServerError(RuntimeError):
     """An env server of the local stack exited or never became healthy."""
 
 
-def serve(env: str, env_args: dict[str, Any], host: str, port: int, max_sessions: int,
-          parent_pid: int | None = None) -> None:  # fmt: skip
+def serve(
+    env: str, env_args: dict[str, Any], host: str, port: int, max_sessions: int, parent_pid: int | None = None
+) -> None:
     """Serve `env` on host:port until SIGTERM/Ctrl-C; with `parent_pid`, also until that process dies."""
     import uvicorn
+
     from rollart.activities.envs.openenv_server import openenv_app
 
     if parent_pid is not None:  # started by a local stack: stop with it
@@ -53,7 +55,9 @@ def serve(env: str, env_args: dict[str, Any], host: str, port: int, max_sessions
     uvicorn.run(app, host=host, port=port, log_level="warning", ws_ping_interval=None, ws_ping_timeout=None)
 
 
-def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None, log_file: Path | None = None) -> float:
+def wait_healthy(
+    url: str, timeout_s: float, proc: subprocess.Popen | None = None, log_file: Path | None = None
+) -> float:
     """Wait until `url`'s health endpoint answers 200; the seconds it took. Raises if `proc` exits first."""
     t0 = time.monotonic()
     while True:
@@ -103,7 +107,9 @@ class EnvServerProcesses:
                 self._spawn(s)
             for s in self._servers:
                 took = wait_healthy(s.spec.local_url, self.ready_timeout_s, s.proc, s.log_file)
-                log.info("env server %s (%s) healthy at %s after %.1fs", s.spec.name, s.spec.env, s.spec.local_url, took)
+                log.info(
+                    "env server %s (%s) healthy at %s after %.1fs", s.spec.name, s.spec.env, s.spec.local_url, took
+                )
         except BaseException:
             self.stop()
             raise
@@ -159,8 +165,13 @@ class EnvServerProcesses:
     def _spawn(self, s: _Server) -> None:
         cmd = [sys.executable, "-m", "rollart.cli", *s.spec.command("127.0.0.1")[1:], "--parent-pid", str(os.getpid())]
         with open(s.log_file, "ab") as out:
-            s.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+            s.proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         log.info("started env server %s (pid %d) on port %d, log: %s", s.spec.name, s.proc.pid, s.spec.port, s.log_file)
 
     def _watch(self) -> None:
@@ -170,8 +181,13 @@ class EnvServerProcesses:
                     if self._stop.is_set() or s.proc is None or s.proc.poll() is None:
                         continue
                     seen = time.monotonic()
-                    log.warning("env server %s (pid %d) exited with code %s: restarting it on port %d",
-                                s.spec.name, s.proc.pid, s.proc.returncode, s.spec.port)  # fmt: skip
+                    log.warning(
+                        "env server %s (pid %d) exited with code %s: restarting it on port %d",
+                        s.spec.name,
+                        s.proc.pid,
+                        s.proc.returncode,
+                        s.spec.port,
+                    )
                     self._spawn(s)
                 try:
                     wait_healthy(s.spec.local_url, self.ready_timeout_s, s.proc, s.log_file)
@@ -179,7 +195,9 @@ class EnvServerProcesses:
                     log.error("restarting env server %s failed: %s", s.spec.name, e)
                     continue
                 s.restarts.append(time.monotonic() - seen)
-                log.info("env server %s healthy again %.1fs after it died (pid %d)", s.spec.name, s.restarts[-1], s.proc.pid)
+                log.info(
+                    "env server %s healthy again %.1fs after it died (pid %d)", s.spec.name, s.restarts[-1], s.proc.pid
+                )
 
 
 def _tail(path: Path | None, lines: int = 15) -> str:

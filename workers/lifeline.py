@@ -21,8 +21,19 @@ from pathlib import Path
 
 from rollart.infra.parent_death import die_with_parent
 
-__all__ = ["DIE_WITH_PARENT_ENV", "ENGINE_MARK_ENV", "PLUGIN", "Leftover", "children_die_with_me", "die_with_parent",
-           "leftover_engines", "mark_engine_children", "plugin_problem", "reclaim", "vllm_plugin"]  # fmt: skip
+__all__ = [
+    "DIE_WITH_PARENT_ENV",
+    "ENGINE_MARK_ENV",
+    "PLUGIN",
+    "Leftover",
+    "children_die_with_me",
+    "die_with_parent",
+    "leftover_engines",
+    "mark_engine_children",
+    "plugin_problem",
+    "reclaim",
+    "vllm_plugin",
+]
 
 log = logging.getLogger(__name__)
 

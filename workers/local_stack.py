@@ -227,7 +227,9 @@ class LocalStack:
                 if w.ready_file.exists():
                     pending.remove(w)
                 elif w.proc.poll() is not None:
-                    raise StackError(f"{w.pool.value} worker exited with code {w.proc.returncode}:\n{_tail(w.log_file)}")
+                    raise StackError(
+                        f"{w.pool.value} worker exited with code {w.proc.returncode}:\n{_tail(w.log_file)}"
+                    )
             if time.monotonic() > deadline:
                 names = ", ".join(w.pool.value for w in pending)
                 raise StackError(f"workers not ready after {timeout_s:g}s: {names} (logs in {self.home / 'logs'})")

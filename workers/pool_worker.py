@@ -28,6 +28,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from temporalio.client import Client
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
 from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
@@ -36,9 +40,6 @@ from rollart.infra.temporal import connect
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
 from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
 from rollart.workers import lifeline
-from temporalio.client import Client
-from temporalio.service import RPCError
-from temporalio.worker import Worker
 
 if TYPE_CHECKING:
     from rollart.activities.env import EnvActivities
@@ -99,8 +100,14 @@ class WorkerSettings(BaseModel):
     @classmethod
     def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
         """The settings a job implies for a worker of `pool`."""
-        base: dict[str, object] = {"pool": pool, "temporal": job.temporal, "store": job.store,
-                                   "model_dir": job.model_dir, "engine": job.engine, "trainer": job.trainer}  # fmt: skip
+        base: dict[str, object] = {
+            "pool": pool,
+            "temporal": job.temporal,
+            "store": job.store,
+            "model_dir": job.model_dir,
+            "engine": job.engine,
+            "trainer": job.trainer,
+        }
         if pool in ELASTIC_POOLS:
             base["max_concurrent_activities"] = job.elastic(pool).max_concurrent_activities
         if pool in GENERATION_POOLS:
@@ -131,8 +138,13 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
             for w in workers:
                 await stack.enter_async_context(w)
             queues = ", ".join(w.task_queue for w in workers)
-            log.info("worker %s ready: pool=%s queues=[%s] server=%s", worker_id, settings.pool.value, queues,
-                     settings.temporal.address)
+            log.info(
+                "worker %s ready: pool=%s queues=[%s] server=%s",
+                worker_id,
+                settings.pool.value,
+                queues,
+                settings.temporal.address,
+            )
             if settings.ready_file:
                 settings.ready_file.parent.mkdir(parents=True, exist_ok=True)
                 settings.ready_file.write_text(worker_id)
@@ -160,16 +172,20 @@ async def _wait_for_store(store: StoreConfig, backoff: Backoff) -> None:
             return None
         return f"{type(e).__name__}: {e}" if isinstance(e, OSError | asyncio.TimeoutError) else None
 
-    await wait_for(f"the Mooncake master at {master}", lambda: tcp_reachable(host.strip("[]"), int(port)),
-                   transient, backoff)  # fmt: skip
+    await wait_for(
+        f"the Mooncake master at {master}", lambda: tcp_reachable(host.strip("[]"), int(port)), transient, backoff
+    )
 
 
 @contextlib.asynccontextmanager
 async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
     pool = settings.pool
     queue = queue_name(pool, settings.temporal.task_queue_prefix)
-    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities,
-              **activity_worker_options(settings.temporal.workers)}  # fmt: skip
+    common = {
+        "identity": worker_id,
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        **activity_worker_options(settings.temporal.workers),
+    }
     if pool is Pool.CONTROL:
         from rollart.activities.queues import QueueActivities
         from rollart.workflows import ALL_WORKFLOWS
@@ -177,14 +193,23 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         await _register_search_attributes(client)
         # the training workflow's stall checks read queue descriptions through this worker's client
         queues = QueueActivities(client, settings.temporal.worker_heartbeat_s)
-        yield [Worker(client, task_queue=queue, workflows=ALL_WORKFLOWS, identity=worker_id,
-                      activities=[queues.describe_queues],
-                      **workflow_worker_options(settings.temporal.workers))]  # fmt: skip
+        yield [
+            Worker(
+                client,
+                task_queue=queue,
+                workflows=ALL_WORKFLOWS,
+                identity=worker_id,
+                activities=[queues.describe_queues],
+                **workflow_worker_options(settings.temporal.workers),
+            )
+        ]
     elif pool is Pool.CPU:
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         try:
-            yield [Worker(client, task_queue=queue, activities=_shared_env(envs), **common),
-                   _session_worker(client, envs, common)]  # fmt: skip
+            yield [
+                Worker(client, task_queue=queue, activities=_shared_env(envs), **common),
+                _session_worker(client, envs, common),
+            ]
         finally:
             envs.shutdown()
     elif pool in GENERATION_POOLS:
@@ -195,8 +220,15 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
 
         rewards = RewardActivities()
         # a worker stopped by the autoscaler (SIGTERM) finishes the rewards it holds before it exits
-        yield [Worker(client, task_queue=queue, activities=[rewards.reward, rewards.reward_batch],
-                      graceful_shutdown_timeout=timedelta(seconds=60), **common)]  # fmt: skip
+        yield [
+            Worker(
+                client,
+                task_queue=queue,
+                activities=[rewards.reward, rewards.reward_batch],
+                graceful_shutdown_timeout=timedelta(seconds=60),
+                **common,
+            )
+        ]
     elif pool is Pool.TRAINER:
         from rollart.activities.trainer import TrainerActivities
         from rollart.infra.store import open_store
@@ -206,8 +238,15 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep, ranks=ranks)
         try:
             # one step at a time: the model and optimizer are this process's (or its ranks') state
-            yield [Worker(client, task_queue=queue, activities=[trainer.train_step], identity=worker_id,
-                          max_concurrent_activities=1)]  # fmt: skip
+            yield [
+                Worker(
+                    client,
+                    task_queue=queue,
+                    activities=[trainer.train_step],
+                    identity=worker_id,
+                    max_concurrent_activities=1,
+                )
+            ]
         finally:
             await asyncio.to_thread(ranks.close)
     else:
@@ -219,7 +258,7 @@ async def _register_search_attributes(client: Client) -> None:
     older rollart registered gets the newer ones before this worker runs a workflow. A failure only warns."""
     try:
         await asyncio.wait_for(try_register(client), 30)
-    except (RPCError, asyncio.TimeoutError) as e:
+    except (TimeoutError, RPCError) as e:
         log.warning("could not check rollart's search attributes on the namespace: %s", e)
 
 
@@ -247,8 +286,11 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
     from rollart.infra.store import open_store
 
     pool, prefix = settings.pool, settings.temporal.task_queue_prefix
-    common = {"identity": worker_id, "max_concurrent_activities": settings.max_concurrent_activities,
-              **activity_worker_options(settings.temporal.workers)}  # fmt: skip
+    common = {
+        "identity": worker_id,
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        **activity_worker_options(settings.temporal.workers),
+    }
     async with _engine(settings) as engine:
         weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
         base = settings.model_dir / "model.safetensors"
@@ -264,8 +306,16 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
         workers = [] if envs is None else [_session_worker(client, envs, common)]
         activities += [] if envs is None else _shared_env(envs)
         try:
-            yield [Worker(client, task_queue=queue_name(pool, prefix), activities=activities,
-                          graceful_shutdown_timeout=timedelta(seconds=60), **common), *workers]  # fmt: skip
+            yield [
+                Worker(
+                    client,
+                    task_queue=queue_name(pool, prefix),
+                    activities=activities,
+                    graceful_shutdown_timeout=timedelta(seconds=60),
+                    **common,
+                ),
+                *workers,
+            ]
         finally:
             stats.cancel()
             shutil.rmtree(weights_dir, ignore_errors=True)
@@ -278,8 +328,13 @@ def _rank_group(settings: WorkerSettings) -> RankGroup:
     from rollart.workers.trainer_ranks import RankGroup
 
     nodes = settings.nodes
-    return RankGroup(nnodes=nodes.nnodes, node_rank=nodes.node_rank, rdzv=nodes.rdzv, store=settings.store,
-                     keep_weight_versions=settings.store.keep_weight_versions)  # fmt: skip
+    return RankGroup(
+        nnodes=nodes.nnodes,
+        node_rank=nodes.node_rank,
+        rdzv=nodes.rdzv,
+        store=settings.store,
+        keep_weight_versions=settings.store.keep_weight_versions,
+    )
 
 
 def _check_trainer_device(trainer: TrainerConfig) -> None:
@@ -293,8 +348,12 @@ def _check_trainer_device(trainer: TrainerConfig) -> None:
 async def _follow_trainer_node0(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Trainer nodes 1..N-1: no Temporal worker; run this node's ranks of what node 0 launches until stopped."""
     group = await asyncio.to_thread(_rank_group, settings)
-    log.info("trainer node %d of %d following node 0 at %s", settings.nodes.node_rank, settings.nodes.nnodes,
-             settings.nodes.rdzv)  # fmt: skip
+    log.info(
+        "trainer node %d of %d following node 0 at %s",
+        settings.nodes.node_rank,
+        settings.nodes.nnodes,
+        settings.nodes.rdzv,
+    )
     if settings.ready_file:
         settings.ready_file.parent.mkdir(parents=True, exist_ok=True)
         settings.ready_file.write_text(f"trainer-node-{settings.nodes.node_rank}")
@@ -333,8 +392,14 @@ def _reclaim_leftover_engines(pool: Pool, model_dir: Path) -> None:
     killed = {left.pid for left in lifeline.reclaim(leftovers, model_dir)}
     for left in leftovers:
         what = "killed it" if left.pid in killed else f"left running (model dir {left.model_dir})"
-        log.warning("leftover %s engine of dead worker pid %d: pid %d, %.0f MiB resident: %s", left.pool,
-                    left.worker_pid, left.pid, left.rss_mib, what)  # fmt: skip
+        log.warning(
+            "leftover %s engine of dead worker pid %d: pid %d, %.0f MiB resident: %s",
+            left.pool,
+            left.worker_pid,
+            left.pid,
+            left.rss_mib,
+            what,
+        )
 
 
 async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30.0) -> None:
@@ -344,8 +409,14 @@ async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30
         await asyncio.sleep(every_s)
         now, t_now = engine.tokens_generated(), time.monotonic()
         if now != last:
-            log.info("%s engine: %d tokens in the last %.0fs (%.0f tokens/s), %d in total",
-                     pool.value, now - last, t_now - t_last, (now - last) / (t_now - t_last), now)  # fmt: skip
+            log.info(
+                "%s engine: %d tokens in the last %.0fs (%.0f tokens/s), %d in total",
+                pool.value,
+                now - last,
+                t_now - t_last,
+                (now - last) / (t_now - t_last),
+                now,
+            )
         last, t_last = now, t_now
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
+
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import StoreConfig, TrainerConfig
 
@@ -58,9 +59,12 @@ class LaunchSpec(_Message):
     def same_ranks(self, other: LaunchSpec) -> bool:
         """Whether ranks launched for `other` can run this spec's steps (same job, model and layout)."""
         layout = ("backend", "parallel", "device", "dtype", "activation_checkpointing", "seed")
-        return (self.job_id, self.model_dir, self.run_dir, self.store) == (other.job_id, other.model_dir,
-                                                                          other.run_dir, other.store) and all(
-            getattr(self.trainer, f) == getattr(other.trainer, f) for f in layout)  # fmt: skip
+        return (self.job_id, self.model_dir, self.run_dir, self.store) == (
+            other.job_id,
+            other.model_dir,
+            other.run_dir,
+            other.store,
+        ) and all(getattr(self.trainer, f) == getattr(other.trainer, f) for f in layout)
 
 
 class RankCommand(_Message):

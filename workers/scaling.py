@@ -59,8 +59,10 @@ class ScaleDecision:
 
     def describe(self) -> str:
         arrow = f"{self.before} -> {self.target}" if self.changed else f"{self.target}"
-        return (f"backlog {self.backlog}, adding {self.add_rate:.1f}/s: workers {arrow} "
-                f"(recommended {self.recommended}; {self.reason})")  # fmt: skip
+        return (
+            f"backlog {self.backlog}, adding {self.add_rate:.1f}/s: workers {arrow} "
+            f"(recommended {self.recommended}; {self.reason})"
+        )
 
 
 def recommend(cfg: ElasticPoolConfig, current: int, backlog: int, add_rate: float) -> int:
@@ -74,11 +76,12 @@ def recommend(cfg: ElasticPoolConfig, current: int, backlog: int, add_rate: floa
     return max(cfg.min_workers, min(cfg.max_workers, want))
 
 
-def decide(cfg: ElasticPoolConfig, state: ScaleState, backlog: int, add_rate: float,
-           now: float) -> tuple[ScaleState, ScaleDecision]:  # fmt: skip
+def decide(
+    cfg: ElasticPoolConfig, state: ScaleState, backlog: int, add_rate: float, now: float
+) -> tuple[ScaleState, ScaleDecision]:
     """The next state and the decision, given the backlog and add rate observed at `now`."""
     rec = recommend(cfg, state.target, backlog, add_rate)
-    recent = tuple((t, r) for t, r in state.recent if now - t < cfg.scale_down_cooldown_s) + ((now, rec),)
+    recent = (*tuple((t, r) for t, r in state.recent if now - t < cfg.scale_down_cooldown_s), (now, rec))
     state = replace(state, recent=recent)
     target, reason = state.target, "steady"
     if rec > state.target:
@@ -97,8 +100,11 @@ def decide(cfg: ElasticPoolConfig, state: ScaleState, backlog: int, add_rate: fl
             reason = "recently needed more: holding"
     elif state.target == cfg.max_workers and backlog > 0:
         reason = "at max_workers"
-    decision = ScaleDecision(at=now, backlog=backlog, add_rate=add_rate, before=state.target, recommended=rec,
-                             target=target, reason=reason)  # fmt: skip
+    decision = ScaleDecision(
+        at=now, backlog=backlog, add_rate=add_rate, before=state.target, recommended=rec, target=target, reason=reason
+    )
     if target != state.target:
-        state = replace(state, target=target, changed_at=now, last_up_at=now if target > state.target else state.last_up_at)
+        state = replace(
+            state, target=target, changed_at=now, last_up_at=now if target > state.target else state.last_up_at
+        )
     return state, decision

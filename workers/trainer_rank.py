@@ -62,6 +62,8 @@ def _non_retryable(e: BaseException) -> bool:
 def run(args: argparse.Namespace) -> int:
     import torch
     import torch.distributed as dist
+    from temporalio.exceptions import ApplicationError
+
     from rollart.activities.training.devices import resolve_device
     from rollart.activities.training.megatron.model import init_model_parallel
     from rollart.activities.training.megatron.policy import MegatronPolicy
@@ -69,7 +71,6 @@ def run(args: argparse.Namespace) -> int:
     from rollart.activities.training.step import TrainerState, resume, train_step
     from rollart.infra.store import open_store
     from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
-    from temporalio.exceptions import ApplicationError
 
     host, port = args.rdzv.rsplit(":", 1)
     store = dist.TCPStore(host, int(port), is_master=False, timeout=COMMAND_WAIT)
@@ -77,9 +78,12 @@ def run(args: argparse.Namespace) -> int:
 
     def fail(e: BaseException, during: str, in_step: bool = False) -> int:
         deterministic = _step_error_type(e) if in_step else None
-        err = RankError(type=deterministic or type(e).__name__, message=f"trainer rank {args.rank} failed {during}: "
-                        f"{type(e).__name__}: {e}", non_retryable=deterministic is not None or _non_retryable(e),
-                        cause=f"{type(e).__name__}: {e}")  # fmt: skip
+        err = RankError(
+            type=deterministic or type(e).__name__,
+            message=f"trainer rank {args.rank} failed {during}: {type(e).__name__}: {e}",
+            non_retryable=deterministic is not None or _non_retryable(e),
+            cause=f"{type(e).__name__}: {e}",
+        )
         log.exception("rank %d failed %s", args.rank, during)
         store.compare_set(key(gen, "failed"), "", err.model_dump_json())  # the first failure is the cause
         return 1
@@ -92,8 +96,13 @@ def run(args: argparse.Namespace) -> int:
             torch.cuda.set_device(device)
         else:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // (2 * spec.per_node)))
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.PrefixStore(key(gen, "pg"), store),
-                                rank=args.rank, world_size=spec.world_size, timeout=COLLECTIVE_TIMEOUT)  # fmt: skip
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            store=dist.PrefixStore(key(gen, "pg"), store),
+            rank=args.rank,
+            world_size=spec.world_size,
+            timeout=COLLECTIVE_TIMEOUT,
+        )
         init_model_parallel(cfg.parallel.tensor, cfg.seed, device)
         torch.manual_seed(cfg.seed)
         policy = MegatronPolicy(spec.model_dir, cfg, device)
@@ -103,8 +112,14 @@ def run(args: argparse.Namespace) -> int:
     except BaseException as e:
         return fail(e, "to start")
     store.add(key(gen, "ready"), 1)
-    log.info("rank %d/%d ready on %s at step %d (job %s)", args.rank, spec.world_size, device, state.last_completed,
-             spec.job_id)  # fmt: skip
+    log.info(
+        "rank %d/%d ready on %s at step %d (job %s)",
+        args.rank,
+        spec.world_size,
+        device,
+        state.last_completed,
+        spec.job_id,
+    )
     n = 0
     while True:
         cmd = RankCommand.model_validate_json(store.get(key(gen, "cmd", n)))  # blocks until the agent posts it
@@ -134,8 +149,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parent-pid", type=int, required=True, help="the agent's pid (this rank dies with it)")
     args = p.parse_args(argv)
     _die_with_parent(args.parent_pid)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname).1s rank{args.rank} %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")  # fmt: skip
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname).1s rank{args.rank} %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
     import warnings
 
     # megatron-core warns about every fusion library it falls back from (TE, apex) and logs its DDP buckets

@@ -24,11 +24,12 @@ import time
 import uuid
 from datetime import timedelta
 
+from temporalio.exceptions import ApplicationError
+
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.contracts.errors import ErrorType
 from rollart.infra.config import StoreConfig
 from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["RankGroup"]
 
@@ -43,20 +44,32 @@ def _rank_failed(err: RankError, step: int | None, job: str = "") -> Application
     or bad input)."""
     what = f"train step {step} of job {job!r}" if step is not None else "starting the trainer ranks"
     if err.type == ErrorType.TRAIN_STEP_FAILED.value:
-        return ApplicationError(f"{what} failed: {err.message}; a retry would fail the same way, fix the cause and "
-                                "resume", type=ErrorType.TRAIN_STEP_FAILED, non_retryable=True)  # fmt: skip
+        return ApplicationError(
+            f"{what} failed: {err.message}; a retry would fail the same way, fix the cause and resume",
+            type=ErrorType.TRAIN_STEP_FAILED,
+            non_retryable=True,
+        )
     if err.non_retryable:
         return ApplicationError(f"{what} failed: {err.message}", type=ErrorType.INVALID_INPUT, non_retryable=True)
-    return ApplicationError(f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step "
-                            "is retried", type=ErrorType.TRAINER_RANK_FAILED)  # fmt: skip
+    return ApplicationError(
+        f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step is retried",
+        type=ErrorType.TRAINER_RANK_FAILED,
+    )
 
 
 class RankGroup:
     """This node's trainer ranks and the agent's side of the rendezvous store."""
 
-    def __init__(self, *, nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
-                 store: StoreConfig | None = None, keep_weight_versions: int = 2,
-                 start_timeout_s: float = 900.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        nnodes: int = 1,
+        node_rank: int = 0,
+        rdzv: str | None = None,
+        store: StoreConfig | None = None,
+        keep_weight_versions: int = 2,
+        start_timeout_s: float = 900.0,
+    ) -> None:
         import torch.distributed as dist
 
         from rollart.infra.devserver import free_port
@@ -67,8 +80,9 @@ class RankGroup:
         self.keep_weight_versions = keep_weight_versions
         self.start_timeout_s = start_timeout_s
         host, port = self.rdzv.rsplit(":", 1)
-        self.store = dist.TCPStore(host, int(port), is_master=node_rank == 0, timeout=timedelta(seconds=60),
-                                   wait_for_workers=False)  # fmt: skip
+        self.store = dist.TCPStore(
+            host, int(port), is_master=node_rank == 0, timeout=timedelta(seconds=60), wait_for_workers=False
+        )
         self._procs: list[subprocess.Popen] = []
         self._gen: str | None = None
         self._spec: LaunchSpec | None = None
@@ -84,9 +98,16 @@ class RankGroup:
         """Run one step on the ranks, launching them first if needed; rank 0's result (blocking)."""
         if self.node_rank != 0:
             raise RuntimeError("only node 0's trainer worker runs steps")
-        spec = LaunchSpec(job_id=inp.job_id, model_dir=inp.model_dir, run_dir=inp.run_dir, trainer=inp.trainer,
-                          store=self.payload_store, keep_weight_versions=self.keep_weight_versions,
-                          nnodes=self.nnodes, rdzv=self.rdzv)  # fmt: skip
+        spec = LaunchSpec(
+            job_id=inp.job_id,
+            model_dir=inp.model_dir,
+            run_dir=inp.run_dir,
+            trainer=inp.trainer,
+            store=self.payload_store,
+            keep_weight_versions=self.keep_weight_versions,
+            nnodes=self.nnodes,
+            rdzv=self.rdzv,
+        )
         with self._lock:
             if self._gen is None or self._spec is None or not spec.same_ranks(self._spec):
                 self._launch(spec, cancelled)
@@ -110,7 +131,9 @@ class RankGroup:
             raise ApplicationError(
                 f"trainer.parallel tensor {spec.trainer.parallel.tensor} x data {spec.trainer.parallel.data} = {world} "
                 f"ranks do not split over {self.nnodes} trainer nodes; use a world size divisible by --nnodes",
-                type=ErrorType.INVALID_INPUT, non_retryable=True)  # fmt: skip
+                type=ErrorType.INVALID_INPUT,
+                non_retryable=True,
+            )
         self._end_generation("a new launch")
         self._launches += 1
         gen = f"{uuid.uuid4().hex[:8]}-{self._launches}"
@@ -118,17 +141,26 @@ class RankGroup:
         self.store.set("gen", gen)
         self._gen, self._spec, self._next_cmd = gen, spec, 0
         t0 = time.monotonic()
-        log.info("launching %d trainer ranks (tensor %d x data %d, %d per node on %d nodes) for job %s, generation %s",
-                 world, spec.trainer.parallel.tensor, spec.trainer.parallel.data, spec.per_node, self.nnodes,
-                 spec.job_id, gen)  # fmt: skip
+        log.info(
+            "launching %d trainer ranks (tensor %d x data %d, %d per node on %d nodes) for job %s, generation %s",
+            world,
+            spec.trainer.parallel.tensor,
+            spec.trainer.parallel.data,
+            spec.per_node,
+            self.nnodes,
+            spec.job_id,
+            gen,
+        )
         self._start_local(gen, spec)
         deadline = time.monotonic() + self.start_timeout_s
         while int(self.store.add(key(gen, "ready"), 0)) < world:
             self._check(gen, cancelled, step=None)
             if time.monotonic() > deadline:
                 self._end_generation("start timeout")
-                raise ApplicationError(f"trainer ranks not ready after {self.start_timeout_s:g}s (see the worker log)",
-                                       type=ErrorType.TRAINER_RANK_FAILED)  # fmt: skip
+                raise ApplicationError(
+                    f"trainer ranks not ready after {self.start_timeout_s:g}s (see the worker log)",
+                    type=ErrorType.TRAINER_RANK_FAILED,
+                )
             time.sleep(POLL_S * 5)
         log.info("trainer ranks ready in %.1fs (generation %s)", time.monotonic() - t0, gen)
 
@@ -162,8 +194,13 @@ class RankGroup:
         self._last_failure = seen
         if not repeated:
             return err
-        return err.model_copy(update={"type": ErrorType.TRAIN_STEP_FAILED.value, "non_retryable": True,
-                                      "message": f"{err.message} (again, on fresh ranks)"})  # fmt: skip
+        return err.model_copy(
+            update={
+                "type": ErrorType.TRAIN_STEP_FAILED.value,
+                "non_retryable": True,
+                "message": f"{err.message} (again, on fresh ranks)",
+            }
+        )
 
     def _failure(self, gen: str) -> RankError | None:
         """The generation's posted failure, or one this agent sees: a local rank that exited."""
@@ -172,8 +209,10 @@ class RankGroup:
         for rank, proc in self._local_ranks(gen):
             code = proc.poll()
             if code is not None:
-                err = RankError(type="TrainerRankDied", message=f"trainer rank {rank} (pid {proc.pid}, node "
-                                f"{self.node_rank}) exited with code {code}")  # fmt: skip
+                err = RankError(
+                    type="TrainerRankDied",
+                    message=f"trainer rank {rank} (pid {proc.pid}, node {self.node_rank}) exited with code {code}",
+                )
                 posted = self.store.compare_set(key(gen, "failed"), "", err.model_dump_json())  # a rank's own first
                 return RankError.model_validate_json(posted)
         return None
@@ -189,17 +228,37 @@ class RankGroup:
     def _start_local(self, gen: str, spec: LaunchSpec) -> None:
         first = self.node_rank * spec.per_node
         for local in range(spec.per_node):
-            cmd = [sys.executable, "-m", "rollart.workers.trainer_rank", "--rdzv", spec.rdzv, "--gen", gen,
-                   "--rank", str(first + local), "--local-rank", str(local), "--parent-pid", str(os.getpid())]  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "rollart.workers.trainer_rank",
+                "--rdzv",
+                spec.rdzv,
+                "--gen",
+                gen,
+                "--rank",
+                str(first + local),
+                "--local-rank",
+                str(local),
+                "--parent-pid",
+                str(os.getpid()),
+            ]
             self._procs.append(subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
-        log.info("node %d: started ranks %d..%d (pids %s)", self.node_rank, first, first + spec.per_node - 1,
-                 ", ".join(str(p.pid) for p in self._procs))  # fmt: skip
+        log.info(
+            "node %d: started ranks %d..%d (pids %s)",
+            self.node_rank,
+            first,
+            first + spec.per_node - 1,
+            ", ".join(str(p.pid) for p in self._procs),
+        )
 
     def _end_generation(self, why: str) -> None:
         """Kill this node's ranks (they may be stuck in a collective) and mark the generation over for every node."""
         gen = self._gen
         if gen is not None:  # unless a rank posted why first
-            self.store.compare_set(key(gen, "failed"), "", RankError(type="GenerationEnded", message=why).model_dump_json())
+            self.store.compare_set(
+                key(gen, "failed"), "", RankError(type="GenerationEnded", message=why).model_dump_json()
+            )
         self._kill_local(why)
         self._gen, self._spec = None, None
 
@@ -249,8 +308,9 @@ class RankGroup:
         host, port = self.rdzv.rsplit(":", 1)
         while not self._closed.is_set():
             try:
-                self.store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=60),
-                                           wait_for_workers=False)  # fmt: skip
+                self.store = dist.TCPStore(
+                    host, int(port), is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False
+                )
                 return
             except (RuntimeError, OSError):
                 time.sleep(1.0)

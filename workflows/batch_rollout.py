@@ -11,6 +11,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
+
     from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryResult, batch_member_id
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play
@@ -31,7 +32,9 @@ class BatchRolloutWorkflow:
     @workflow.run
     async def run(self, inp: BatchRolloutInput) -> list[TrajectoryResult]:
         calls, base = TemporalCalls(), workflow.info().workflow_id
-        episodes = [Episode(calls, t, t.trajectory_id or batch_member_id(base, i)) for i, t in enumerate(inp.trajectories)]
+        episodes = [
+            Episode(calls, t, t.trajectory_id or batch_member_id(base, i)) for i, t in enumerate(inp.trajectories)
+        ]
         finish_together = not workflow.patched(PER_EPISODE_FINISH)
         results = await play(episodes, reporter(inp.report_to), finish_together=finish_together)
         show_outcome(results)

@@ -21,6 +21,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
+
     from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
     from rollart.workflows.driver.group import GroupEpisode
     from rollart.workflows.driver.lockstep import play

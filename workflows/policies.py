@@ -5,11 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from rollart.contracts.activities import STICKY_START_S
-from rollart.contracts.errors import NEVER_RETRY, ErrorType
 from temporalio.common import RetryPolicy
 
-__all__ = ["ActivityPolicy", "CHECK", "CLOSE", "DESCRIBE_QUEUES", "GENERATE", "MAX_RESTORES", "RESET", "RESTORE", "REWARD", "STEP", "TRAIN_STEP"]
+from rollart.contracts.activities import STICKY_START_S
+from rollart.contracts.errors import NEVER_RETRY, ErrorType
+
+__all__ = [
+    "CHECK",
+    "CLOSE",
+    "DESCRIBE_QUEUES",
+    "GENERATE",
+    "MAX_RESTORES",
+    "RESET",
+    "RESTORE",
+    "REWARD",
+    "STEP",
+    "TRAIN_STEP",
+    "ActivityPolicy",
+]
 
 STICKY_START = timedelta(seconds=STICKY_START_S)
 """How long a step/close may wait on an env worker's private queue before its worker is taken for dead.
@@ -118,8 +131,11 @@ TRAIN_STEP = ActivityPolicy(
     # as it takes. A step whose own code raised fails at once (TrainStepFailed): it would raise again.
     start_to_close=timedelta(minutes=30),
     heartbeat=timedelta(seconds=20),
-    retry=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=10),
-                      non_retryable_error_types=[ErrorType.INVALID_INPUT.value, ErrorType.TRAIN_STEP_FAILED.value]),
+    retry=RetryPolicy(
+        initial_interval=timedelta(seconds=1),
+        maximum_interval=timedelta(seconds=10),
+        non_retryable_error_types=[ErrorType.INVALID_INPUT.value, ErrorType.TRAIN_STEP_FAILED.value],
+    ),
 )
 
 DESCRIBE_QUEUES = ActivityPolicy(

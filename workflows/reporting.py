@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from rollart.contracts.rollouts import TrajectoryResult
 from temporalio import workflow
+
+from rollart.contracts.rollouts import TrajectoryResult
 
 __all__ = ["TRAJECTORIES_DONE", "report", "reporter"]
 

@@ -8,6 +8,7 @@ times are workflow time.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 
 from rollart.contracts.activities import QueueState
@@ -15,8 +16,16 @@ from rollart.contracts.training import Stall, StallWatch, stall_summary
 from rollart.infra.config import StallConfig, TaskSpec
 from rollart.infra.pools import Pool
 
-__all__ = ["FINISHES_KEPT", "MIN_FINISHES", "check", "median_interval", "overdue", "progressed", "summary",
-           "watched_pools"]  # fmt: skip
+__all__ = [
+    "FINISHES_KEPT",
+    "MIN_FINISHES",
+    "check",
+    "median_interval",
+    "overdue",
+    "progressed",
+    "summary",
+    "watched_pools",
+]
 
 FINISHES_KEPT = 32
 """How many recent report times the median interval is taken over."""
@@ -40,7 +49,7 @@ def progressed(watch: StallWatch, now: float, *, finished: bool) -> StallWatch:
 def median_interval(finishes: list[float]) -> float | None:
     """The median gap between successive reports (reports at the same instant count once)."""
     times = sorted(set(finishes))
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     return statistics.median(gaps) if len(gaps) >= MIN_FINISHES - 1 else None
 
 
@@ -64,8 +73,14 @@ def _no_worker(prev: dict[str, Stall], pool: str, q: QueueState, now: float, cfg
         since = first_seen
     else:
         since = first_seen if q.last_seen_s_ago is None else now - q.last_seen_s_ago
-    return Stall(reason="no_worker", pool=pool, since=since, seen_at=now, backlog=q.backlog,
-                 reported=pool in prev and now - since >= cfg.no_worker_after_s)  # fmt: skip
+    return Stall(
+        reason="no_worker",
+        pool=pool,
+        since=since,
+        seen_at=now,
+        backlog=q.backlog,
+        reported=pool in prev and now - since >= cfg.no_worker_after_s,
+    )
 
 
 def _no_progress(watch: StallWatch, now: float, in_flight: int, cfg: StallConfig) -> Stall | None:
@@ -79,8 +94,7 @@ def _no_progress(watch: StallWatch, now: float, in_flight: int, cfg: StallConfig
     return Stall(reason="no_progress", since=watch.active_at, seen_at=now, in_flight=in_flight, reported=True)
 
 
-def check(watch: StallWatch, queues: dict[str, QueueState], now: float, in_flight: int,
-          cfg: StallConfig) -> StallWatch:  # fmt: skip
+def check(watch: StallWatch, queues: dict[str, QueueState], now: float, in_flight: int, cfg: StallConfig) -> StallWatch:
     """The watch after one check: `queues` maps each watched pool to its queue's description."""
     prev = {x.pool: x for x in watch.open if x.reason == "no_worker" and x.pool is not None}
     found = [_no_worker(prev, pool, q, now, cfg) for pool, q in queues.items()]

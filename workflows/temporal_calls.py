@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel
-from rollart.contracts.activities import ActivityName
-from rollart.workflows import policies
-from rollart.workflows.driver.calls import CallFailed
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+from rollart.contracts.activities import ActivityName
+from rollart.workflows import policies
+from rollart.workflows.driver.calls import CallFailed
 
 __all__ = ["TemporalCalls", "call_failed"]
 
@@ -36,12 +37,21 @@ class TemporalCalls:
 
     logger = workflow.logger
 
-    async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
-                   timeout_s: float | None = None, start_wait_s: float | None = None) -> Any:  # fmt: skip
+    async def call(
+        self,
+        activity: ActivityName,
+        arg: BaseModel,
+        *,
+        queue: str,
+        result_type: Any = None,
+        timeout_s: float | None = None,
+        start_wait_s: float | None = None,
+    ) -> Any:
         kwargs = POLICIES[activity].kwargs(timeout_s=timeout_s, start_wait_s=start_wait_s)
         try:
-            return await workflow.execute_activity(activity.value, arg, task_queue=queue, result_type=result_type,
-                                                   **kwargs)  # fmt: skip
+            return await workflow.execute_activity(
+                activity.value, arg, task_queue=queue, result_type=result_type, **kwargs
+            )
         except ActivityError as err:
             raise call_failed(err) from err
 

@@ -25,6 +25,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
+
     from rollart.contracts.activities import (
         ActivityName,
         DescribeQueuesInput,
@@ -134,14 +135,29 @@ class TrainingWorkflow:
         """Where the loop is, and every term of the trajectory ledger."""
         t = self.plan.training
         return TrainingStatus(
-            job_id=self.inp.job_id, step=self.s.step, steps=t.steps, version=self.s.step,
-            async_bound=t.async_bound, rollout_mode=t.rollout_mode,
-            started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
-            in_flight=len(self.s.in_flight), buffered=len(self.s.buffer),
-            filtered=self.s.filtered, paused=self.s.paused, stopping=self.s.stop_requested, done=self.done,
-            ledger_balanced=self.s.ledger_balanced, history=self.s.history, started_at=self.s.started_at,
-            restores=self.s.restores, duplicates_ignored=self.s.duplicates_ignored, stalls=self.s.stall.stalls,
-        )  # fmt: skip
+            job_id=self.inp.job_id,
+            step=self.s.step,
+            steps=t.steps,
+            version=self.s.step,
+            async_bound=t.async_bound,
+            rollout_mode=t.rollout_mode,
+            started=self.s.started,
+            trained=self.s.trained,
+            dropped=self.s.dropped,
+            failed=self.s.failed,
+            in_flight=len(self.s.in_flight),
+            buffered=len(self.s.buffer),
+            filtered=self.s.filtered,
+            paused=self.s.paused,
+            stopping=self.s.stop_requested,
+            done=self.done,
+            ledger_balanced=self.s.ledger_balanced,
+            history=self.s.history,
+            started_at=self.s.started_at,
+            restores=self.s.restores,
+            duplicates_ignored=self.s.duplicates_ignored,
+            stalls=self.s.stall.stalls,
+        )
 
     # ------------------------------------------------------------ the loop
 
@@ -166,8 +182,9 @@ class TrainingWorkflow:
         if not loop.done():  # stalled long, parked between launches: a fresh history, the same state
             loop.cancel()
             await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir,
-                                                   state=self.s))  # fmt: skip
+            workflow.continue_as_new(
+                TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir, state=self.s)
+            )
         return loop.result()
 
     async def _loop(self, inp: TrainingInput) -> TrainingResult:
@@ -180,8 +197,13 @@ class TrainingWorkflow:
             await self._launch()
             self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
             await workflow.wait_condition(
-                lambda: self._batch_ready() or self._can_launch() or self._stalled() or self.s.stop_requested
-                or (wake_on_stale and self._stale_ready())
+                lambda: (
+                    self._batch_ready()
+                    or self._can_launch()
+                    or self._stalled()
+                    or self.s.stop_requested
+                    or (wake_on_stale and self._stale_ready())
+                )
             )
             self.parked = False
             self._drop_stale()
@@ -190,8 +212,9 @@ class TrainingWorkflow:
                 steps_this_run += 1
                 if steps_this_run >= t.continue_as_new_every and self.s.step < t.steps:
                     await workflow.wait_condition(workflow.all_handlers_finished)
-                    workflow.continue_as_new(TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir,
-                                                           state=self.s))  # fmt: skip
+                    workflow.continue_as_new(
+                        TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir, state=self.s)
+                    )
         return await self._finish()
 
     def _capacity(self) -> int:
@@ -234,8 +257,11 @@ class TrainingWorkflow:
                 wave.append(self._new_group())
             # batch mode: grouped multi-turn tasks play as lockstep groups (older runs: in the per-episode batch)
             grouped_batch = batch_mode and workflow.patched("batch-lockstep-groups")
-            episodes = [(g, t, seed) for g, t, seed in wave
-                        if t.max_turns > 1 and (not t.grouped or (batch_mode and not grouped_batch))]  # fmt: skip
+            episodes = [
+                (g, t, seed)
+                for g, t, seed in wave
+                if t.max_turns > 1 and (not t.grouped or (batch_mode and not grouped_batch))
+            ]
             if batch_mode and episodes:
                 starts.append(self._start_batch(episodes))
             else:
@@ -265,9 +291,14 @@ class TrainingWorkflow:
 
     def _trajectory_input(self, task: TaskSpec, seed: int, group_id: str) -> TrajectoryInput:
         return TrajectoryInput(
-            task=task, seed=seed, job_id=self.inp.job_id, group_id=group_id,
-            min_version=self.s.step, report_to=workflow.info().workflow_id, queue_prefix=self.plan.queue_prefix,
-        )  # fmt: skip
+            task=task,
+            seed=seed,
+            job_id=self.inp.job_id,
+            group_id=group_id,
+            min_version=self.s.step,
+            report_to=workflow.info().workflow_id,
+            queue_prefix=self.plan.queue_prefix,
+        )
 
     def _queue(self, pool: Pool) -> str:
         return queue_name(pool, self.plan.queue_prefix)
@@ -280,50 +311,69 @@ class TrainingWorkflow:
             inp = self._trajectory_input(task, seed, group_id)
             starts.append(
                 workflow.start_child_workflow(
-                    TrajectoryWorkflow.run, inp, id=tid,
-                    task_queue=self._queue(Pool.CONTROL), parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+                    TrajectoryWorkflow.run,
+                    inp,
+                    id=tid,
+                    task_queue=self._queue(Pool.CONTROL),
+                    parent_close_policy=workflow.ParentClosePolicy.ABANDON,
                     search_attributes=self._child_attributes(task),
                     static_summary=trajectory_summary(inp, member=m, version=self.s.step),
-                )  # fmt: skip
+                )
             )
         return starts
 
     def _start_groups(self, wid: str, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
         task = groups[0][1]
         inp = GroupRolloutInput(
-            task=task, job_id=self.inp.job_id, min_version=self.s.step, report_to=workflow.info().workflow_id,
-            groups=[GroupSeed(group_id=g, seed=seed, member_ids=[member_id(g, m) for m in range(t.group_size)])
-                    for g, t, seed in groups],
+            task=task,
+            job_id=self.inp.job_id,
+            min_version=self.s.step,
+            report_to=workflow.info().workflow_id,
+            groups=[
+                GroupSeed(group_id=g, seed=seed, member_ids=[member_id(g, m) for m in range(t.group_size)])
+                for g, t, seed in groups
+            ],
             queue_prefix=self.plan.queue_prefix,
             lockstep=self.plan.training.rollout_mode == "batch",
-        )  # fmt: skip
+        )
         return workflow.start_child_workflow(
-            GroupRolloutWorkflow.run, inp, id=wid, task_queue=self._queue(Pool.CONTROL),
-            parent_close_policy=workflow.ParentClosePolicy.ABANDON, search_attributes=self._child_attributes(task),
+            GroupRolloutWorkflow.run,
+            inp,
+            id=wid,
+            task_queue=self._queue(Pool.CONTROL),
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            search_attributes=self._child_attributes(task),
             static_summary=group_summary(inp, version=self.s.step),
-        )  # fmt: skip
+        )
 
     def _start_batch(self, groups: list[tuple[str, TaskSpec, int]]) -> Awaitable[object]:
         batch_id = f"{groups[0][0]}-b"
         members = [(g, t, seed) for g, t, seed in groups for _ in range(t.group_size)]
-        trajectories = [self._trajectory_input(t, seed, g).model_copy(update={"trajectory_id": batch_member_id(batch_id, i)})
-                        for i, (g, t, seed) in enumerate(members)]  # fmt: skip
+        trajectories = [
+            self._trajectory_input(t, seed, g).model_copy(update={"trajectory_id": batch_member_id(batch_id, i)})
+            for i, (g, t, seed) in enumerate(members)
+        ]
         for t in trajectories:
             self._track(t.trajectory_id, t.group_id, batch_id)
         inp = BatchRolloutInput(trajectories=trajectories, report_to=workflow.info().workflow_id)
         return workflow.start_child_workflow(
-            BatchRolloutWorkflow.run, inp,
-            id=batch_id, task_queue=self._queue(Pool.CONTROL), parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            BatchRolloutWorkflow.run,
+            inp,
+            id=batch_id,
+            task_queue=self._queue(Pool.CONTROL),
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
             search_attributes=self._child_attributes(trajectories[0].task),
             static_summary=batch_summary(inp, version=self.s.step),
-        )  # fmt: skip
+        )
 
     def _child_attributes(self, task: TaskSpec) -> TypedSearchAttributes:
-        return TypedSearchAttributes([
-            SearchAttributePair(sa.JOB_ID, self.inp.job_id),
-            SearchAttributePair(sa.TASK, task.name),
-            SearchAttributePair(sa.POLICY_VERSION, self.s.step),
-        ])  # fmt: skip
+        return TypedSearchAttributes(
+            [
+                SearchAttributePair(sa.JOB_ID, self.inp.job_id),
+                SearchAttributePair(sa.TASK, task.name),
+                SearchAttributePair(sa.POLICY_VERSION, self.s.step),
+            ]
+        )
 
     # ------------------------------------------------------------ batches
 
@@ -363,7 +413,7 @@ class TrainingWorkflow:
             self.s.ready_groups.remove(group)
 
     def _batch_ready(self) -> bool:
-        ready = set(g for g in self.s.ready_groups if not self._is_stale(g))
+        ready = {g for g in self.s.ready_groups if not self._is_stale(g)}
         return sum(1 for x in self.s.buffer if x.group_id in ready) >= self.plan.training.batch_size
 
     def _stalled(self) -> bool:
@@ -387,8 +437,14 @@ class TrainingWorkflow:
         trainer = entropy_control.trainer_for_step(self.plan.trainer, self.s.entropy_coef)
         result: TrainStepResult = await workflow.execute_activity(
             ActivityName.TRAIN_STEP.value,
-            TrainStepInput(job_id=inp.job_id, step=step, samples=batch, model_dir=self.plan.model_dir,
-                           run_dir=inp.run_dir, trainer=trainer),  # fmt: skip
+            TrainStepInput(
+                job_id=inp.job_id,
+                step=step,
+                samples=batch,
+                model_dir=self.plan.model_dir,
+                run_dir=inp.run_dir,
+                trainer=trainer,
+            ),
             task_queue=self._queue(Pool.TRAINER),
             result_type=TrainStepResult,
             **policies.TRAIN_STEP.kwargs(),
@@ -411,17 +467,26 @@ class TrainingWorkflow:
         staleness = [step - x.policy_version_min for x in batch]
         sampled = len(batch) + self.s.filtered_since_step  # what the policy played for this step, filtered or not
         return StepRecord(
-            step=step, version=result.version, time=workflow.now().timestamp(), samples=len(batch),
+            step=step,
+            version=result.version,
+            time=workflow.now().timestamp(),
+            samples=len(batch),
             reward_mean=statistics.fmean(x.reward for x in batch),
             success_rate=statistics.fmean(float(x.success) for x in batch),
             success_sampled=(sum(x.success for x in batch) + self.s.filtered_successes_since_step) / sampled,
             task_success={k: statistics.fmean(map(float, v)) for k, v in by_task.items()},
-            staleness_mean=statistics.fmean(staleness), staleness_max=max(staleness),
+            staleness_mean=statistics.fmean(staleness),
+            staleness_max=max(staleness),
             completion_tokens=sum(x.completion_tokens for x in batch),
-            started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
-            in_flight=len(self.s.in_flight), buffered=len(self.s.buffer), filtered=self.s.filtered,
+            started=self.s.started,
+            trained=self.s.trained,
+            dropped=self.s.dropped,
+            failed=self.s.failed,
+            in_flight=len(self.s.in_flight),
+            buffered=len(self.s.buffer),
+            filtered=self.s.filtered,
             train=result.metrics,
-        )  # fmt: skip
+        )
 
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
@@ -432,11 +497,18 @@ class TrainingWorkflow:
             workflow.set_current_details("")
         self.done = True
         return TrainingResult(
-            job_id=self.inp.job_id, steps=self.s.step, version=self.s.step,
-            started=self.s.started, trained=self.s.trained, dropped=self.s.dropped, failed=self.s.failed,
-            cancelled_in_flight=len(self.s.in_flight), buffered_unused=len(self.s.buffer),
-            last=self.s.history[-1] if self.s.history else None, filtered=self.s.filtered,
-        )  # fmt: skip
+            job_id=self.inp.job_id,
+            steps=self.s.step,
+            version=self.s.step,
+            started=self.s.started,
+            trained=self.s.trained,
+            dropped=self.s.dropped,
+            failed=self.s.failed,
+            cancelled_in_flight=len(self.s.in_flight),
+            buffered_unused=len(self.s.buffer),
+            last=self.s.history[-1] if self.s.history else None,
+            filtered=self.s.filtered,
+        )
 
     async def _cancel_in_flight(self) -> None:
         """Cancel the workflows of the trajectories still in flight (their results can no longer be used)."""
@@ -457,9 +529,12 @@ class TrainingWorkflow:
             await workflow.sleep(cfg.check_every_s)
             try:
                 res: DescribeQueuesResult = await workflow.execute_activity(
-                    ActivityName.DESCRIBE_QUEUES.value, inp, task_queue=self._queue(Pool.CONTROL),
-                    result_type=DescribeQueuesResult, **policies.DESCRIBE_QUEUES.kwargs(),
-                )  # fmt: skip
+                    ActivityName.DESCRIBE_QUEUES.value,
+                    inp,
+                    task_queue=self._queue(Pool.CONTROL),
+                    result_type=DescribeQueuesResult,
+                    **policies.DESCRIBE_QUEUES.kwargs(),
+                )
             except ActivityError as err:
                 if is_cancelled_exception(err):  # the watcher itself was cancelled (the run ends): stop here
                     raise
@@ -491,8 +566,10 @@ class TrainingWorkflow:
             self.fatal = ApplicationError(
                 f"job {self.inp.job_id} stalled: {over.describe()}; gave up after training.stall.fail_after_s = "
                 f"{cfg.fail_after_s:g} s (start a worker for the pool, or raise or unset fail_after_s)",
-                {"reason": over.reason, "pool": over.pool, "since": over.since}, type="JobStalled", non_retryable=True,
-            )  # fmt: skip
+                {"reason": over.reason, "pool": over.pool, "since": over.since},
+                type="JobStalled",
+                non_retryable=True,
+            )
 
     def _in_flight_workflows(self) -> list[str]:
         """Workflow ids behind the in-flight trajectories (a lockstep batch or a group wave is one workflow)."""
@@ -501,9 +578,14 @@ class TrainingWorkflow:
 
 def _sample(r: TrajectoryResult) -> SampleRef:
     return SampleRef(
-        trajectory_id=r.trajectory_id, task=r.task, group_id=r.group_id, reward=r.reward or 0.0,
-        success=bool(r.success), turn_keys=r.turn_keys, policy_version_min=r.policy_version_min or 0,
-        policy_version_max=r.policy_version_max or 0, completion_tokens=r.completion_tokens,
+        trajectory_id=r.trajectory_id,
+        task=r.task,
+        group_id=r.group_id,
+        reward=r.reward or 0.0,
+        success=bool(r.success),
+        turn_keys=r.turn_keys,
+        policy_version_min=r.policy_version_min or 0,
+        policy_version_max=r.policy_version_max or 0,
+        completion_tokens=r.completion_tokens,
         completion_index=r.completion_index,
-    )  # fmt: skip
-
+    )

@@ -11,6 +11,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
+
     from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play

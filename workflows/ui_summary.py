@@ -23,13 +23,22 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, TrajectoryInput, TrajectoryResult
-from rollart.infra import search_attributes as sa
 from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 
-__all__ = ["UI_SUMMARY", "Outcome", "batch_summary", "details", "group_summary", "one_line", "show_outcome",
-           "trajectory_summary"]
+from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, TrajectoryInput, TrajectoryResult
+from rollart.infra import search_attributes as sa
+
+__all__ = [
+    "UI_SUMMARY",
+    "Outcome",
+    "batch_summary",
+    "details",
+    "group_summary",
+    "one_line",
+    "show_outcome",
+    "trajectory_summary",
+]
 
 UI_SUMMARY = "ui-summary"
 """Patch: a rollout workflow upserts its outcome search attributes when it ends (before: none)."""
@@ -74,8 +83,9 @@ def group_summary(inp: GroupRolloutInput, version: int | None = None) -> str:
     mode = "lockstep" if inp.lockstep else None
     if len(groups) == 1:
         g = groups[0]
-        return one_line(inp.task.name, f"seed {g.seed}", f"group {_short(g.group_id, inp.job_id)} × {size}", mode,
-                        _version(version))  # fmt: skip
+        return one_line(
+            inp.task.name, f"seed {g.seed}", f"group {_short(g.group_id, inp.job_id)} × {size}", mode, _version(version)
+        )
     seeds = f"seeds {groups[0].seed}…{groups[-1].seed}"
     return one_line(inp.task.name, f"{len(groups)} groups × {size}", seeds, mode, _version(version))
 
@@ -83,8 +93,12 @@ def group_summary(inp: GroupRolloutInput, version: int | None = None) -> str:
 def batch_summary(inp: BatchRolloutInput, version: int | None = None) -> str:
     """`lockstep batch · 16 episodes · frozenlake ×8, math ×8 · policy v5`."""
     tasks = Counter(t.task.name for t in inp.trajectories)
-    return one_line("lockstep batch", f"{len(inp.trajectories)} episodes",
-                    ", ".join(f"{name} ×{k}" for name, k in tasks.items()), _version(version))  # fmt: skip
+    return one_line(
+        "lockstep batch",
+        f"{len(inp.trajectories)} episodes",
+        ", ".join(f"{name} ×{k}" for name, k in tasks.items()),
+        _version(version),
+    )
 
 
 def _reason(error: str | None) -> str:
@@ -119,12 +133,15 @@ class Outcome:
         rewards = [r.reward for r in done if r.reward is not None]
         failed = next((r for r in results if r.status != "completed"), None)
         return cls(
-            members=len(results), completed=len(done), successes=sum(bool(r.success) for r in done),
+            members=len(results),
+            completed=len(done),
+            successes=sum(bool(r.success) for r in done),
             reward=statistics.fmean(rewards) if rewards else None,
             success=any(bool(r.success) for r in done) if done else None,
-            turns=max((r.turns for r in results), default=0), versions=_versions(results),
+            turns=max((r.turns for r in results), default=0),
+            versions=_versions(results),
             failure=_reason(failed.error) if failed else None,
-        )  # fmt: skip
+        )
 
     @property
     def status(self) -> str:
@@ -168,22 +185,37 @@ def details(results: Sequence[TrajectoryResult]) -> str:
     """The markdown of the workflow's page: one trajectory's outcome, or a group's (or batch's) with a row each."""
     if len(results) == 1:
         r = results[0]
-        head = (f"**completed** · reward **{_reward(r.reward)}** · success: {_yes_no(r.success)}"
-                if r.status == "completed" else
-                f"**failed** (masked out of training, never scored): `{_cell(_error(r.error))}`")  # fmt: skip
-        facts = [f"{r.turns} turn(s)", f"policy {_versions([r]) or '-'}", f"task {r.task}", f"seed {r.seed}",
-                 f"tokens {r.prompt_tokens} prompt + {r.completion_tokens} completion",
-                 f"env worker `{r.env_worker}`" if r.env_worker else None,
-                 f"restores {r.restores}" if r.restores else None]  # fmt: skip
+        head = (
+            f"**completed** · reward **{_reward(r.reward)}** · success: {_yes_no(r.success)}"
+            if r.status == "completed"
+            else f"**failed** (masked out of training, never scored): `{_cell(_error(r.error))}`"
+        )
+        facts = [
+            f"{r.turns} turn(s)",
+            f"policy {_versions([r]) or '-'}",
+            f"task {r.task}",
+            f"seed {r.seed}",
+            f"tokens {r.prompt_tokens} prompt + {r.completion_tokens} completion",
+            f"env worker `{r.env_worker}`" if r.env_worker else None,
+            f"restores {r.restores}" if r.restores else None,
+        ]
         return head + "\n\n" + " · ".join(f for f in facts if f)
     o = Outcome.of(results)
-    head = [f"**{o.status}**", f"{o.successes}/{o.members} succeeded", f"mean reward {_reward(o.reward)}",
-            f"longest {o.turns} turn(s)", f"policy {o.versions or '-'}"]  # fmt: skip
+    head = [
+        f"**{o.status}**",
+        f"{o.successes}/{o.members} succeeded",
+        f"mean reward {_reward(o.reward)}",
+        f"longest {o.turns} turn(s)",
+        f"policy {o.versions or '-'}",
+    ]
     if o.completed < o.members:
         head.insert(2, f"{o.members - o.completed} failed (masked: `{_cell(o.failure)}`)")
     rows = ["| trajectory | status | reward | success | turns | versions |", "|---|---|---|---|---|---|"]
-    rows += [f"| {_cell(r.trajectory_id)} | {r.status} | {_reward(r.reward)} | {_yes_no(r.success)} | {r.turns} | "
-             f"{_versions([r]) or '-'} |" for r in results[:DETAILS_MAX_ROWS]]  # fmt: skip
+    rows += [
+        f"| {_cell(r.trajectory_id)} | {r.status} | {_reward(r.reward)} | {_yes_no(r.success)} | {r.turns} | "
+        f"{_versions([r]) or '-'} |"
+        for r in results[:DETAILS_MAX_ROWS]
+    ]
     more = len(results) - DETAILS_MAX_ROWS
     return " · ".join(head) + "\n\n" + "\n".join(rows) + (f"\n\n… and {more} more" if more > 0 else "")
 

@@ -60,7 +60,8 @@ class HfEngine(Engine):
             return
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(
-                f"no model at {self.model_dir} (config.json missing); build one with `rollart init-model --out {self.model_dir}`"
+                f"no model at {self.model_dir} (config.json missing); build one with `rollart init-model --out "
+                f"{self.model_dir}`"
             )
         t0 = time.perf_counter()
         self._tok, self._model = await asyncio.to_thread(self._load)
@@ -121,16 +122,16 @@ class HfEngine(Engine):
             )
         eos = tok.eos_token_id
         greedy = sampling.temperature == 0
-        kwargs: dict[str, Any] = dict(
-            do_sample=not greedy,
-            max_new_tokens=sampling.max_tokens,
-            num_return_sequences=sampling.n,
-            output_logits=True,  # raw logits, before temperature/top-p: vLLM's raw_logprobs
-            return_dict_in_generate=True,
-            eos_token_id=eos,
-            pad_token_id=eos,
-            stopping_criteria=StoppingCriteriaList([_Cancelled()]),
-        )
+        kwargs: dict[str, Any] = {
+            "do_sample": not greedy,
+            "max_new_tokens": sampling.max_tokens,
+            "num_return_sequences": sampling.n,
+            "output_logits": True,  # raw logits, before temperature/top-p: vLLM's raw_logprobs
+            "return_dict_in_generate": True,
+            "eos_token_id": eos,
+            "pad_token_id": eos,
+            "stopping_criteria": StoppingCriteriaList([_Cancelled()]),
+        }
         if not greedy:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
         if sampling.stop:

@@ -108,7 +108,8 @@ class VllmEngine(Engine):
             return
         if not (self.model_dir / "config.json").is_file():
             raise FileNotFoundError(
-                f"no model at {self.model_dir} (config.json missing); build one with `rollart init-model --out {self.model_dir}`"
+                f"no model at {self.model_dir} (config.json missing); build one with `rollart init-model --out "
+                f"{self.model_dir}`"
             )
         self._set_env()
         self._dead = False
@@ -133,8 +134,9 @@ class VllmEngine(Engine):
     def engine_args(self) -> Any:
         """vLLM's `AsyncEngineArgs` for this engine: the job's settings, eager mode on CPUs, CUDA graphs on GPUs."""
         import torch
-        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
         from vllm.engine.arg_utils import AsyncEngineArgs
+
+        from rollart.activities.engines.vllm_extension import WORKER_EXTENSION
 
         return AsyncEngineArgs(
             model=str(self.model_dir),

@@ -177,5 +177,6 @@ def _validate_args(min_digits: Any, max_digits: Any, operators: Any, num_terms: 
         elif isinstance(operators, str) and "*" in operators:
             why = " ('*' only on its own: reasoning-gym evaluates left to right, against operator precedence)"
         raise ValueError(
-            f"arithmetic: operators must be one of {', '.join(map(repr, _ALLOWED_OPERATOR_SETS))}, got {operators!r}{why}"
+            f"arithmetic: operators must be one of {', '.join(map(repr, _ALLOWED_OPERATOR_SETS))}, got "
+            f"{operators!r}{why}"
         )

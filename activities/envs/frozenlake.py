@@ -148,8 +148,10 @@ class FrozenLake(Env):
         super().__init__(**unknown)
         _validate_args(size, maps, p_hole, num_maps)
         if invalid_action not in _INVALID_RULES:
-            raise ValueError(f"frozenlake: invalid_action must be one of {', '.join(map(repr, _INVALID_RULES))}, "
-                             f"got {invalid_action!r}")  # fmt: skip
+            raise ValueError(
+                f"frozenlake: invalid_action must be one of {', '.join(map(repr, _INVALID_RULES))}, "
+                f"got {invalid_action!r}"
+            )
         self.invalid_action = invalid_action
         self.size = size
         self.maps = maps

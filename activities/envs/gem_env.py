@@ -130,7 +130,8 @@ class GemEnv(Env):
 
     env_args: ``id`` (a GEM env id, required), ``kwargs`` (a dict passed to ``gem.make`` over the
     id's registered ones, e.g. ``{max_turns: 10}``), ``action_format`` (default ``"{action}"``),
-    ``action_words`` (letter → GEM action, default none), ``observation`` ("concat" | "last", default "concat"), ``instructions`` (bool, default true),
+    ``action_words`` (letter → GEM action, default none), ``observation`` ("concat" | "last", default "concat"),
+    ``instructions`` (bool, default true),
     ``prompt_suffix`` (str, default ""), ``dataset`` (path to a .jsonl or .json file of rows, for
     ids backed by a hub dataset; required there, refused elsewhere). The module docstring
     documents the mapping.
@@ -230,8 +231,14 @@ class GemEnv(Env):
         return text
 
     def _prompt(self) -> str:
-        return compose_prompt(self._first, self._turns, self._info, observation=self.observation,
-                              instructions=self.instructions, prompt_suffix=self.prompt_suffix)  # fmt: skip
+        return compose_prompt(
+            self._first,
+            self._turns,
+            self._info,
+            observation=self.observation,
+            instructions=self.instructions,
+            prompt_suffix=self.prompt_suffix,
+        )
 
     def _dataset(self) -> Any:
         """The rows as a `datasets.Dataset`, built on first use (GEM's env shuffles a copy; this one is kept)."""
@@ -262,7 +269,7 @@ class GemEnv(Env):
 
 
 def _import_gem() -> Any:
-    """`import gem`, undoing the `logging.basicConfig(level=INFO)` its import runs (the worker's logging stays as set)."""
+    """`import gem`, undoing the `logging.basicConfig(level=INFO)` its import runs: the worker's logging stays."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     try:
@@ -287,7 +294,7 @@ def _spec(env_id: Any) -> Any:
         hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
         raise ValueError(
             f"gem: id must be a registered GEM env id such as 'game:Sokoban-v0-easy' or 'rg:basic_arithmetic', "
-            f"got {env_id!r}{hint}; list them with: python -c \"import gem; gem.print_envs()\""
+            f'got {env_id!r}{hint}; list them with: python -c "import gem; gem.print_envs()"'
         )
     return ENV_REGISTRY[env_id]
 
@@ -297,8 +304,10 @@ def _load_rows(env_id: str, spec: Any, dataset: Any) -> list[dict[str, Any]] | N
     hub = _HUB_DATASET_KEY in spec.kwargs
     if dataset is None:
         if hub:
-            raise ValueError(f"gem: {env_id!r} loads the hub dataset {spec.kwargs[_HUB_DATASET_KEY]!r}, which needs a "
-                             "network; give dataset: a local .jsonl/.json file of rows instead")  # fmt: skip
+            raise ValueError(
+                f"gem: {env_id!r} loads the hub dataset {spec.kwargs[_HUB_DATASET_KEY]!r}, which needs a "
+                "network; give dataset: a local .jsonl/.json file of rows instead"
+            )
         return None
     if not hub:
         raise ValueError(f"gem: dataset applies only to ids backed by a dataset (math:*, qa:*, ...), not {env_id!r}")
@@ -307,13 +316,23 @@ def _load_rows(env_id: str, spec: Any, dataset: Any) -> list[dict[str, Any]] | N
     path = Path(dataset)
     try:
         text = path.read_text(encoding="utf-8")
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix == ".jsonl" else json.loads(text)
+        rows = (
+            [json.loads(line) for line in text.splitlines() if line.strip()]
+            if path.suffix == ".jsonl"
+            else json.loads(text)
+        )
     except (OSError, ValueError) as e:
         raise ValueError(f"gem: dataset {dataset!r} cannot be read as {path.suffix or 'json'}: {e}") from e
     keys = [spec.kwargs.get("question_key", "problem"), spec.kwargs.get("answer_key", "answer")]
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in keys) for r in rows):
-        raise ValueError(f"gem: dataset {dataset!r} must hold a non-empty list of rows, each with the keys "
-                         f"{keys} that {env_id!r} reads")  # fmt: skip
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or not all(isinstance(r, dict) and all(k in r for k in keys) for r in rows)
+    ):
+        raise ValueError(
+            f"gem: dataset {dataset!r} must hold a non-empty list of rows, each with the keys "
+            f"{keys} that {env_id!r} reads"
+        )
     return rows
 
 
@@ -321,11 +340,14 @@ def _action_words(words: Any) -> dict[str, str]:
     """`action_words` keyed by lower-case single characters, or ValueError naming the argument."""
     if words is None:
         return {}
-    if not isinstance(words, dict) or not words or not all(
-        isinstance(k, str) and len(k) == 1 and isinstance(v, str) and v for k, v in words.items()
+    if (
+        not isinstance(words, dict)
+        or not words
+        or not all(isinstance(k, str) and len(k) == 1 and isinstance(v, str) and v for k, v in words.items())
     ):
-        raise ValueError(f"gem: action_words must map single characters to GEM actions, e.g. {{l: left, r: right}}; "
-                         f"got {words!r}")  # fmt: skip
+        raise ValueError(
+            f"gem: action_words must map single characters to GEM actions, e.g. {{l: left, r: right}}; got {words!r}"
+        )
     return {k.lower(): v for k, v in words.items()}
 
 
@@ -340,10 +362,14 @@ def _validate_args(kwargs: Any, action_format: Any, observation: Any, instructio
     except (IndexError, KeyError, ValueError):
         ok = False
     if not ok:
-        raise ValueError("gem: action_format must be a str.format template whose only field is {action} "
-                         f"(e.g. '{{action}}' or '\\\\boxed{{{{{{action}}}}}}'), got {action_format!r}")  # fmt: skip
+        raise ValueError(
+            "gem: action_format must be a str.format template whose only field is {action} "
+            f"(e.g. '{{action}}' or '\\\\boxed{{{{{{action}}}}}}'), got {action_format!r}"
+        )
     if observation not in OBSERVATION_MODES:
-        raise ValueError(f"gem: observation must be one of {', '.join(map(repr, OBSERVATION_MODES))}, got {observation!r}")
+        raise ValueError(
+            f"gem: observation must be one of {', '.join(map(repr, OBSERVATION_MODES))}, got {observation!r}"
+        )
     if not isinstance(instructions, bool):
         raise ValueError(f"gem: instructions must be true or false, got {instructions!r}")
     if not isinstance(prompt_suffix, str):

@@ -141,15 +141,20 @@ class OpenEnv(Env):
         deadline = time.monotonic() + self.connect_wait_s
         pause = _CONNECT_BACKOFF_S[0]
         while True:
-            client = GenericEnvClient(base_url=self.base_url, connect_timeout_s=min(10.0, self.connect_wait_s),
-                                      message_timeout_s=self.timeout_s).sync()  # fmt: skip
+            client = GenericEnvClient(
+                base_url=self.base_url,
+                connect_timeout_s=min(10.0, self.connect_wait_s),
+                message_timeout_s=self.timeout_s,
+            ).sync()
             try:
                 return client.connect()
             except Exception as e:
                 _close_quietly(client)
                 if time.monotonic() + pause > deadline:
-                    raise ConnectionError(f"openenv: no OpenEnv server answers at {self.base_url} (waited "
-                                          f"{self.connect_wait_s:g}s): {_describe(e)}") from e  # fmt: skip
+                    raise ConnectionError(
+                        f"openenv: no OpenEnv server answers at {self.base_url} (waited "
+                        f"{self.connect_wait_s:g}s): {_describe(e)}"
+                    ) from e
             time.sleep(pause)
             pause = min(pause * 2, _CONNECT_BACKOFF_S[1])
 
@@ -167,8 +172,10 @@ class OpenEnv(Env):
         if isinstance(text, str):
             return text
         if self.observation_field is not None:
-            raise ValueError(f"openenv: the server's observation has no text field {field!r} "
-                             f"(fields: {', '.join(sorted(observation))}); set env_args.observation_field")  # fmt: skip
+            raise ValueError(
+                f"openenv: the server's observation has no text field {field!r} "
+                f"(fields: {', '.join(sorted(observation))}); set env_args.observation_field"
+            )
         return json.dumps(observation, sort_keys=True, separators=(",", ":"))
 
 

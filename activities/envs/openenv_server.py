@@ -29,6 +29,7 @@ from openenv.core.env_server import (
     create_fastapi_app,
 )
 from pydantic import Field
+
 from rollart.infra.registry import lookup_env
 
 if TYPE_CHECKING:
@@ -121,8 +122,13 @@ def openenv_app(env: str, env_args: dict[str, Any] | None = None, max_sessions: 
     factory = functools.partial(RollartEnvironment, entry.cls, env_args, stats)
     app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
     app.add_middleware(_QuietDisconnects)
-    app.add_api_route("/stats", stats.as_dict, methods=["GET"], tags=["Environment Info"],
-                      summary="sessions open now, episodes reset and steps served since the server started")  # fmt: skip
+    app.add_api_route(
+        "/stats",
+        stats.as_dict,
+        methods=["GET"],
+        tags=["Environment Info"],
+        summary="sessions open now, episodes reset and steps served since the server started",
+    )
     return app
 
 

@@ -6,13 +6,14 @@ ended — ``"ok"``, ``"timeout"`` (wall time), ``"cpu_limit"``, ``"memory_limit"
 ``"output_limit"`` or ``"error"`` (the snippet failed, or the expression was refused).
 
 The child is ``python -I -S`` (isolated: no site-packages, no user env vars) with an empty
-environment, a fresh temporary working directory and stdin closed. A small bootstrap forks
-the snippet's process and sets its limits before running it: RLIMIT_CPU (SIGXCPU at the limit,
-SIGKILL a second later), RLIMIT_AS (memory: an allocation over it raises MemoryError),
-RLIMIT_FSIZE (files it writes), RLIMIT_NPROC (a fork-bomb guard; the kernel exempts root, and
-outside a user namespace it counts all of the user's processes) and no core dumps. The parent enforces the wall-time limit itself and reads stdout and stderr with
-a bound: over ``max_output_chars`` bytes on either stream the child is killed (``output_limit``).
-On timeout, output overflow and after every run the whole process group is killed.
+environment, a fresh temporary working directory and stdin closed. A small bootstrap forks the
+snippet's process and sets its limits before running it: RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a
+second later), RLIMIT_AS (memory: an allocation over it raises MemoryError), RLIMIT_FSIZE (files it
+writes), RLIMIT_NPROC (a fork-bomb guard; the kernel exempts root, and outside a user namespace it
+counts all of the user's processes) and no core dumps. The parent enforces the wall-time limit
+itself and reads stdout and stderr with a bound: over ``max_output_chars`` bytes on either stream
+the child is killed (``output_limit``). On timeout, output overflow and after every run the whole
+process group is killed.
 
 No network, by one of two mechanisms (see `network_isolation`, probed once per process and
 logged once; every result names it in ``network``):
@@ -73,8 +74,15 @@ _STATUS_BYTES: Final = 4096
 _REAP_TIMEOUT_S: Final = 5.0
 _NETNS_PREFIX: Final = ("--net", "--map-root-user", "--pid", "--fork", "--kill-child", "--")
 
-_BIN_OPS: Final = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
-                   ast.Pow: "**"}  # fmt: skip
+_BIN_OPS: Final = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.Pow: "**",
+}
 _UNARY_OPS: Final = {ast.UAdd: "+", ast.USub: "-"}
 
 
@@ -88,12 +96,16 @@ class SandboxLimits:
     max_output_chars: int = 2000
 
     def __post_init__(self) -> None:
-        for name, value, low, high in (("time_limit_s", self.time_limit_s, 0.1, 20.0),
-                                       ("cpu_limit_s", self.cpu_limit_s, 1.0, 20.0)):  # fmt: skip
+        for name, value, low, high in (
+            ("time_limit_s", self.time_limit_s, 0.1, 20.0),
+            ("cpu_limit_s", self.cpu_limit_s, 1.0, 20.0),
+        ):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
                 raise ValueError(f"{name} must be a number of seconds in {low:g}..{high:g}, got {value!r}")
         if isinstance(self.memory_mb, bool) or not isinstance(self.memory_mb, int) or not 64 <= self.memory_mb <= 65536:
-            raise ValueError(f"memory_mb must be an int in 64..65536 (Python itself needs ~30 MB), got {self.memory_mb!r}")
+            raise ValueError(
+                f"memory_mb must be an int in 64..65536 (Python itself needs ~30 MB), got {self.memory_mb!r}"
+            )
         chars = self.max_output_chars
         if isinstance(chars, bool) or not isinstance(chars, int) or not 16 <= chars <= 1_000_000:
             raise ValueError(f"max_output_chars must be an int in 16..1000000, got {chars!r}")
@@ -113,8 +125,13 @@ class SandboxResult:
 
     def info(self) -> dict[str, Any]:
         """The JSON-typed summary an env reports per tool call (`StepOutcome.info`)."""
-        return {"reason": self.reason, "wall_s": round(self.wall_s, 4), "exit_code": self.exit_code,
-                "network": self.network, "truncated": self.truncated}  # fmt: skip
+        return {
+            "reason": self.reason,
+            "wall_s": round(self.wall_s, 4),
+            "exit_code": self.exit_code,
+            "network": self.network,
+            "truncated": self.truncated,
+        }
 
     def error_line(self, limits: SandboxLimits) -> str | None:
         """One line saying why the call failed (``error: timed out after 2 s``), or None when it ran to the end."""
@@ -151,7 +168,11 @@ def check_expression(expression: str) -> str:
     except SyntaxError as e:
         raise CalcError(f"not an arithmetic expression: {e.msg}") from None
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp)) or type(node) in _BIN_OPS or type(node) in _UNARY_OPS:
+        if (
+            isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp))
+            or type(node) in _BIN_OPS
+            or type(node) in _UNARY_OPS
+        ):
             continue
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
             continue
@@ -177,7 +198,9 @@ def network_isolation() -> NetworkIsolation:
     unshare = shutil.which("unshare")
     if unshare is not None:
         try:
-            probe = subprocess.run([unshare, *_NETNS_PREFIX, "true"], check=False, capture_output=True, timeout=10, env={})
+            probe = subprocess.run(
+                [unshare, *_NETNS_PREFIX, "true"], check=False, capture_output=True, timeout=10, env={}
+            )
             if probe.returncode == 0:
                 log.info("tool sandbox: no network by a network namespace (unshare --net --map-root-user)")
                 return "netns"
@@ -186,8 +209,11 @@ def network_isolation() -> NetworkIsolation:
             why = str(e)
     else:
         why = "no unshare binary on PATH"
-    log.warning("tool sandbox: network namespaces unavailable (%s); falling back to disabling sockets inside the "
-                "child interpreter (Python-level only)", why)  # fmt: skip
+    log.warning(
+        "tool sandbox: network namespaces unavailable (%s); falling back to disabling sockets inside the "
+        "child interpreter (Python-level only)",
+        why,
+    )
     return "sockets_disabled"
 
 
@@ -201,8 +227,9 @@ def run_calc(expression: str, limits: SandboxLimits) -> SandboxResult:
     try:
         source = check_expression(expression)
     except CalcError as e:
-        return SandboxResult(stdout="", stderr_tail=f"calc: {e}", exit_code=None, reason="error", wall_s=0.0,
-                             network=None)  # fmt: skip
+        return SandboxResult(
+            stdout="", stderr_tail=f"calc: {e}", exit_code=None, reason="error", wall_s=0.0, network=None
+        )
     return _run(f"print({source})\n", limits)
 
 
@@ -271,19 +298,46 @@ def _run_now(code: str, limits: SandboxLimits) -> SandboxResult:
         with open(path, "w", encoding="utf-8", errors="replace") as f:
             f.write(code)
         status_read, status_write = os.pipe()
-        argv = [sys.executable, "-I", "-S", "-X", "utf8", "-c", _BOOTSTRAP, str(status_write), path,
-                str(math.ceil(limits.cpu_limit_s)), str(limits.memory_mb * 1024 * 1024), str(_MAX_FILE_BYTES),
-                str(_MAX_PROCESSES), "1" if network == "sockets_disabled" else "0"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-I",
+            "-S",
+            "-X",
+            "utf8",
+            "-c",
+            _BOOTSTRAP,
+            str(status_write),
+            path,
+            str(math.ceil(limits.cpu_limit_s)),
+            str(limits.memory_mb * 1024 * 1024),
+            str(_MAX_FILE_BYTES),
+            str(_MAX_PROCESSES),
+            "1" if network == "sockets_disabled" else "0",
+        ]
         if network == "netns":
             argv = [shutil.which("unshare") or "unshare", *_NETNS_PREFIX, *argv]
         try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    cwd=workdir, env={}, pass_fds=(status_write,), start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env={},
+                pass_fds=(status_write,),
+                start_new_session=True,
+            )
         except OSError as e:
             os.close(status_read)
             os.close(status_write)
-            return SandboxResult(stdout="", stderr_tail=f"sandbox: cannot start the tool process: {e}", exit_code=None,
-                                 reason="error", wall_s=time.monotonic() - start, network=network)  # fmt: skip
+            return SandboxResult(
+                stdout="",
+                stderr_tail=f"sandbox: cannot start the tool process: {e}",
+                exit_code=None,
+                reason="error",
+                wall_s=time.monotonic() - start,
+                network=network,
+            )
         os.close(status_write)
         try:
             stdout, stderr, stopped = _collect(proc, start + limits.time_limit_s, limits.max_output_chars)
@@ -299,9 +353,15 @@ def _run_now(code: str, limits: SandboxLimits) -> SandboxResult:
     err_text = stderr.decode("utf-8", errors="replace")
     reason = stopped or _reason(exit_code, float(status.get("cpu_s", 0.0)), err_text, limits)
     cap = limits.max_output_chars
-    return SandboxResult(stdout=stdout[:cap].decode("utf-8", errors="replace"),
-                         stderr_tail=err_text[-_STDERR_TAIL_CHARS:], exit_code=exit_code, reason=reason,
-                         wall_s=wall_s, network=network, truncated=len(stdout) > cap)  # fmt: skip
+    return SandboxResult(
+        stdout=stdout[:cap].decode("utf-8", errors="replace"),
+        stderr_tail=err_text[-_STDERR_TAIL_CHARS:],
+        exit_code=exit_code,
+        reason=reason,
+        wall_s=wall_s,
+        network=network,
+        truncated=len(stdout) > cap,
+    )
 
 
 def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, Reason | None]:

@@ -121,15 +121,27 @@ class ToolUse(Env):
     ) -> None:
         super().__init__(**unknown)
         _validate_problem_args(digits, num_terms, operators)
-        if isinstance(tools, str) or not isinstance(tools, (list, tuple)) or not tools or \
-                any(t not in TOOLS for t in tools):  # fmt: skip
-            raise ValueError(f"tool_use: tools must be a non-empty list of {', '.join(map(repr, TOOLS))}, got {tools!r}")
+        if (
+            isinstance(tools, str)
+            or not isinstance(tools, (list, tuple))
+            or not tools
+            or any(t not in TOOLS for t in tools)
+        ):
+            raise ValueError(
+                f"tool_use: tools must be a non-empty list of {', '.join(map(repr, TOOLS))}, got {tools!r}"
+            )
         if invalid_action not in _INVALID_RULES:
-            raise ValueError(f"tool_use: invalid_action must be one of {', '.join(map(repr, _INVALID_RULES))}, "
-                             f"got {invalid_action!r}")  # fmt: skip
+            raise ValueError(
+                f"tool_use: invalid_action must be one of {', '.join(map(repr, _INVALID_RULES))}, "
+                f"got {invalid_action!r}"
+            )
         try:
-            self.limits = SandboxLimits(time_limit_s=time_limit_s, cpu_limit_s=cpu_limit_s, memory_mb=memory_mb,
-                                        max_output_chars=max_output_chars)  # fmt: skip
+            self.limits = SandboxLimits(
+                time_limit_s=time_limit_s,
+                cpu_limit_s=cpu_limit_s,
+                memory_mb=memory_mb,
+                max_output_chars=max_output_chars,
+            )
         except ValueError as e:
             raise ValueError(f"tool_use: {e}") from None
         self.digits, self.num_terms, self.operators = digits, num_terms, operators
@@ -137,10 +149,15 @@ class ToolUse(Env):
         self.invalid_action = invalid_action
         longest = self._header("9" * (digits * num_terms + num_terms - 1))
         least = len(longest) + 64
-        if isinstance(max_observation_chars, bool) or not isinstance(max_observation_chars, int) or \
-                max_observation_chars < least:  # fmt: skip
-            raise ValueError(f"tool_use: max_observation_chars must be an int >= {least} (the question plus room for "
-                             f"one call), got {max_observation_chars!r}")  # fmt: skip
+        if (
+            isinstance(max_observation_chars, bool)
+            or not isinstance(max_observation_chars, int)
+            or max_observation_chars < least
+        ):
+            raise ValueError(
+                f"tool_use: max_observation_chars must be an int >= {least} (the question plus room for "
+                f"one call), got {max_observation_chars!r}"
+            )
         self.max_observation_chars = max_observation_chars
         self._question: str | None = None
         self._expected = 0
@@ -187,8 +204,13 @@ class ToolUse(Env):
         if self._done:
             raise RuntimeError("ToolUse.step called after the episode ended; call reset(seed) to start a new one")
         call = parse_action(action)
-        info: dict[str, Any] = {"valid": True, "success": False, "answer": expected, "tool": None,
-                                "tool_calls": self._calls}
+        info: dict[str, Any] = {
+            "valid": True,
+            "success": False,
+            "answer": expected,
+            "tool": None,
+            "tool_calls": self._calls,
+        }
         if call is not None and call.kind == "answer":
             given = re.sub(r"[\s,_]", "", call.content)
             info["valid"] = _INTEGER.fullmatch(given) is not None
@@ -196,7 +218,9 @@ class ToolUse(Env):
             self._history.append(f"<answer>{_ascii(call.content)[:_MAX_CALL_CHARS]}</answer>\n")
             self._done = True
         elif call is not None and call.kind in self.tools:
-            result = run_calc(call.content, self.limits) if call.kind == "calc" else run_python(call.content, self.limits)
+            result = (
+                run_calc(call.content, self.limits) if call.kind == "calc" else run_python(call.content, self.limits)
+            )
             self._calls += 1
             info.update(tool=call.kind, tool_calls=self._calls, **result.info())
             self._history.append(self._entry(call, result))
@@ -204,11 +228,14 @@ class ToolUse(Env):
             info["valid"] = False
             shown = f"<{call.kind}>{call.content}</{call.kind}>" if call is not None else action.strip()
             tags = ", ".join(f"<{t}>" for t in (*self.tools, "answer"))
-            hint = f"error: tool {call.kind} is not enabled; use {tags}" if call is not None else f"error: no {tags} tag"
+            hint = (
+                f"error: tool {call.kind} is not enabled; use {tags}" if call is not None else f"error: no {tags} tag"
+            )
             self._history.append(f"{_clip(shown)}\n{hint}\n")
             self._done = self.invalid_action == "end"
-        return StepOutcome(observation=self.render(), reward=1.0 if info["success"] else 0.0, done=self._done,
-                           info=info)  # fmt: skip
+        return StepOutcome(
+            observation=self.render(), reward=1.0 if info["success"] else 0.0, done=self._done, info=info
+        )
 
     def _header(self, expression: str) -> str:
         tools = " ".join(_EXAMPLES[t] for t in self.tools)
@@ -243,5 +270,6 @@ def _validate_problem_args(digits: Any, num_terms: Any, operators: Any) -> None:
     if isinstance(num_terms, bool) or not isinstance(num_terms, int) or not 2 <= num_terms <= _MAX_TERMS:
         raise ValueError(f"tool_use: num_terms must be an int in 2..{_MAX_TERMS}, got {num_terms!r}")
     if not isinstance(operators, str) or not operators or any(op not in _OPERATORS for op in operators):
-        raise ValueError(f"tool_use: operators must be a non-empty string of {_OPERATORS!r} characters, "
-                         f"got {operators!r}")  # fmt: skip
+        raise ValueError(
+            f"tool_use: operators must be a non-empty string of {_OPERATORS!r} characters, got {operators!r}"
+        )

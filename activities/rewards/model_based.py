@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.infra.registry import lookup_reward, reward
 
@@ -58,8 +59,14 @@ class RewardModel:
         parsed = cls.check_args(args)
         from rollart.activities.rewards.scorer import TranscriptScorer  # torch: only where a model is loaded
 
-        scorer = TranscriptScorer.build(hidden=parsed.hidden, layers=parsed.layers, heads=parsed.heads,
-                                        max_len=parsed.max_len, seed=parsed.seed, checkpoint=parsed.checkpoint)  # fmt: skip
+        scorer = TranscriptScorer.build(
+            hidden=parsed.hidden,
+            layers=parsed.layers,
+            heads=parsed.heads,
+            max_len=parsed.max_len,
+            seed=parsed.seed,
+            checkpoint=parsed.checkpoint,
+        )
         return cls(parsed, scorer, lookup_reward(parsed.base).fn)
 
     def __call__(self, transcript: Transcript) -> RewardResult:

@@ -31,8 +31,9 @@ class TranscriptScorer(nn.Module):
         self.head = nn.Linear(hidden, 1)
 
     @classmethod
-    def build(cls, *, hidden: int, layers: int, heads: int, max_len: int, seed: int,
-              checkpoint: Path | None = None) -> TranscriptScorer:  # fmt: skip
+    def build(
+        cls, *, hidden: int, layers: int, heads: int, max_len: int, seed: int, checkpoint: Path | None = None
+    ) -> TranscriptScorer:
         """Same arguments, same weights: random init from `seed`, or the state dict in `checkpoint`."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -23,12 +23,22 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+
 from rollart.activities.envs.base import Env, declares_actions
 from rollart.infra.config import TaskEnv
 from rollart.infra.registry import lookup_env
 
-__all__ = ["ActionSpace", "ActionTerm", "UnknownActions", "action_entropy", "action_space", "class_sums", "entropy_by_task",
-           "load_action_spaces", "token_action_entropy"]  # fmt: skip
+__all__ = [
+    "ActionSpace",
+    "ActionTerm",
+    "UnknownActions",
+    "action_entropy",
+    "action_space",
+    "class_sums",
+    "entropy_by_task",
+    "load_action_spaces",
+    "token_action_entropy",
+]
 
 
 class UnknownActions(ValueError):
@@ -62,8 +72,10 @@ def action_space(env: Env, decode: Callable[[int], str], vocab_size: int, where:
     actions = [env.action_of(decode(token)) for token in range(vocab_size)]
     names = tuple(dict.fromkeys(a for a in actions if a is not None))
     if len(names) < 2:
-        raise UnknownActions(f"{where}: the env reads {len(names)} action(s) in the model's single tokens; "
-                             "entropy over actions needs at least 2 (use entropy_over: tokens)")  # fmt: skip
+        raise UnknownActions(
+            f"{where}: the env reads {len(names)} action(s) in the model's single tokens; "
+            "entropy over actions needs at least 2 (use entropy_over: tokens)"
+        )
     index = {name: i for i, name in enumerate(names)}
     token_class = torch.tensor([len(names) if a is None else index[a] for a in actions], dtype=torch.long)
     return ActionSpace(names, token_class)
@@ -104,8 +116,11 @@ def class_sums(weights: torch.Tensor, token_class: torch.Tensor, n_actions: int)
     return summed[..., :n_actions]
 
 
-def entropy_by_task(tasks: Sequence[str], spaces: Mapping[str, ActionSpace],
-                    rows_entropy: Callable[[torch.Tensor, ActionSpace], torch.Tensor]) -> torch.Tensor:  # fmt: skip
+def entropy_by_task(
+    tasks: Sequence[str],
+    spaces: Mapping[str, ActionSpace],
+    rows_entropy: Callable[[torch.Tensor, ActionSpace], torch.Tensor],
+) -> torch.Tensor:
     """Each row's action entropy `[B, T]`, computed per task by `rows_entropy(row_indices, space)`.
 
     A micro-batch may mix tasks, and each reads tokens as its own actions."""
@@ -140,8 +155,10 @@ def _cached(model_dir: str, task_envs_json: str) -> dict[str, ActionSpace]:
     for task, spec in json.loads(task_envs_json).items():
         entry = lookup_env(spec["env"])
         if not declares_actions(entry.cls):
-            raise UnknownActions(f"task {task!r}: env {spec['env']!r} does not declare its actions (Env.action_of), "
-                                 "so trainer.loss.entropy_over: actions cannot be used with it")  # fmt: skip
+            raise UnknownActions(
+                f"task {task!r}: env {spec['env']!r} does not declare its actions (Env.action_of), "
+                "so trainer.loss.entropy_over: actions cannot be used with it"
+            )
         env = entry.cls(**spec["env_args"])
         try:
             spaces[task] = action_space(env, lambda t: tokenizer.decode([t]), len(tokenizer), f"task {task!r}")
@@ -155,7 +172,9 @@ def load_action_spaces(model_dir: str, task_envs: Mapping[str, TaskEnv]) -> dict
 
     Token ids past the tokenizer's (a padded vocabulary) are no action."""
     if not task_envs:
-        raise UnknownActions("trainer.loss.entropy_over: actions, but the trainer got no task envs (trainer."
-                             "task_envs is filled by the training plan: start the job with `rollart train`)")  # fmt: skip
+        raise UnknownActions(
+            "trainer.loss.entropy_over: actions, but the trainer got no task envs (trainer."
+            "task_envs is filled by the training plan: start the job with `rollart train`)"
+        )
     as_json = json.dumps({k: v.model_dump(mode="json") for k, v in task_envs.items()}, sort_keys=True)
     return _cached(model_dir, as_json)

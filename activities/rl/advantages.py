@@ -10,7 +10,7 @@ import math
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 
-__all__ = ["grpo_advantages", "groups_with_signal", "in_unsolved_group"]
+__all__ = ["groups_with_signal", "grpo_advantages", "in_unsolved_group"]
 
 
 def _groups(group_ids: Sequence[Hashable]) -> dict[Hashable, list[int]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 from pydantic import ValidationError
+
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.store import StoredTurn
 from rollart.infra.store import Store, StoreKeyError
@@ -72,9 +73,21 @@ class MicroBatch:
         if self.input_ids.device == device:
             return self
         prox = None if self.prox_logprobs is None else self.prox_logprobs.to(device)
-        return MicroBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.completion_mask,
-                                                   self.behav_logprobs, self.advantages)), prox, self.tasks,
-                          None if self.bonus is None else self.bonus.to(device))  # fmt: skip
+        return MicroBatch(
+            *(
+                t.to(device)
+                for t in (
+                    self.input_ids,
+                    self.attention_mask,
+                    self.completion_mask,
+                    self.behav_logprobs,
+                    self.advantages,
+                )
+            ),
+            prox,
+            self.tasks,
+            None if self.bonus is None else self.bonus.to(device),
+        )
 
 
 def _read_turn(store: Store, key: str, sample: SampleRef) -> StoredTurn:
@@ -88,8 +101,9 @@ def _read_turn(store: Store, key: str, sample: SampleRef) -> StoredTurn:
         ) from e
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'record'}: {err['msg']}" for err in e.errors())
-        raise InvalidSample(f"turn record {key!r} is malformed ({problems}); it must be a StoredTurn, what "
-                            "generate writes") from e  # fmt: skip
+        raise InvalidSample(
+            f"turn record {key!r} is malformed ({problems}); it must be a StoredTurn, what generate writes"
+        ) from e
 
 
 def _completion(record: StoredTurn, key: str, index: int) -> tuple[list[int], list[int], list[float]]:
@@ -102,8 +116,9 @@ def _completion(record: StoredTurn, key: str, index: int) -> tuple[list[int], li
     return record.prompt_ids, completion.token_ids, completion.logprobs
 
 
-def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Sequence[float],
-                   bonus: Sequence[float] | None = None) -> list[TrainSequence]:  # fmt: skip
+def load_sequences(
+    store: Store, samples: Sequence[SampleRef], advantages: Sequence[float], bonus: Sequence[float] | None = None
+) -> list[TrainSequence]:
     """One `TrainSequence` per turn of every sample, each with its sample's advantage.
 
     `bonus` is each sample's entropy-bonus weight (default 1). Turns that sampled no tokens (an aborted
@@ -122,8 +137,11 @@ def load_sequences(store: Store, samples: Sequence[SampleRef], advantages: Seque
                 records[key] = _read_turn(store, key, sample)
             prompt_ids, ids, lps = _completion(records[key], key, sample.completion_index)
             if ids:
-                out.append(TrainSequence(list(prompt_ids), list(ids), list(lps), float(adv), task=sample.task,
-                                         bonus=float(weight)))  # fmt: skip
+                out.append(
+                    TrainSequence(
+                        list(prompt_ids), list(ids), list(lps), float(adv), task=sample.task, bonus=float(weight)
+                    )
+                )
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from rollart.infra.config import LossConfig
 
 __all__ = [
@@ -87,13 +88,17 @@ class LossTerms:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def loss_token_weights(mask: torch.Tensor, cfg: LossConfig, total_tokens: float, total_sequences: int | None) -> torch.Tensor:
+def loss_token_weights(
+    mask: torch.Tensor, cfg: LossConfig, total_tokens: float, total_sequences: int | None
+) -> torch.Tensor:
     """Each token's weight in the batch's loss under `cfg.aggregation` (0 off the mask), such that summing
     weight × value over every micro-batch gives the batch's aggregate, however the batch is split."""
     if cfg.aggregation == "token_mean":
         return mask / total_tokens
     if not total_sequences or total_sequences <= 0:
-        raise ValueError(f"aggregation {cfg.aggregation!r} needs total_sequences > 0 (the batch's sequences with loss tokens)")
+        raise ValueError(
+            f"aggregation {cfg.aggregation!r} needs total_sequences > 0 (the batch's sequences with loss tokens)"
+        )
     if cfg.aggregation == "seq_mean":
         return mask / (mask.sum(-1, keepdim=True).clamp(min=1.0) * total_sequences)
     return mask / (float(cfg.constant_tokens) * total_sequences)

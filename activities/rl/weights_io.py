@@ -152,8 +152,10 @@ def load_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState | N
         return None
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("backend", "torch") != "torch":
-        raise ValueError(f"checkpoint {path} was written by the {meta['backend']} backend; resume it with "
-                         f"trainer.backend: {meta['backend']}, or start a new run dir")
+        raise ValueError(
+            f"checkpoint {path} was written by the {meta['backend']} backend; resume it with "
+            f"trainer.backend: {meta['backend']}, or start a new run dir"
+        )
     load_blob_into(model, (path / "model.safetensors").read_bytes())
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))

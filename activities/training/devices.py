@@ -22,6 +22,7 @@ class DeviceUnavailable(RuntimeError):
 def resolve_device(wanted: str, local_rank: int = 0, local_ranks: int = 1) -> torch.device:
     """The device for local rank `local_rank` of `local_ranks` on this node (`wanted`: auto | cpu | cuda)."""
     import torch
+
     if wanted == "cpu" or (wanted == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
 from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
 from rollart.infra.config import TrainerConfig
@@ -57,8 +58,9 @@ class Policy(ABC):
     """A valid token id to pad micro-batches with (padding is masked out)."""
 
     @abstractmethod
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def logprobs(
+        self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-token log-probs (with grad) and entropies `[B, T]` of the current policy on `mb`.
 
         The entropy carries a gradient only when `entropy_grad` (an entropy bonus is on). With `actions` (each

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from rollart.infra.config import TrainerConfig
 
 __all__ = ["MasterWeights", "clip_scale"]
@@ -26,9 +27,12 @@ class MasterWeights:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], cfg: TrainerConfig) -> None:
         self.params = list(params)
-        self.masters = [p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_() for p in self.params]
-        self.optimizer = torch.optim.AdamW(self.masters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                                           weight_decay=cfg.weight_decay)  # fmt: skip
+        self.masters = [
+            p if p.dtype == torch.float32 else p.detach().float().clone().requires_grad_() for p in self.params
+        ]
+        self.optimizer = torch.optim.AdamW(
+            self.masters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
+        )
 
     def step(self, grads: Sequence[torch.Tensor | None], cfg: TrainerConfig, scale: float = 1.0) -> None:
         """One AdamW step with `cfg`'s hyper-parameters on `grads` × `scale` (None: no gradient this step)."""

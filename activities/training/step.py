@@ -16,6 +16,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from temporalio.exceptions import ApplicationError
+
 from rollart.activities.errors import bad_input
 from rollart.activities.rl.action_entropy import ActionTerm, load_action_spaces
 from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages, in_unsolved_group
@@ -23,7 +25,6 @@ from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_seque
 from rollart.activities.training.lr_schedule import scheduled
 from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.ranks import Ranks
-from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.activities.training.records import (
     checkpoint_dir,
     last_recorded_step,
@@ -31,15 +32,16 @@ from rollart.activities.training.records import (
     step_record_path,
     write_record,
 )
+from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
 from rollart.infra.store import Store
 from rollart.infra.weights import publish
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["TrainerState", "resume", "state_mismatch", "train_step"]
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class TrainerState:
@@ -68,15 +70,23 @@ def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str
             else:
                 log.warning(
                     "job %s: steps up to %d are recorded but their weights %s are gone; resuming at step %d",
-                    job_id, recorded, record.weights_key, last,
-                )  # fmt: skip
+                    job_id,
+                    recorded,
+                    record.weights_key,
+                    last,
+                )
     plan = ranks.broadcast(plan)
     if plan is not None:
         recorded, key = plan
         policy.load_weights_blob(store.get(key))
         if ranks.is_leader:
-            log.warning("job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
-                        job_id, recorded, key, last)  # fmt: skip
+            log.warning(
+                "job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
+                job_id,
+                recorded,
+                key,
+                last,
+            )
         last = recorded
     return last
 
@@ -117,9 +127,12 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     """The step's sequences with their GRPO advantages, or the reason they cannot be trained on."""
     if not inp.samples:
         return f"train step {inp.step} of job {inp.job_id!r} got no samples; the workflow must send a non-empty batch"
-    advantages = grpo_advantages([s.reward for s in inp.samples], [s.group_id for s in inp.samples],
-                                 normalize_std=inp.trainer.loss.normalize_advantage_std,
-                                 std_floor=inp.trainer.loss.advantage_std_floor)  # fmt: skip
+    advantages = grpo_advantages(
+        [s.reward for s in inp.samples],
+        [s.group_id for s in inp.samples],
+        normalize_std=inp.trainer.loss.normalize_advantage_std,
+        std_floor=inp.trainer.loss.advantage_std_floor,
+    )
     bonus = None
     if inp.trainer.loss.bonus_on == "unsolved":
         unsolved = in_unsolved_group([s.success for s in inp.samples], [s.group_id for s in inp.samples])
@@ -134,7 +147,9 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
     return _Batch(seqs, advantages, total, sum(1 for s in seqs if s.completion_ids))
 
 
-def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepInput, keep_weight_versions: int) -> TrainStepResult | None:
+def train_step(
+    state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepInput, keep_weight_versions: int
+) -> TrainStepResult | None:
     """Run step `inp.step` on this rank; the leader returns the (recorded) result, the others None.
 
     Raises a non-retryable `ApplicationError` on every rank alike for a batch no retry can fix or a
@@ -159,8 +174,13 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
         metrics["bonus_share"] = sum(s.bonus > 0 for s in batch.seqs) / len(batch.seqs)  # sequences it acts on
     skipped = sum(1 for o in outcomes if not math.isfinite(o.grad_norm))
     if skipped:
-        log.warning("job %s step %d: non-finite gradient norm; %d of %d updates skipped", inp.job_id, inp.step,
-                    skipped, len(outcomes))  # fmt: skip
+        log.warning(
+            "job %s step %d: non-finite gradient norm; %d of %d updates skipped",
+            inp.job_id,
+            inp.step,
+            skipped,
+            len(outcomes),
+        )
     t_pub = time.perf_counter()
     blob = state.policy.weights_blob()  # a collective: the shards gathered and converted to one HF blob
     result = None
@@ -172,11 +192,21 @@ def train_step(state: TrainerState, ranks: Ranks, store: Store, inp: TrainStepIn
     if (inp.step + 1) % cfg.checkpoint_every == 0:
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:
-        result = TrainStepResult(step=inp.step, version=inp.step + 1, weights_key=ref.key,
-                                 metrics=_step_metrics(inp, batch, metrics, outcomes, t0))  # fmt: skip
+        result = TrainStepResult(
+            step=inp.step,
+            version=inp.step + 1,
+            weights_key=ref.key,
+            metrics=_step_metrics(inp, batch, metrics, outcomes, t0),
+        )
         write_record(inp.run_dir, result)
-        log.info("job %s step %d: loss %.4f, reward %.3f, %.2f s",
-                 inp.job_id, inp.step, metrics["loss"], result.metrics["reward_mean"], result.metrics["train_s"])  # fmt: skip
+        log.info(
+            "job %s step %d: loss %.4f, reward %.3f, %.2f s",
+            inp.job_id,
+            inp.step,
+            metrics["loss"],
+            result.metrics["reward_mean"],
+            result.metrics["train_s"],
+        )
     state.last_completed = inp.step
     return result
 
@@ -192,21 +222,24 @@ def _action_term(inp: TrainStepInput, cfg: TrainerConfig) -> ActionTerm | None:
         raise bad_input(f"train step {inp.step} of job {inp.job_id!r}: trainer.loss.entropy_over: actions: {e}") from e
 
 
-def _update(policy: Policy, ranks: Ranks, batch: _Batch, cfg: TrainerConfig, step: int,
-            actions: ActionTerm | None) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
+def _update(
+    policy: Policy, ranks: Ranks, batch: _Batch, cfg: TrainerConfig, step: int, actions: ActionTerm | None
+) -> tuple[dict[str, float], list[StepOutcome]]:
     """The step's optimizer update(s) on this rank's share: one over the whole batch, or PPO's mini-batches
     and epochs (`updates.ppo_updates`); the loss metrics and what each update did."""
     if cfg.mini_batches == 1 and cfg.ppo_epochs == 1:
         mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
-        metrics = ranks.sum_over_data(accumulate_gradients(policy, mine, batch.total_tokens, cfg,
-                                                              batch.total_sequences, actions))  # fmt: skip
+        metrics = ranks.sum_over_data(
+            accumulate_gradients(policy, mine, batch.total_tokens, cfg, batch.total_sequences, actions)
+        )
         return metrics, [policy.step(cfg)]
     shares = [data_shard(batch.seqs, r, ranks.data_size) for r in range(ranks.data_size)]
     return ppo_updates(policy, ranks, shares, cfg, step, actions)
 
 
-def _step_metrics(inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, float], outcomes: list[StepOutcome],
-                  t0: float) -> dict[str, float]:  # fmt: skip
+def _step_metrics(
+    inp: TrainStepInput, batch: _Batch, loss_metrics: dict[str, float], outcomes: list[StepOutcome], t0: float
+) -> dict[str, float]:
     """The step's metrics: the loss terms plus what the batch and the update looked like."""
     rewards = [s.reward for s in inp.samples]
     groups = [s.group_id for s in inp.samples]

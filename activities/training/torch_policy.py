@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from rollart.activities.errors import bad_input
 from rollart.activities.rl.action_entropy import ActionTerm, token_action_entropy
 from rollart.activities.rl.batch import MicroBatch
@@ -59,8 +60,9 @@ class TorchPolicy(Policy):
     def device(self) -> torch.device:
         return self._device
 
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def logprobs(
+        self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         if actions is not None:
             logp = token_logprobs(logits, mb.input_ids)
@@ -76,7 +78,9 @@ class TorchPolicy(Policy):
                 p.requires_grad_(False)
             self._ref = ref
         with torch.no_grad():
-            return token_logprobs(self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits, mb.input_ids)
+            return token_logprobs(
+                self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits, mb.input_ids
+            )
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
+
 from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import policy_loss
@@ -26,11 +27,26 @@ from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.ranks import Ranks
 from rollart.infra.config import TrainerConfig
 
-__all__ = ["LOSS_METRICS", "accumulate_gradients", "data_shard", "epoch_seed", "mini_batch_parts", "ppo_updates",
-           "with_proximal_logprobs"]
+__all__ = [
+    "LOSS_METRICS",
+    "accumulate_gradients",
+    "data_shard",
+    "epoch_seed",
+    "mini_batch_parts",
+    "ppo_updates",
+    "with_proximal_logprobs",
+]
 
-LOSS_METRICS = ("loss", "pg_loss", "clip_frac", "is_weight_mean", "is_truncated_frac", "logprob_diff_behav",
-                "kl", "entropy")  # fmt: skip
+LOSS_METRICS = (
+    "loss",
+    "pg_loss",
+    "clip_frac",
+    "is_weight_mean",
+    "is_truncated_frac",
+    "logprob_diff_behav",
+    "kl",
+    "entropy",
+)
 """What the loss reports per step (each a share of the batch's token mean, summed over micro-batches and ranks)."""
 
 
@@ -51,9 +67,14 @@ def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[Trai
     return mine
 
 
-def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_tokens: int, cfg: TrainerConfig,
-                         total_sequences: int | None = None, actions: ActionTerm | None = None
-                         ) -> dict[str, float]:  # fmt: skip
+def accumulate_gradients(
+    policy: Policy,
+    seqs: Sequence[TrainSequence],
+    total_tokens: int,
+    cfg: TrainerConfig,
+    total_sequences: int | None = None,
+    actions: ActionTerm | None = None,
+) -> dict[str, float]:
     """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics.
 
     `total_tokens` and `total_sequences` are the whole batch's (all ranks'), so the shares add up. Sequences
@@ -66,9 +87,19 @@ def accumulate_gradients(policy: Policy, seqs: Sequence[TrainSequence], total_to
         mb = mb.to(policy.device)
         logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0, actions=actions)
         logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
-        terms = policy_loss(logp, mb.behav_logprobs, mb.advantages, mb.completion_mask, loss_cfg,
-                            total_tokens=total_tokens, total_sequences=total_sequences, logp_prox=mb.prox_logprobs,
-                            logp_ref=logp_ref, entropy=entropy, bonus_weight=mb.bonus)  # fmt: skip
+        terms = policy_loss(
+            logp,
+            mb.behav_logprobs,
+            mb.advantages,
+            mb.completion_mask,
+            loss_cfg,
+            total_tokens=total_tokens,
+            total_sequences=total_sequences,
+            logp_prox=mb.prox_logprobs,
+            logp_ref=logp_ref,
+            entropy=entropy,
+            bonus_weight=mb.bonus,
+        )
         terms.loss.backward()
         for k, v in terms.metrics.items():
             totals[k] += v
@@ -112,9 +143,14 @@ def epoch_seed(cfg: TrainerConfig, step: int, epoch: int) -> int:
     return (cfg.seed * 7919 + step) * 64 + epoch
 
 
-def ppo_updates(policy: Policy, ranks: Ranks, shares: Sequence[Sequence[TrainSequence]], cfg: TrainerConfig,
-                step: int, actions: ActionTerm | None = None
-                ) -> tuple[dict[str, float], list[StepOutcome]]:  # fmt: skip
+def ppo_updates(
+    policy: Policy,
+    ranks: Ranks,
+    shares: Sequence[Sequence[TrainSequence]],
+    cfg: TrainerConfig,
+    step: int,
+    actions: ActionTerm | None = None,
+) -> tuple[dict[str, float], list[StepOutcome]]:
     """Run the step's M × E updates on this rank's share; the loss metrics averaged over the updates, and
     what each update did. `shares` is every data-parallel rank's share of the batch, in rank order."""
     mine = with_proximal_logprobs(policy, shares[ranks.data_rank], cfg.micro_batch_size)
@@ -127,8 +163,9 @@ def ppo_updates(policy: Policy, ranks: Ranks, shares: Sequence[Sequence[TrainSeq
             tokens = sum(len(s.completion_ids) for part in chosen for s in part)
             sequences = sum(1 for part in chosen for s in part if s.completion_ids)
             own = [mine[i] for i in parts[ranks.data_rank][j]]
-            metrics = ranks.sum_over_data(accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1),
-                                                               actions))  # fmt: skip
+            metrics = ranks.sum_over_data(
+                accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1), actions)
+            )
             outcomes.append(policy.step(cfg))
             for k in sums:
                 sums[k] += metrics[k]

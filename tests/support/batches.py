@@ -6,9 +6,10 @@ import random
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM
+
 from rollart.contracts.activities import SampleRef, turn_key
 from rollart.infra.store import LocalStore
-from transformers import AutoModelForCausalLM
 
 __all__ = ["JOB", "PROMPTS", "frozenlake_batch", "load_model", "sample_record"]
 
@@ -34,8 +35,13 @@ def sample_record(model: torch.nn.Module, prompt_ids: list[int], n: int, max_tok
             ids.append(tok)
             lps.append(float(logp[tok]))
         completions.append({"text": "", "token_ids": ids, "logprobs": lps, "finish_reason": "length"})
-    return {"prompt": "", "prompt_ids": prompt_ids, "policy_version": 0, "policy_version_end": 0,
-            "completions": completions}  # fmt: skip
+    return {
+        "prompt": "",
+        "prompt_ids": prompt_ids,
+        "policy_version": 0,
+        "policy_version_end": 0,
+        "completions": completions,
+    }
 
 
 def frozenlake_batch(store: LocalStore, model: torch.nn.Module, tok, *, seed: int = 0) -> list[SampleRef]:
@@ -54,8 +60,16 @@ def frozenlake_batch(store: LocalStore, model: torch.nn.Module, tok, *, seed: in
                 store.put_json(keys[1], sample_record(model, prompt_ids, 1, 2, gen))
             reward = float(rng.random() < 0.5)
             samples.append(
-                SampleRef(trajectory_id=f"g{g}-{i}", task="frozenlake", group_id=f"g{g}", reward=reward,
-                          success=reward > 0, turn_keys=keys, policy_version_min=0, policy_version_max=0,
-                          completion_index=i if len(keys) == 1 else 0)
-            )  # fmt: skip
+                SampleRef(
+                    trajectory_id=f"g{g}-{i}",
+                    task="frozenlake",
+                    group_id=f"g{g}",
+                    reward=reward,
+                    success=reward > 0,
+                    turn_keys=keys,
+                    policy_version_min=0,
+                    policy_version_max=0,
+                    completion_index=i if len(keys) == 1 else 0,
+                )
+            )
     return samples

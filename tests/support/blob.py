@@ -21,6 +21,7 @@ class BlobWorkflow:
 
     @workflow.run
     async def run(self, kib: int) -> str:
-        blob = await workflow.execute_activity("make_blob", kib, start_to_close_timeout=timedelta(seconds=30),
-                                               result_type=str)  # fmt: skip
+        blob = await workflow.execute_activity(
+            "make_blob", kib, start_to_close_timeout=timedelta(seconds=30), result_type=str
+        )
         return blob + "!"

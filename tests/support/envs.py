@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, ClassVar
 
 from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.envs.faults import TransientStepFault
@@ -40,7 +40,7 @@ class RendezvousEnv(Env):
     """Each reset and step waits until `members` envs are in the same call at once: it passes only when a
     group's members are reset and stepped concurrently, and raises BrokenBarrierError when they are not."""
 
-    _barriers: dict[int, threading.Barrier] = {}
+    _barriers: ClassVar[dict[int, threading.Barrier]] = {}
 
     def __init__(self, members: int = 2, **env_args: Any) -> None:
         super().__init__(**env_args)
@@ -59,8 +59,8 @@ class FlakyStepEnv(Env):
     """Counts its steps; the i-th instance built raises a transient fault (before touching the env) on its next
     `failures[i]` steps."""
 
-    failures: dict[int, int] = {}
-    instances: list[FlakyStepEnv] = []
+    failures: ClassVar[dict[int, int]] = {}
+    instances: ClassVar[list[FlakyStepEnv]] = []
 
     def __init__(self, **env_args: Any) -> None:
         super().__init__(**env_args)

@@ -22,8 +22,17 @@ class FanOutRewards:
             turn = TurnRecord(observation=f"o{i}", action="a", info={"sleep_s": sleep_s})
             return RewardInput(reward=reward, transcript=Transcript(task="t", seed=i, turns=[turn]))
 
-        return list(await asyncio.gather(*(
-            workflow.execute_activity("reward", one(i), task_queue=Pool.SERVERLESS.value, result_type=RewardResult,
-                                      **policies.REWARD.kwargs())
-            for i in range(n)
-        )))  # fmt: skip
+        return list(
+            await asyncio.gather(
+                *(
+                    workflow.execute_activity(
+                        "reward",
+                        one(i),
+                        task_queue=Pool.SERVERLESS.value,
+                        result_type=RewardResult,
+                        **policies.REWARD.kwargs(),
+                    )
+                    for i in range(n)
+                )
+            )
+        )

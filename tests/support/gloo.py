@@ -18,18 +18,23 @@ from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+
 from rollart.infra.devserver import free_port
 
 
-def _rank_main(rank: int, world: int, port: int, tensor: int, out_dir: str, fn: Callable[..., Any], args: tuple) -> None:
+def _rank_main(
+    rank: int, world: int, port: int, tensor: int, out_dir: str, fn: Callable[..., Any], args: tuple
+) -> None:
     import torch.distributed as dist
+
     from rollart.activities.training.megatron.model import init_model_parallel
 
     torch.set_num_threads(1)
     out = Path(out_dir) / f"rank-{rank}.pkl"
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=120))  # fmt: skip
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
+        )
         init_model_parallel(tensor, seed=0, device=torch.device("cpu"))
         result: Any = ("ok", fn(*args))
     except BaseException as e:  # the parent re-raises it with the rank's traceback
@@ -41,8 +46,13 @@ def _rank_main(rank: int, world: int, port: int, tensor: int, out_dir: str, fn: 
 def run_on_ranks(fn: Callable[..., Any], world: int, tensor: int, *args: Any) -> list[Any]:
     """`fn(*args)` on `world` gloo ranks with megatron tensor-parallel size `tensor`; each rank's result."""
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.start_processes(_rank_main, args=(world, free_port(), tensor, out_dir, fn, args), nprocs=world,
-                           join=True, start_method="spawn")  # fmt: skip
+        mp.start_processes(
+            _rank_main,
+            args=(world, free_port(), tensor, out_dir, fn, args),
+            nprocs=world,
+            join=True,
+            start_method="spawn",
+        )
         results = []
         for rank in range(world):
             status, value = pickle.loads((Path(out_dir) / f"rank-{rank}.pkl").read_bytes())

@@ -17,8 +17,14 @@ class OneReset:
 
     @workflow.run
     async def run(self, queue: str) -> EnvHandle:
-        inp = ResetInput(env="frozenlake", env_args={"maps": "standard"}, seed=0,
-                         trajectory_id=workflow.info().workflow_id)
-        return await workflow.execute_activity("reset", inp, task_queue=queue, result_type=EnvHandle,
-                                               start_to_close_timeout=timedelta(seconds=30),
-                                               retry_policy=RetryPolicy(maximum_attempts=20))  # fmt: skip
+        inp = ResetInput(
+            env="frozenlake", env_args={"maps": "standard"}, seed=0, trajectory_id=workflow.info().workflow_id
+        )
+        return await workflow.execute_activity(
+            "reset",
+            inp,
+            task_queue=queue,
+            result_type=EnvHandle,
+            start_to_close_timeout=timedelta(seconds=30),
+            retry_policy=RetryPolicy(maximum_attempts=20),
+        )

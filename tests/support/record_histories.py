@@ -15,30 +15,36 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from rollart.infra.config import JobSpec, TrainingConfig
-from rollart.infra.devserver import find_temporal_cli
-from rollart.infra.search_attributes import ensure_registered
-from rollart.contracts.activities import RewardResult, Transcript
-from rollart.contracts.training import TrainingInput, TrainingResult
 from temporalio.client import Client, WorkflowExecution
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from tests.support.tasks import frozenlake_task
+from rollart.contracts.activities import RewardResult, Transcript
+from rollart.contracts.training import TrainingInput, TrainingResult
+from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.devserver import find_temporal_cli
+from rollart.infra.search_attributes import ensure_registered
 from tests.support.standins import StandIns, full_marks, standin_workers
+from tests.support.tasks import frozenlake_task
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 TRAINING = "training-continued-as-new"
 FILTERING = "training-dynamic-sampling"
-KINDS = {"group-multi-turn": "frozenlake", "group-single-turn-wave": "math",
-         "group-multi-turn-close-while-scoring": "frozenlake",
-         "group-multi-turn-ui-summary": "frozenlake", "group-single-turn-ui-summary": "math"}
+KINDS = {
+    "group-multi-turn": "frozenlake",
+    "group-single-turn-wave": "math",
+    "group-multi-turn-close-while-scoring": "frozenlake",
+    "group-multi-turn-ui-summary": "frozenlake",
+    "group-single-turn-ui-summary": "math",
+}
 """Fixture name → the task whose GroupRolloutWorkflow it records (`group-single-turn`: before the wave's
 generate_batch; `group-multi-turn`: before the patch close-while-scoring; the others before the patch
 ui-summary)."""
-UI_SUMMARY = {"trajectory-ui-summary": ("TrajectoryWorkflow", "completed"),
-              "trajectory-failed-ui-summary": ("TrajectoryWorkflow", "failed"),
-              "batch-ui-summary": ("BatchRolloutWorkflow", "partial")}
+UI_SUMMARY = {
+    "trajectory-ui-summary": ("TrajectoryWorkflow", "completed"),
+    "trajectory-failed-ui-summary": ("TrajectoryWorkflow", "failed"),
+    "batch-ui-summary": ("BatchRolloutWorkflow", "partial"),
+}
 """Fixture name → the rollout workflow it records from `_record_ui_summary`'s jobs, found by its outcome's search
 attributes (patch ui-summary); and `training-ui-summary`, the training workflow starting trajectories with a
 static summary."""
@@ -50,30 +56,53 @@ async def _history_json(client: Client, workflow_id: str, run_id: str | None = N
 
 
 async def main() -> None:
-    env = await WorkflowEnvironment.start_local(dev_server_existing_path=find_temporal_cli(), ui=False,
-                                                data_converter=pydantic_data_converter)  # fmt: skip
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=find_temporal_cli(), ui=False, data_converter=pydantic_data_converter
+    )
     try:
         await ensure_registered(env.client)
-        math = frozenlake_task(name="math", env="arithmetic", env_args={}, reward="exact_match", generate_pool="h20",
-                               max_turns=1, group_size=4, weight=1.0)  # fmt: skip
+        math = frozenlake_task(
+            name="math",
+            env="arithmetic",
+            env_args={},
+            reward="exact_match",
+            generate_pool="h20",
+            max_turns=1,
+            group_size=4,
+            weight=1.0,
+        )
         lake = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group", weight=1.0)
-        spec = JobSpec(name="rec", tasks=[lake, math],
-                       training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2))
+        spec = JobSpec(
+            name="rec",
+            tasks=[lake, math],
+            training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2),
+        )
         job_id = f"rec-{uuid.uuid4().hex[:6]}"
         standins = StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
         async with standin_workers(env.client, standins):
             handle = await env.client.start_workflow(
-                "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-                task_queue="control", result_type=TrainingResult,
-            )  # fmt: skip
+                "TrainingWorkflow",
+                TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+                id=job_id,
+                task_queue="control",
+                result_type=TrainingResult,
+            )
             await handle.result()
         first_run = handle.first_execution_run_id
         HISTORIES.mkdir(exist_ok=True)
         if not (HISTORIES / f"{TRAINING}.json").exists():
             (HISTORIES / f"{TRAINING}.json").write_text(await _history_json(env.client, job_id, first_run))
-        async for wf in env.client.list_workflows(f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}" AND ExecutionStatus="Completed"'):
-            kind = next((k for k, task in KINDS.items() if wf.search_attributes.get("RollartTask") == [task]
-                         and not (HISTORIES / f"{k}.json").exists()), None)  # fmt: skip
+        async for wf in env.client.list_workflows(
+            f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}" AND ExecutionStatus="Completed"'
+        ):
+            kind = next(
+                (
+                    k
+                    for k, task in KINDS.items()
+                    if wf.search_attributes.get("RollartTask") == [task] and not (HISTORIES / f"{k}.json").exists()
+                ),
+                None,
+            )
             if kind:
                 (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
         if not (HISTORIES / f"{FILTERING}.json").exists():
@@ -96,14 +125,20 @@ def _flat_every_other_seed(t: Transcript) -> RewardResult:
 async def _record_filtering(client: Client) -> str:
     """A job with dynamic sampling on, whose flat groups are filtered and refilled: its whole history."""
     lake = frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")
-    spec = JobSpec(name="rec-ds", tasks=[lake], training=TrainingConfig(steps=3, batch_size=4, async_bound=1,
-                                                                         dynamic_sampling=True))  # fmt: skip
+    spec = JobSpec(
+        name="rec-ds",
+        tasks=[lake],
+        training=TrainingConfig(steps=3, batch_size=4, async_bound=1, dynamic_sampling=True),
+    )
     job_id = f"rec-ds-{uuid.uuid4().hex[:6]}"
     async with standin_workers(client, StandIns(stagger=1, score=_flat_every_other_seed, train_delay_s=0.05)):
         handle = await client.start_workflow(
-            "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-            task_queue="control", result_type=TrainingResult,
-        )  # fmt: skip
+            "TrainingWorkflow",
+            TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+            id=job_id,
+            task_queue="control",
+            result_type=TrainingResult,
+        )
         result = await handle.result()
     assert result.filtered > 0, "the recorded job filtered no group"
     return await _history_json(client, job_id)
@@ -115,20 +150,28 @@ async def _record_ui_summary(client: Client) -> dict[str, str]:
     lake = frozenlake_task(group_size=2, max_turns=3)
     found: dict[str, str] = {}
     for mode in ("trajectory", "batch"):
-        spec = JobSpec(name="rec-ui", tasks=[lake], training=TrainingConfig(steps=2, batch_size=4, async_bound=1,
-                                                                            rollout_mode=mode))  # fmt: skip
+        spec = JobSpec(
+            name="rec-ui",
+            tasks=[lake],
+            training=TrainingConfig(steps=2, batch_size=4, async_bound=1, rollout_mode=mode),
+        )
         job_id = f"rec-ui-{mode}-{uuid.uuid4().hex[:6]}"
         async with standin_workers(client, StandIns(stagger=1, train_delay_s=0.05, fail_seeds={1})):
             handle = await client.start_workflow(
-                "TrainingWorkflow", TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"), id=job_id,
-                task_queue="control", result_type=TrainingResult,
-            )  # fmt: skip
+                "TrainingWorkflow",
+                TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+                id=job_id,
+                task_queue="control",
+                result_type=TrainingResult,
+            )
             await handle.result()
         if mode == "trajectory":
             found[TRAINING_UI_SUMMARY] = await _history_json(client, job_id)
         for name, (wf_type, status) in UI_SUMMARY.items():
-            query = (f'WorkflowType="{wf_type}" AND RollartJobId="{job_id}" AND RollartStatus="{status}" '
-                     'AND ExecutionStatus="Completed"')  # fmt: skip
+            query = (
+                f'WorkflowType="{wf_type}" AND RollartJobId="{job_id}" AND RollartStatus="{status}" '
+                'AND ExecutionStatus="Completed"'
+            )
             if wf := await _first(client, query):
                 found[name] = await _history_json(client, wf.id, wf.run_id)
     return found

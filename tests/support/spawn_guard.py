@@ -41,6 +41,7 @@ class SpawnInUnitTest(RuntimeError):
 
 def _refuse(name: str, attempts: list[str]) -> Callable[..., Any]:
     """A stand-in for the spawning function `name` that records the attempt and raises."""
+
     def guarded(*args: Any, **kwargs: Any) -> Any:
         attempts.append(name)
         raise SpawnInUnitTest(f"a unit test called {name}: mark it orchestration or integration (tests/conftest.py)")

@@ -16,7 +16,8 @@ from rollart.workers.pool_worker import WorkerSettings
 
 if __name__ == "__main__":
     home, address = Path(sys.argv[1]), sys.argv[2]
-    settings = WorkerSettings(pool=Pool.CPU, temporal=TemporalConfig(address=address),
-                              store=StoreConfig(path=home / "store"))  # fmt: skip
+    settings = WorkerSettings(
+        pool=Pool.CPU, temporal=TemporalConfig(address=address), store=StoreConfig(path=home / "store")
+    )
     print(spawn_worker(settings, "cpu-0", home).pid, flush=True)
     time.sleep(120)

@@ -10,11 +10,11 @@ import asyncio
 import sys
 from pathlib import Path
 
+from temporalio.worker import Worker
+
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.pools import queue_name
 from rollart.infra.temporal import connect
-from temporalio.worker import Worker
-
 from tests.support.standins import StandIns, full_marks
 
 

@@ -19,6 +19,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import Worker
+
 from rollart.activities.errors import env_broken, unknown_component
 from rollart.activities.queues import QueueActivities
 from rollart.contracts.activities import (
@@ -47,12 +52,8 @@ from rollart.contracts.activities import (
 from rollart.contracts.errors import ErrorType
 from rollart.infra.pools import queue_name, session_queue
 from rollart.workflows import ALL_WORKFLOWS
-from temporalio import activity
-from temporalio.client import Client
-from temporalio.exceptions import ApplicationError
-from temporalio.worker import Worker
 
-__all__ = ["Call", "StandIns", "full_marks", "reward_per_turn", "reward_on_success", "standin_workers"]
+__all__ = ["Call", "StandIns", "full_marks", "reward_on_success", "reward_per_turn", "standin_workers"]
 
 DEAD_AFTER_S = 1.0  # the stand-in env worker's handles: a step left waiting 1 s on its queue means it is dead
 HELD_WAIT_S = 3.0  # how long a held group's first generation waits for another group to step
@@ -191,8 +192,11 @@ class StandIns:
                 continue
             s.taken[i] += 1
             done = s.taken[i] >= self.turns + i * self.stagger
-            results.append(StepResult(observation=str(s.taken[i]), reward=float(done), done=done,
-                                      info={"success": done, "valid": True}))  # fmt: skip
+            results.append(
+                StepResult(
+                    observation=str(s.taken[i]), reward=float(done), done=done, info={"success": done, "valid": True}
+                )
+            )
         return results
 
     @activity.defn(name="reset")
@@ -209,16 +213,18 @@ class StandIns:
         self._record("reset_group", inp.group_id, inp)
         sid = self._open(inp.group_id, inp.seed, inp.size)
         queue = self.dead_queue if self.dead_resets else self.session_queue
-        return GroupHandle(session_id=sid, queue=queue, worker_id="w1", observations=["0"] * inp.size,
-                           sticky_start_s=DEAD_AFTER_S)  # fmt: skip
+        return GroupHandle(
+            session_id=sid, queue=queue, worker_id="w1", observations=["0"] * inp.size, sticky_start_s=DEAD_AFTER_S
+        )
 
     @activity.defn(name="restore")
     async def restore(self, inp: RestoreInput) -> GroupHandle:
         """A new session on the live worker, as far into the episode as the recorded actions go."""
         self._record("restore", inp.owner_id, inp)
-        self._check([str(len(a)) for a in inp.actions] == inp.observations,
-                    f"restore of {inp.owner_id}: observations {inp.observations} do not follow its actions "
-                    f"{inp.actions}")  # fmt: skip
+        self._check(
+            [str(len(a)) for a in inp.actions] == inp.observations,
+            f"restore of {inp.owner_id}: observations {inp.observations} do not follow its actions {inp.actions}",
+        )
         sid = self._open(inp.owner_id, inp.seed, len(inp.actions), [len(a) for a in inp.actions])
         return GroupHandle(session_id=sid, queue=self.session_queue, worker_id="w2", observations=inp.observations)
 
@@ -247,8 +253,10 @@ class StandIns:
     @activity.defn(name="check")
     async def check(self, inp: CheckInput) -> list[list[StepResult]]:
         self._record("check", str(len(inp.seeds)), inp)
-        return [[StepResult(observation="", reward=1.0, done=True, info={"answer": "R", "success": True})
-                 for _ in answers] for answers in inp.answers]  # fmt: skip
+        return [
+            [StepResult(observation="", reward=1.0, done=True, info={"answer": "R", "success": True}) for _ in answers]
+            for answers in inp.answers
+        ]
 
     # ------------------------------------------------------------------ engine
 
@@ -256,16 +264,24 @@ class StandIns:
         """n answers "R" with the version served, checking the caller asked for no version not yet published."""
         k = len(self.called("generate")) - 1
         v = self.version if self.versions is None else self.versions[min(max(k, 0), len(self.versions) - 1)]
-        self._check(min_version is None or v >= min_version,
-                    f"{data_key}: asked for policy >= {min_version}, but only {v} was published")  # fmt: skip
-        return GenerateResult(completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * n,
-                              prompt_tokens=1, policy_version=v, policy_version_end=v, data_key=data_key)  # fmt: skip
+        self._check(
+            min_version is None or v >= min_version,
+            f"{data_key}: asked for policy >= {min_version}, but only {v} was published",
+        )
+        return GenerateResult(
+            completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * n,
+            prompt_tokens=1,
+            policy_version=v,
+            policy_version_end=v,
+            data_key=data_key,
+        )
 
     def _reject(self, data_keys: list[str]) -> None:
         """The engine refuses a request, as vLLM does a prompt over max_model_len: no retry can help."""
         if self.rejected_key and any(self.rejected_key in key for key in data_keys):
-            raise ApplicationError(f"request {self.rejected_key} refused", type=ErrorType.REQUEST_REJECTED,
-                                   non_retryable=True)  # fmt: skip
+            raise ApplicationError(
+                f"request {self.rejected_key} refused", type=ErrorType.REQUEST_REJECTED, non_retryable=True
+            )
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
@@ -311,9 +327,14 @@ class StandIns:
 
 
 @contextlib.asynccontextmanager
-async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[type] = ALL_WORKFLOWS,
-                          reward_pools: Sequence[str] = ("serverless",),
-                          missing_pools: Sequence[str] = ()) -> AsyncIterator[None]:  # fmt: skip
+async def standin_workers(
+    client: Client,
+    s: StandIns,
+    *,
+    workflows: Sequence[type] = ALL_WORKFLOWS,
+    reward_pools: Sequence[str] = ("serverless",),
+    missing_pools: Sequence[str] = (),
+) -> AsyncIterator[None]:
     """A worker per queue the workflows route to, serving what a real worker of that pool serves.
 
     Rewards are served on `reward_pools` (a colocated reward goes to the generation pool); `missing_pools` get
@@ -333,8 +354,12 @@ async def standin_workers(client: Client, s: StandIns, *, workflows: Sequence[ty
         queues.setdefault(queue_name(pool, p), []).extend([s.reward, s.reward_batch])
     async with contextlib.AsyncExitStack() as stack:
         if "control" not in missing_pools:
-            control = Worker(client, task_queue=queue_name("control", p), workflows=list(workflows),
-                             activities=[QueueActivities(client).describe_queues])  # fmt: skip
+            control = Worker(
+                client,
+                task_queue=queue_name("control", p),
+                workflows=list(workflows),
+                activities=[QueueActivities(client).describe_queues],
+            )
             await stack.enter_async_context(control)
         for queue, acts in queues.items():
             if any(queue == queue_name(pool, p) for pool in missing_pools):

@@ -64,37 +64,72 @@ def _cryptography_pki(d: Path) -> Pki:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     def write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> None:
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))  # fmt: skip
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
 
-    def issue(cn: str, key: ec.EllipticCurvePrivateKey, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
-              *, ca: bool = False, server: bool = False, client: bool = False) -> x509.Certificate:  # fmt: skip
+    def issue(
+        cn: str,
+        key: ec.EllipticCurvePrivateKey,
+        issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None,
+        *,
+        ca: bool = False,
+        server: bool = False,
+        client: bool = False,
+    ) -> x509.Certificate:
         issuer_name, issuer_key = issuer or (name(cn), key)
-        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(issuer_name).public_key(key.public_key())
-             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-             .not_valid_after(now + datetime.timedelta(days=2))
-             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))  # fmt: skip
+        b = (
+            x509.CertificateBuilder()
+            .subject_name(name(cn))
+            .issuer_name(issuer_name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
         if ca:
-            b = b.add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                              content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                              key_agreement=False, encipher_only=False, decipher_only=False),
-                                critical=True)  # fmt: skip
+            b = b.add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             b = b.add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         else:
-            usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+            usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + (
+                [ExtendedKeyUsageOID.CLIENT_AUTH] if client else []
+            )
             b = b.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            b = b.add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False)
+            b = b.add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()), critical=False
+            )
         if server:
-            b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                                critical=False)  # fmt: skip
+            b = b.add_extension(
+                x509.SubjectAlternativeName(
+                    [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
         return b.sign(issuer_key, hashes.SHA256())
 
     def pem(cert: x509.Certificate, path: Path) -> Path:
         path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return path
 
-    ca_key, other_key, server_key, client_key, stranger_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(5))
+    ca_key, other_key, server_key, client_key, stranger_key = (
+        ec.generate_private_key(ec.SECP256R1()) for _ in range(5)
+    )
     ca = issue("rollart test CA", ca_key, None, ca=True)
     other = issue("other test CA", other_key, None, ca=True)
     pem(ca, d / "ca.pem")
@@ -112,24 +147,78 @@ def _openssl_pki(d: Path) -> Pki:
         subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
 
     for ca in ("ca", "other-ca"):
-        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-            "-subj", f"/CN={ca}", "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")  # fmt: skip
-    for who, ext, ca in (("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth", "ca"),
-                         ("client", "extendedKeyUsage=clientAuth", "ca"),
-                         ("stranger", "extendedKeyUsage=clientAuth", "other-ca")):  # fmt: skip
+        run(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN={ca}",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.pem",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+        )
+    for who, ext, ca in (
+        ("server", "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth", "ca"),
+        ("client", "extendedKeyUsage=clientAuth", "ca"),
+        ("stranger", "extendedKeyUsage=clientAuth", "other-ca"),
+    ):
         (d / f"{who}.ext").write_text(ext + "\nbasicConstraints=CA:FALSE\n")
-        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={who}",
-            "-keyout", f"{who}.key", "-out", f"{who}.csr")  # fmt: skip
-        run("x509", "-req", "-in", f"{who}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
-            "-days", "2", "-extfile", f"{who}.ext", "-out", f"{who}.pem")  # fmt: skip
+        run(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-subj",
+            f"/CN={who}",
+            "-keyout",
+            f"{who}.key",
+            "-out",
+            f"{who}.csr",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            f"{ca}.pem",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            f"{who}.ext",
+            "-out",
+            f"{who}.pem",
+        )
     return _files(d)
 
 
 def _files(d: Path) -> Pki:
-    return Pki(ca=d / "ca.pem", server_cert=d / "server.pem", server_key=d / "server.key", client_cert=d / "client.pem",
-               client_key=d / "client.key", other_ca=d / "other-ca.pem", stranger_cert=d / "stranger.pem",
-               stranger_key=d / "stranger.key")  # fmt: skip
+    return Pki(
+        ca=d / "ca.pem",
+        server_cert=d / "server.pem",
+        server_key=d / "server.key",
+        client_cert=d / "client.pem",
+        client_key=d / "client.key",
+        other_ca=d / "other-ca.pem",
+        stranger_cert=d / "stranger.pem",
+        stranger_key=d / "stranger.key",
+    )
 
 
 class TLSFront:
@@ -281,21 +370,30 @@ class FakeFrontend:
                 if self.api_key is not None and metadata.get("authorization") != f"Bearer {self.api_key}":
                     context.abort(grpc.StatusCode.UNAUTHENTICATED, "Request unauthorized.")
                 return response()
+
             return handle
 
         calls = {
             "GetSystemInfo": grpc.unary_unary_rpc_method_handler(
-                answer(GetSystemInfoResponse), request_deserializer=GetSystemInfoRequest.FromString,
-                response_serializer=GetSystemInfoResponse.SerializeToString),
+                answer(GetSystemInfoResponse),
+                request_deserializer=GetSystemInfoRequest.FromString,
+                response_serializer=GetSystemInfoResponse.SerializeToString,
+            ),
             "DescribeNamespace": grpc.unary_unary_rpc_method_handler(
-                answer(DescribeNamespaceResponse), request_deserializer=DescribeNamespaceRequest.FromString,
-                response_serializer=DescribeNamespaceResponse.SerializeToString),
-        }  # fmt: skip
+                answer(DescribeNamespaceResponse),
+                request_deserializer=DescribeNamespaceRequest.FromString,
+                response_serializer=DescribeNamespaceResponse.SerializeToString,
+            ),
+        }
         self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
         self._server.add_generic_rpc_handlers(
-            [grpc.method_handlers_generic_handler("temporal.api.workflowservice.v1.WorkflowService", calls)])
-        credentials = grpc.ssl_server_credentials([(self.pki.server_key.read_bytes(), self.pki.server_cert.read_bytes())],
-                                                  root_certificates=self.pki.ca.read_bytes(), require_client_auth=True)  # fmt: skip
+            [grpc.method_handlers_generic_handler("temporal.api.workflowservice.v1.WorkflowService", calls)]
+        )
+        credentials = grpc.ssl_server_credentials(
+            [(self.pki.server_key.read_bytes(), self.pki.server_cert.read_bytes())],
+            root_certificates=self.pki.ca.read_bytes(),
+            require_client_auth=True,
+        )
         self.port = self._server.add_secure_port("127.0.0.1:0", credentials)
         self._server.start()
         return self

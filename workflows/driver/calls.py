@@ -6,9 +6,10 @@ import logging
 from typing import Any, Protocol
 
 from pydantic import BaseModel
+from temporalio.exceptions import ApplicationError
+
 from rollart.contracts.activities import ActivityName
 from rollart.contracts.errors import BAD_INPUT, ErrorType
-from temporalio.exceptions import ApplicationError
 
 __all__ = ["CallFailed", "Calls"]
 
@@ -61,8 +62,16 @@ class Calls(Protocol):
 
     logger: logging.Logger | logging.LoggerAdapter
 
-    async def call(self, activity: ActivityName, arg: BaseModel, *, queue: str, result_type: Any = None,
-                   timeout_s: float | None = None, start_wait_s: float | None = None) -> Any:  # fmt: skip
+    async def call(
+        self,
+        activity: ActivityName,
+        arg: BaseModel,
+        *,
+        queue: str,
+        result_type: Any = None,
+        timeout_s: float | None = None,
+        start_wait_s: float | None = None,
+    ) -> Any:
         """`timeout_s` overrides the activity's start-to-close timeout (an env's own step timeout, say);
         `start_wait_s` how long it may wait to start (a session's worker that leaves it waiting is dead)."""
         ...

@@ -74,8 +74,13 @@ class Episode:
         task = self.inp.task
         self.handle = await self.calls.call(
             ActivityName.RESET,
-            ResetInput(env=task.env, env_args=task.env_args, seed=self.inp.seed, trajectory_id=self.trajectory_id,
-                       options=EnvOptions.of(task)),  # fmt: skip
+            ResetInput(
+                env=task.env,
+                env_args=task.env_args,
+                seed=self.inp.seed,
+                trajectory_id=self.trajectory_id,
+                options=EnvOptions.of(task),
+            ),
             queue=self.queue(task.env_queue),
             result_type=EnvHandle,
         )
@@ -87,8 +92,13 @@ class Episode:
         weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
         self._pending = await self.calls.call(
             ActivityName.GENERATE,
-            GenerateInput(prompt=self.observation, sampling=task.sampling, weights=weights, prompt_format=task.prompt,
-                          data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns))),  # fmt: skip
+            GenerateInput(
+                prompt=self.observation,
+                sampling=task.sampling,
+                weights=weights,
+                prompt_format=task.prompt,
+                data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns)),
+            ),
             queue=self.queue(task.generate_pool),
             result_type=GenerateResult,
         )
@@ -98,30 +108,46 @@ class Episode:
         gen, self._pending = self._pending, None
         assert gen is not None and self.handle is not None
         step = await call_sticky(
-            self.calls, self, ActivityName.STEP,
+            self.calls,
+            self,
+            ActivityName.STEP,
             lambda h: StepInput(session_id=h.session_id, action=gen.completions[0].text),
-            result_type=StepResult, timeout_s=self.handle.step_timeout_s,
-        )  # fmt: skip
+            result_type=StepResult,
+            timeout_s=self.handle.step_timeout_s,
+        )
         self.record(gen, step)
 
     def rehome(self, handle: GroupHandle) -> None:
         """The session now lives on another worker (restored)."""
-        self.handle = EnvHandle(session_id=handle.session_id, queue=handle.queue, worker_id=handle.worker_id,
-                                observation=self.observation, step_timeout_s=handle.step_timeout_s,
-                                sticky_start_s=handle.sticky_start_s)  # fmt: skip
+        self.handle = EnvHandle(
+            session_id=handle.session_id,
+            queue=handle.queue,
+            worker_id=handle.worker_id,
+            observation=self.observation,
+            step_timeout_s=handle.step_timeout_s,
+            sticky_start_s=handle.sticky_start_s,
+        )
 
     def record(self, gen: GenerateResult, step: StepResult) -> None:
         """Book one played turn: the action the model chose and what the env answered."""
         self.gens.append(gen)
-        self.turns.append(TurnRecord(observation=self.observation, action=gen.completions[0].text,
-                                     env_reward=step.reward, done=step.done, info=step.info))  # fmt: skip
+        self.turns.append(
+            TurnRecord(
+                observation=self.observation,
+                action=gen.completions[0].text,
+                env_reward=step.reward,
+                done=step.done,
+                info=step.info,
+            )
+        )
         self.observation = step.observation
         self.done = step.done
 
     def transcript(self) -> Transcript:
         """The episode as a reward function sees it."""
-        return Transcript(task=self.inp.task.name, seed=self.inp.seed, turns=self.turns,
-                          final_observation=self.observation)  # fmt: skip
+        return Transcript(
+            task=self.inp.task.name, seed=self.inp.seed, turns=self.turns, final_observation=self.observation
+        )
 
     async def score(self) -> list[RewardResult]:
         """Score the finished episode (on "serverless", or the generation pool when colocated)."""

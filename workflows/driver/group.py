@@ -40,8 +40,14 @@ class GroupEpisode:
         self.handle: GroupHandle | None = None
         self.error: str | None = None  # why the group failed, once it has
         self._generated: dict[str, GenerateResult] = {}  # this turn's generations, by member
-        self.inp = TrajectoryInput(task=inp.task, seed=group.seed, job_id=inp.job_id, group_id=group.group_id,
-                                   min_version=inp.min_version, queue_prefix=inp.queue_prefix)  # fmt: skip
+        self.inp = TrajectoryInput(
+            task=inp.task,
+            seed=group.seed,
+            job_id=inp.job_id,
+            group_id=group.group_id,
+            min_version=inp.min_version,
+            queue_prefix=inp.queue_prefix,
+        )
         self.members = [Episode(calls, self.inp, tid) for tid in group.members(inp.task.group_size)]
 
     @property
@@ -61,8 +67,14 @@ class GroupEpisode:
         task = self.inp.task
         handle = await self.calls.call(
             ActivityName.RESET_GROUP,
-            GroupResetInput(env=task.env, env_args=task.env_args, seed=self.group.seed, size=task.group_size,
-                            group_id=self.group.group_id, options=EnvOptions.of(task)),  # fmt: skip
+            GroupResetInput(
+                env=task.env,
+                env_args=task.env_args,
+                seed=self.group.seed,
+                size=task.group_size,
+                group_id=self.group.group_id,
+                options=EnvOptions.of(task),
+            ),
             queue=self.queue(task.env_queue),
             result_type=GroupHandle,
         )
@@ -74,8 +86,13 @@ class GroupEpisode:
         """The session is (now) on `handle`'s worker: each member names it for its result."""
         self.handle = handle
         for ep in self.members:
-            ep.handle = EnvHandle(session_id=handle.session_id, queue=handle.queue, worker_id=handle.worker_id,
-                                  observation=ep.observation, sticky_start_s=handle.sticky_start_s)  # fmt: skip
+            ep.handle = EnvHandle(
+                session_id=handle.session_id,
+                queue=handle.queue,
+                worker_id=handle.worker_id,
+                observation=ep.observation,
+                sticky_start_s=handle.sticky_start_s,
+            )
 
     async def generate(self) -> None:
         """One `generate_batch` for the members still playing (kept for `step`)."""
@@ -84,25 +101,34 @@ class GroupEpisode:
         weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
         gens: list[GenerateResult] = await self.calls.call(
             ActivityName.GENERATE_BATCH,
-            GenerateBatchInput(prompts=[ep.observation for ep in playing], sampling=task.sampling, weights=weights,
-                               prompt_format=task.prompt,
-                               data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing]),
+            GenerateBatchInput(
+                prompts=[ep.observation for ep in playing],
+                sampling=task.sampling,
+                weights=weights,
+                prompt_format=task.prompt,
+                data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing],
+            ),
             queue=self.queue(task.generate_pool),
             result_type=list[GenerateResult],
-        )  # fmt: skip
+        )
         self._generated = dict(zip((ep.trajectory_id for ep in playing), gens))
 
     async def step(self) -> None:
         """One `step_group` with the generated actions (None: a member whose episode is over); each records its turn."""
         by_member, self._generated = self._generated, {}
-        actions = [by_member[ep.trajectory_id].completions[0].text if ep.trajectory_id in by_member else None
-                   for ep in self.members]  # fmt: skip
+        actions = [
+            by_member[ep.trajectory_id].completions[0].text if ep.trajectory_id in by_member else None
+            for ep in self.members
+        ]
         assert self.handle is not None
         steps: list[StepResult | None] = await call_sticky(
-            self.calls, self, ActivityName.STEP_GROUP,
+            self.calls,
+            self,
+            ActivityName.STEP_GROUP,
             lambda h: GroupStepInput(session_id=h.session_id, actions=actions),
-            result_type=list[StepResult | None], timeout_s=self.handle.step_timeout_s * len(by_member),
-        )  # fmt: skip
+            result_type=list[StepResult | None],
+            timeout_s=self.handle.step_timeout_s * len(by_member),
+        )
         for ep, step in zip(self.members, steps):
             if ep.trajectory_id in by_member and step is not None:
                 ep.record(by_member[ep.trajectory_id], step)
@@ -112,8 +138,9 @@ class GroupEpisode:
         task = self.inp.task
         return await self.calls.call(
             ActivityName.REWARD_BATCH,
-            RewardBatchInput(reward=task.reward, transcripts=[ep.transcript() for ep in self.members],
-                             reward_args=task.reward_args),  # fmt: skip
+            RewardBatchInput(
+                reward=task.reward, transcripts=[ep.transcript() for ep in self.members], reward_args=task.reward_args
+            ),
             queue=self.queue(task.reward_queue),
             result_type=list[RewardResult],
         )

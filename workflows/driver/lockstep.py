@@ -43,7 +43,9 @@ class Unit(Protocol):
     def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]: ...
 
 
-async def play(units: Sequence[Unit], report: Report | None = None, *, finish_together: bool = False) -> list[TrajectoryResult]:
+async def play(
+    units: Sequence[Unit], report: Report | None = None, *, finish_together: bool = False
+) -> list[TrajectoryResult]:
     """start → (generate → step)* while any member plays → score → close, for every unit in lockstep.
 
     A call that fails for good fails its unit (later phases skip it; its members end `failed`, never

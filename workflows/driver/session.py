@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel
+
 from rollart.contracts.activities import (
     ActivityName,
     CloseInput,
@@ -31,15 +32,28 @@ class Player(Protocol):
     restores: int
 
 
-async def call_sticky(calls: Calls, owner: Any, activity: ActivityName, make_arg: Callable[[Any], BaseModel], *,
-                      result_type: Any, timeout_s: float) -> Any:  # fmt: skip
+async def call_sticky(
+    calls: Calls,
+    owner: Any,
+    activity: ActivityName,
+    make_arg: Callable[[Any], BaseModel],
+    *,
+    result_type: Any,
+    timeout_s: float,
+) -> Any:
     """Call `activity` on the worker holding `owner.handle`'s session; if that worker is gone, restore every member
     of the session on another worker (same seed, recorded actions replayed, last observation checked) and call
     it there. `owner` is an Episode or a GroupEpisode: it has `handle`, `members`, `inp` and `owner_id`."""
     while True:
         try:
-            return await calls.call(activity, make_arg(owner.handle), queue=owner.handle.queue, result_type=result_type,
-                                    timeout_s=timeout_s, start_wait_s=owner.handle.sticky_start_s)  # fmt: skip
+            return await calls.call(
+                activity,
+                make_arg(owner.handle),
+                queue=owner.handle.queue,
+                result_type=result_type,
+                timeout_s=timeout_s,
+                start_wait_s=owner.handle.sticky_start_s,
+            )
         except CallFailed as err:
             if not err.session_lost or owner.members[0].restores >= MAX_RESTORES:
                 raise
@@ -54,9 +68,15 @@ async def restore(calls: Calls, inp: TrajectoryInput, owner_id: str, members: li
     task = inp.task
     return await calls.call(
         ActivityName.RESTORE,
-        RestoreInput(env=task.env, env_args=task.env_args, seed=inp.seed, owner_id=owner_id,
-                     actions=[[t.action for t in m.turns] for m in members],
-                     observations=[m.observation for m in members], options=EnvOptions.of(task)),  # fmt: skip
+        RestoreInput(
+            env=task.env,
+            env_args=task.env_args,
+            seed=inp.seed,
+            owner_id=owner_id,
+            actions=[[t.action for t in m.turns] for m in members],
+            observations=[m.observation for m in members],
+            options=EnvOptions.of(task),
+        ),
         queue=queue_name(task.env_queue, inp.queue_prefix),
         result_type=GroupHandle,
     )
@@ -66,7 +86,11 @@ async def close_session(calls: Calls, handle: EnvHandle | GroupHandle) -> None:
     """Release a session; failure here only logs (the session dies with its worker anyway)."""
     session_id = handle.session_id
     try:
-        await calls.call(ActivityName.CLOSE, CloseInput(session_id=session_id), queue=handle.queue,
-                         start_wait_s=handle.sticky_start_s)  # fmt: skip
+        await calls.call(
+            ActivityName.CLOSE,
+            CloseInput(session_id=session_id),
+            queue=handle.queue,
+            start_wait_s=handle.sticky_start_s,
+        )
     except CallFailed as err:
         calls.logger.warning("closing session %s failed: %s", session_id, err.message)

@@ -49,7 +49,9 @@ async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[Traject
         return _all_failed(calls, inp, inp.groups, err)
     gens = await _generate_wave(calls, inp, prompts)
     ok = [(g, p, gen) for g, p, gen in zip(inp.groups, prompts, gens) if isinstance(gen, GenerateResult)]
-    by_group = {g.group_id: _failed(inp, g, gen.message) for g, gen in zip(inp.groups, gens) if isinstance(gen, CallFailed)}
+    by_group = {
+        g.group_id: _failed(inp, g, gen.message) for g, gen in zip(inp.groups, gens) if isinstance(gen, CallFailed)
+    }
     if ok:
         try:
             scored = await _check_and_score(calls, inp, ok)
@@ -60,7 +62,9 @@ async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[Traject
     return [r for g in inp.groups for r in by_group[g.group_id]]
 
 
-def _all_failed(calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], err: CallFailed) -> list[TrajectoryResult]:
+def _all_failed(
+    calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], err: CallFailed
+) -> list[TrajectoryResult]:
     """A call every group in `groups` needed failed for good: they all end failed (a bad input fails the run)."""
     error = err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in groups))
     return [r for g in groups for r in _failed(inp, g, error)]
@@ -68,9 +72,12 @@ def _all_failed(calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], e
 
 async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
     task = inp.task
-    return await calls.call(ActivityName.PROMPTS,
-                            PromptsInput(env=task.env, env_args=task.env_args, seeds=[g.seed for g in inp.groups]),
-                            queue=queue_name(task.env_queue, inp.queue_prefix), result_type=list[str])  # fmt: skip
+    return await calls.call(
+        ActivityName.PROMPTS,
+        PromptsInput(env=task.env, env_args=task.env_args, seeds=[g.seed for g in inp.groups]),
+        queue=queue_name(task.env_queue, inp.queue_prefix),
+        result_type=list[str],
+    )
 
 
 async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
@@ -87,8 +94,9 @@ async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str
         return list(await _generate_batch(calls, inp, prompts))
     except CallFailed as err:
         if err.error_type is not None and not err.bad_input:  # raised by the activity: maybe one request's
-            calls.logger.info("wave generate_batch failed (%s): generating its %d groups one by one", err.message,
-                              len(inp.groups))  # fmt: skip
+            calls.logger.info(
+                "wave generate_batch failed (%s): generating its %d groups one by one", err.message, len(inp.groups)
+            )
             return await _generate_all(calls, inp, prompts)
         err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
         return [err] * len(inp.groups)
@@ -98,10 +106,16 @@ async def _generate_batch(calls: Calls, inp: GroupRolloutInput, prompts: list[st
     """One call for the wave: prompt i with n = group size, its tokens under group i's turn key."""
     return await calls.call(
         ActivityName.GENERATE_BATCH,
-        GenerateBatchInput(prompts=prompts, sampling=_sampling(inp), weights=_weights(inp), prompt_format=inp.task.prompt,
-                           data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in inp.groups]),
-        queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=list[GenerateResult],
-    )  # fmt: skip
+        GenerateBatchInput(
+            prompts=prompts,
+            sampling=_sampling(inp),
+            weights=_weights(inp),
+            prompt_format=inp.task.prompt,
+            data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in inp.groups],
+        ),
+        queue=queue_name(inp.task.generate_pool, inp.queue_prefix),
+        result_type=list[GenerateResult],
+    )
 
 
 async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
@@ -125,10 +139,16 @@ async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]
 async def _generate(calls: Calls, inp: GroupRolloutInput, group: GroupSeed, prompt: str) -> GenerateResult:
     return await calls.call(
         ActivityName.GENERATE,
-        GenerateInput(prompt=prompt, sampling=_sampling(inp), data_key=turn_key(inp.job_id, group.group_id, 0),
-                      weights=_weights(inp), prompt_format=inp.task.prompt),
-        queue=queue_name(inp.task.generate_pool, inp.queue_prefix), result_type=GenerateResult,
-    )  # fmt: skip
+        GenerateInput(
+            prompt=prompt,
+            sampling=_sampling(inp),
+            data_key=turn_key(inp.job_id, group.group_id, 0),
+            weights=_weights(inp),
+            prompt_format=inp.task.prompt,
+        ),
+        queue=queue_name(inp.task.generate_pool, inp.queue_prefix),
+        result_type=GenerateResult,
+    )
 
 
 def _sampling(inp: GroupRolloutInput) -> SamplingParams:
@@ -141,44 +161,74 @@ def _weights(inp: GroupRolloutInput) -> WeightsRef | None:
     return WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
 
 
-async def _check_and_score(calls: Calls, inp: GroupRolloutInput,
-                           ok: list[tuple[GroupSeed, str, GenerateResult]]) -> list[TrajectoryResult]:  # fmt: skip
+async def _check_and_score(
+    calls: Calls, inp: GroupRolloutInput, ok: list[tuple[GroupSeed, str, GenerateResult]]
+) -> list[TrajectoryResult]:
     task = inp.task
     seeds = [g.seed for g, _, _ in ok]
     answers = [[c.text for c in gen.completions] for _, _, gen in ok]
     steps: list[list[StepResult]] = await calls.call(
-        ActivityName.CHECK, CheckInput(env=task.env, env_args=task.env_args, seeds=seeds, answers=answers),
-        queue=queue_name(task.env_queue, inp.queue_prefix), result_type=list[list[StepResult]],
-    )  # fmt: skip
+        ActivityName.CHECK,
+        CheckInput(env=task.env, env_args=task.env_args, seeds=seeds, answers=answers),
+        queue=queue_name(task.env_queue, inp.queue_prefix),
+        result_type=list[list[StepResult]],
+    )
     transcripts = [
-        Transcript(task=task.name, seed=g.seed, final_observation=s.observation,
-                   turns=[TurnRecord(observation=prompt, action=text, env_reward=s.reward, done=s.done, info=s.info)])
-        for (g, prompt, _), texts, row in zip(ok, answers, steps) for text, s in zip(texts, row)
-    ]  # fmt: skip
+        Transcript(
+            task=task.name,
+            seed=g.seed,
+            final_observation=s.observation,
+            turns=[TurnRecord(observation=prompt, action=text, env_reward=s.reward, done=s.done, info=s.info)],
+        )
+        for (g, prompt, _), texts, row in zip(ok, answers, steps)
+        for text, s in zip(texts, row)
+    ]
     scores: list[RewardResult] = await calls.call(
-        ActivityName.REWARD_BATCH, RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args),
-        queue=queue_name(task.reward_queue, inp.queue_prefix), result_type=list[RewardResult],
-    )  # fmt: skip
+        ActivityName.REWARD_BATCH,
+        RewardBatchInput(reward=task.reward, transcripts=transcripts, reward_args=task.reward_args),
+        queue=queue_name(task.reward_queue, inp.queue_prefix),
+        result_type=list[RewardResult],
+    )
     return _completed(inp, [(g, gen) for g, _, gen in ok], scores)
 
 
-def _completed(inp: GroupRolloutInput, groups: list[tuple[GroupSeed, GenerateResult]],
-               scores: list[RewardResult]) -> list[TrajectoryResult]:  # fmt: skip
+def _completed(
+    inp: GroupRolloutInput, groups: list[tuple[GroupSeed, GenerateResult]], scores: list[RewardResult]
+) -> list[TrajectoryResult]:
     results, k = [], 0
     for group, gen in groups:
         for m, (tid, c) in enumerate(zip(group.members(inp.task.group_size), gen.completions)):
-            results.append(TrajectoryResult(
-                trajectory_id=tid, task=inp.task.name, seed=group.seed, group_id=group.group_id,
-                status="completed", reward=scores[k].value, success=scores[k].success, turns=1,
-                policy_version_min=gen.policy_version, policy_version_max=gen.policy_version_end,
-                prompt_tokens=gen.prompt_tokens, completion_tokens=c.num_tokens, turn_keys=[gen.data_key],
-                completion_index=m,
-            ))  # fmt: skip
+            results.append(
+                TrajectoryResult(
+                    trajectory_id=tid,
+                    task=inp.task.name,
+                    seed=group.seed,
+                    group_id=group.group_id,
+                    status="completed",
+                    reward=scores[k].value,
+                    success=scores[k].success,
+                    turns=1,
+                    policy_version_min=gen.policy_version,
+                    policy_version_max=gen.policy_version_end,
+                    prompt_tokens=gen.prompt_tokens,
+                    completion_tokens=c.num_tokens,
+                    turn_keys=[gen.data_key],
+                    completion_index=m,
+                )
+            )
             k += 1
     return results
 
 
 def _failed(inp: GroupRolloutInput, group: GroupSeed, error: str) -> list[TrajectoryResult]:
-    return [TrajectoryResult(trajectory_id=tid, task=inp.task.name, seed=group.seed, group_id=group.group_id,
-                             status="failed", error=error)
-            for tid in group.members(inp.task.group_size)]  # fmt: skip
+    return [
+        TrajectoryResult(
+            trajectory_id=tid,
+            task=inp.task.name,
+            seed=group.seed,
+            group_id=group.group_id,
+            status="failed",
+            error=error,
+        )
+        for tid in group.members(inp.task.group_size)
+    ]

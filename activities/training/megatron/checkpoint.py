@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints
 
 __all__ = ["TensorParallelMismatch", "load_sharded", "save_sharded"]
@@ -52,8 +53,9 @@ def save_sharded(root: Path, step: int, model_state: dict, optim_state: dict, *,
             torch.save(optim_state, tmp / f"optim-tp{r:02d}.pt")
         dist.barrier()
         if dist.get_rank() == 0:
-            (tmp / "meta.json").write_text(json.dumps({"step": step, "version": step + 1, "backend": "megatron",
-                                                       "tensor": tensor}))  # fmt: skip
+            (tmp / "meta.json").write_text(
+                json.dumps({"step": step, "version": step + 1, "backend": "megatron", "tensor": tensor})
+            )
             if final.exists():  # re-checkpointing the same step: move the old one aside first
                 old = root / f".old-{final.name}-{os.getpid()}"
                 os.rename(final, old)
@@ -79,13 +81,15 @@ def load_sharded(root: Path, *, tensor: int) -> tuple[int, dict, dict] | None:
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("backend") != "megatron":
         raise TensorParallelMismatch(
-            f"checkpoint {path} was written by the {meta.get('backend', 'torch')} backend; resume it with that backend, "
+            f"checkpoint {path} was written by the {meta.get('backend', 'torch')} backend; resume it with that "
+            "backend, "
             "or start a new run dir"
         )
     if meta["tensor"] != tensor:
         raise TensorParallelMismatch(
             f"checkpoint {path} holds {meta['tensor']} tensor-parallel shards but the trainer runs tensor={tensor}: "
-            f"resume with trainer.parallel.tensor: {meta['tensor']} (data parallelism may change), or start a new run dir"
+            f"resume with trainer.parallel.tensor: {meta['tensor']} (data parallelism may change), or start a new run "
+            "dir"
         )
     r = ps.get_tensor_model_parallel_rank()
     model_state = torch.load(path / f"model-tp{r:02d}.pt", weights_only=True)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
+
 from rollart.activities.training.megatron.hf_layout import HfArch
 
 __all__ = ["hf_to_megatron", "megatron_to_hf"]
@@ -86,8 +87,11 @@ def megatron_to_hf(shards: Mapping[str, Sequence[torch.Tensor]], arch: HfArch) -
     out = {"model.embed_tokens.weight": rows("embedding.word_embeddings.weight")[: arch.vocab_size]}
     for i in range(arch.num_layers):
         h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        q, k, v = rows(m + "self_attention.linear_qkv.weight").view(ng, per_group + 2 * hd, hidden).split(
-            [per_group, hd, hd], 1)  # fmt: skip
+        q, k, v = (
+            rows(m + "self_attention.linear_qkv.weight")
+            .view(ng, per_group + 2 * hd, hidden)
+            .split([per_group, hd, hd], 1)
+        )
         gate_up = [s.chunk(2, 0) for s in shards[m + "mlp.linear_fc1.weight"]]
         out |= {
             h + "input_layernorm.weight": shards[m + "input_layernorm.weight"][0],
@@ -101,10 +105,14 @@ def megatron_to_hf(shards: Mapping[str, Sequence[torch.Tensor]], arch: HfArch) -
             h + "mlp.down_proj.weight": cols(m + "mlp.linear_fc2.weight"),
         }
         if arch.qkv_bias:
-            qb, kb, vb = rows(m + "self_attention.linear_qkv.bias").view(ng, per_group + 2 * hd).split(
-                [per_group, hd, hd], 1)  # fmt: skip
-            out |= {h + "self_attn.q_proj.bias": qb.reshape(-1), h + "self_attn.k_proj.bias": kb.reshape(-1),
-                    h + "self_attn.v_proj.bias": vb.reshape(-1)}  # fmt: skip
+            qb, kb, vb = (
+                rows(m + "self_attention.linear_qkv.bias").view(ng, per_group + 2 * hd).split([per_group, hd, hd], 1)
+            )
+            out |= {
+                h + "self_attn.q_proj.bias": qb.reshape(-1),
+                h + "self_attn.k_proj.bias": kb.reshape(-1),
+                h + "self_attn.v_proj.bias": vb.reshape(-1),
+            }
     out["model.norm.weight"] = shards["decoder.final_layernorm.weight"][0]
     if not arch.tie_word_embeddings:
         out["lm_head.weight"] = rows("output_layer.weight")[: arch.vocab_size]

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from rollart.activities.training.megatron.hf_layout import HfArch
 from rollart.infra.config import TrainerConfig
 
@@ -101,8 +102,9 @@ def wrap_ddp(model: Any) -> Any:
     """Megatron's DDP: fp32 gradient buffers (`main_grad`), summed over data-parallel ranks at `finish_grad_sync`."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                               use_distributed_optimizer=False)  # fmt: skip
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+    )
     return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
 
 

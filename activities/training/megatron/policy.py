@@ -17,6 +17,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
 from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.training.megatron.checkpoint import load_sharded, save_sharded
@@ -30,9 +34,6 @@ from rollart.activities.training.megatron.vocab_parallel import (
 from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.infra.config import TrainerConfig
-from safetensors import safe_open
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 __all__ = ["MegatronPolicy", "hf_model_tensors"]
 
@@ -89,8 +90,10 @@ class MegatronPolicy(Policy):
         missing, unexpected = module.load_state_dict(shard, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
-            raise ValueError(f"HF → megatron conversion does not fit the GPTModel: missing {missing[:5]}, "
-                             f"unexpected {unexpected[:5]}")  # fmt: skip
+            raise ValueError(
+                f"HF → megatron conversion does not fit the GPTModel: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
 
     def _load_hf_dir(self, module: Any) -> None:
         with hf_model_tensors(self.model_dir) as get:
@@ -111,16 +114,26 @@ class MegatronPolicy(Policy):
     def _vocab_start(self) -> int:
         return self.tp_rank * self.arch.padded_vocab(self.tp) // self.tp
 
-    def logprobs(self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def logprobs(
+        self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self._logits(self.ddp, mb)
         # over actions, the token entropy is replaced below: it needs no graph
-        logp, entropy = vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(),
-                                                            self.arch.vocab_size,
-                                                            entropy_grad=entropy_grad and actions is None)  # fmt: skip
+        logp, entropy = vocab_parallel_logprobs_and_entropy(
+            logits,
+            mb.input_ids,
+            self._vocab_start(),
+            self.arch.vocab_size,
+            entropy_grad=entropy_grad and actions is None,
+        )
         if actions is not None:
-            entropy = vocab_parallel_action_entropy(logits if entropy_grad else logits.detach(), mb.tasks, actions,
-                                                    self._vocab_start(), self.arch.vocab_size)  # fmt: skip
+            entropy = vocab_parallel_action_entropy(
+                logits if entropy_grad else logits.detach(),
+                mb.tasks,
+                actions,
+                self._vocab_start(),
+                self.arch.vocab_size,
+            )
         return logp, entropy
 
     def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
@@ -132,8 +145,9 @@ class MegatronPolicy(Policy):
             self._ref = ref
         with torch.no_grad():
             logits = self._logits(self._ref, mb)
-            logp, _ = vocab_parallel_logprobs_and_entropy(logits, mb.input_ids, self._vocab_start(),
-                                                          self.arch.vocab_size, entropy_grad=False)  # fmt: skip
+            logp, _ = vocab_parallel_logprobs_and_entropy(
+                logits, mb.input_ids, self._vocab_start(), self.arch.vocab_size, entropy_grad=False
+            )
         return logp
 
     def zero_grad(self) -> None:
@@ -219,4 +233,6 @@ class MegatronPolicy(Policy):
         return step
 
     def _weights_state(self) -> dict[str, torch.Tensor]:
-        return {k: v for k, v in self.module.state_dict().items() if torch.is_tensor(v) and not k.endswith("_extra_state")}
+        return {
+            k: v for k, v in self.module.state_dict().items() if torch.is_tensor(v) and not k.endswith("_extra_state")
+        }

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
 from rollart.activities.rl.action_entropy import ActionSpace, ActionTerm, action_entropy, class_sums, entropy_by_task
 
 __all__ = ["vocab_parallel_action_entropy", "vocab_parallel_logprobs_and_entropy"]
@@ -40,8 +41,9 @@ def vocab_parallel_logprobs_and_entropy(
     with torch.no_grad():
         m = z.masked_fill(padding, float("-inf")).amax(-1, keepdim=True)
         if ps.get_tensor_model_parallel_world_size() > 1:
-            torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX,
-                                         group=ps.get_tensor_model_parallel_group())  # fmt: skip
+            torch.distributed.all_reduce(
+                m, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group()
+            )
     z = z - m
     e = z.exp().masked_fill(padding, 0.0)
     sum_exp = all_sum(e.sum(-1))
@@ -72,8 +74,9 @@ def vocab_parallel_action_entropy(
     with torch.no_grad():
         m = z.masked_fill(padding, float("-inf")).amax(-1, keepdim=True)
         if ps.get_tensor_model_parallel_world_size() > 1:
-            torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX,
-                                         group=ps.get_tensor_model_parallel_group())  # fmt: skip
+            torch.distributed.all_reduce(
+                m, op=torch.distributed.ReduceOp.MAX, group=ps.get_tensor_model_parallel_group()
+            )
     e = (z - m).exp().masked_fill(padding, 0.0)
 
     def rows(idx: torch.Tensor, space: ActionSpace) -> torch.Tensor:
