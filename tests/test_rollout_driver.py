@@ -7,6 +7,7 @@ milliseconds. (The same driver under Temporal: test_trajectory_workflow, test_tr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,7 @@ from rollart.contracts.activities import (
     PromptsInput,
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
+from rollart.workflows.driver import lockstep
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
@@ -206,3 +208,50 @@ async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the
     assert [r.status for r in results] == ["failed"] * 4
     assert all(r.error == failure.message for r in results)
     assert dict(c.counts) == {"prompts": 1, "generate_batch": 1}  # no per-group generate, nothing checked or scored
+
+
+class _StuckUnit:
+    """A unit whose score never returns and whose close waits too: what a torn-down workflow leaves suspended."""
+
+    def __init__(self, close_while_scoring: bool) -> None:
+        self.error: str | None = None
+        self.calls = type("Calls", (), {"patched": lambda _self, patch: close_while_scoring})()
+        self.closed = asyncio.Event()
+
+    owner_id = "stuck"
+    playing = False
+
+    async def start(self) -> None:
+        await asyncio.Event().wait()
+
+    async def score(self) -> list:
+        await asyncio.Event().wait()
+        return []
+
+    async def close(self) -> None:
+        await self.closed.wait()
+
+    def results(self, scores: list | None) -> list:
+        return []
+
+
+@pytest.mark.parametrize("close_while_scoring", [True, False])
+async def test_a_finishing_unit_closed_by_the_worker_waits_for_nothing(close_while_scoring: bool) -> None:
+    """A worker that drops a workflow (shutdown, eviction) closes its coroutines: GeneratorExit goes through.
+
+    Before, the finish's `finally: await closing` waited inside GeneratorExit: "coroutine ignored GeneratorExit".
+    """
+    unit = _StuckUnit(close_while_scoring)
+    finishing = lockstep._finish(unit, None)  # type: ignore[arg-type]
+    finishing.send(None)  # runs up to the score that never returns
+    finishing.close()  # what the garbage collector does to a dropped workflow's coroutine: must not raise
+    unit.closed.set()
+    await asyncio.sleep(0)  # the close task started alongside (close_while_scoring) may finish
+
+
+async def test_a_playing_unit_closed_by_the_worker_waits_for_nothing() -> None:
+    """The same for a unit torn down mid-play: its sessions are not closed from inside GeneratorExit."""
+    unit = _StuckUnit(close_while_scoring=True)
+    playing = play([unit])  # type: ignore[list-item]
+    playing.send(None)  # runs up to the start that never returns
+    playing.close()

@@ -58,6 +58,8 @@ async def play(
         while live := [u for u in units if u.playing]:
             await _phase(live, lambda u: u.generate())
             await _phase(live, lambda u: u.step())
+    except GeneratorExit:
+        raise  # torn down: see _torn_down
     except BaseException:
         await asyncio.gather(*(u.close() for u in units))
         raise
@@ -70,10 +72,7 @@ async def play(
 async def _finish(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
     if unit.calls.patched(CLOSE_WHILE_SCORING):
         return await _finish_closing_meanwhile(unit, report)
-    try:
-        scores = await guarded(unit, unit.score)
-    finally:
-        await unit.close()
+    scores = await _then(guarded(unit, unit.score), unit.close)
     results = unit.results(scores)
     if report is not None:
         await report(results)
@@ -83,24 +82,41 @@ async def _finish(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
 async def _finish_closing_meanwhile(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
     """Score → report, with the session's close running alongside; the unit ends once both are done."""
     closing = asyncio.ensure_future(unit.close())
-    try:
+
+    async def score_and_report() -> list[TrajectoryResult]:
         results = unit.results(await guarded(unit, unit.score))
         if report is not None:
             await report(results)
-    finally:
-        await closing
-    return results
+        return results
+
+    return await _then(score_and_report(), lambda: closing)
 
 
 async def _finish_together(units: Sequence[Unit], report: Report | None) -> list[TrajectoryResult]:
-    try:
-        scores = await _phase(units, lambda u: u.score())
-    finally:
-        await asyncio.gather(*(u.close() for u in units))
+    scores = await _then(_phase(units, lambda u: u.score()), lambda: asyncio.gather(*(u.close() for u in units)))
     results = [r for u, s in zip(units, scores) for r in u.results(s)]
     if report is not None:
         await report(results)
     return results
+
+
+async def _then(work: Awaitable[T], cleanup: Callable[[], Awaitable[object]]) -> T:
+    """`await work`, then `await cleanup()` however work ended: a `finally` that knows when it must not wait.
+
+    When the worker drops a workflow without cancelling it (shutdown, a cache eviction that outlives its
+    tasks), Python closes each suspended coroutine by throwing GeneratorExit into it; a coroutine that
+    awaits anything then is reported as "coroutine ignored GeneratorExit". No cleanup is owed then: the
+    workflow's history is where it is, and the run that replays it closes what it opened.
+    """
+    try:
+        value = await work
+    except GeneratorExit:
+        raise
+    except BaseException:
+        await cleanup()
+        raise
+    await cleanup()
+    return value
 
 
 async def _phase(units: Sequence[Unit], call: Callable[[Unit], Awaitable[T]]) -> list[T | None]:
