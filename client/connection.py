@@ -22,7 +22,7 @@ from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError, connect
 from rollart.infra.temporal_tls import TemporalSecurityError, is_tls_failure
 
-__all__ = ["Outage", "connect_retrying", "is_unreachable", "probe", "retry_unreachable"]
+__all__ = ["Outage", "connect_retrying", "is_refused", "is_unreachable", "probe", "retry_unreachable"]
 
 T = TypeVar("T")
 
@@ -30,6 +30,10 @@ T = TypeVar("T")
 # (Not DEADLINE_EXCEEDED: a query nobody answers times out on a live server.)
 _UNREACHABLE = {RPCStatusCode.UNAVAILABLE, RPCStatusCode.CANCELLED}
 _TRANSPORT_WORDS = ("transport error", "tcp connect error", "connection refused", "broken pipe", "connection reset")
+# Of those, what only a server that is not there gives: nothing listens. A call cut off on the way (CANCELLED:
+# "operation was canceled", "Timeout expired") also comes from a live server that is slow or recycles a
+# connection, so it starts an outage only when the next try fails too.
+_REFUSED_WORDS = ("tcp connect error", "connection refused")
 
 
 def is_unreachable(e: BaseException) -> bool:
@@ -46,6 +50,14 @@ def is_unreachable(e: BaseException) -> bool:
     return isinstance(e, (ConnectionError, OSError)) or any(w in str(e).lower() for w in _TRANSPORT_WORDS)
 
 
+def is_refused(e: BaseException) -> bool:
+    """An unreachable error that only a server that is not there gives (nothing listens, a connect that failed):
+    an outage at once."""
+    if isinstance(e, RPCError) and e.status == RPCStatusCode.UNAVAILABLE:
+        return True
+    return isinstance(e, ConnectionError) or any(w in str(e).lower() for w in _REFUSED_WORDS)
+
+
 @dataclass
 class Outage:
     """One client's view of the server: tells the user once when it goes away and once when it is back."""
@@ -57,13 +69,21 @@ class Outage:
     outages: int = 0
     _heard: float | None = field(default=None, init=False)  # the last answer (the SDK retries ~10 s before it gives up)
     _delay_s: float = field(default=0.0, init=False)
+    _suspect: bool = field(default=False, init=False)  # a call was cut off since the last answer
 
     @property
     def down(self) -> bool:
         return self.since is not None
 
     def failed(self, e: BaseException) -> None:
-        """An unreachable error: the first of an outage is printed, with the error."""
+        """An unreachable error: the first of an outage is printed, with the error.
+
+        A refused connection starts the outage at once; a call cut off on the way only when the next try fails
+        too, with no answer between: a loaded server that cuts one call off is slow, not gone.
+        """
+        if self.since is None and not self._suspect and not is_refused(e):
+            self._suspect = True
+            return
         if self.since is None:
             self.since = self._heard or time.monotonic()
             self.outages += 1
@@ -74,6 +94,7 @@ class Outage:
     def ok(self) -> None:
         """The server answered: if it was away, say for how long (since it last answered)."""
         self._heard = time.monotonic()
+        self._suspect = False
         if self.since is not None:
             self.say(f"Temporal is back after {self._heard - self.since:.0f} s")
             self.since = None
@@ -85,16 +106,27 @@ class Outage:
 
 
 async def probe(client: Client, outage: Outage, timeout_s: float = 2.0) -> bool:
-    """One health check without the SDK's retries (which take ~10 s to give up): is the server there now?"""
+    """One health check without the SDK's retries (which take ~10 s to give up): is the server there now?
+
+    A server too slow to answer within `timeout_s` says so itself (DEADLINE_EXCEEDED): it is there.
+    """
     try:
         await client.service_client.check_health(retry=False, timeout=timedelta(seconds=timeout_s))
+    except RPCError as e:
+        if e.status != RPCStatusCode.DEADLINE_EXCEEDED:
+            return _unreachable(e, outage)
     except Exception as e:
-        if not is_unreachable(e):
-            raise
-        outage.failed(e)
-        return False
+        return _unreachable(e, outage)
     outage.ok()
     return True
+
+
+def _unreachable(e: Exception, outage: Outage) -> bool:
+    """A failed probe: an unreachable error is the outage's to judge (False); any other is raised."""
+    if not is_unreachable(e):
+        raise e
+    outage.failed(e)
+    return False
 
 
 async def retry_unreachable(

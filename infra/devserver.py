@@ -22,11 +22,19 @@ from pathlib import Path
 
 from rollart.infra.parent_death import guarded
 
-__all__ = ["DevServer", "DevServerError", "find_temporal_cli", "free_port", "port_in_use"]
+__all__ = [
+    "DYNAMIC_CONFIG",
+    "DevServer",
+    "DevServerError",
+    "dynamic_config_args",
+    "find_temporal_cli",
+    "free_port",
+    "port_in_use",
+]
 
 log = logging.getLogger(__name__)
 
-_DYNAMIC_CONFIG = (
+DYNAMIC_CONFIG = (
     "history.transferProcessorMaxPollRPS=200",
     "history.timerProcessorMaxPollRPS=200",
     # one partition per task queue: one matching host has nothing to spread, and with 4 (the default) a task
@@ -37,6 +45,11 @@ _DYNAMIC_CONFIG = (
     # 8, 256 stand-in trajectories ran 1.15–1.33x the activities/s (docs/benchmarks.md, scale)
     "history.shardIOConcurrency=8",
 )
+
+
+def dynamic_config_args(*more: str) -> list[str]:
+    """`--dynamic-config-value` flags for DYNAMIC_CONFIG and `more`: every dev server rollart starts, tests' too."""
+    return [arg for setting in (*DYNAMIC_CONFIG, *more) for arg in ("--dynamic-config-value", setting)]
 
 
 class DevServerError(RuntimeError):
@@ -128,8 +141,7 @@ class DevServer:
             "warn",
         ]
         cmd += ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"] if self.ui_port else ["--headless"]
-        for setting in (*_DYNAMIC_CONFIG, f"limit.numPendingChildExecutions.error={self.max_pending_children}"):
-            cmd += ["--dynamic-config-value", setting]
+        cmd += dynamic_config_args(f"limit.numPendingChildExecutions.error={self.max_pending_children}")
         for name, kind in self.search_attributes.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         return cmd

@@ -13,7 +13,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from rollart.cli.errors import UserError
 from rollart.cli.stack import connect_client
 from rollart.cli.train import attach_command
-from rollart.client.connection import Outage, is_unreachable, retry_unreachable
+from rollart.client.connection import Outage, is_unreachable, probe, retry_unreachable
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
 from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig
@@ -45,6 +45,51 @@ def test_an_outage_is_said_once_and_its_end_once_with_a_capped_backoff() -> None
     assert said == ["Temporal unreachable, retrying (tcp connect error)", "Temporal is back after 0 s"]
     outage.failed(ConnectionError("refused"))
     assert outage.down and outage.outages == 2 and outage.next_delay() == 0.5  # a new outage starts over
+
+
+def test_a_call_cut_off_once_on_a_live_server_is_no_outage() -> None:
+    """A loaded server cuts a call off now and then ("operation was canceled"): only two in a row are an outage."""
+    said: list[str] = []
+    outage = Outage(say=said.append)
+    cut_off = RPCError("operation was canceled", RPCStatusCode.CANCELLED, b"")
+    for _ in range(3):
+        outage.ok()
+        outage.failed(cut_off)
+        assert not outage.down
+    outage.ok()
+    assert said == []
+    outage.failed(cut_off)
+    outage.failed(RPCError("Timeout expired", RPCStatusCode.CANCELLED, b""))  # a hung server: no answer twice
+    assert outage.down and said == ["Temporal unreachable, retrying (Timeout expired)"]
+    outage.ok()
+    refused = Outage(say=said.append)
+    refused.failed(RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b""))  # nothing listens: at once
+    assert refused.down and len(said) == 3
+
+
+class _HealthOf:
+    """A client whose health check raises `error` (a fake for the probe's logic; the real one: test_client_outage)."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.service_client = self
+        self.error = error
+
+    async def check_health(self, **kwargs: object) -> bool:
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+async def test_a_slow_health_check_is_a_server_that_is_there() -> None:
+    said: list[str] = []
+    outage = Outage(say=said.append)
+    slow = RPCError("context deadline exceeded", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+    assert await probe(_HealthOf(slow), outage) and not outage.down  # type: ignore[arg-type]
+    assert not await probe(_HealthOf(RPCError("tcp connect error", RPCStatusCode.UNAVAILABLE, b"")), outage)  # type: ignore[arg-type]
+    assert outage.down
+    with pytest.raises(RPCError, match="permission"):
+        await probe(_HealthOf(RPCError("permission denied", RPCStatusCode.PERMISSION_DENIED, b"")), outage)  # type: ignore[arg-type]
+    assert said == ["Temporal unreachable, retrying (tcp connect error)"]
 
 
 async def test_retry_waits_out_unreachable_errors_and_raises_the_others() -> None:
