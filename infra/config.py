@@ -413,6 +413,13 @@ class MooncakeConfig(_Strict):
     keeper_segment_mib: int = Field(1024, ge=16)
     buffer_mib: int = Field(64, ge=4)
     retry_after_s: float = Field(10.0, gt=0)
+    lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="how long each read holds an object against removal (the master's default_kv_lease_ttl): "
+        "an old weight version read moments ago outlives the publish that retires it by up to this long; "
+        "only for the master the local stack starts",
+    )
 
 
 class StoreConfig(_Strict):

@@ -83,6 +83,7 @@ class MooncakeService:
             f"--rpc_port={self.rpc_port}",
             "--metrics_host=127.0.0.1",
             f"--metrics_port={self.metrics_port}",
+            f"--default_kv_lease_ttl={round(self.store.mooncake.lease_s * 1000)}",
             "--minloglevel=2",
         ]
         self.master_proc = self._spawn(cmd, "mooncake-master.log")

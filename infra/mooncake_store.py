@@ -146,7 +146,8 @@ class MooncakeStore(Store):
         raise self._error(rc, key, "removing")
 
     def remove_now(self, key: str) -> None:
-        """Remove `key` even if a reader's lease (10 s after each read) holds it: only when no read can be in flight."""
+        """Remove `key` even if a reader's lease (`mooncake.lease_s` after each read) holds it: only when no read
+        can be in flight."""
         rc = self._client.remove(check_key(key), True)
         if rc not in (0, _OBJECT_NOT_FOUND):
             raise self._error(rc, key, "removing")

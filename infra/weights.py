@@ -46,7 +46,7 @@ def publish(store: Store, job_id: str, version: int, blob: bytes | memoryview, k
     """Write the blob (pinned), then move `latest` to it, then drop versions ≤ `version − keep`.
 
     Readers never see a pointer to a missing blob. A removal that fails (a
-    reader read it in the last seconds: Mooncake leases an object for 10 s
+    reader read it in the last seconds: Mooncake leases an object for `mooncake.lease_s`
     after each read) is retried at the next publishes: the `_SWEEP` versions
     before the kept ones are tried each time (one cheap call each).
     """

@@ -105,20 +105,52 @@ def stack_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Job
     )
 
 
+class _SessionStack:
+    """The one local stack the integration tier shares, stopped where the chaos tier begins.
+
+    Chaos tests start stacks of their own and kill parts of them; an idle session stack (its vLLM engine
+    above all) would share the two cores with them, so it goes before the first chaos test runs.
+    """
+
+    def __init__(self) -> None:
+        self.stack: LocalStack | None = None
+        self.stopped = False
+
+    def start(self, job: JobSpec) -> LocalStack:
+        if self.stopped:
+            raise RuntimeError("the session stack is stopped once the chaos tier begins: start a stack of your own")
+        self.stack = LocalStack(
+            job=job,
+            pools=[Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS, Pool.TRAINER],
+            home=job.store.path.parent,
+            port=free_port(),
+            ui_port=free_port(),
+        )
+        self.stack.start(timeout_s=300)
+        return self.stack
+
+    def stop(self) -> None:
+        self.stopped = True
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack = None
+
+
+_session_stack = _SessionStack()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """The session stack goes once the last test before the chaos tier is done (tiers run in order)."""
+    if nextitem is not None and tier(nextitem) == "chaos" and tier(item) != "chaos":
+        _session_stack.stop()
+
+
 @pytest.fixture(scope="session")
 def stack(stack_job: JobSpec) -> Iterator[LocalStack]:
     """A real local stack: dev server + control, cpu, h800 (vLLM), serverless and trainer worker processes."""
-    home = stack_job.store.path.parent
-    s = LocalStack(
-        job=stack_job,
-        pools=[Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS, Pool.TRAINER],
-        home=home,
-        port=free_port(),
-        ui_port=free_port(),
-    )
-    s.start(timeout_s=300)
-    yield s
-    s.stop()
+    yield _session_stack.start(stack_job)
+    _session_stack.stop()
 
 
 @pytest.fixture(scope="session")

@@ -69,6 +69,7 @@ async def _wait(cond: Callable[[], Awaitable[bool]], timeout_s: float, what: str
         await asyncio.sleep(every_s)
 
 
+@pytest.mark.chaos  # kills a worker mid-activity
 async def test_scales_up_with_backlog_retries_a_killed_workers_activity_and_drains_to_min(
     server: tuple[DevServer, StoreConfig], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

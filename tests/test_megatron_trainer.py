@@ -90,6 +90,7 @@ async def test_megatron_steps_publish_what_the_torch_backend_publishes(
     assert shards == ["meta.json", "model-tp00.pt", "model-tp01.pt", "optim-tp00.pt", "optim-tp01.pt"]
 
 
+@pytest.mark.chaos  # kills a rank
 async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(
     tiny_model: Path, setup, group: RankGroup, tmp_path: Path
 ) -> None:

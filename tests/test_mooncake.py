@@ -126,6 +126,7 @@ def test_publish_keeps_recent_versions_and_overwrites_latest(mooncake: MooncakeS
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # kills the master
 def test_master_killed_without_fallback_is_a_clear_error(fresh_mooncake: MooncakeService) -> None:
     cfg = fresh_mooncake.config.model_copy(update={"fallback": "none"})
     store = MooncakeStore.connect(cfg.mooncake)
@@ -139,6 +140,7 @@ def test_master_killed_without_fallback_is_a_clear_error(fresh_mooncake: Mooncak
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # kills the master
 def test_master_killed_with_local_fallback_loses_nothing(fresh_mooncake: MooncakeService, tmp_path: Path) -> None:
     """Everything written before, during and after the outage reads back; after a restart Mooncake serves again."""
     cfg = fresh_mooncake.config

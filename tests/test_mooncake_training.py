@@ -29,6 +29,7 @@ from tests.support.training_runs import run_job
 pytestmark = pytest.mark.integration
 
 POOLS = [Pool.CONTROL, Pool.CPU, Pool.H800, Pool.SERVERLESS, Pool.TRAINER]
+LEASE_S = 1.0  # how long a read holds an object against removal: short, so retired versions go soon
 
 
 def _stack(job: JobSpec, home: Path) -> LocalStack:
@@ -42,7 +43,7 @@ def mc_job(stack_job: JobSpec, tmp_path_factory: pytest.TempPathFactory) -> JobS
         kind="mooncake",
         path=home / "store",
         fallback="local",
-        mooncake=MooncakeConfig(keeper_segment_mib=256, retry_after_s=2.0),
+        mooncake=MooncakeConfig(keeper_segment_mib=256, retry_after_s=2.0, lease_s=LEASE_S),
     )
     return stack_job.model_copy(update={"store": store})
 
@@ -65,9 +66,10 @@ def _counts(r: TrainingResult) -> tuple[int, ...]:
 
 
 async def test_mooncake_training_matches_local(
-    mc_stack: LocalStack, mc_client: Client, mc_job: JobSpec, stack_job: JobSpec, tmp_path: Path
+    mc_stack: LocalStack, mc_client: Client, client: Client, stack: LocalStack, tmp_path: Path
 ) -> None:
-    """Bound 0 (deterministic admission): the same versions and trajectory counts with either store."""
+    """Bound 0 (deterministic admission): the same versions and trajectory counts with either store (the
+    session stack's is a local directory)."""
     job, result, status, _ = await run_job(mc_client, mc_stack.job, tmp_path / "mc", async_bound=0)
     assert result.version == 3 and [r.step for r in status.history] == [0, 1, 2] and status.ledger_balanced
     assert all(r.train["logprob_diff_behav"] < 1e-4 for r in status.history)  # weights arrived bit-exact
@@ -77,17 +79,23 @@ async def test_mooncake_training_matches_local(
     ref = latest_weights(store.cache, job.name)  # served by Mooncake itself, not the fallback
     assert ref is not None and ref.version == 3
     assert store.cache.exists(weights_key(job.name, 3)) and store.cache.exists(weights_key(job.name, 2))
-    # v1 may outlive v3's publish: Mooncake leases an object for 10 s after each read, and the generator
-    # read it moments before. Once the lease is over, the next publish sweeps every version ≤ v − keep.
-    await asyncio.sleep(11)
-    publish(store.cache, job.name, 4, store.cache.get(weights_key(job.name, 3)))
+    # v1 may outlive v3's publish: Mooncake leases an object for LEASE_S after each read, and the generator
+    # read it moments before. Once the lease is over, a publish sweeps every version ≤ v − keep.
+    blob, version = store.cache.get(weights_key(job.name, 3)), 4
+    retired = [weights_key(job.name, 1), weights_key(job.name, 2)]
+    deadline = time.monotonic() + 20 * LEASE_S
+    while True:
+        publish(store.cache, job.name, version, blob)
+        version += 1
+        if not any(map(store.cache.exists, retired)) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(LEASE_S * 1.5)  # past the lease that reading (and asking about) them renewed
     assert not store.cache.exists(weights_key(job.name, 1)) and not store.cache.exists(weights_key(job.name, 2))
-    assert store.cache.exists(weights_key(job.name, 3)) and latest_weights(store.cache, job.name).version == 4
+    assert store.cache.exists(weights_key(job.name, version - 1))
+    assert latest_weights(store.cache, job.name).version == version - 1
 
-    local_home = tmp_path / "local"
-    with _stack(stack_job.model_copy(update={"store": StoreConfig(path=local_home / "store")}), local_home) as local:
-        client = await connect(local.temporal, local.store)
-        _, local_result, local_status, _ = await run_job(client, local.job, tmp_path / "local", async_bound=0)
+    assert stack.store.kind == "local"
+    _, local_result, local_status, _ = await run_job(client, stack.job, tmp_path / "local", async_bound=0)
     assert _counts(local_result) == _counts(result)
     assert [(r.step, r.version, r.samples) for r in local_status.history] == [
         (r.step, r.version, r.samples) for r in status.history
@@ -101,6 +109,7 @@ def _steps_written(tmp_path: Path) -> int:
     return len(metrics.read_text().splitlines()) if metrics and metrics.is_file() else 0
 
 
+@pytest.mark.chaos  # kills and restarts the master
 async def test_master_killed_mid_run_falls_back_to_local_then_serves_again_once_restarted(
     mc_stack: LocalStack, mc_client: Client, tmp_path: Path
 ) -> None:

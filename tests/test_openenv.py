@@ -324,6 +324,7 @@ def _start_server(port: int, log: Path) -> subprocess.Popen:
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # kills the env server
 async def test_a_sigkilled_server_loses_its_sessions_and_restore_replays_them_on_the_restarted_one(
     tmp_path: Path,
 ) -> None:
@@ -391,6 +392,7 @@ def _stats(port: int) -> dict[str, int]:
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # kills the env server
 def test_rollout_of_the_example_survives_its_env_server_being_sigkilled(tmp_path: Path, tiny_model: Path) -> None:
     """The local stack starts the example's env server; SIGKILLed mid-rollout, it is restarted, every session
     restored (replayed on a fresh one), and every trajectory completes."""

@@ -180,6 +180,7 @@ def test_a_worker_waits_for_its_mooncake_master(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # a kill or a server restart
 def test_a_worker_keeps_serving_across_a_server_restart(tmp_path: Path) -> None:
     server = DevServer(db_file=tmp_path / "t.db", port=free_port(), ui_port=None).start()
     worker = _cpu_worker(server.address, tmp_path, "restart-")
@@ -300,6 +301,7 @@ def test_a_leftover_engine_of_a_dead_worker_is_found_and_reclaimed(tmp_path: Pat
 
 @pytest.mark.integration
 @pytest.mark.parametrize("mode", ["hooked", "plain"])
+@pytest.mark.chaos  # a kill or a server restart
 def test_a_forked_child_dies_with_its_sigkilled_parent_only_when_hooked(mode: str) -> None:
     parent = subprocess.Popen(
         [sys.executable, "-m", "tests.support.fork_parent", mode], stdout=subprocess.PIPE, text=True, cwd=REPO
@@ -321,6 +323,7 @@ def test_a_forked_child_dies_with_its_sigkilled_parent_only_when_hooked(mode: st
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # a kill or a server restart
 def test_a_worker_started_by_a_stack_drains_and_exits_when_the_stack_is_killed(tmp_path: Path) -> None:
     stack = subprocess.Popen(
         [sys.executable, "-m", "tests.support.spawn_parent", str(tmp_path), f"127.0.0.1:{free_port()}"],
@@ -350,6 +353,7 @@ def test_a_worker_started_by_a_stack_drains_and_exits_when_the_stack_is_killed(t
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # a kill or a server restart
 def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path: Path) -> None:
     stack = subprocess.Popen(
         [sys.executable, "-m", "tests.support.server_parent", str(tmp_path)],
@@ -377,6 +381,7 @@ def test_the_server_and_mooncake_processes_of_a_killed_stack_go_with_it(tmp_path
 
 
 @pytest.mark.integration
+@pytest.mark.chaos  # a kill or a server restart
 def test_a_sigkilled_rollart_up_leaves_nothing_running(tmp_path: Path) -> None:
     up = Lines(
         [
