@@ -1,7 +1,10 @@
-"""`training.stop_when`: the pure rule that ends a job once its success has held."""
+"""`training.stop_when`: the pure rule that ends a job once its success has held, and how its end is said."""
 
 from __future__ import annotations
 
+import pytest
+
+from rollart.contracts.training import TrainingResult
 from rollart.infra.config import StopWhen
 from rollart.workflows.stopping import held, held_over, should_stop
 
@@ -63,3 +66,34 @@ def test_no_rule_never_stops() -> None:
 def test_one_step_rule_stops_at_the_first_step_at_the_target() -> None:
     rule = StopWhen(success=0.5, steps=1)
     assert first_stop(rule, [0.1, 0.4, 0.5, 0.1]) == 3
+
+
+def ended(steps: int, **fields: object) -> TrainingResult:
+    """A result of `steps` steps (its ledger is not what these tests are about)."""
+    ledger = {"started": 0, "trained": 0, "dropped": 0, "failed": 0, "cancelled_in_flight": 0, "buffered_unused": 0}
+    return TrainingResult(job_id="j", steps=steps, version=steps, **ledger, **fields)
+
+
+@pytest.mark.parametrize(
+    ("result", "line"),
+    [
+        (
+            ended(96, ended_by="stop_when", max_steps=200, stop_when=StopWhen(success=0.95, steps=20)),
+            "learned: success ≥ 0.95 held for 20 steps, ended at step 96 of 200",
+        ),
+        (ended(7, ended_by="stop_signal", max_steps=200), "stopped by its stop signal at step 7 of 200"),
+        (
+            ended(200, max_steps=200, stop_when=StopWhen(success=0.95, steps=1)),
+            "trained all 200 steps; stop_when (success ≥ 0.95 held for 1 step) did not end it earlier",
+        ),
+    ],
+)
+def test_the_result_says_why_the_job_ended(result: TrainingResult, line: str) -> None:
+    assert result.describe_end() == line
+    assert result.end_note() == line
+
+
+def test_a_plain_run_to_its_steps_has_nothing_more_to_say() -> None:
+    result = ended(3)
+    assert result.ended_by == "steps" and result.end_note() is None
+    assert result.describe_end() == "trained all 3 steps"
