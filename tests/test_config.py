@@ -23,6 +23,7 @@ def test_example_job_loads() -> None:
     assert job.tasks[0].env == "frozenlake"
     assert job.tasks[0].generate_pool is Pool.H800
     assert job.tasks[0].sampling.top_k == 0
+    assert job.training.stop_when == StopWhen(success=0.95, steps=20) and job.training.steps == 200  # the cap
 
 
 def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
