@@ -46,9 +46,18 @@ STABLE_SHARE = 0.2
 
 
 def bench_job(example: str, sets: list[str], steps: int | None) -> JobSpec:
-    """examples/EXAMPLE.yaml with the model and store under the bench's home, `--set` overrides and `--steps`."""
+    """examples/EXAMPLE.yaml with the model and store under the bench's home, `--set` overrides and `--steps`.
+
+    The example's `training.stop_when` is turned off: the curves compare runs of one fixed length (a `--set
+    'training.stop_when={success: 0.95, steps: 20}'` puts a rule back)."""
     raw = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())
-    sets = [f"model_dir={HOME / 'model'}", "store.kind=local", f"store.path={HOME / 'store'}", *sets]
+    sets = [
+        f"model_dir={HOME / 'model'}",
+        "store.kind=local",
+        f"store.path={HOME / 'store'}",
+        "training.stop_when=null",
+        *sets,
+    ]
     if steps is not None:
         sets.append(f"training.steps={steps}")
     for kv in sets:

@@ -124,7 +124,9 @@ async def _answer(client: Client, handle: WorkflowHandle) -> TrainingStatus:
 
 def _print_status(st: TrainingStatus) -> None:
     """State, step and version, the ledger, the last five steps."""
-    state = "done" if st.done else "stopping" if st.stopping else "paused" if st.paused else "running"
+    state = "done" if st.done else "stopping" if st.stopping or st.ended_by else "paused" if st.paused else "running"
+    if st.ended_by == "stop_when":
+        state += " (learned)"
     print(
         f"job {st.job_id}: {state}, step {st.step}/{st.steps} (policy v{st.version}), "
         f"{st.rollout_mode} rollout, async bound {st.async_bound}"
@@ -135,6 +137,13 @@ def _print_status(st: TrainingStatus) -> None:
         f"failed {st.failed} + in flight {st.in_flight} + buffered {st.buffered}  "
         f"({'balanced' if st.ledger_balanced else 'UNBALANCED'})"
     )
+    if (rule := st.stop_when) is not None:  # training.stop_when
+        if st.ended_by == "stop_when":
+            print(f"learned: {rule.describe()}")
+        else:
+            print(
+                f"stop rule: success ≥ {rule.success:g} for {rule.steps} steps in a row; held for {st.stop_held} so far"
+            )
     for stall in st.stalls:  # a pool with work waiting and no worker, or no trajectory finishing (training.stall)
         print(
             f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})"

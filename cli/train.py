@@ -81,8 +81,9 @@ async def _train(job: JobSpec, job_id: str, run_dir: Path, ui: str, *, stop_on_e
     client = await connect_client(job)
     t = job.training
     handle = await start_training(client, job, job_id, run_dir)
+    until = f" (or until {t.stop_when.describe()})" if t.stop_when else ""
     print(
-        f"job {job_id}: {t.steps} steps, batch {t.batch_size}, async bound {t.async_bound}, "
+        f"job {job_id}: {t.steps} steps{until}, batch {t.batch_size}, async bound {t.async_bound}, "
         f"{t.rollout_mode} rollout; run dir {run_dir}"
     )
     return await follow_job(client, handle, job, run_dir, ui, t.steps, stop_on_exit=stop_on_exit, local=local)
@@ -284,6 +285,8 @@ async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingRe
         f"failed {result.failed} + cancelled in flight "
         f"{result.cancelled_in_flight} + buffered {result.buffered_unused}"
     )
+    if note := result.end_note():
+        print(note)  # learned: success ≥ 0.95 held for 20 steps, ended at step 96 of 200
     if result.last:
         print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.played_success:.2f}")
     print(f"metrics: {writer.path}   plots: {', '.join(str(p) for p in plots)}")

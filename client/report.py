@@ -115,6 +115,7 @@ class ReportData:
 def ledger_of(metrics: list[dict], result: TrainingResult | None = None) -> Ledger | None:
     """The job's final counts when its result is known, else the last step record's; None with neither."""
     if result is not None:
+        end = f"; {note}" if (note := result.end_note()) else ""  # a stop rule that held, or the stop signal
         return Ledger(
             started=result.started,
             trained=result.trained,
@@ -123,7 +124,7 @@ def ledger_of(metrics: list[dict], result: TrainingResult | None = None) -> Ledg
             failed=result.failed,
             in_flight=result.cancelled_in_flight,
             buffered=result.buffered_unused,
-            source=f"the job's result (policy v{result.version} after {result.steps} steps)",
+            source=f"the job's result (policy v{result.version} after {result.steps} steps{end})",
             final=True,
         )
     if not metrics:

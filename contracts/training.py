@@ -7,10 +7,18 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.contracts.activities import SampleRef
-from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig, TrainingConfig, check_batches_hold_groups
+from rollart.infra.config import (
+    JobSpec,
+    StopWhen,
+    TaskSpec,
+    TrainerConfig,
+    TrainingConfig,
+    check_batches_hold_groups,
+)
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
+    "EndedBy",
     "InFlight",
     "Stall",
     "StallWatch",
@@ -63,6 +71,11 @@ def played_success(row: dict) -> float:
     Rows written before the field existed give the batch's."""
     sampled = row.get("success_sampled")
     return row["success_rate"] if sampled is None else sampled
+
+
+EndedBy = Literal["steps", "stop_when", "stop_signal"]
+"""Why a job ended: it trained `training.steps` steps, its `training.stop_when` rule held (it learned), or it was
+sent the `stop` signal."""
 
 
 class Stall(BaseModel):
@@ -141,6 +154,8 @@ class TrainingState(BaseModel):
     entropy_coef: float | None = (
         None  # the adaptive entropy weight of the next step (loss.entropy_target); None: as configured
     )
+    stop_held: int = 0  # consecutive steps, the last included, whose success met training.stop_when (0 without one)
+    ended_by: EndedBy | None = None  # why the job ends: set when the stop rule holds, else at the end; None: running
 
     @property
     def ledger_balanced(self) -> bool:
@@ -228,6 +243,9 @@ class TrainingStatus(BaseModel):
     filtered: int = 0
     history: list[StepRecord] = Field(default_factory=list)
     stalls: list[Stall] = Field(default_factory=list)  # pools without workers, or no progress: see training.stall
+    stop_when: StopWhen | None = None  # the job's stop rule (training.stop_when)
+    stop_held: int = 0  # consecutive steps, the last included, that met it
+    ended_by: EndedBy | None = None  # once the job ends or has decided to: why
 
 
 class TrainingResult(BaseModel):
@@ -244,3 +262,20 @@ class TrainingResult(BaseModel):
     buffered_unused: int
     last: StepRecord | None = None
     filtered: int = 0
+    ended_by: EndedBy = "steps"
+    max_steps: int | None = None  # training.steps, the cap (None: results from before the field)
+    stop_when: StopWhen | None = None  # the job's stop rule (training.stop_when)
+
+    def describe_end(self) -> str:
+        """Why the job ended, in a line: "learned: success ≥ 0.95 held for 20 steps, ended at step 96 of 200"."""
+        of = f" of {self.max_steps}" if self.max_steps is not None else ""
+        if self.ended_by == "stop_when" and self.stop_when is not None:
+            return f"learned: {self.stop_when.describe()}, ended at step {self.steps}{of}"
+        if self.ended_by == "stop_signal":
+            return f"stopped by its stop signal at step {self.steps}{of}"
+        rule = f"; stop_when ({self.stop_when.describe()}) did not end it earlier" if self.stop_when else ""
+        return f"trained all {self.steps} steps{rule}"
+
+    def end_note(self) -> str | None:
+        """`describe_end()` when there is more to it than "trained all its steps" (a stop rule, the stop signal)."""
+        return self.describe_end() if self.ended_by != "steps" or self.stop_when is not None else None

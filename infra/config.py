@@ -42,6 +42,7 @@ __all__ = [
     "RewardPlacement",
     "SamplingParams",
     "StallConfig",
+    "StopWhen",
     "StoreConfig",
     "TaskEnv",
     "TaskSpec",
@@ -734,12 +735,41 @@ class MetricsConfig(_Strict):
     wandb: WandbConfig = WandbConfig()
 
 
+class StopWhen(_Strict):
+    """End the job once it has learned (`training.stop_when`); `training.steps` stays the cap.
+
+    The measure is each train step's success as the progress bar shows it (`StepRecord.played_success`):
+    the share of successful episodes among all the policy played for that step, that is its batch plus the
+    groups dynamic sampling left out since the step before (without dynamic sampling: the batch). Episodes
+    that failed for infrastructure reasons, and groups dropped as too stale, are not counted. The job ends
+    after the first step whose success, and that of the `steps` − 1 steps before it, is at or above
+    `success`; a step below starts the count again. It ends as at its last step: that step's weights are
+    published (as every step's are), the episodes still in flight are cancelled and counted.
+    """
+
+    success: float = Field(description="the success to hold, a share in (0, 1]: 0.95 is 95 % of the episodes")
+    steps: int = Field(ge=1, description="for this many consecutive train steps")
+
+    @field_validator("success")
+    @classmethod
+    def _a_share(cls, value: float) -> float:
+        if not 0.0 < value <= 1.0:
+            hint = f" (did you mean {value / 100:g}?)" if 1.0 < value <= 100.0 else ""
+            raise ValueError(f"success is a share of the episodes in (0, 1], e.g. 0.95, got {value:g}{hint}")
+        return value
+
+    def describe(self) -> str:
+        """ "success ≥ 0.95 held for 20 steps" """
+        return f"success ≥ {self.success:g} held for {self.steps} step{'s' if self.steps != 1 else ''}"
+
+
 class TrainingConfig(_Strict):
     """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
 
     `async_bound` k: a trajectory may be trained on at step s only if s − (the oldest policy version
     it used) ≤ k; 0 is synchronous on-policy training. `rollout_mode: batch` is the lockstep
-    baseline (all resets, then all generations, then all steps, turn by turn).
+    baseline (all resets, then all generations, then all steps, turn by turn). `stop_when` ends the job
+    before `steps` once its success has held (`StopWhen`).
     """
 
     steps: int = Field(100, ge=1)
@@ -750,6 +780,12 @@ class TrainingConfig(_Strict):
     seed: int = 0
     stall: StallConfig = StallConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    stop_when: StopWhen | None = Field(
+        None,
+        description="end the job early once each step's training success (what the progress bar shows: the "
+        "batch and the groups filtered since the step before) has been ≥ `success` for `steps` consecutive steps; "
+        "None: train all `steps`",
+    )
 
     @property
     def in_flight_limit(self) -> int:

@@ -128,3 +128,13 @@ def test_learning_measures_time_to_target_and_how_well_it_holds() -> None:
         ]
     )
     assert rows[0]["reached"] == 1 and rows[0]["steps_to_target"] == 15 and rows[0]["eval"] == 0.7
+
+
+def test_learning_runs_the_examples_full_length_unless_told_to_stop() -> None:
+    """The curves compare runs of one length: the example's `training.stop_when` is off unless a --set puts it back."""
+    from bench.learning import bench_job
+
+    job = bench_job("frozenlake", [], 30)
+    assert job.training.stop_when is None and job.training.steps == 30
+    kept = bench_job("frozenlake", ["training.stop_when={success: 0.9, steps: 5}"], None)
+    assert kept.training.stop_when is not None and kept.training.stop_when.steps == 5 and kept.training.steps == 200

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollart.infra.config import JobSpec, JobSpecError, TrainingConfig, load_job
+from rollart.infra.config import JobSpec, JobSpecError, StopWhen, TrainingConfig, load_job
 from rollart.infra.pools import Pool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +23,7 @@ def test_example_job_loads() -> None:
     assert job.tasks[0].env == "frozenlake"
     assert job.tasks[0].generate_pool is Pool.H800
     assert job.tasks[0].sampling.top_k == 0
+    assert job.training.stop_when == StopWhen(success=0.95, steps=20) and job.training.steps == 200  # the cap
 
 
 def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
@@ -98,6 +99,26 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
         (
             "tasks:\n  - {name: a, env: x, reward: y}\ntemporal: {task_queue_prefix: 'a b'}",
             ["temporal.task_queue_prefix"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntraining: {stop_when: {success: 0, steps: 20}}",
+            ["training.stop_when.success", "a share of the episodes in (0, 1], e.g. 0.95, got 0"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntraining: {stop_when: {success: 95, steps: 20}}",
+            ["training.stop_when.success", "got 95 (did you mean 0.95?)"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntraining: {stop_when: {success: 0.9, steps: 0}}",
+            ["training.stop_when.steps", "greater than or equal to 1"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntraining: {stop_when: {success: 0.9}}",
+            ["training.stop_when.steps", "Field required"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: x, reward: y}\ntraining: {stop_when: {success: 0.9, step: 5}}",
+            ["training.stop_when.step", "Extra inputs"],
         ),
         # every episode in flight is a child of the training workflow: past the server's limit the job would hang
         (
@@ -203,3 +224,13 @@ def test_dynamic_sampling_is_on_or_off_and_widens_admission_by_its_oversample() 
     assert not TrainingConfig(dynamic_sampling=False).dynamic_sampling.enabled
     with pytest.raises(ValueError, match="oversample"):
         TrainingConfig(dynamic_sampling={"enabled": True, "oversample": -1})
+
+
+def test_stop_when_is_off_unless_given_and_takes_the_whole_range() -> None:
+    assert TrainingConfig().stop_when is None
+    assert TrainingConfig(stop_when={"success": 1.0, "steps": 1}).stop_when == StopWhen(success=1.0, steps=1)
+    assert TrainingConfig(stop_when=None).stop_when is None
+    for bad in (-0.1, 0.0, 1.01):
+        with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+            StopWhen(success=bad, steps=5)
+    assert StopWhen(success=0.8, steps=1).describe() == "success ≥ 0.8 held for 1 step"

@@ -10,6 +10,8 @@
   (counted) as it completes, and its slots refill.
 - `trajectory` mode runs every episode on its own; `batch` mode runs a whole
   batch in lockstep (the synchronous baseline), with the same accounting.
+- The job ends at `training.steps`, on the `stop` signal, or, with `training.stop_when`,
+  once each step's success has held long enough (workflows/stopping.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.contracts.training import (
         HISTORY_KEPT,
+        EndedBy,
         InFlight,
         StepRecord,
         TrainingInput,
@@ -57,7 +60,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra import search_attributes as sa
     from rollart.infra.config import TaskSpec
     from rollart.infra.pools import Pool, queue_name
-    from rollart.workflows import entropy_control, policies, stalls
+    from rollart.workflows import entropy_control, policies, stalls, stopping
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
@@ -157,6 +160,9 @@ class TrainingWorkflow:
             restores=self.s.restores,
             duplicates_ignored=self.s.duplicates_ignored,
             stalls=self.s.stall.stalls,
+            stop_when=t.stop_when,
+            stop_held=self.s.stop_held,
+            ended_by=self.s.ended_by,
         )
 
     # ------------------------------------------------------------ the loop
@@ -193,7 +199,7 @@ class TrainingWorkflow:
         steps_this_run = 0
         # Wake up for stale ready groups too: when they fill the buffer, nothing else would ever wake the loop.
         wake_on_stale = workflow.patched("wake-on-stale-groups")
-        while self.s.step < t.steps and not self.s.stop_requested:
+        while self.s.step < t.steps and not self.s.stop_requested and self.s.ended_by is None:
             await self._launch()
             self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
             await workflow.wait_condition(
@@ -210,7 +216,8 @@ class TrainingWorkflow:
             if self._batch_ready() or self._stalled():
                 await self._train_step()
                 steps_this_run += 1
-                if steps_this_run >= t.continue_as_new_every and self.s.step < t.steps:
+                ending = self.s.step >= t.steps or self.s.ended_by is not None
+                if steps_this_run >= t.continue_as_new_every and not ending:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(
                         TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir, state=self.s)
@@ -456,8 +463,10 @@ class TrainingWorkflow:
             self.s.entropy_coef = entropy_control.next_coef(trainer.loss, trainer.loss.entropy_coef, entropy)
         if self.watching:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=False)
-        self.s.history = [*self.s.history, self._record(step, batch, result)][-HISTORY_KEPT:]
+        record = self._record(step, batch, result)
+        self.s.history = [*self.s.history, record][-HISTORY_KEPT:]
         self.s.filtered_since_step = self.s.filtered_successes_since_step = 0
+        self._judge_learned(record)
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
 
     def _record(self, step: int, batch: list[SampleRef], result: TrainStepResult) -> StepRecord:
@@ -488,6 +497,29 @@ class TrainingWorkflow:
             train=result.metrics,
         )
 
+    def _judge_learned(self, record: StepRecord) -> None:
+        """`training.stop_when`: count the steps its success has held; once long enough, the loop ends (before
+        the cap: at the cap the job ends by its steps anyway). Without a rule nothing changes."""
+        rule = self.plan.training.stop_when
+        if rule is None:
+            return
+        self.s.stop_held = stopping.held(rule, self.s.stop_held, record.played_success)
+        if stopping.should_stop(rule, self.s.stop_held) and self.s.step < self.plan.training.steps:
+            self.s.ended_by = "stop_when"
+            workflow.logger.info(
+                "job %s learned: %s, ending at step %d of %d",
+                self.inp.job_id,
+                rule.describe(),
+                self.s.step,
+                self.plan.training.steps,
+            )
+
+    def _ended_by(self) -> EndedBy:
+        """Why the loop ended: its stop rule held, it trained all its steps, or it was sent `stop`."""
+        if self.s.ended_by is not None:
+            return self.s.ended_by
+        return "steps" if self.s.step >= self.plan.training.steps else "stop_signal"
+
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
         self.finishing = True
@@ -495,7 +527,9 @@ class TrainingWorkflow:
         if self.s.stall.open:  # a job that ends is stalled no more
             self.s.stall = self.s.stall.model_copy(update={"open": []})
             workflow.set_current_details("")
+        self.s.ended_by = self._ended_by()
         self.done = True
+        t = self.plan.training
         return TrainingResult(
             job_id=self.inp.job_id,
             steps=self.s.step,
@@ -508,6 +542,9 @@ class TrainingWorkflow:
             buffered_unused=len(self.s.buffer),
             last=self.s.history[-1] if self.s.history else None,
             filtered=self.s.filtered,
+            ended_by=self.s.ended_by,
+            max_steps=t.steps,
+            stop_when=t.stop_when,
         )
 
     async def _cancel_in_flight(self) -> None:
