@@ -30,7 +30,7 @@ IMAGE_CPU ?= rollart:0.1.0-cpu
 IMAGE_GPU ?= rollart:0.1.0-gpu
 DOCKER    ?= docker
 
-.PHONY: setup run test test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
+.PHONY: setup run lint test test-chaos test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
 
 setup: $(STAMP)
 
@@ -77,30 +77,35 @@ endif
 run: setup
 	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
-# The whole suite: the format and lint (ruff), the layering (import-linter's contracts in pyproject.toml), then every test tier: unit,
-# orchestration (a Temporal server, stand-in activities), integration (the real stack: worker processes, vLLM,
-# Mooncake) and chaos. Tiers and their timeouts: tests/conftest.py.
-test: setup
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/lint-imports
-	$(PY) -m pytest $(PYTEST_ARGS)
+# The suite users rely on: format and lint (ruff), the layering (import-linter's contracts in pyproject.toml),
+# then the tiers in order: unit, orchestration (a Temporal server, stand-in activities) and integration (the real
+# stack: worker processes, vLLM, Mooncake, the CLI). Not the fault matrix: `make test-chaos`. Tiers and their
+# timeouts: tests/conftest.py. About 8 minutes on 2 cores.
+test: setup lint
+	$(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
 
-# The layering and the unit tests only: no server, no subprocess (a guard fails a unit test that starts one);
-# under a minute.
-test-fast: setup
+# The fault matrix: workers, ranks, env servers and the Mooncake master killed, the Temporal server restarted,
+# outages ridden out. About 6 minutes on 2 cores.
+test-chaos: setup
+	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
+
+# Format, lint and layering: what `make test` checks first.
+lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+
+# Lint and the unit tests only: no server, no subprocess (a guard fails a unit test that starts one); a minute.
+test-fast: setup lint
 	$(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 # Orchestration tests only: workflows against a Temporal server with stand-in activities.
 test-orchestration: setup
-	$(PY) -m pytest -m orchestration $(PYTEST_ARGS)
+	$(PY) -m pytest -m "orchestration and not chaos" $(PYTEST_ARGS)
 
-# Integration tests only (chaos included): the real stack.
+# Integration tests only (the chaos tier is `make test-chaos`): the real stack.
 test-integration: setup
-	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest -m "integration and not chaos" $(PYTEST_ARGS)
 
 # The container images the Kubernetes manifests run: each runs `make setup` for its build inside.
 image-cpu:

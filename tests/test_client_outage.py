@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,6 +64,15 @@ def _job(prefix: str, steps: int) -> JobSpec:
 
 def _world(prefix: str, train_delay_s: float) -> StandIns:
     return StandIns(prefix=prefix, turns=1, stagger=1, score=full_marks, train_delay_s=train_delay_s, turn_delay_s=0.02)
+
+
+async def _until_async(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    """Wait until `await check()` holds: a generous deadline, never a fixed window that load can outlast."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {timeout_s}s")
+        await asyncio.sleep(0.2)
 
 
 async def _until(check: object, timeout_s: float, what: str) -> None:
@@ -219,9 +228,14 @@ async def test_ctrl_c_on_a_remote_server_detaches_and_says_how_to_attach(
         assert f"rollart attach {job_id} --temporal-address {server.address}" in out
         handle = server_client.get_workflow_handle(job_id, result_type=TrainingResult)
         before = (await handle.query("status", result_type=TrainingStatus)).step
-        await asyncio.sleep(2)
+        steps: list[int] = []
+
+        async def advanced() -> bool:
+            steps.append((await handle.query("status", result_type=TrainingStatus)).step)
+            return steps[-1] > before
+
+        await _until_async(advanced, 60, f"step after {before} (saw {steps})")  # still training, detached
         assert (await handle.describe()).status == WorkflowExecutionStatus.RUNNING
-        assert (await handle.query("status", result_type=TrainingStatus)).step > before  # still training
         await handle.signal("stop")
         result = await asyncio.wait_for(handle.result(), 60)
     assert result.steps < 1000

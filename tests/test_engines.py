@@ -1,20 +1,39 @@
-"""Engines keep the contract: shapes, versions, finish reasons, and true behaviour logprobs."""
+"""Engines keep the contract (shapes, versions, finish reasons, true behaviour logprobs) and swap weights in place
+(new logprobs follow the new weights, versions are stamped, stale loads are no-ops).
+
+One engine of each kind serves the whole module, in file order: the contract first, on the weights it was
+built with, then the swaps, which leave it on other weights.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
-from rollart.activities.engines.base import Engine, EngineError, EngineOutput, EngineRequestError
+from rollart.activities.engines.base import (
+    Engine,
+    EngineDeadError,
+    EngineError,
+    EngineOutput,
+    EngineRequestError,
+    WeightsBlobError,
+    check_weights_blob,
+)
 from rollart.activities.engines.factory import create_engine
 from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.tiny_model import build_tiny_model
 
+log = logging.getLogger(__name__)
+
 PROMPT = "SFFF\nFHAH\nFFFH\nHFFG\nmove:"
+SAMPLING = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=16, n=4)
 
 
 @pytest.fixture(scope="module")
@@ -163,3 +182,225 @@ async def test_vllm_bad_request_is_engine_error(vllm_engine: Engine) -> None:
     assert isinstance(err.value, EngineRequestError)  # invalid request: callers must not retry
     out = await vllm_engine.generate(PROMPT, SamplingParams(max_tokens=2), "still-alive")
     assert out.completions
+
+
+# --- weight swaps (after the contract: they leave the engines on other weights) ---------------------------
+
+
+def perturbed_model(model_dir: Path, seed: int) -> Any:
+    """The tiny model with 0.05·randn added to every parameter (tied embedding perturbed once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def save_blob(model: Any, path: Path) -> Path:
+    """Write the state dict exactly as the trainer publishes it: safetensors bytes, no tied lm_head."""
+    from safetensors.torch import save
+
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    path.write_bytes(save(state))
+    return path
+
+
+def teacher_forced(model: Any, out: EngineOutput) -> list[list[float]]:
+    """Log-probabilities `model` gives each sampled token, by one forward pass over prompt + completion."""
+    import torch
+
+    result = []
+    start = len(out.prompt_ids)
+    for c in out.completions:
+        with torch.no_grad():
+            logits = model(torch.tensor([out.prompt_ids + c.token_ids])).logits[0].float()
+        logp = torch.log_softmax(logits, dim=-1)
+        positions = torch.arange(start - 1, start - 1 + len(c.token_ids))
+        result.append(logp[positions, torch.tensor(c.token_ids)].tolist())
+    return result
+
+
+def max_error(out: EngineOutput, expected: list[list[float]]) -> float:
+    return max(
+        abs(a - b) for c, e in zip(out.completions, expected, strict=True) for a, b in zip(c.logprobs, e, strict=True)
+    )
+
+
+@pytest.fixture(scope="module")
+def original(model_dir: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def new_weights(model_dir: Path) -> tuple[Any, Path]:
+    """Version 1: the perturbed model and its blob."""
+    model = perturbed_model(model_dir, seed=1)
+    return model, save_blob(model, model_dir.parent / "v1.safetensors")
+
+
+def test_blob_check_rejects_what_does_not_fit(model_dir: Path, new_weights: tuple[Any, Path], tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    check_weights_blob(new_weights[1], model_dir)  # the trainer's format passes
+    state = load_file(str(new_weights[1]))
+    name = "model.norm.weight"
+    save_file({k: v for k, v in state.items() if k != name}, str(tmp_path / "missing.safetensors"))
+    with pytest.raises(WeightsBlobError, match=f"missing.*{name}"):
+        check_weights_blob(tmp_path / "missing.safetensors", model_dir)
+    state[name] = state[name][:-1].contiguous()
+    save_file(state, str(tmp_path / "shape.safetensors"))
+    with pytest.raises(WeightsBlobError, match="shape mismatch"):
+        check_weights_blob(tmp_path / "shape.safetensors", model_dir)
+    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(WeightsBlobError, match="cannot read"):
+        check_weights_blob(tmp_path / "junk.safetensors", model_dir)
+
+
+# --- HF engine -------------------------------------------------------------------------------------------
+
+
+async def test_hf_load_weights(hf_engine: Engine, new_weights: tuple[Any, Path], original: Any) -> None:
+    model, blob = new_weights
+    before = await hf_engine.generate(PROMPT, SAMPLING, "hf-before")
+    assert max_error(before, teacher_forced(original, before)) < 1e-4
+    await hf_engine.load_weights(blob, 1)
+    assert hf_engine.policy_version == 1
+    out = await hf_engine.generate(PROMPT, SAMPLING, "hf-after")
+    assert (out.policy_version, out.policy_version_end) == (1, 1)
+    assert max_error(out, teacher_forced(model, out)) < 1e-4
+    assert max_error(out, teacher_forced(original, out)) > 0.05
+    await hf_engine.load_weights(Path("/nonexistent/stale.safetensors"), 1)  # stale: not even opened
+    assert hf_engine.policy_version == 1
+    with pytest.raises(WeightsBlobError):
+        await hf_engine.load_weights(Path("/nonexistent/new.safetensors"), 2)
+    assert hf_engine.policy_version == 1
+
+
+# --- vLLM engine -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+async def test_vllm_swap_under_load(vllm_engine: Engine, new_weights: tuple[Any, Path], original: Any) -> None:
+    """32 requests in flight across the swap all finish; afterwards logprobs are the new model's."""
+    model, blob = new_weights
+    assert vllm_engine.policy_version == 0
+    long = SamplingParams(temperature=1.0, top_k=0, max_tokens=64, n=2)
+    tasks = [asyncio.create_task(vllm_engine.generate(PROMPT, long, f"load-{i}")) for i in range(32)]
+    await asyncio.sleep(0.3)
+    t0 = time.perf_counter()
+    await vllm_engine.load_weights(blob, 1)
+    swap_s = time.perf_counter() - t0
+    log.warning("vLLM weight swap took %.3f s", swap_s)
+    outs = await asyncio.gather(*tasks)
+    for out in outs:
+        assert {out.policy_version, out.policy_version_end} <= {0, 1}
+        assert out.policy_version <= out.policy_version_end
+        assert all(len(c.token_ids) >= 1 for c in out.completions)
+    assert vllm_engine.policy_version == 1
+    spanning = sum(o.policy_version < o.policy_version_end for o in outs)
+    log.warning("%d of 32 requests spanned the swap", spanning)
+
+    out = await vllm_engine.generate(PROMPT, SAMPLING, "after")
+    assert (out.policy_version, out.policy_version_end) == (1, 1)
+    assert max_error(out, teacher_forced(model, out)) < 1e-4
+    assert max_error(out, teacher_forced(original, out)) > 0.05
+
+
+@pytest.mark.integration
+async def test_vllm_stale_and_bad_loads_keep_the_engine(vllm_engine: Engine, model_dir: Path, tmp_path: Path) -> None:
+    version = vllm_engine.policy_version
+    await vllm_engine.load_weights(Path("/nonexistent/stale.safetensors"), version)  # not newer: no-op
+    await vllm_engine.load_weights(Path("/nonexistent/stale.safetensors"), 0)
+    assert vllm_engine.policy_version == version
+    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(WeightsBlobError):
+        await vllm_engine.load_weights(tmp_path / "junk.safetensors", version + 1)
+    assert vllm_engine.policy_version == version
+    out = await vllm_engine.generate(PROMPT, SamplingParams(max_tokens=4), "still-alive")
+    assert out.policy_version == version and out.completions[0].token_ids
+
+
+@pytest.mark.integration
+async def test_vllm_concurrent_loads_are_serialised(vllm_engine: Engine, model_dir: Path) -> None:
+    """Two racing swaps both apply in order; the older one arriving last is a no-op."""
+    v = vllm_engine.policy_version
+    blobs = [
+        save_blob(perturbed_model(model_dir, seed=10 + i), model_dir.parent / f"race{i}.safetensors") for i in range(2)
+    ]
+    await asyncio.gather(vllm_engine.load_weights(blobs[0], v + 1), vllm_engine.load_weights(blobs[1], v + 2))
+    assert vllm_engine.policy_version == v + 2
+    await vllm_engine.load_weights(blobs[0], v + 1)
+    assert vllm_engine.policy_version == v + 2
+
+
+# --- failure path, without vLLM --------------------------------------------------------------------------
+
+
+class _FailingLLM:
+    """Stands in for AsyncLLM: the reload RPC blows up, as a broken worker would."""
+
+    errored = False
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def pause_generation(self, **kwargs: Any) -> None:
+        self.calls.append("pause")
+
+    async def collective_rpc(self, method: str, args: tuple = ()) -> list[int]:
+        self.calls.append(method)
+        raise RuntimeError("simulated worker failure")
+
+    async def reset_prefix_cache(self, **kwargs: Any) -> bool:
+        return True
+
+    async def resume_generation(self) -> None:
+        self.calls.append("resume")
+
+
+async def test_vllm_failed_reload_marks_engine_dead(model_dir: Path, new_weights: tuple[Any, Path]) -> None:
+    from rollart.activities.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(model_dir)
+    engine._llm = _FailingLLM()  # type: ignore[attr-defined]
+    with pytest.raises(EngineDeadError, match="restart the generation worker"):
+        await engine.load_weights(new_weights[1], 1)
+    assert engine.policy_version == 0
+    with pytest.raises(EngineDeadError):
+        await engine.generate(PROMPT, SamplingParams(max_tokens=2), "after-failure")
+
+
+class _SlowLLM(_FailingLLM):
+    """Stands in for AsyncLLM: the reload RPC takes a while and succeeds."""
+
+    async def collective_rpc(self, method: str, args: tuple = ()) -> list[int]:
+        self.calls.append(method)
+        await asyncio.sleep(0.2)
+        return [1]
+
+
+async def test_vllm_cancelled_swap_still_completes(model_dir: Path, new_weights: tuple[Any, Path]) -> None:
+    """Cancelling the caller mid-swap must not leave vLLM paused: the swap finishes, then the cancel propagates."""
+    from rollart.activities.engines.vllm_engine import VllmEngine
+
+    engine = VllmEngine(model_dir)
+    llm = _SlowLLM()
+    engine._llm = llm  # type: ignore[attr-defined]
+    task = asyncio.create_task(engine.load_weights(new_weights[1], 1))
+    for _ in range(200):  # until the reload RPC is under way
+        if len(llm.calls) >= 2:
+            break
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert llm.calls[-1] == "resume" and engine.policy_version == 1 and not engine._dead  # type: ignore[attr-defined]
