@@ -231,34 +231,51 @@ def action_term(form: str) -> ActionTerm:
     )
 
 
+COMPARISONS: dict[str, tuple[int, int, LossConfig, int]] = {  # tensor, data, loss, sequences
+    "T2": (2, 1, LossConfig(), 6),
+    "D2": (1, 2, LossConfig(), 6),
+    "T2-entropy-kl": (2, 1, BONUS_AND_KL, 6),
+    "D2-entropy-kl": (1, 2, BONUS_AND_KL, 6),
+    "D2-one-sequence": (1, 2, LossConfig(), 1),  # data rank 1 has nothing to train on and still joins the sum
+    "T2-action-entropy": (2, 1, ACTION_BONUS, 6),
+    "T2-coverage": (2, 1, COVERAGE_BONUS, 6),  # over actions from each rank's vocabulary slice, 2 tasks
+}
+
+
+def compare_cases(model_dir: str, cases: list[tuple[str, str, int, str | None]]) -> dict[str, dict] | None:
+    """On each rank: `compare_with_torch` for every case (name, trainer config, sequences, action bonus form)."""
+    out = {
+        name: compare_with_torch(model_dir, batch(n=n), cfg_json, action_term(form) if form else None)
+        for name, cfg_json, n, form in cases
+    }
+    return out if out and next(iter(out.values())) is not None else None
+
+
+@pytest.fixture(scope="module")
+def comparisons(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every case of COMPARISONS, one launch of ranks per layout (a launch costs more than a case)."""
+    out: dict[str, dict] = {}
+    for tensor, data in ((2, 1), (1, 2)):
+        model_dir = build_model(tmp_path_factory.mktemp(f"t{tensor}d{data}") / "m", tie_word_embeddings=tensor == 2)
+        cases = []
+        for name, (t, d, loss, n) in COMPARISONS.items():
+            if (t, d) == (tensor, data):
+                cfg = TrainerConfig(
+                    backend="megatron", parallel={"tensor": t, "data": d}, eps=1e-6, micro_batch_size=2, loss=loss
+                )
+                form = loss.action_bonus if loss.entropy_over == "actions" else None
+                cases.append((name, cfg.model_dump_json(), n, form))
+        out.update(run_on_ranks(compare_cases, tensor * data, tensor, str(model_dir), cases)[0])
+    return out
+
+
 @pytest.mark.integration
-@pytest.mark.parametrize(
-    ("tensor", "data", "loss", "n"),
-    [
-        (2, 1, LossConfig(), 6),
-        (1, 2, LossConfig(), 6),
-        (2, 1, BONUS_AND_KL, 6),
-        (1, 2, BONUS_AND_KL, 6),
-        (1, 2, LossConfig(), 1),  # one sequence: data rank 1 has nothing to train on and still joins the gradient sum
-        (2, 1, ACTION_BONUS, 6),
-        (2, 1, COVERAGE_BONUS, 6),  # over actions from each rank's vocabulary slice, 2 tasks
-    ],
-    ids=["T2", "D2", "T2-entropy-kl", "D2-entropy-kl", "D2-one-sequence", "T2-action-entropy", "T2-coverage"],
-)
-def test_megatron_equals_torch_on_the_same_weights_and_batch(
-    tmp_path: Path, tensor: int, data: int, loss: LossConfig, n: int
-) -> None:
+@pytest.mark.parametrize("case", list(COMPARISONS))
+def test_megatron_equals_torch_on_the_same_weights_and_batch(comparisons: dict[str, dict], case: str) -> None:
     """Log-probs within 1e-4, gradients within 1e-6, and with AdamW eps 1e-6 one step leaves the weights within 1e-5
     (with eps 1e-8, rounding noise on near-zero gradients becomes full-size updates)."""
-    model_dir = build_model(tmp_path / "m", tie_word_embeddings=tensor == 2)
-    cfg = TrainerConfig(
-        backend="megatron", parallel={"tensor": tensor, "data": data}, eps=1e-6, micro_batch_size=2, loss=loss
-    )
-    actions = action_term(loss.action_bonus) if loss.entropy_over == "actions" else None
-    d = run_on_ranks(
-        compare_with_torch, tensor * data, tensor, str(model_dir), batch(n=n), cfg.model_dump_json(), actions
-    )[0]
-    print(f"T={tensor} D={data} {loss}: {json.dumps(d)}")
+    d = comparisons[case]
+    print(f"{case}: {json.dumps(d)}")
     assert d["names_match"] == 1.0
     assert d["logprob"] < 1e-4 and d["entropy"] < 1e-4 and d["loss"] < 1e-6, d
     assert d["grad"] < 1e-6 and d["grad_max"] > 1e-3 and d["grad_norm"] < 1e-6, d  # the gradients are not all ~0
