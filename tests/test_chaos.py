@@ -18,7 +18,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -105,15 +105,16 @@ async def _wait_step(handle: WorkflowHandle, step: int, timeout_s: float = 240) 
     raise TimeoutError(f"job did not reach step {step} in {timeout_s:g}s")
 
 
-async def _train_step_running(handle: WorkflowHandle, timeout_s: float = 60) -> None:
-    """Wait until a train_step is running on the trainer, so the kill lands mid-step; fails the test if none does."""
+async def _train_step_running(handle: WorkflowHandle, timeout_s: float = 60) -> str:
+    """Wait until a train_step is running on the trainer, so the kill lands mid-step; its activity id. Fails the
+    test if none does."""
     deadline = time.monotonic() + timeout_s
     seen: list[str] = []
     while time.monotonic() < deadline:
         desc = await handle.describe()
         for a in desc.raw_description.pending_activities:
             if a.activity_type.name == "train_step" and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
-                return
+                return a.activity_id
         seen = [
             f"{a.activity_type.name} ({PendingActivityState.Name(a.state)})"
             for a in desc.raw_description.pending_activities
@@ -123,6 +124,26 @@ async def _train_step_running(handle: WorkflowHandle, timeout_s: float = 60) -> 
         f"no train_step of {handle.id} was running within {timeout_s:g}s, so no kill could land mid-step; "
         f"pending at the end: {seen or 'nothing'}"
     )
+
+
+async def _kill_mid_step(handle: WorkflowHandle, kill: Callable[[], None], tries: int = 3) -> float:
+    """`kill()` while a train_step runs; the wall time of the kill that interrupted one.
+
+    A step of the tiny model takes a fraction of a second, so the step seen running may have finished by the
+    time the signal lands; then the step was not interrupted (it is no longer pending) and the next one is
+    tried, until one is. (`tries=1` where a kill between steps fails the next step anyway: a dead rank.)
+    """
+    kill_wall = 0.0
+    for _ in range(tries):
+        step = await _train_step_running(handle)
+        kill_wall = time.time()
+        kill()
+        desc = await handle.describe()
+        if any(a.activity_id == step for a in desc.raw_description.pending_activities):
+            return kill_wall  # still pending after its worker died: it was interrupted and will be retried
+    if tries == 1:
+        return kill_wall
+    pytest.fail(f"none of {tries} kills landed while a train_step ran")
 
 
 async def _trained_ids(client: Client, handle: WorkflowHandle) -> list[str]:
@@ -196,16 +217,24 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
         t_kill = time.monotonic()
         chaos_stack.restart_server(down_s=2.0)
     elif victim == "trainer":
-        await _train_step_running(handle)
-        t_kill, kill_wall = time.monotonic(), time.time()
-        chaos_stack.kill_worker(chaos_stack.live_workers(Pool.TRAINER)[0])
-        chaos_stack.add_worker(Pool.TRAINER)  # the replacement resumes from the checkpoint and step records
+
+        def kill_trainer() -> None:
+            chaos_stack.kill_worker(chaos_stack.live_workers(Pool.TRAINER)[0])
+            chaos_stack.add_worker(Pool.TRAINER)  # the replacement resumes from the checkpoint and step records
+
+        kill_wall = await _kill_mid_step(handle, kill_trainer)
+        t_kill = time.monotonic() - (time.time() - kill_wall)
     elif victim == "trainer-rank":
-        await _train_step_running(handle)
-        t_kill, kill_wall = time.monotonic(), time.time()
-        ranks = _trainer_ranks(chaos_stack)
-        assert len(ranks) == 2, ranks
-        ranks[1].kill()  # SIGKILL: the step fails, its retry relaunches both ranks from the last checkpoint
+        killed: list[int] = []
+
+        def kill_rank() -> None:
+            ranks = _trainer_ranks(chaos_stack)
+            assert len(ranks) == 2, ranks
+            ranks[1].kill()  # SIGKILL: the step fails, its retry relaunches both ranks from the last checkpoint
+            killed.append(ranks[1].pid)
+
+        kill_wall = await _kill_mid_step(handle, kill_rank, tries=1)  # between steps, the next step fails
+        t_kill = time.monotonic() - (time.time() - kill_wall)
     else:
         t_kill = time.monotonic()
         chaos_stack.kill_worker(chaos_stack.live_workers(Pool(victim))[0])
@@ -226,9 +255,7 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
     )
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
     if victim == "trainer-rank":
-        assert len(_trainer_ranks(chaos_stack)) == 2 and ranks[1].pid not in [
-            p.pid for p in _trainer_ranks(chaos_stack)
-        ]
+        assert len(_trainer_ranks(chaos_stack)) == 2 and not set(killed) & {p.pid for p in _trainer_ranks(chaos_stack)}
     if victim == "cpu":  # sessions the dead worker held (if any: timing decides) were restored, none failed
         assert result.failed == 0, f"{result.failed} trajectories failed after their env worker died"
     resumed = await _resumed_after(chaos_client, job_id, kill_wall)
