@@ -29,7 +29,7 @@ from rollart.cli.errors import EXIT_BAD_INPUT, UserError
 from rollart.infra.devserver import DevServerError
 from rollart.workers.local_stack import StackError
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run"]
 
 # In the order `rollart --help` lists them; each module owns its sub-parser and its command.
 COMMANDS = (
@@ -52,26 +52,42 @@ COMMANDS = (
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of the console script; exits via os._exit to dodge a known SDK crash at interpreter exit."""
-    args = build_parser().parse_args(argv)
-    _configure_logging(args.verbose)
-    # SIGTERM (a scheduler, `kill`) stops as Ctrl-C does: the local stack is torn down, never orphaned.
+    """The console script (`rollart`, `python -m rollart.cli`): `run`, then exit with its code.
+
+    `os._exit` skips the interpreter's teardown, which the temporalio SDK can crash in (a known issue, rc 134/139
+    after the command succeeded); what is flushed is all there is to keep. SIGTERM (a scheduler, `kill`) stops
+    as Ctrl-C does, so a local stack is torn down, never orphaned.
+    """
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell
         signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
-    try:
-        rc = args.func(args)
-    except KeyboardInterrupt:
-        rc = 130
-    except (DevServerError, StackError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        rc = 1
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        rc = EXIT_BAD_INPUT
+    rc = run(argv)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse `argv`, run the command, and return its exit code: what tests and other programs call in process.
+
+    0 on success; argparse's own (0 for --help, 2 for a bad flag); 2 for input the user can fix (`UserError`,
+    printed without a traceback); 1 when the local stack or dev server cannot start; 130 on Ctrl-C.
+    """
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, or a flag argparse refused (it printed why)
+        return e.code if isinstance(e.code, int) else 2
+    _configure_logging(args.verbose)
+    try:
+        return args.func(args) or 0
+    except KeyboardInterrupt:
+        return 130
+    except (DevServerError, StackError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,12 +16,12 @@ import pytest
 from rollart.client.rollout import plan_trajectories
 from rollart.infra.config import load_job
 from rollart.infra.devserver import DevServer, free_port
+from tests.support.cli import rollart
 from tests.support.paths import REPO
 
 ROLLART = [sys.executable, "-m", "rollart.cli"]
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(
     "command",
     [
@@ -45,12 +45,22 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
         ["report"],
     ],
 )
-def test_every_command_has_help(command: list[str]) -> None:
-    done = subprocess.run([*ROLLART, *command, "--help"], capture_output=True, text=True, timeout=60)
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    done = rollart(capsys, *command, "--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
 
 
 @pytest.mark.integration
+def test_the_console_script_exits_with_the_commands_code() -> None:
+    """The one real process of the argument checks: `main` ends in os._exit with what `run` returned."""
+    ok = subprocess.run([*ROLLART, "--help"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0 and ok.stdout.startswith("usage: rollart")
+    bad = subprocess.run([*ROLLART, "autoscale", "--pool", "gpu"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown pool 'gpu'" in bad.stderr, bad.stderr
+    flag = subprocess.run([*ROLLART, "train", "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert flag.returncode == 2 and "unrecognized arguments: --no-such-flag" in flag.stderr, flag.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -62,33 +72,30 @@ def test_every_command_has_help(command: list[str]) -> None:
         (["--min", "3", "--max", "2"], "min_workers (3) exceeds max_workers (2)"),
     ],
 )
-def test_autoscale_rejects_bad_pools_and_bounds(args: list[str], message: str) -> None:
-    done = subprocess.run([*ROLLART, "autoscale", *args], capture_output=True, text=True, timeout=60)
+def test_autoscale_rejects_bad_pools_and_bounds(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    done = rollart(capsys, "autoscale", *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
-@pytest.mark.integration
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU: cuda is not refused here")
-def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_starts(tmp_path: Path) -> None:
+def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     job = tmp_path / "job.yaml"
     job.write_text(
         (REPO / "examples" / "frozenlake.yaml").read_text().replace("trainer:\n", "trainer:\n  device: cuda\n")
     )
-    done = subprocess.run(
-        [*ROLLART, "train", str(job), "--home", str(tmp_path / "home")], capture_output=True, text=True, timeout=120
-    )
+    done = rollart(capsys, "train", str(job), "--home", str(tmp_path / "home"))
     assert done.returncode == 2 and "trainer.device is cuda, but this process sees no GPU" in done.stderr, done.stderr
     assert not (tmp_path / "home" / "temporal.db").exists()  # no stack was started
-    worker = subprocess.run(
-        [*ROLLART, "worker", "--pool", "trainer", "--job", str(job), "--temporal-address", f"127.0.0.1:{free_port()}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    worker = rollart(
+        capsys, "worker", "--pool", "trainer", "--job", str(job), "--temporal-address", f"127.0.0.1:{free_port()}"
     )
     assert worker.returncode != 0 and "sees no GPU" in worker.stderr, worker.stderr[-2000:]
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -100,22 +107,19 @@ def test_a_cuda_trainer_on_a_machine_without_a_gpu_is_refused_before_anything_st
         ),
     ],
 )
-def test_trainer_node_flags_are_checked(args: list[str], message: str) -> None:
-    done = subprocess.run([*ROLLART, "worker", "--pool", "trainer", *args], capture_output=True, text=True, timeout=60)
+def test_trainer_node_flags_are_checked(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    done = rollart(capsys, "worker", "--pool", "trainer", *args)
     assert done.returncode == 2 and message in done.stderr, done.stderr
-    done = subprocess.run(
-        [*ROLLART, "worker", "--pool", "h800", "--nnodes", "2"], capture_output=True, text=True, timeout=60
-    )
+    done = rollart(capsys, "worker", "--pool", "h800", "--nnodes", "2")
     assert done.returncode == 2 and "for --pool trainer only" in done.stderr
 
 
-@pytest.mark.integration
-def test_init_model_builds_once(tmp_path: Path) -> None:
+def test_init_model_builds_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "m"
-    first = subprocess.run([*ROLLART, "init-model", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    first = rollart(capsys, "init-model", "--out", str(out))
     assert first.returncode == 0 and "built tiny model" in first.stdout
     assert (out / "config.json").exists() and (out / "tokenizer.json").exists()
-    again = subprocess.run([*ROLLART, "init-model", "--out", str(out)], capture_output=True, text=True, timeout=120)
+    again = rollart(capsys, "init-model", "--out", str(out))
     assert again.returncode == 0 and "already holds a model" in again.stdout
 
 
@@ -313,25 +317,17 @@ def _fake_run(run_dir: Path, success: list[float]) -> Path:
     return run_dir
 
 
-@pytest.mark.integration
-def test_plot_one_run_and_compare_several(tmp_path: Path) -> None:
+def test_plot_one_run_and_compare_several(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     a = _fake_run(tmp_path / "a", [0.0, 0.1, 0.5, 0.9])
     b = _fake_run(tmp_path / "b", [0.0, 0.0, 0.2, 0.4])
-    one = subprocess.run([*ROLLART, "plot", str(a)], capture_output=True, text=True, timeout=120)
+    one = rollart(capsys, "plot", str(a))
     assert one.returncode == 0 and (a / "learning.png").read_bytes()[:4] == b"\x89PNG"
     out = tmp_path / "cmp.png"
-    two = subprocess.run(
-        [*ROLLART, "plot", str(a), str(b), "--labels", "bound 0,bound 1", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    two = rollart(capsys, "plot", str(a), str(b), "--labels", "bound 0,bound 1", "--out", str(out))
     assert two.returncode == 0 and out.read_bytes()[:4] == b"\x89PNG", two.stderr
-    bad = subprocess.run(
-        [*ROLLART, "plot", str(a), str(b), "--labels", "only-one"], capture_output=True, text=True, timeout=120
-    )
+    bad = rollart(capsys, "plot", str(a), str(b), "--labels", "only-one")
     assert bad.returncode != 0 and "2 run dirs" in bad.stderr
-    missing = subprocess.run([*ROLLART, "plot", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
+    missing = rollart(capsys, "plot", str(tmp_path / "nope"))
     assert missing.returncode != 0 and "metrics.jsonl" in missing.stderr
 
 
@@ -341,8 +337,9 @@ def test_moving_mean_is_a_trailing_window() -> None:
     assert _moving_mean([0.0, 1.0, 1.0, 0.0], 2) == [0.0, 0.5, 1.0, 0.5]
 
 
-@pytest.mark.integration
-def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: Path, tiny_model: Path) -> None:
+def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, tiny_model: Path
+) -> None:
     spec = {
         "name": "ev",
         "model_dir": str(tiny_model),
@@ -361,19 +358,16 @@ def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: 
     }
     job = tmp_path / "job.json"
     job.write_text(json.dumps(spec))
-    done = subprocess.run([*ROLLART, "eval", str(job), "-n", "3"], capture_output=True, text=True, timeout=300)
+    done = rollart(capsys, "eval", str(job), "-n", "3")
     assert done.returncode == 0, done.stderr
     row = next(line.split() for line in done.stdout.splitlines() if line.startswith("lake"))
     assert row[1:3] == ["0", "3"] and 0.0 <= float(row[3]) <= 1.0  # version 0, 3 episodes
-    missing = subprocess.run(
-        [*ROLLART, "eval", str(job), "--job-id", "nope", "-n", "1"], capture_output=True, text=True, timeout=300
-    )
+    missing = rollart(capsys, "eval", str(job), "--job-id", "nope", "-n", "1")
     assert missing.returncode != 0 and "'nope' has published no weights" in missing.stderr
-    bad = subprocess.run([*ROLLART, "eval", str(job), "--task", "x"], capture_output=True, text=True, timeout=300)
+    bad = rollart(capsys, "eval", str(job), "--task", "x")
     assert bad.returncode != 0 and "no task 'x'" in bad.stderr
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(
     ("command", "extra"),
     [
@@ -384,7 +378,7 @@ def test_eval_scores_the_untrained_policy_and_rejects_unknown_weights(tmp_path: 
     ],
 )
 def test_a_mistyped_model_dir_fails_instead_of_building_a_fresh_model(
-    tmp_path: Path, command: list[str], extra: list[str]
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: list[str], extra: list[str]
 ) -> None:
     typo = tmp_path / "modles" / "tiny"
     spec = {
@@ -396,7 +390,7 @@ def test_a_mistyped_model_dir_fails_instead_of_building_a_fresh_model(
     job = tmp_path / "job.json"
     job.write_text(json.dumps(spec))
     extra = [str(tmp_path / "home") if a == "HOME" else a for a in extra]
-    done = subprocess.run([*ROLLART, *command, str(job), *extra], capture_output=True, text=True, timeout=120)
+    done = rollart(capsys, *command, str(job), *extra)
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"model_dir {typo} does not exist" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not typo.exists() and not (tmp_path / "home" / "temporal.db").exists()  # nothing built, no stack started

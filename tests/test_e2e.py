@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from rollart.infra.store import LocalStore
 from rollart.infra.temporal import data_converter
 from rollart.workers.local_stack import LocalStack
 from rollart.workflows import ALL_WORKFLOWS
+from tests.support.cli import rollart
 from tests.support.history import payload_sizes
-from tests.support.paths import REPO
 from tests.support.tasks import frozenlake_task
 
 pytestmark = pytest.mark.integration
@@ -198,29 +197,28 @@ async def test_temporal_cli_start_valid_and_invalid_input(stack: LocalStack, cli
     assert sum(e.HasField("workflow_task_failed_event_attributes") for e in history.events) == 0
 
 
-def _rollart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "rollart.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-def test_rollout_cli_against_a_running_stack(stack: LocalStack, stack_job: JobSpec, tmp_path: Path) -> None:
+def test_rollout_cli_against_a_running_stack(
+    capsys: pytest.CaptureFixture[str], stack: LocalStack, stack_job: JobSpec, tmp_path: Path
+) -> None:
     job_file = tmp_path / "job.json"
     job_file.write_text(stack_job.model_dump_json())
-    done = _rollart("rollout", str(job_file), "-n", "4", "--temporal-address", stack.address, "--ui-url", "http://ui")
+    done = rollart(
+        capsys, "rollout", str(job_file), "-n", "4", "--temporal-address", stack.address, "--ui-url", "http://ui"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4/4 completed" in done.stdout
     assert "http://ui/namespaces/default/workflows/itest-" in done.stdout
 
 
-def test_rollout_cli_bad_input_fails_before_anything_starts(tmp_path: Path) -> None:
+def test_rollout_cli_bad_input_fails_before_anything_starts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: gpu}\n")
-    done = _rollart("rollout", str(bad), "--temporal-address", "127.0.0.1:1")
+    done = rollart(capsys, "rollout", str(bad), "--temporal-address", "127.0.0.1:1")
     assert done.returncode == 2
     assert f"{bad}: invalid job spec" in done.stderr and "tasks.0.generate_pool" in done.stderr
 
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("tasks:\n  - {name: a, env: frozenlak, reward: sucess}\n")
-    done = _rollart("rollout", str(unknown), "--temporal-address", "127.0.0.1:1")
+    done = rollart(capsys, "rollout", str(unknown), "--temporal-address", "127.0.0.1:1")
     assert done.returncode == 2
     assert "unknown env 'frozenlak'" in done.stderr and "unknown reward 'sucess'" in done.stderr

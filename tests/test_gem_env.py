@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import subprocess
-import sys
 from collections import deque
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from rollart.contracts.activities import Transcript, TurnRecord
 from rollart.infra.config import JobSpec, load_job
 from rollart.infra.registry import lookup_env, lookup_reward
 from rollart.workers.local_stack import LocalStack
+from tests.support.cli import rollart
 from tests.support.paths import REPO
 
 pytest.importorskip("gem", reason="the gem env needs gem-llm (`make setup` installs it)")
@@ -284,7 +283,9 @@ def test_env_return_sums_env_rewards_with_the_last_turns_success() -> None:
 
 
 @pytest.mark.integration
-def test_rollout_cli_runs_the_sokoban_example(stack: LocalStack, stack_job: JobSpec, tmp_path: Path) -> None:
+def test_rollout_cli_runs_the_sokoban_example(
+    capsys: pytest.CaptureFixture[str], stack: LocalStack, stack_job: JobSpec, tmp_path: Path
+) -> None:
     """examples/sokoban.yaml through `rollart rollout` on the session's stack (its tiny model and engine)."""
     job = load_job(REPO / "examples" / "sokoban.yaml")
     job = job.model_copy(
@@ -292,19 +293,8 @@ def test_rollout_cli_runs_the_sokoban_example(stack: LocalStack, stack_job: JobS
     )
     job_file = tmp_path / "job.json"
     job_file.write_text(job.model_dump_json())
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollart.cli",
-        "rollout",
-        str(job_file),
-        "-n",
-        "8",
-        "--temporal-address",
-        stack.address,
-        "--ui-url",
-        "http://ui",
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    done = rollart(
+        capsys, "rollout", str(job_file), "-n", "8", "--temporal-address", stack.address, "--ui-url", "http://ui"
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "8/8 completed" in done.stdout

@@ -10,8 +10,6 @@ missing kubeconfig and an unreachable API server.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from rollart.infra.k8s_apply import ApplyError, apply_manifests, connect
 from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from rollart.infra.pools import Pool
 from rollart.workers.pool_worker import TrainerNodes
+from tests.support.cli import rollart
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"
@@ -504,29 +503,22 @@ def test_render_checks_pools_even_for_jobs_built_without_validation() -> None:
 # ---------------------------------------------------------------- the CLI
 
 
-@pytest.mark.integration
-def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
+def test_cli_render_writes_one_valid_file_per_object(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "manifests"
-    done = subprocess.run(
-        [
-            *ROLLART,
-            "k8s",
-            "render",
-            str(EXAMPLES["multitask"]),
-            "-o",
-            str(out),
-            "--hpa",
-            "--image",
-            "registry.example/rollart:2-cpu",
-            "--gpu-image",
-            "registry.example/rollart:2-gpu",
-            "--temporal-address",
-            "t.example:7233",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
+    done = rollart(
+        capsys,
+        "k8s",
+        "render",
+        str(EXAMPLES["multitask"]),
+        "-o",
+        str(out),
+        "--hpa",
+        "--image",
+        "registry.example/rollart:2-cpu",
+        "--gpu-image",
+        "registry.example/rollart:2-gpu",
+        "--temporal-address",
+        "t.example:7233",
     )
     assert done.returncode == 0, done.stderr
     files = sorted(out.glob("*.yaml"))
@@ -551,28 +543,20 @@ def test_cli_render_writes_one_valid_file_per_object(tmp_path: Path) -> None:
     }
 
 
-@pytest.mark.integration
-def test_cli_render_bad_job_is_a_clean_error(tmp_path: Path) -> None:
+def test_cli_render_bad_job_is_a_clean_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = write_job(tmp_path, EXAMPLES["multitask"], {"pools": {"h20": {"replicas": 0}}})
-    done = subprocess.run(
-        [*ROLLART, "k8s", "render", str(path), "-o", str(tmp_path / "out")], capture_output=True, text=True, timeout=120
-    )
+    done = rollart(capsys, "k8s", "render", str(path), "-o", str(tmp_path / "out"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("error: ") and "task 'arithmetic'" in done.stderr and "'h20'" in done.stderr
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.integration
-def test_cli_apply_without_a_cluster_says_so(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
-    env["KUBECONFIG"] = str(tmp_path / "missing-kubeconfig")
-    done = subprocess.run(
-        [*ROLLART, "k8s", "apply", str(EXAMPLES["frozenlake"]), "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+def test_cli_apply_without_a_cluster_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    done = rollart(capsys, "k8s", "apply", str(EXAMPLES["frozenlake"]), "--dry-run")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "error: no Kubernetes cluster configured" in done.stderr and "KUBECONFIG" in done.stderr
 

@@ -21,6 +21,7 @@ from rollart.infra.mooncake_service import MooncakeService
 from rollart.infra.mooncake_store import MooncakeStore
 from rollart.infra.store import MirroredStore, StoreKeyError, StoreUnavailable, open_store
 from rollart.infra.weights import fetch_latest, latest_weights, publish, weights_key
+from tests.support.cli import rollart
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -187,7 +188,6 @@ def test_config_rejects_a_bad_master_address() -> None:
     assert "store.mooncake.master" in format_validation_error(err.value, "job.yaml")
 
 
-@pytest.mark.integration
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -195,16 +195,12 @@ def test_config_rejects_a_bad_master_address() -> None:
         ([], "the job's store is Mooncake but no master is given: pass --store-master"),
     ],
 )
-def test_worker_needs_a_valid_master_for_a_mooncake_job(tmp_path: Path, extra: list[str], message: str) -> None:
+def test_worker_needs_a_valid_master_for_a_mooncake_job(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str], message: str
+) -> None:
     job = tmp_path / "job.yaml"
     job.write_text("tasks: [{name: a, env: frozenlake, reward: success}]\nstore: {kind: mooncake}\n")
-    out = subprocess.run(
-        [sys.executable, "-m", "rollart.cli", "worker", "--pool", "cpu", "--job", str(job), *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-    )
+    out = rollart(capsys, "worker", "--pool", "cpu", "--job", str(job), *extra)
     assert out.returncode == 2 and message in out.stderr, out.stderr
 
 

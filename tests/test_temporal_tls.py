@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import sys
 import time
 import uuid
@@ -39,6 +38,7 @@ from rollart.infra.temporal_tls import certificate_verdict, closed_connection_hi
 from rollart.infra.waiting import Backoff
 from rollart.workers.local_stack import LocalStack
 from rollart.workers.pool_worker import WorkerSettings, serve
+from tests.support.cli import rollart
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task
@@ -443,22 +443,19 @@ async def test_tls_to_a_plain_server_says_it_does_not_speak_tls(
 
 
 @pytest.mark.orchestration
-def test_the_cli_says_what_is_wrong_without_a_traceback(front: TLSFront, pki: Pki, tmp_path: Path) -> None:
+def test_the_cli_says_what_is_wrong_without_a_traceback(
+    capsys: pytest.CaptureFixture[str], front: TLSFront, pki: Pki, tmp_path: Path
+) -> None:
     """`rollart status` and `rollart worker` with the TLS flags but no client certificate: exit 2 at once, saying so."""
     tls = ["--temporal-address", front.address, "--temporal-tls-ca", str(pki.ca)]
-    status = subprocess.run([*ROLLART, "status", "j-1", *tls], capture_output=True, text=True, timeout=120)
+    status = rollart(capsys, "status", "j-1", *tls)
     assert status.returncode == 2 and "Traceback" not in status.stderr, status.stderr
     assert status.stderr.startswith(
         f"error: cannot get the status of 'j-1' from {front.address}: the Temporal server "
         f"at {front.address} requires a client certificate"
     )
     t0 = time.monotonic()
-    worker = subprocess.run(
-        [*ROLLART, "worker", "--pool", "serverless", *tls, "--store-path", str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    worker = rollart(capsys, "worker", "--pool", "serverless", *tls, "--store-path", str(tmp_path / "s"))
     assert worker.returncode == 2 and "Traceback" not in worker.stderr, worker.stderr
     assert "requires a client certificate" in worker.stderr and time.monotonic() - t0 < 60
 

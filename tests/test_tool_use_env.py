@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,7 +27,7 @@ from rollart.activities.envs.tool_use import ToolUse, make_problem, parse_action
 from rollart.infra.config import JobSpec, TaskSpec
 from rollart.infra.registry import lookup_env
 from rollart.workers.local_stack import LocalStack
-from tests.support.paths import REPO
+from tests.support.cli import rollart
 
 FAST = SandboxLimits(time_limit_s=1.0, cpu_limit_s=1, memory_mb=256, max_output_chars=200)
 
@@ -310,7 +308,9 @@ def test_an_episode_with_tool_calls_a_timeout_and_an_answer() -> None:
 
 
 @pytest.mark.integration
-def test_rollout_cli_runs_tool_use_episodes_on_the_stack(stack: LocalStack, stack_job: JobSpec, tmp_path: Path) -> None:
+def test_rollout_cli_runs_tool_use_episodes_on_the_stack(
+    capsys: pytest.CaptureFixture[str], stack: LocalStack, stack_job: JobSpec, tmp_path: Path
+) -> None:
     task = TaskSpec.model_validate(
         {
             "name": "tool_use",
@@ -325,18 +325,7 @@ def test_rollout_cli_runs_tool_use_episodes_on_the_stack(stack: LocalStack, stac
     job = stack_job.model_copy(update={"name": "tooluse", "tasks": [task]})
     job_file = tmp_path / "job.json"
     job_file.write_text(job.model_dump_json())
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollart.cli",
-        "rollout",
-        str(job_file),
-        "-n",
-        "4",
-        "--temporal-address",
-        stack.address,
-    ]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300, cwd=REPO)
+    done = rollart(capsys, "rollout", str(job_file), "-n", "4", "--temporal-address", stack.address)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4/4 completed" in done.stdout
     job_id = re.search(r"job (tooluse-\S+): starting", done.stdout)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -22,7 +20,7 @@ from rollart.client.trajectory_view import (
     workflow_candidates,
 )
 from rollart.contracts.rollouts import TrajectoryResult
-from tests.support.paths import REPO
+from tests.support.cli import rollart
 
 # ------------------------------------------------------------------ unit: hand-built data
 
@@ -122,48 +120,37 @@ def test_rows_filter_and_sort() -> None:
 # ------------------------------------------------------------------ integration: the session stack
 
 
-def _rollart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rollart.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        check=False,
-    )
-
-
 @pytest.mark.integration
-def test_show_prints_every_turn_of_a_rollout(stack, stack_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_show_prints_every_turn_of_a_rollout(capsys, stack, stack_job, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     job_file = tmp_path / "job.json"
     job_file.write_text(stack_job.model_dump_json())
     where = ["--temporal-address", stack.address, "--store-path", str(stack_job.store.path), "--ui-url", "http://ui"]
-    done = _rollart("rollout", str(job_file), "-n", "2", "--temporal-address", stack.address, "--seed", "5")
+    done = rollart(capsys, "rollout", str(job_file), "-n", "2", "--temporal-address", stack.address, "--seed", "5")
     assert done.returncode == 0, done.stdout + done.stderr
     job_id = re.search(r"^job (\S+): starting", done.stdout, re.MULTILINE).group(1)  # type: ignore[union-attr]
 
-    listed = _rollart("trajectories", job_id, "--json", *where)
+    listed = rollart(capsys, "trajectories", job_id, "--json", *where)
     assert listed.returncode == 0, listed.stderr
     rows = [json.loads(line) for line in listed.stdout.splitlines()]
     assert len(rows) == 2 and {r["status"] for r in rows} == {"completed"}
-    table = _rollart("trajectories", job_id, *where)
+    table = rollart(capsys, "trajectories", job_id, *where)
     assert table.returncode == 0 and all(r["trajectory_id"] in table.stdout for r in rows), table.stdout
-    failed = _rollart("trajectories", job_id, "--failed", "--json", *where)
+    failed = rollart(capsys, "trajectories", job_id, "--failed", "--json", *where)
     assert failed.returncode == 0 and failed.stdout == "", failed.stdout + failed.stderr
 
     for row in rows:
-        shown = _rollart("show", row["trajectory_id"], *where)
+        shown = rollart(capsys, "show", row["trajectory_id"], *where)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         out = shown.stdout
         assert out.count("observation: ") == row["turns"] and out.count("action: ") == row["turns"], out
         assert f"reward {row['reward']:.3f}" in out and "policy versions v0..v0" in out
         assert re.search(r"generate on h800-\S+", out) and re.search(r"step on cpu-\S+", out), out
         assert f"Temporal UI: http://ui/namespaces/default/workflows/{row['workflow_id']}/" in out
-        as_json = json.loads(_rollart("show", row["trajectory_id"], "--json", *where).stdout)
+        as_json = json.loads(rollart(capsys, "show", row["trajectory_id"], "--json", *where).stdout)
         assert len(as_json["turns"]) == row["turns"]
         assert all(t["logprobs"] and t["logprobs"]["n"] == t["completion_tokens"] for t in as_json["turns"])
 
-    unknown = _rollart("show", f"{job_id}-nope", *where)
+    unknown = rollart(capsys, "show", f"{job_id}-nope", *where)
     assert unknown.returncode == 2 and f"{job_id}-nope" in unknown.stderr and "rollart trajectories" in unknown.stderr
 
 
