@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, WorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from rollart.infra.config import WorkerTuning
 
-__all__ = ["activity_worker_options", "workflow_runner", "workflow_worker_options"]
+__all__ = ["SANDBOX_PASSTHROUGH", "activity_worker_options", "workflow_runner", "workflow_worker_options"]
 
 
 def workflow_worker_options(tuning: WorkerTuning) -> dict[str, Any]:
@@ -31,6 +31,17 @@ def activity_worker_options(tuning: WorkerTuning) -> dict[str, Any]:
     return {"activity_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=tuning.activity_task_pollers)}
 
 
+# Modules the sandbox passes through as well as the SDK's own list. beartype: a dependency that calls
+# `beartype_this_package()` (fastmcp's key_value, which OpenEnv's server imports) installs an import hook that, on
+# every import, looks up beartype's own state in sys.modules; inside a sandbox that is not there, so each new
+# workflow re-imported beartype's machinery (orchestration tests ran 3x slower once OpenEnv had been imported).
+SANDBOX_PASSTHROUGH = ("beartype",)
+
+
 def workflow_runner(tuning: WorkerTuning) -> WorkflowRunner:
     """The runner `tuning.sandbox` names: the SDK's sandbox, or none."""
-    return SandboxedWorkflowRunner() if tuning.sandbox == "strict" else UnsandboxedWorkflowRunner()
+    if tuning.sandbox != "strict":
+        return UnsandboxedWorkflowRunner()
+    return SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules(*SANDBOX_PASSTHROUGH)
+    )

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
@@ -178,6 +179,21 @@ async def bare_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Wo
     )
     yield env
     await env.shutdown()
+
+
+@pytest.fixture(autouse=True)
+async def _no_workflow_outlives_its_test(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """Workflows a test left running on the shared dev server (a stalled job checks its queues every second,
+    forever) are terminated when it ends: each test finds the server idle, whatever ran before it."""
+    yield
+    if "bare_env" not in request.fixturenames:
+        return
+    env: WorkflowEnvironment = request.getfixturevalue("bare_env")
+    async for wf in env.client.list_workflows('ExecutionStatus = "Running"'):
+        try:
+            await env.client.get_workflow_handle(wf.id, run_id=wf.run_id).terminate(reason="its test ended")
+        except RPCError:
+            pass  # it ended meanwhile
 
 
 @pytest.fixture

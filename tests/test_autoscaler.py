@@ -20,10 +20,11 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from rollart.infra.config import ElasticPoolConfig, StoreConfig, TemporalConfig
+from rollart.infra.config import ElasticPoolConfig, StoreConfig, TemporalConfig, WorkerTuning
 from rollart.infra.devserver import DevServer, free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal import connect
+from rollart.infra.worker_tuning import workflow_runner
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
 from rollart.workers.pool_worker import WorkerSettings
 from tests.support.fanout import FanOutRewards
@@ -91,7 +92,12 @@ async def test_scales_up_with_backlog_retries_a_killed_workers_activity_and_drai
     sampler = asyncio.create_task(sample_peak())
     try:
         assert scaler.procs.serving == []  # min 0: nothing runs before there is work
-        async with Worker(client, task_queue="fanout", workflows=[FanOutRewards]):
+        async with Worker(
+            client,
+            task_queue="fanout",
+            workflows=[FanOutRewards],
+            workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+        ):
             wf_id = f"fanout-{uuid.uuid4().hex[:6]}"
             t_flood = time.monotonic()
             handle = await client.start_workflow(

@@ -16,11 +16,12 @@ from transformers import AutoTokenizer
 
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.contracts.rollouts import TrajectoryInput
-from rollart.infra.config import JobSpec
+from rollart.infra.config import JobSpec, WorkerTuning
 from rollart.infra.devserver import find_temporal_cli
 from rollart.infra.history import activity_spans
 from rollart.infra.store import LocalStore
 from rollart.infra.temporal import data_converter
+from rollart.infra.worker_tuning import workflow_runner
 from rollart.workers.local_stack import LocalStack
 from rollart.workflows import ALL_WORKFLOWS
 from tests.support.cli import rollart
@@ -72,7 +73,11 @@ async def test_sixteen_trajectories_run_on_their_pools(client: Client, stack_job
             completion_tokens += len(c["token_ids"])
         assert completion_tokens == r.completion_tokens
 
-    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=data_converter(stack_job.store))
+    replayer = Replayer(
+        workflows=ALL_WORKFLOWS,
+        data_converter=data_converter(stack_job.store),
+        workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+    )
     for history in histories:  # the recorded histories replay deterministically on this code
         replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
         assert replayed.replay_failure is None, replayed.replay_failure

@@ -27,9 +27,10 @@ from rollart.client.connection import Outage
 from rollart.client.train import MetricsWriter, follow
 from rollart.contracts.activities import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig
+from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig, WorkerTuning
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.search_attributes import ensure_registered
+from rollart.infra.worker_tuning import workflow_runner
 from rollart.workers.pool_worker import WorkerSettings, _pool_workers
 from rollart.workflows import ALL_WORKFLOWS
 from tests.support.paths import REPO
@@ -87,7 +88,11 @@ async def details(handle: WorkflowHandle) -> str:
 
 async def assert_replays(env: WorkflowEnvironment, handle: WorkflowHandle) -> None:
     """The run's history (stall checks, current details, the failure) replays deterministically."""
-    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=env.client.data_converter)
+    replayer = Replayer(
+        workflows=ALL_WORKFLOWS,
+        data_converter=env.client.data_converter,
+        workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+    )
     result = await replayer.replay_workflow(await handle.fetch_history(), raise_on_replay_failure=False)
     assert result.replay_failure is None, result.replay_failure
 
@@ -310,6 +315,7 @@ async def test_a_job_no_worker_serves_says_so_to_status_and_followers(
             bare_env.client,
             task_queue=control,
             workflows=list(ALL_WORKFLOWS),
+            workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
             activities=[QueueActivities(bare_env.client).describe_queues],
         ):
             result = await asyncio.wait_for(following, 60)

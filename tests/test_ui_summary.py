@@ -30,8 +30,9 @@ from rollart.contracts.rollouts import (
 )
 from rollart.contracts.training import TrainingInput, TrainingResult
 from rollart.infra import search_attributes as sa
-from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.config import JobSpec, TrainingConfig, WorkerTuning
 from rollart.infra.pools import Pool, queue_name
+from rollart.infra.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.ui_summary import (
     SUMMARY_MAX_BYTES,
@@ -179,7 +180,11 @@ async def current_details(handle: WorkflowHandle) -> str:
 
 async def assert_replays(client: Client, workflow_ids: list[str]) -> None:
     """The histories these workflows left replay on today's code, without a nondeterminism error."""
-    replayer = Replayer(workflows=ALL_WORKFLOWS, data_converter=client.data_converter)
+    replayer = Replayer(
+        workflows=ALL_WORKFLOWS,
+        data_converter=client.data_converter,
+        workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+    )
     for wid in workflow_ids:
         history = await client.get_workflow_handle(wid).fetch_history()
         replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)

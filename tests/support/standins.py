@@ -50,7 +50,9 @@ from rollart.contracts.activities import (
     Transcript,
 )
 from rollart.contracts.errors import ErrorType
+from rollart.infra.config import WorkerTuning
 from rollart.infra.pools import queue_name, session_queue
+from rollart.infra.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 
 __all__ = ["Call", "StandIns", "full_marks", "reward_on_success", "reward_per_turn", "standin_workers"]
@@ -359,6 +361,7 @@ async def standin_workers(
                 task_queue=queue_name("control", p),
                 workflows=list(workflows),
                 activities=[QueueActivities(client).describe_queues],
+                workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),  # the checks the sandbox makes
             )
             await stack.enter_async_context(control)
         for queue, acts in queues.items():
