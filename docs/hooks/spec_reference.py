@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import enum
 import inspect
+import itertools
 import json
 import textwrap
 import types
@@ -36,49 +37,57 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 
 def reference(root: type[BaseModel]) -> str:
-    """Markdown: a section per model reachable from `root`, in the order a job's YAML reaches them."""
-    sections: list[str] = []
-    seen: dict[type[BaseModel], str] = {}
-    queue: list[tuple[type[BaseModel], str]] = [(root, "")]
-    while queue:
-        model, path = queue.pop(0)
-        if model in seen:
-            continue
-        seen[model] = path
-        rows = []
-        docs = attribute_docs(model)
+    """Markdown: a section per model reachable from `root`, each after the section that first reaches it.
+
+    A model reached by several paths (`LatencyModel` under `reset_latency` and `step_latency`) gets one
+    section: its title names every path, its rows are spelled under the first.
+    """
+    order: list[type[BaseModel]] = []
+    paths: dict[type[BaseModel], list[str]] = {}
+
+    def visit(model: type[BaseModel], path: str) -> None:
+        if model in paths:
+            paths[model].append(path)
+            return
+        paths[model] = [path]
+        order.append(model)
         for name, field in model.model_fields.items():
             full = f"{path}.{name}" if path else name
             for nested, suffix in nested_models(field.annotation):
-                queue.append((nested, full + suffix))
-            rows.append(
-                "| "
-                + " | ".join(
-                    [
-                        f"`{full}`",
-                        type_name(field.annotation) + constraints(field),
-                        default(field),
-                        cell(field.description or docs.get(name, "")),
-                    ]
-                )
-                + " |"
-            )
-        title = f"`{path}`: {model.__name__}" if path else f"The job: {model.__name__}"
-        doc = inspect.cleandoc(model.__doc__ or "")
-        sections.append(
-            "\n".join(
-                [
-                    f"## {title} {{#{anchor(model)}}}",
-                    "",
-                    *([doc, ""] if doc else []),
-                    "| field | type | default | description |",
-                    "|---|---|---|---|",
-                    *rows,
-                    "",
-                ]
-            )
-        )
-    return "\n".join(sections)
+                visit(nested, full + suffix)
+
+    visit(root, "")
+    return "\n".join(section(model, paths[model]) for model in order)
+
+
+def section(model: type[BaseModel], paths: list[str]) -> str:
+    """One model's section: a heading naming where a job's YAML reaches it, its docstring, a row per field."""
+    path = paths[0]
+    docs = attribute_docs(model)
+    rows = []
+    for name, field in model.model_fields.items():
+        full = f"{path}.{name}" if path else name
+        cells = [
+            f"`{full}`",
+            type_name(field.annotation) + constraints(field),
+            default(field),
+            cell(field.description or docs.get(name, "")),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    where = ", ".join(f"`{p}`" for p in paths)
+    title = f"{where}: {model.__name__}" if path else f"The job: {model.__name__}"
+    doc = inspect.cleandoc(model.__doc__ or "")
+    return "\n".join(
+        [
+            f"## {title} {{#{anchor(model)}}}",
+            "",
+            *([doc, ""] if doc else []),
+            "| field | type | default | description |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
 
 
 def anchor(model: type) -> str:
@@ -137,14 +146,16 @@ def constraints(field: FieldInfo) -> str:
 
 
 def default(field: FieldInfo) -> str:
+    """The default as YAML would spell it (JSON); a nested model's is its own section's defaults."""
     if field.default_factory is not None:
         value = field.default_factory()
-        if isinstance(value, BaseModel):
-            return "its defaults"
-        return f"`{_json(value)}`"
-    if field.default is PydanticUndefined:
+    elif field.default is PydanticUndefined:
         return "**required**"
-    return f"`{_json(field.default)}`"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return f"[its defaults](#{anchor(type(value))})"
+    return f"`{_json(value)}`"
 
 
 def _json(value: Any) -> str:
@@ -176,7 +187,7 @@ def attribute_docs(model: type) -> dict[str, str]:
         except (OSError, TypeError):
             continue
         body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
-        for node, after in zip(body, body[1:]):
+        for node, after in itertools.pairwise(body):
             if (
                 isinstance(node, ast.AnnAssign)
                 and isinstance(node.target, ast.Name)
