@@ -1,5 +1,5 @@
 """`python -m bench NAME [--quick] [options]` or `python -m bench all [--quick]`: run benchmarks, print tables,
-write bench/results/NAME.json (+ NAME.png)."""
+write bench/results/NAME.json (+ NAME.png). `python -m bench tables [--check]` writes the docs' tables from them."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "learning": "bench.learning",
 }
+TOOLS = {"tables": "bench.tables"}
+"""Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""
 ALL = ["end_to_end", "affinity", "overhead", "weight_sync", "reward_service"]
 """What `all` runs, in order (`rollout` is the older single-mode throughput probe: run it by name)."""
 
@@ -33,9 +35,12 @@ def main() -> None:
     # `-h` only as the first argument: after a benchmark's name it is that benchmark's own --help
     own_help = sys.argv[1:2] in ([], ["-h"], ["--help"])
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, add_help=own_help)
-    parser.add_argument("name", choices=[*sorted(BENCHMARKS), "all"], help="which benchmark, or all of them")
+    parser.add_argument(
+        "name", choices=[*sorted(BENCHMARKS), "all", *TOOLS], help="which benchmark, or all of them; or tables"
+    )
     args, rest = parser.parse_known_args()
-    rc = run_all(ALL, rest) if args.name == "all" else importlib.import_module(BENCHMARKS[args.name]).main(rest)
+    modules = {**BENCHMARKS, **TOOLS}
+    rc = run_all(ALL, rest) if args.name == "all" else importlib.import_module(modules[args.name]).main(rest)
     sys.stdout.flush()
     os._exit(rc)  # dodge the SDK's known crash at interpreter exit
 

@@ -136,7 +136,8 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print(format_table(rows, PROFILE))
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
-    name = "end_to_end-sokoban" if sokoban else "end_to_end"
+    # one file per workload, so that each docs table (python -m bench tables) has its own
+    name = "end_to_end" + ("-sokoban" if sokoban else "") + ("-trajectory" if unit == "trajectory" else "")
     path = write_results(
         name,
         rows,

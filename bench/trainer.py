@@ -210,9 +210,12 @@ def main(argv: list[str]) -> int:
             ],
         )
     )
-    out = write_results("trainer", rows, steps=steps, model_hidden=args.hidden, time=time.time(), baseline=BASELINE)
+    # the tiny model's file, or one per bigger model, so that each docs table (python -m bench tables) has its own
+    bigger = args.hidden is not None or args.layers is not None
+    name = f"trainer-h{args.hidden or 'tiny'}-l{args.layers or 'tiny'}" if bigger else "trainer"
+    out = write_results(name, rows, steps=steps, model_hidden=args.hidden, time=time.time(), baseline=BASELINE)
     png = plot_modes(
-        "trainer",
+        name,
         rows,
         "train_step: torch vs megatron (median step wall)",
         extra_key="publish_s",

@@ -284,10 +284,10 @@ def test_the_mooncake_pod_labels_are_configurable_and_the_policies_can_be_left_o
         secured("frozenlake", {"address": "t.example:7233"}, kubernetes={"mooncake": {"pod_labels": {}}})
 
 
-def test_the_readme_secured_connections_example_loads_and_renders_its_secret_command() -> None:
-    """The README's `temporal:` example is a valid section, and its kubectl line is the one the render prints."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Secured connections", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_secured_connections_example_loads_and_renders_its_secret_command() -> None:
+    """docs/clusters.md's `temporal:` example is a valid section, and its kubectl line is the one the render prints."""
+    page = (REPO / "docs" / "clusters.md").read_text()
+    section = page.split("\n## Secured connections\n", 1)[1].split("\n## ", 1)[0]
     block = next(b for b in section.split("```yaml\n")[1:] if b.startswith("temporal:")).split("```", 1)[0]
     job = load_job(EXAMPLES / "multitask.yaml", yaml.safe_load(block))
     assert job.temporal.tls.server_name == "temporal.prod.example" and job.temporal.api_key_env == "TEMPORAL_API_KEY"

@@ -1,0 +1,443 @@
+"""`python -m bench tables [--check]`: the measured tables of the docs pages, generated from bench/results/*.json.
+
+A page marks each generated table, and everything between the two markers is rewritten:
+
+    <!-- table: weight_sync.transfer -->
+    | size | MB | ... |
+    <!-- /table -->
+
+A table's name is either a view registered in VIEWS (a results file in the shape its benchmark writes, and the
+columns to show: a fresh `python -m bench NAME` run regenerates the table) or the stem of a results file of the
+simple form `{"recorded": ..., "columns": [...], "align": "lrr...", "rows": [[...], ...]}`, for measurements no
+benchmark writes in one file (a chaos run, runs with different flags, before/after pairs). `--check` changes
+nothing and exits 1 if a page is out of date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import RESULTS
+
+__all__ = ["DOCS", "VIEWS", "TableError", "main", "regenerate", "render", "stale_pages"]
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+_BLOCK = re.compile(
+    r"^(?P<indent>[ \t]*)<!-- table: (?P<name>[\w.-]+) -->\n(?P<body>.*?)^(?P=indent)<!-- /table -->$",
+    re.M | re.S,
+)
+
+
+class TableError(ValueError):
+    """A marker names a table that cannot be made (no view, no results file, a malformed file)."""
+
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a view: its header, the row's key (or a function of the row), how to print the value."""
+
+    header: str
+    value: str | Callable[[Row], Any]
+    fmt: str | Callable[[Any], str] = ""
+    align: str = "r"
+    missing: str = "–"
+    bold: bool | Callable[[Row], bool] = False
+
+    def cell(self, row: Row) -> str:
+        v = self.value(row) if callable(self.value) else row.get(self.value)
+        if v is None or (isinstance(v, float) and v != v):
+            return self.missing
+        text = self.fmt(v) if callable(self.fmt) else (format(v, self.fmt) if self.fmt else str(v))
+        bold = self.bold(row) if callable(self.bold) else self.bold
+        return f"**{text}**" if bold and text else text
+
+
+@dataclass(frozen=True)
+class View:
+    """A table made from results files in a benchmark's own shape: `rows` picks the rows from the loaded files."""
+
+    files: tuple[str, ...]
+    rows: Callable[[list[dict[str, Any]]], list[Row]]
+    columns: tuple[Col, ...]
+
+
+# ---------------------------------------------------------------- formats
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.0f} %"
+
+
+def pct2(v: float) -> str:
+    return f"{100 * v:.2f} %"
+
+
+def thousands(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def fixed(digits: int, unit: str = "") -> Callable[[Any], str]:
+    return lambda v: f"{v:.{digits}f}{unit}"
+
+
+def pair(a: str, b: str, fmt: Callable[[Any], str], sep: str = " / ") -> Callable[[Row], str | None]:
+    """Two of a row's values in one cell, `a / b`."""
+
+    def cell(row: Row) -> str | None:
+        if row.get(a) is None or row.get(b) is None:
+            return None
+        return f"{fmt(row[a])}{sep}{fmt(row[b])}"
+
+    return cell
+
+
+def repeats(row: Row) -> str | None:
+    walls = row.get("walls_s")
+    return ", ".join(f"{w:.1f}" for w in walls) if walls else None
+
+
+def _modes(docs: list[dict[str, Any]]) -> list[Row]:
+    return [m for d in docs for m in d["modes"]]
+
+
+def _key(name: str) -> Callable[[list[dict[str, Any]]], list[Row]]:
+    return lambda docs: [r for d in docs for r in d[name]]
+
+
+# ---------------------------------------------------------------- views, by benchmark
+
+NAME = Col("mode", "name", align="l")
+
+_WEIGHT_TRANSFER = (
+    Col("size", "size", align="l"),
+    Col("MB", lambda r: r["bytes"] / 1e6, ".1f"),
+    Col("backend", "backend", align="l"),
+    Col("publish s", "publish_s", ".3f"),
+    Col("GB/s", "publish_gbps", ".2f"),
+    Col("pull s", "pull_s", ".3f"),
+    Col("GB/s", "pull_gbps", ".2f"),
+)
+_WEIGHT_SWAP = (
+    Col("model", "model", align="l"),
+    Col("params", lambda r: r["params"] / 1e6, fixed(1, "M")),
+    Col("store", "store", align="l"),
+    Col("publish s", "publish_s", ".3f"),
+    Col("pull s", "pull_s", ".3f"),
+    Col("reload s", "reload_s", ".3f"),
+    Col("first request s", "first_request_s", ".3f"),
+    Col("total s", "total_s", ".3f"),
+)
+_RESETS = (
+    Col("reset_pool_size", "reset_pool_size"),
+    Col("resets", "resets", thousands),
+    Col("failed", "failed", thousands),
+    Col("success", "success_rate", pct2, bold=True),
+    Col("activities retried", lambda r: f"{r['resets_retried']:,} ({pct2(r['resets_retried'] / r['resets'])})"),
+    Col("p50", "latency_p50_s", fixed(1, " s")),
+    Col("p99", "latency_p99_s", fixed(1, " s")),
+    Col("resets/s", "resets_per_s", ".0f"),
+)
+
+
+def _trainer(step: str, publish: str) -> tuple[Col, ...]:
+    return (
+        NAME,
+        Col("step s", "wall_s", step),
+        Col("vs torch", "speedup_vs_baseline", ".2f"),
+        Col("publish s", "publish_s", publish),
+        Col("publish vs torch", "publish_vs_baseline", ".2f"),
+        Col("first step s", "first_step_s", ".1f"),
+    )
+
+
+_SINGLE_TURN = (
+    Col("code", "label", align="l"),
+    Col("s/step", "s_per_step", ".2f"),
+    Col("activities/step", "activities_per_step", ".3g"),
+    Col("generate", "generate_per_step", ".3g"),
+    Col("generate_batch", "generate_batch_per_step", ".3g"),
+    Col("wave s", "wave_s", ".2f"),
+    Col("wave gen s", "wave_generation_s", ".2f"),
+    Col("train_step s", "train_step_s", ".2f"),
+    Col("server cpu s/step", "cpu_s_temporal-server", ".3f"),
+    Col("control cpu s/step", "cpu_s_control", ".3f"),
+    Col("h20 cpu s/step", "cpu_s_h20", ".3f"),
+)
+_REWARD_SERVICE = (
+    NAME,
+    Col("wall s", "wall_s", ".1f"),
+    Col("mean rollout s", "mean_rollout_s", ".1f"),
+    Col("traj/s", "trajectories_per_s", ".2f"),
+    Col("engine busy", "engine_busy_fraction", pct),
+    Col("tokens/s", "tokens_per_s", ".0f"),
+    Col("generate ms", "generate_work_ms", ".0f"),
+    Col("reward work ms", "reward_work_ms", ".0f"),
+    Col("reward wait ms", "reward_wait_ms", ".0f"),
+    Col("speedup", "speedup_vs_baseline", fixed(2, "x")),
+)
+_SCALE = (
+    Col("trajectories", "n", thousands),
+    Col("control procs", "controls"),
+    Col("peak running", "peak_in_flight", thousands),
+    Col("failed", "failed"),
+    Col("ledger", lambda r: "balanced" if r["ledger_balanced"] else "UNBALANCED", align="l"),
+    Col("wall s", "wall_s", ".1f"),
+    Col("activities/s", "activities_per_s", ".1f"),
+    Col("wait p50 / p99 ms", pair("wait_ms_p50", "wait_ms_p99", thousands)),
+    Col("wf task p50 / p99 ms", pair("wft_ms_p50", "wft_ms_p99", thousands)),
+    Col(
+        "events / bytes per traj",
+        lambda r: f"{r['events_per_trajectory']:.0f} / {r['bytes_per_trajectory'] / 1000:.1f} KB",
+    ),
+    Col(
+        "server / control / stand-in cores",
+        lambda r: f"{r['cores_server']:.2f} / {r['cores_control']:.2f} / {r['cores_standins']:.2f}",
+        align="l",
+    ),
+)
+
+
+def _paper(row: Row) -> str:
+    """end_to_end's paper column: the RollArt paper's end-to-end speedup, for the modes it measured."""
+    if row["name"].startswith("batch b0"):
+        return "1.00"
+    return "1.35–2.05" if row["name"].startswith("traj") else ""
+
+
+def _server_and_control(row: Row) -> float | None:
+    """CPU cores of the Temporal server and the control workers together (older runs recorded only the sum)."""
+    if row.get("cores_temporal-server") is not None and row.get("cores_control") is not None:
+        return row["cores_temporal-server"] + row["cores_control"]
+    return row.get("cores_server_and_control")
+
+
+_E2E_HEAD = (
+    NAME,
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs sync", "speedup_vs_baseline", ".2f", bold=True),
+)
+_END_TO_END = (
+    *_E2E_HEAD,
+    Col("paper", _paper, align="l"),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy", "busy_generation", pct),
+    Col("h800 / h20 busy", pair("busy_h800", "busy_h20", pct), align="l"),
+    Col("cpu (env) busy", "busy_cpu", pct),
+    Col("trainer busy", "busy_trainer", pct),
+    Col("dropped (stale)", "dropped", thousands),
+)
+_END_TO_END_TIME = (
+    NAME,
+    Col("activities", "activities", thousands),
+    Col("Temporal wait ms / act", "wait_ms_p50", ".0f"),
+    Col("return ms / act", "return_ms_p50", ".0f"),
+    Col("generate p50 s", "generate_p50_s", ".3f"),
+    Col("reset_group p50 / max s", pair("reset_p50_s", "reset_max_s", fixed(2)), align="l"),
+    Col("server cores", "cores_temporal-server", ".2f"),
+    Col("control cores", "cores_control", ".2f"),
+    Col("h800 cores", "cores_h800", ".2f"),
+)
+_END_TO_END_TRAJECTORY = (
+    *_E2E_HEAD,
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy", "busy_generation", pct),
+    Col("activities", "activities", thousands),
+    Col("wait ms / act", "wait_ms_p50", ".0f"),
+    Col("return ms / act", "return_ms_p50", ".0f"),
+    Col("server + control cores", _server_and_control, ".2f"),
+)
+_END_TO_END_SOKOBAN = (
+    *_E2E_HEAD,
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy", "busy_generation", pct),
+    Col("activities", "activities", thousands),
+    Col("return ms / act", "return_ms_p50", ".0f"),
+    Col("reset max s", "reset_max_s", ".2f"),
+)
+_AFFINITY = (
+    Col("layout", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs one pool", "speedup_vs_baseline", ".2f", bold=True),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy (any)", "busy_generation", pct),
+    Col("per-worker busy (min / max)", pair("gen_worker_busy_min", "gen_worker_busy_max", pct), align="l"),
+    Col("generate p50 s", "generate_p50_s", ".3f"),
+    Col("trainer busy", "busy_trainer", pct),
+)
+_OVERHEAD = (
+    Col("path, unit, env latency", "name", align="l"),
+    Col("wall s", "wall_s", ".2f"),
+    Col("vs asyncio", "speedup_vs_baseline", ".2f", bold=lambda r: not r["name"].startswith("asyncio")),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("trajectory s", "trajectory_s", ".2f"),
+    Col("activities / traj", "activities_per_trajectory", ".2g"),
+    *(
+        Col(header, key, fmt, missing="")
+        for header, key, fmt in (
+            ("work ms / act", "work_ms", ".0f"),
+            ("wait ms", "wait_ms", ".0f"),
+            ("return ms", "return_ms", ".0f"),
+            ("overhead ms / act (histories)", "overhead_ms_per_activity", ".0f"),
+            ("share", "overhead_share", pct),
+            ("extra ms / act", "extra_ms_per_activity", ".0f"),
+            ("extra share", "extra_share", pct),
+        )
+    ),
+)
+
+
+def _learning(docs: list[dict[str, Any]]) -> list[Row]:
+    """`bench learning` files: every run (as run: bound, then seed), then each file's medians per bound."""
+    runs = [r for d in docs for r in d["runs"]]
+    return [*runs, *(s for d in docs for s in d.get("summary", []))]
+
+
+_LEARNING = (
+    Col("bound", "bound"),
+    Col("seed", "seed", align="l", bold=lambda r: isinstance(r["seed"], str)),  # "median of 3": the summary
+    Col("steps to 0.8", lambda r: r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"),
+    Col("min to 0.8", "minutes_to_target", ".1f"),
+    Col("last 20 % ≥ 0.8", "stable_share", pct),
+    Col("last 50", "last50", ".2f"),
+    Col("last 100", "last100", ".2f"),
+    Col("greedy eval", "eval", ".3f"),
+    Col("run", "minutes", fixed(1, " min")),
+)
+
+VIEWS: dict[str, View] = {
+    "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
+    "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
+    "resets": View(("resets",), _key("rows"), _RESETS),
+    "trainer": View(("trainer",), _modes, _trainer(".3f", ".4f")),
+    "trainer-h512-l8": View(("trainer-h512-l8",), _modes, _trainer(".2f", ".3f")),
+    "single_turn": View(("single_turn-before", "single_turn-after"), _modes, _SINGLE_TURN),
+    "reward_service": View(("reward_service",), _modes, _REWARD_SERVICE),
+    "reward_service-heavy": View(("reward_service-heavy",), _modes, _REWARD_SERVICE),
+    "scale": View(("scale",), _modes, _SCALE),
+    "end_to_end": View(("end_to_end",), _modes, _END_TO_END),
+    "end_to_end.time": View(("end_to_end",), _modes, _END_TO_END_TIME),
+    "end_to_end-trajectory": View(("end_to_end-trajectory",), _modes, _END_TO_END_TRAJECTORY),
+    "end_to_end-sokoban": View(("end_to_end-sokoban",), _modes, _END_TO_END_SOKOBAN),
+    "affinity": View(("affinity",), _modes, _AFFINITY),
+    "overhead": View(("overhead",), _modes, _OVERHEAD),
+    "learning.frozenlake-explore": View(
+        (
+            "learning-frozenlake-explore-b2-s01",
+            "learning-frozenlake-cov003-dr-unsolved-s2",
+            "learning-frozenlake-explore-b10-s0",
+            "learning-frozenlake-explore-b10-s1",
+        ),
+        lambda docs: sorted(
+            (r for d in docs for r in d["runs"]), key=lambda r: (-r["bound"], r["seed"])
+        ),  # bound 2 first, as the page reads
+        _LEARNING,
+    ),
+    "learning.frozenlake-b10": View(("learning-frozenlake-b10-s012",), _learning, _LEARNING),
+    "learning.arithmetic-coverage": View(
+        ("learning-arithmetic-coverage-b1", "learning-arithmetic-coverage-b0"), _learning, _LEARNING
+    ),
+}
+"""Tables read from results files in the shape their benchmark writes (bench/NAME.py's `main`)."""
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _load(stem: str, results: Path) -> dict[str, Any]:
+    path = results / f"{stem}.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TableError(f"no results file {path} (run its benchmark, or transcribe it there)") from None
+    except json.JSONDecodeError as e:
+        raise TableError(f"{path}: not JSON ({e})") from e
+
+
+def markdown(columns: Sequence[str], align: str, rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table: `align` has one letter per column, `l` (left) or `r` (right)."""
+    if len(align) != len(columns):
+        raise TableError(f"align {align!r} has {len(align)} letters for {len(columns)} columns")
+    rule = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join(rule) + "|"]
+    for row in rows:
+        if len(row) != len(columns):
+            raise TableError(f"a row of {len(row)} cells for {len(columns)} columns: {row}")
+        lines.append("| " + " | ".join("" if c is None else str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def render(name: str, results: Path = RESULTS) -> str:
+    """The Markdown table called `name`: a registered view, or the results file NAME.json in the simple form."""
+    view = VIEWS.get(name)
+    if view is not None:
+        docs = [_load(stem, results) for stem in view.files]
+        try:
+            rows = view.rows(docs)
+            cells = [[col.cell(r) for col in view.columns] for r in rows]
+        except (KeyError, TypeError) as e:
+            raise TableError(f"table {name}: {', '.join(view.files)} lack what the view reads ({e!r})") from e
+        return markdown([c.header for c in view.columns], "".join(c.align for c in view.columns), cells)
+    doc = _load(name, results)
+    if not isinstance(doc.get("columns"), list) or not isinstance(doc.get("rows"), list):
+        raise TableError(f"{results / name}.json: no view is registered for it, and it has no 'columns' and 'rows'")
+    columns = doc["columns"]
+    return markdown(columns, doc.get("align", "l" * len(columns)), doc["rows"])
+
+
+def regenerate(text: str, results: Path = RESULTS) -> str:
+    """`text` with every marked table block rewritten from the results files (indented like its marker)."""
+
+    def block(m: re.Match[str]) -> str:
+        indent, name = m["indent"], m["name"]
+        table = "\n".join(indent + line for line in render(name, results).splitlines())
+        return f"{indent}<!-- table: {name} -->\n{table}\n{indent}<!-- /table -->"
+
+    return _BLOCK.sub(block, text)
+
+
+def marked_pages(docs: Path = DOCS) -> list[Path]:
+    """The docs pages that hold at least one marked table."""
+    return sorted(p for p in docs.rglob("*.md") if "<!-- table: " in p.read_text())
+
+
+def stale_pages(docs: Path = DOCS, results: Path = RESULTS) -> list[Path]:
+    """The pages whose tables differ from what the results files give."""
+    return [p for p in marked_pages(docs) if regenerate(p.read_text(), results) != p.read_text()]
+
+
+def table_names(text: str) -> list[str]:
+    return [m["name"] for m in _BLOCK.finditer(text)]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench tables", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is out of date")
+    args = parser.parse_args(argv)
+    try:
+        stale = stale_pages()
+        if args.check:
+            for page in stale:
+                print(f"out of date: {page.relative_to(DOCS.parent)} (python -m bench tables rewrites it)")
+            return 1 if stale else 0
+        for page in stale:
+            page.write_text(regenerate(page.read_text()))
+            print(f"rewrote {page.relative_to(DOCS.parent)}")
+    except TableError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    n = sum(len(table_names(p.read_text())) for p in marked_pages())
+    print(f"{n} tables in {len(marked_pages())} pages are up to date with {RESULTS.relative_to(DOCS.parent)}/")
+    return 0
