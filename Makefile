@@ -30,7 +30,7 @@ IMAGE_CPU ?= rollart:0.1.0-cpu
 IMAGE_GPU ?= rollart:0.1.0-gpu
 DOCKER    ?= docker
 
-.PHONY: setup run lint test test-chaos test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
+.PHONY: setup run lint docs docs-serve test test-chaos test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
 
 setup: $(STAMP)
 
@@ -77,8 +77,8 @@ endif
 run: setup
 	$(VENV)/bin/rollart train examples/frozenlake.yaml
 
-# The suite users rely on: format and lint (ruff), the layering (import-linter's contracts in pyproject.toml),
-# then the tiers in order: unit, orchestration (a Temporal server, stand-in activities) and integration (the real
+# The suite users rely on: format and lint (ruff), the layering (import-linter's contracts in pyproject.toml), the
+# docs site (mkdocs build --strict), then the tiers in order: unit, orchestration (a Temporal server, stand-in activities) and integration (the real
 # stack: worker processes, vLLM, Mooncake, the CLI). Not the fault matrix: `make test-chaos`. Tiers and their
 # timeouts: tests/conftest.py. About 8 minutes on 2 cores.
 test: setup lint
@@ -89,11 +89,19 @@ test: setup lint
 test-chaos: setup
 	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
 
-# Format, lint and layering: what `make test` checks first.
+# Format, lint, layering and the docs site: what `make test` checks first.
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir .site
+
+# The docs site (mkdocs.yml, docs/): built into .site/; `make docs-serve` serves it on http://127.0.0.1:8000.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .site
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # Lint and the unit tests only: no server, no subprocess (a guard fails a unit test that starts one); a minute.
 test-fast: setup lint
