@@ -85,7 +85,7 @@ test: setup lint
 	$(PY) -m pytest -m "not chaos" $(PYTEST_ARGS)
 
 # The fault matrix: workers, ranks, env servers and the Mooncake master killed, the Temporal server restarted,
-# outages ridden out. About 6 minutes on 2 cores.
+# outages ridden out. About 7–8 minutes on 2 cores.
 test-chaos: setup
 	$(PY) -m pytest -m chaos $(PYTEST_ARGS)
 
