@@ -3,7 +3,7 @@
 A change that alters the command sequence of a workflow (an added activity, a reordered call) fails here.
 Before a release, re-record the fixtures from today's code (`python -m tests.support.record_histories`);
 from 0.1.0 on, a change to a released workflow's command sequence needs `workflow.patched(id)`, the id in
-workflows/patches.py, and the fixture recorded before it stays (docs/temporal.md, "Versioning").
+workflows/patches.py, and the fixture recorded before it stays (docs/development.md, "Versioning workflows").
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ fail to replay the runs started on the code before it. Between released versions
 3. Once no run started before the deprecation is open: no call at all.
 
 Before a release nothing is patched: the fixtures are re-recorded from today's code instead
-(`python -m tests.support.record_histories`). tests/test_replay.py compares the calls in the code with
-`RELEASED_PATCHES`, so that adding, deprecating or removing a patch is an edit here too.
+(`python -m tests.support.record_histories`; docs/development.md, "Versioning workflows").
+tests/test_replay.py compares the calls in the code with `RELEASED_PATCHES`, so that adding, deprecating
+or removing a patch is an edit here too.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Starts a Temporal dev server with the stand-in activities of tests.support.stand
 and single rollouts on it, and writes the history of one workflow of each path worth pinning (`FIXTURES`)
 to tests/histories/, overwriting the fixture of that name; tests/test_replay.py replays them on today's code.
 
-The policy (docs/temporal.md, "Versioning"):
+The policy (docs/development.md, "Versioning workflows"):
 - Before a release, nothing is patched: re-record every fixture with this command and commit them.
 - From 0.1.0 on, a change to the command sequence of a released workflow goes behind `workflow.patched(id)`
   (listed in workflows/patches.py), and the histories of the release before keep replaying: first copy each
