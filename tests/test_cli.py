@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import pytest
 from rollart.client.rollout import plan_trajectories
 from rollart.infra.config import load_job
 from rollart.infra.devserver import DevServer, free_port
-from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 
@@ -50,16 +48,6 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
     done = rollart(capsys, *command, "--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: rollart")
-
-
-def test_version_is_the_released_one_everywhere(capsys: pytest.CaptureFixture[str]) -> None:
-    """`rollart --version` prints the installed package's version, which is pyproject's; the images are tagged so."""
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-    done = rollart(capsys, "--version")
-    assert (done.returncode, done.stdout) == (0, f"rollart {version}\n")
-    assert [f"rollart:{version}-{kind}" for kind in ("cpu", "gpu")] == [DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE]
-    makefile = (REPO / "Makefile").read_text()
-    assert f"IMAGE_CPU ?= {DEFAULT_CPU_IMAGE}" in makefile and f"IMAGE_GPU ?= {DEFAULT_GPU_IMAGE}" in makefile
 
 
 @pytest.mark.integration
