@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import signal
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Agentic RL on disaggregated hardware pools, orchestrated by Temporal.",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--version", action="version", version=f"rollart {importlib.metadata.version('rollart')}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)

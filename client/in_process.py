@@ -86,9 +86,6 @@ class InProcessCalls:
         except Exception as e:  # what Temporal would report once retries ran out: the exception's type and text
             raise CallFailed(activity.value, f"{type(e).__name__}: {e}", error_type=type(e).__name__) from e
 
-    def patched(self, patch_id: str) -> bool:
-        return True
-
 
 @contextlib.asynccontextmanager
 async def started_engine(model_dir: Path, config: EngineConfig) -> AsyncIterator[Engine]:

@@ -133,13 +133,15 @@ def test_details_are_markdown_with_a_row_per_member() -> None:
 
 
 def test_recorded_fixtures_hold_the_outcome_upsert() -> None:
-    """The fixtures recorded since the patch replay its new path: each rollout one upserts RollartStatus."""
+    """The rollout fixtures, started with rollart's search attributes, upsert RollartStatus; the training ones start
+    their children with a static summary."""
     for name in (
-        "trajectory-ui-summary",
-        "trajectory-failed-ui-summary",
-        "group-multi-turn-ui-summary",
-        "group-single-turn-ui-summary",
-        "batch-ui-summary",
+        "trajectory-completed",
+        "trajectory-env-broken",
+        "group-multi-turn",
+        "group-single-turn",
+        "group-lockstep",
+        "batch",
     ):
         path = HISTORIES / f"{name}.json"
         history = WorkflowHistory.from_json(name, path.read_text())
@@ -149,13 +151,13 @@ def test_recorded_fixtures_hold_the_outcome_upsert() -> None:
             if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
         ]
         assert any("RollartStatus" in fields for fields in upserted), name
-        assert any(b"ui-summary" in e.marker_recorded_event_attributes.SerializeToString() for e in history.events)
-    training = WorkflowHistory.from_json("t", (HISTORIES / "training-ui-summary.json").read_text())
-    assert any(
-        e.user_metadata.HasField("summary")
-        for e in training.events
-        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
-    )
+    for name in ("training-trajectories", "training-batch"):
+        training = WorkflowHistory.from_json(name, (HISTORIES / f"{name}.json").read_text())
+        assert any(
+            e.user_metadata.HasField("summary")
+            for e in training.events
+            if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+        ), name
 
 
 # ---------------------------------------------------------------- against the dev server (orchestration)
@@ -329,5 +331,4 @@ async def test_a_trajectory_started_without_rollart_attributes_upserts_none(
         if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
     ]
     assert not any(name.startswith("Rollart") for fields in upserted for name in fields)  # only the SDK's own
-    assert not any(b"ui-summary" in e.marker_recorded_event_attributes.SerializeToString() for e in history.events)
     await assert_replays(client, [handle.id])

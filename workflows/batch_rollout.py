@@ -21,9 +21,6 @@ with workflow.unsafe.imports_passed_through():
 
 __all__ = ["BatchRolloutWorkflow"]
 
-PER_EPISODE_FINISH = "rollout-driver-finish-per-unit"
-"""Patch: each episode is scored, closed and reported as soon as it is over (before: all at once)."""
-
 
 @workflow.defn(name="BatchRolloutWorkflow", failure_exception_types=[ValidationError])
 class BatchRolloutWorkflow:
@@ -35,7 +32,6 @@ class BatchRolloutWorkflow:
         episodes = [
             Episode(calls, t, t.trajectory_id or batch_member_id(base, i)) for i, t in enumerate(inp.trajectories)
         ]
-        finish_together = not workflow.patched(PER_EPISODE_FINISH)
-        results = await play(episodes, reporter(inp.report_to), finish_together=finish_together)
+        results = await play(episodes, reporter(inp.report_to))
         show_outcome(results)
         return results

@@ -55,9 +55,6 @@ class TemporalCalls:
         except ActivityError as err:
             raise call_failed(err) from err
 
-    def patched(self, patch_id: str) -> bool:
-        return workflow.patched(patch_id)
-
 
 def call_failed(err: ActivityError) -> CallFailed:
     """Which activity failed, and why: its ApplicationError's type and message, or the kind of timeout."""

@@ -10,9 +10,9 @@
   shows its mean reward, whether any member succeeded, its longest episode and its policy version range;
   its successes k/n and each member are in the details.
 
-The upsert is a command: it happens only under the patch `ui-summary` (histories from before replay
-without it), and only in a workflow started with rollart's search attributes (`RollartJobId` or
-`RollartTask`): the starter registered them on the namespace, or the server would fail the workflow task.
+The upsert is a command: it happens only in a workflow started with rollart's search attributes
+(`RollartJobId` or `RollartTask`): the starter registered them on the namespace, or the server would fail
+the workflow task.
 The current details are kept by the worker and read by a query: no command either.
 """
 
@@ -30,7 +30,6 @@ from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, Tra
 from rollart.infra import search_attributes as sa
 
 __all__ = [
-    "UI_SUMMARY",
     "Outcome",
     "batch_summary",
     "details",
@@ -39,9 +38,6 @@ __all__ = [
     "show_outcome",
     "trajectory_summary",
 ]
-
-UI_SUMMARY = "ui-summary"
-"""Patch: a rollout workflow upserts its outcome search attributes when it ends (before: none)."""
 
 SUMMARY_MAX_BYTES = 200
 """Temporal's advice for a static summary: one line, at most 200 bytes."""
@@ -227,9 +223,9 @@ def _started_with_rollart_attributes() -> bool:
 
 
 def show_outcome(results: Sequence[TrajectoryResult]) -> None:
-    """At a rollout workflow's end: its details for its page, and (patch `ui-summary`) its outcome attributes."""
+    """At a rollout workflow's end: its details for its page, and its outcome attributes (when it may upsert them)."""
     if not results:
         return
     workflow.set_current_details(details(results))
-    if _started_with_rollart_attributes() and workflow.patched(UI_SUMMARY):
+    if _started_with_rollart_attributes():
         workflow.upsert_search_attributes(Outcome.of(results).attributes())

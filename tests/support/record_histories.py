@@ -1,12 +1,15 @@
-"""Record the replay fixtures of the group and training workflows: `python -m tests.support.record_histories`.
+"""Record every replay fixture from today's code: `python -m tests.support.record_histories`.
 
-Runs a short mixed job (a multi-turn task with `rollout_unit: group` and a
-single-turn task) on a dev server with the stand-in activities of
-tests.support.standins, then writes the histories that test_replay replays
-against today's workflow code. A fixture already there is kept: after an
-intended, versioned change of a workflow's command sequence, the old fixture
-stays (older histories must keep replaying) and the new path gets a new name
-in `KINDS` or `TRAINING`.
+Starts a Temporal dev server with the stand-in activities of tests.support.standins, plays a few short jobs
+and single rollouts on it, and writes the history of one workflow of each path worth pinning (`FIXTURES`)
+to tests/histories/, overwriting the fixture of that name; tests/test_replay.py replays them on today's code.
+
+The policy (docs/development.md, "Versioning workflows"):
+- Before a release, nothing is patched: re-record every fixture with this command and commit them.
+- From 0.1.0 on, a change to the command sequence of a released workflow goes behind `workflow.patched(id)`
+  (listed in workflows/patches.py), and the histories of the release before keep replaying: first copy each
+  fixture the change concerns to `<name>-<release>.json` (kept until the patch's call is removed), then
+  re-record. A fixture under a name outside `FIXTURES` is never touched here.
 """
 
 from __future__ import annotations
@@ -15,44 +18,39 @@ import asyncio
 import uuid
 from pathlib import Path
 
-from temporalio.client import Client, WorkflowExecution
+from temporalio.client import Client, WorkflowExecution, WorkflowFailureError
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import RewardResult, Transcript
+from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult
+from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.devserver import find_temporal_cli
-from rollart.infra.search_attributes import ensure_registered
+from rollart.workflows.ui_summary import trajectory_summary
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task
 
+__all__ = ["FIXTURES", "HISTORIES", "main"]
+
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
-TRAINING = "training-continued-as-new"
-FILTERING = "training-dynamic-sampling"
-KINDS = {
-    "group-multi-turn": "frozenlake",
-    "group-single-turn-wave": "math",
-    "group-multi-turn-close-while-scoring": "frozenlake",
-    "group-multi-turn-ui-summary": "frozenlake",
-    "group-single-turn-ui-summary": "math",
+FIXTURES = {
+    "trajectory-completed": "a training job's TrajectoryWorkflow child: 3 turns, scored, outcome upserted",
+    "trajectory-env-broken": "a TrajectoryWorkflow child whose step raises EnvBroken: failed, closed, never scored",
+    "trajectory-unknown-env": "a TrajectoryWorkflow whose reset raises UnknownComponent: the workflow fails",
+    "trajectory-invalid-input": "a TrajectoryWorkflow started with input that does not validate: it fails at once",
+    "group-multi-turn": "a GroupRolloutWorkflow of a `rollout_unit: group` task: each group plays on its own",
+    "group-single-turn": "a GroupRolloutWorkflow wave of single-turn groups: prompts, generate_batch, check, reward",
+    "group-lockstep": "a batch-mode job's GroupRolloutWorkflow: its groups play phase by phase together",
+    "batch": "a batch-mode job's BatchRolloutWorkflow, some episodes failed: each finishes on its own",
+    "training-continued-as-new": "a mixed job's TrainingWorkflow (groups, waves), its first run up to continue-as-new",
+    "training-trajectories": "a trajectory-mode job's TrainingWorkflow: TrajectoryWorkflow children, some failed",
+    "training-batch": "a batch-mode job's TrainingWorkflow: lockstep batches and lockstep groups",
+    "training-dynamic-sampling": "a TrainingWorkflow with dynamic sampling, whose flat groups are filtered, refilled",
 }
-"""Fixture name → the task whose GroupRolloutWorkflow it records (`group-single-turn`: before the wave's
-generate_batch; `group-multi-turn`: before the patch close-while-scoring; the others before the patch
-ui-summary)."""
-UI_SUMMARY = {
-    "trajectory-ui-summary": ("TrajectoryWorkflow", "completed"),
-    "trajectory-failed-ui-summary": ("TrajectoryWorkflow", "failed"),
-    "batch-ui-summary": ("BatchRolloutWorkflow", "partial"),
-}
-"""Fixture name → the rollout workflow it records from `_record_ui_summary`'s jobs, found by its outcome's search
-attributes (patch ui-summary); and `training-ui-summary`, the training workflow starting trajectories with a
-static summary."""
-TRAINING_UI_SUMMARY = "training-ui-summary"
-
-
-async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
-    return (await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()).to_json()
+"""Fixture name → the workflow path its history pins."""
 
 
 async def main() -> None:
@@ -60,78 +58,31 @@ async def main() -> None:
         dev_server_existing_path=find_temporal_cli(), ui=False, data_converter=pydantic_data_converter
     )
     try:
-        await ensure_registered(env.client)
-        math = frozenlake_task(
-            name="math",
-            env="arithmetic",
-            env_args={},
-            reward="exact_match",
-            generate_pool="h20",
-            max_turns=1,
-            group_size=4,
-            weight=1.0,
-        )
-        lake = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group", weight=1.0)
-        spec = JobSpec(
-            name="rec",
-            tasks=[lake, math],
-            training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2),
-        )
-        job_id = f"rec-{uuid.uuid4().hex[:6]}"
-        standins = StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
-        async with standin_workers(env.client, standins):
-            handle = await env.client.start_workflow(
-                "TrainingWorkflow",
-                TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
-                id=job_id,
-                task_queue="control",
-                result_type=TrainingResult,
-            )
-            await handle.result()
-        first_run = handle.first_execution_run_id
-        HISTORIES.mkdir(exist_ok=True)
-        if not (HISTORIES / f"{TRAINING}.json").exists():
-            (HISTORIES / f"{TRAINING}.json").write_text(await _history_json(env.client, job_id, first_run))
-        async for wf in env.client.list_workflows(
-            f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}" AND ExecutionStatus="Completed"'
-        ):
-            kind = next(
-                (
-                    k
-                    for k, task in KINDS.items()
-                    if wf.search_attributes.get("RollartTask") == [task] and not (HISTORIES / f"{k}.json").exists()
-                ),
-                None,
-            )
-            if kind:
-                (HISTORIES / f"{kind}.json").write_text(await _history_json(env.client, wf.id, wf.run_id))
-        if not (HISTORIES / f"{FILTERING}.json").exists():
-            (HISTORIES / f"{FILTERING}.json").write_text(await _record_filtering(env.client))
-        wanted = [name for name in [*UI_SUMMARY, TRAINING_UI_SUMMARY] if not (HISTORIES / f"{name}.json").exists()]
-        if wanted:
-            for name, text in (await _record_ui_summary(env.client)).items():
-                if name in wanted:
-                    (HISTORIES / f"{name}.json").write_text(text)
-        print("wrote", sorted(p.name for p in HISTORIES.glob("*.json")))
+        client = env.client
+        await sa.ensure_registered(client)
+        found = await _record_mixed_job(client)
+        found |= await _record_trajectory_job(client)
+        found |= await _record_batch_job(client)
+        found["training-dynamic-sampling"] = await _record_filtering(client)
+        found |= await _record_failed_starts(client)
     finally:
         await env.shutdown()
+    missing = sorted(set(FIXTURES) - set(found))
+    if missing:
+        raise SystemExit(f"no workflow of the recorded jobs took these paths: {missing}; nothing written")
+    HISTORIES.mkdir(exist_ok=True)
+    for name in FIXTURES:
+        (HISTORIES / f"{name}.json").write_text(found[name])
+    print("wrote", sorted(f"{name}.json" for name in FIXTURES), "to", HISTORIES)
 
 
-def _flat_every_other_seed(t: Transcript) -> RewardResult:
-    """Members differ (1 and 2 turns), except in groups of even seeds, where every member scores 1."""
-    return RewardResult(value=1.0 if t.seed % 2 == 0 else float(len(t.turns)), success=len(t.turns) == 2)
+async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
+    return (await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()).to_json()
 
 
-async def _record_filtering(client: Client) -> str:
-    """A job with dynamic sampling on, whose flat groups are filtered and refilled: its whole history."""
-    lake = frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")
-    spec = JobSpec(
-        name="rec-ds",
-        tasks=[lake],
-        training=TrainingConfig(steps=3, batch_size=4, async_bound=1, dynamic_sampling=True),
-    )
-    job_id = f"rec-ds-{uuid.uuid4().hex[:6]}"
-    async with standin_workers(client, StandIns(stagger=1, score=_flat_every_other_seed, train_delay_s=0.05)):
+async def _train(client: Client, spec: JobSpec, job_id: str, standins: StandIns) -> tuple[TrainingResult, str]:
+    """Run the job to its end on stand-in workers: its result, and the id of its first run."""
+    async with standin_workers(client, standins):
         handle = await client.start_workflow(
             "TrainingWorkflow",
             TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
@@ -139,42 +90,7 @@ async def _record_filtering(client: Client) -> str:
             task_queue="control",
             result_type=TrainingResult,
         )
-        result = await handle.result()
-    assert result.filtered > 0, "the recorded job filtered no group"
-    return await _history_json(client, job_id)
-
-
-async def _record_ui_summary(client: Client) -> dict[str, str]:
-    """A trajectory-mode job and a batch-mode one, every seed-1 env broken: the histories of the training workflow,
-    of a completed and a failed TrajectoryWorkflow, and of a BatchRolloutWorkflow with some members failed."""
-    lake = frozenlake_task(group_size=2, max_turns=3)
-    found: dict[str, str] = {}
-    for mode in ("trajectory", "batch"):
-        spec = JobSpec(
-            name="rec-ui",
-            tasks=[lake],
-            training=TrainingConfig(steps=2, batch_size=4, async_bound=1, rollout_mode=mode),
-        )
-        job_id = f"rec-ui-{mode}-{uuid.uuid4().hex[:6]}"
-        async with standin_workers(client, StandIns(stagger=1, train_delay_s=0.05, fail_seeds={1})):
-            handle = await client.start_workflow(
-                "TrainingWorkflow",
-                TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
-                id=job_id,
-                task_queue="control",
-                result_type=TrainingResult,
-            )
-            await handle.result()
-        if mode == "trajectory":
-            found[TRAINING_UI_SUMMARY] = await _history_json(client, job_id)
-        for name, (wf_type, status) in UI_SUMMARY.items():
-            query = (
-                f'WorkflowType="{wf_type}" AND RollartJobId="{job_id}" AND RollartStatus="{status}" '
-                'AND ExecutionStatus="Completed"'
-            )
-            if wf := await _first(client, query):
-                found[name] = await _history_json(client, wf.id, wf.run_id)
-    return found
+        return await handle.result(), handle.first_execution_run_id or ""
 
 
 async def _first(client: Client, query: str, wait_s: float = 10.0) -> WorkflowExecution | None:
@@ -184,6 +100,135 @@ async def _first(client: Client, query: str, wait_s: float = 10.0) -> WorkflowEx
             return wf
         await asyncio.sleep(0.5)
     return None
+
+
+async def _children(client: Client, job_id: str, wanted: dict[str, str]) -> dict[str, str]:
+    """Fixture name → the history of the job's first completed workflow that the query condition finds."""
+    found = {}
+    for name, condition in wanted.items():
+        query = f'RollartJobId="{job_id}" AND ExecutionStatus="Completed" AND {condition}'
+        if wf := await _first(client, query):
+            found[name] = await _history_json(client, wf.id, wf.run_id)
+    return found
+
+
+async def _record_mixed_job(client: Client) -> dict[str, str]:
+    """A multi-turn task with `rollout_unit: group` and a single-turn one: the training workflow's first run
+    (up to its continue-as-new), a group of the first task and a wave of the second."""
+    math = frozenlake_task(
+        name="math",
+        env="arithmetic",
+        env_args={},
+        reward="exact_match",
+        generate_pool="h20",
+        max_turns=1,
+        group_size=4,
+    )
+    lake = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group")
+    spec = JobSpec(
+        name="rec",
+        tasks=[lake, math],
+        training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2),
+    )
+    job_id = f"rec-{uuid.uuid4().hex[:6]}"
+    _, first_run_id = await _train(
+        client, spec, job_id, StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
+    )
+    found = {"training-continued-as-new": await _history_json(client, job_id, first_run_id)}
+    group = 'WorkflowType="GroupRolloutWorkflow" AND RollartTask='
+    return found | await _children(
+        client, job_id, {"group-multi-turn": f'{group}"frozenlake"', "group-single-turn": f'{group}"math"'}
+    )
+
+
+async def _record_trajectory_job(client: Client) -> dict[str, str]:
+    """A trajectory-mode job whose seed-1 env breaks: the training workflow, a completed and a failed child."""
+    spec = JobSpec(
+        name="rec-traj",
+        tasks=[frozenlake_task(group_size=2, max_turns=3)],
+        training=TrainingConfig(steps=2, batch_size=4, async_bound=1),
+    )
+    job_id = f"rec-traj-{uuid.uuid4().hex[:6]}"
+    await _train(client, spec, job_id, StandIns(turns=3, train_delay_s=0.05, fail_seeds={1}))
+    trajectory = 'WorkflowType="TrajectoryWorkflow" AND RollartStatus='
+    return {"training-trajectories": await _history_json(client, job_id)} | await _children(
+        client,
+        job_id,
+        {"trajectory-completed": f'{trajectory}"completed"', "trajectory-env-broken": f'{trajectory}"failed"'},
+    )
+
+
+async def _record_batch_job(client: Client) -> dict[str, str]:
+    """A batch-mode job of a per-episode task and a grouped one, seed 4's env broken: the training workflow, a
+    lockstep batch with some episodes failed (groups 4 and 5 draw the first task), and a lockstep
+    GroupRolloutWorkflow."""
+    tasks = [
+        frozenlake_task(group_size=2, max_turns=3, weight=3.0),
+        frozenlake_task(name="lakegroup", group_size=2, max_turns=3, rollout_unit="group"),
+    ]
+    spec = JobSpec(
+        name="rec-batch",
+        tasks=tasks,
+        training=TrainingConfig(steps=3, batch_size=4, async_bound=1, rollout_mode="batch"),
+    )
+    job_id = f"rec-batch-{uuid.uuid4().hex[:6]}"
+    await _train(client, spec, job_id, StandIns(turns=1, stagger=1, train_delay_s=0.05, fail_seeds={4}))
+    return {"training-batch": await _history_json(client, job_id)} | await _children(
+        client,
+        job_id,
+        {
+            "batch": 'WorkflowType="BatchRolloutWorkflow" AND RollartStatus="partial"',
+            "group-lockstep": 'WorkflowType="GroupRolloutWorkflow"',
+        },
+    )
+
+
+def _flat_every_other_seed(t: Transcript) -> RewardResult:
+    """Members differ (1 and 2 turns), except in groups of even seeds, where every member scores 1."""
+    return RewardResult(value=1.0 if t.seed % 2 == 0 else float(len(t.turns)), success=len(t.turns) == 2)
+
+
+async def _record_filtering(client: Client) -> str:
+    """A job with dynamic sampling on, whose flat groups are filtered and refilled: its whole history."""
+    spec = JobSpec(
+        name="rec-ds",
+        tasks=[frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")],
+        training=TrainingConfig(steps=3, batch_size=4, async_bound=1, dynamic_sampling=True),
+    )
+    job_id = f"rec-ds-{uuid.uuid4().hex[:6]}"
+    result, _ = await _train(
+        client, spec, job_id, StandIns(stagger=1, score=_flat_every_other_seed, train_delay_s=0.05)
+    )
+    assert result.filtered > 0, "the recorded job filtered no group"
+    return await _history_json(client, job_id)
+
+
+async def _record_failed_starts(client: Client) -> dict[str, str]:
+    """Trajectories that fail the workflow, started as `rollart rollout` starts one: an env nobody registered, and
+    raw JSON that does not validate (what `temporal workflow start` may send)."""
+    found = {}
+    unknown = TrajectoryInput(task=frozenlake_task(env="nope"), seed=1, job_id="rec-env")
+    attributes = TypedSearchAttributes(
+        [SearchAttributePair(sa.JOB_ID, "rec-env"), SearchAttributePair(sa.TASK, unknown.task.name)]
+    )
+    invalid = {"task": {"name": "t", "env": "frozenlake", "max_turns": 0}, "seed": 1}
+    async with standin_workers(client, StandIns(unknown_env=True)):
+        for name, inp in (("trajectory-unknown-env", unknown), ("trajectory-invalid-input", invalid)):
+            wid = f"rec-{name}-{uuid.uuid4().hex[:6]}"
+            handle = await client.start_workflow(
+                "TrajectoryWorkflow",
+                inp,
+                id=wid,
+                task_queue="control",
+                result_type=TrajectoryResult,
+                search_attributes=attributes if inp is unknown else None,
+                static_summary=trajectory_summary(unknown) if inp is unknown else None,
+            )
+            try:
+                await handle.result()
+            except WorkflowFailureError:
+                found[name] = await _history_json(client, wid)
+    return found
 
 
 if __name__ == "__main__":

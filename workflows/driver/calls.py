@@ -75,7 +75,3 @@ class Calls(Protocol):
         """`timeout_s` overrides the activity's start-to-close timeout (an env's own step timeout, say);
         `start_wait_s` how long it may wait to start (a session's worker that leaves it waiting is dead)."""
         ...
-
-    def patched(self, patch_id: str) -> bool:
-        """Whether new behaviour `patch_id` applies (`workflow.patched` in workflows; always in-process)."""
-        ...

@@ -14,13 +14,9 @@ from rollart.contracts.activities import RewardResult
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.workflows.driver.calls import CallFailed, Calls
 
-__all__ = ["CLOSE_WHILE_SCORING", "Unit", "play"]
+__all__ = ["Unit", "play"]
 
 T = TypeVar("T")
-
-CLOSE_WHILE_SCORING = "close-while-scoring"
-"""Patch: a finished unit's session closes while it is scored and reported (close needs neither), so the
-close's round trip is off the episode's path; histories recorded before closed it between the two."""
 
 Report = Callable[[list[TrajectoryResult]], Awaitable[None]]
 
@@ -43,15 +39,12 @@ class Unit(Protocol):
     def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]: ...
 
 
-async def play(
-    units: Sequence[Unit], report: Report | None = None, *, finish_together: bool = False
-) -> list[TrajectoryResult]:
+async def play(units: Sequence[Unit], report: Report | None = None) -> list[TrajectoryResult]:
     """start → (generate → step)* while any member plays → score → close, for every unit in lockstep.
 
     A call that fails for good fails its unit (later phases skip it; its members end `failed`, never
     scored); a bad input fails the whole run. Each unit reports its results (`report`) as soon as it is
-    scored and closed — or, with `finish_together` (lockstep batches recorded before the driver), all
-    units are scored, then all closed, then reported at once.
+    scored, its session closing meanwhile (the close needs neither), and ends once both are done.
     """
     try:
         await _phase(units, lambda u: u.start())
@@ -63,23 +56,11 @@ async def play(
     except BaseException:
         await asyncio.gather(*(u.close() for u in units))
         raise
-    if finish_together:
-        return await _finish_together(units, report)
     per_unit = await asyncio.gather(*(_finish(u, report) for u in units))
     return [r for results in per_unit for r in results]
 
 
 async def _finish(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
-    if unit.calls.patched(CLOSE_WHILE_SCORING):
-        return await _finish_closing_meanwhile(unit, report)
-    scores = await _then(guarded(unit, unit.score), unit.close)
-    results = unit.results(scores)
-    if report is not None:
-        await report(results)
-    return results
-
-
-async def _finish_closing_meanwhile(unit: Unit, report: Report | None) -> list[TrajectoryResult]:
     """Score → report, with the session's close running alongside; the unit ends once both are done."""
     closing = asyncio.ensure_future(unit.close())
 
@@ -90,14 +71,6 @@ async def _finish_closing_meanwhile(unit: Unit, report: Report | None) -> list[T
         return results
 
     return await _then(score_and_report(), lambda: closing)
-
-
-async def _finish_together(units: Sequence[Unit], report: Report | None) -> list[TrajectoryResult]:
-    scores = await _then(_phase(units, lambda u: u.score()), lambda: asyncio.gather(*(u.close() for u in units)))
-    results = [r for u, s in zip(units, scores) for r in u.results(s)]
-    if report is not None:
-        await report(results)
-    return results
 
 
 async def _then(work: Awaitable[T], cleanup: Callable[[], Awaitable[object]]) -> T:

@@ -4,8 +4,7 @@ One `prompts` for every group's seed, one `generate_batch` for every group's pro
 engine batches them and shares each prompt's prefix), then one `check` and one `reward_batch` for every
 answer. A group whose generation fails ends `failed` on its own; the others are checked and scored: when
 the wave's `generate_batch` raises (rather than timing out or being cancelled), each group is generated on
-its own so that the failure lands on the groups it concerns. (Runs started before the patch
-"single-turn-wave-generate" made one `generate` per group.)
+its own so that the failure lands on the groups it concerns.
 """
 
 from __future__ import annotations
@@ -32,13 +31,7 @@ from rollart.infra.config import SamplingParams
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.calls import CallFailed, Calls
 
-__all__ = ["PER_GROUP_FAILURES", "WAVE_GENERATE", "play_single_turn"]
-
-PER_GROUP_FAILURES = "single-turn-failures-per-group"
-"""Patch: a failed generation fails only its group (before it, every group launched with it)."""
-
-WAVE_GENERATE = "single-turn-wave-generate"
-"""Patch: one `generate_batch` for the wave's groups (before it, one `generate` per group)."""
+__all__ = ["play_single_turn"]
 
 
 async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[TrajectoryResult]:
@@ -84,12 +77,9 @@ async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str
     """Every group's generation in one `generate_batch`; if the engine raised, per group.
 
     An error the activity raised may be one group's (a prompt the engine rejects): generating each group on
-    its own then fails only the groups it concerns, as before the patch. A timeout concerns the engine, which
-    every group's call would wait on again, and a cancellation the whole wave: all of its groups end failed.
-    A bad input raises.
+    its own then fails only the groups it concerns. A timeout concerns the engine, which every group's call
+    would wait on again, and a cancellation the whole wave: all of its groups end failed. A bad input raises.
     """
-    if not calls.patched(WAVE_GENERATE):
-        return await _generate_all(calls, inp, prompts)
     try:
         return list(await _generate_batch(calls, inp, prompts))
     except CallFailed as err:
@@ -97,7 +87,7 @@ async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str
             calls.logger.info(
                 "wave generate_batch failed (%s): generating its %d groups one by one", err.message, len(inp.groups)
             )
-            return await _generate_all(calls, inp, prompts)
+            return await _generate_each(calls, inp, prompts)
         err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
         return [err] * len(inp.groups)
 
@@ -118,15 +108,9 @@ async def _generate_batch(calls: Calls, inp: GroupRolloutInput, prompts: list[st
     )
 
 
-async def _generate_all(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
-    """Every group's generation at once; with the patch a failure stays its group's (else it fails them all)."""
+async def _generate_each(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
+    """Every group's generation at once, each its own `generate`: a failure stays its group's."""
     work = [_generate(calls, inp, g, p) for g, p in zip(inp.groups, prompts)]
-    if not calls.patched(PER_GROUP_FAILURES):
-        try:
-            return list(await asyncio.gather(*work))
-        except CallFailed as err:
-            err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
-            return [err] * len(inp.groups)
     outcomes = await asyncio.gather(*work, return_exceptions=True)
     for group, out in zip(inp.groups, outcomes):
         if isinstance(out, CallFailed):
