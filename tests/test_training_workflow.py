@@ -16,6 +16,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import RewardResult, Transcript
+from rollart.contracts.ids import derive_seed
 from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, StopWhen, TrainingConfig
@@ -103,7 +104,7 @@ async def test_continue_as_new_every_step_conserves_trajectories(
 
 
 async def test_failed_trajectories_are_masked_not_scored(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
-    seeds = [0 * 1_000_003 + g for g in range(40)]
+    seeds = [derive_seed(0, g) for g in range(40)]  # training.seed 0: group g's env seed
     w = world(queue_prefix, fail_seeds=set(seeds[1::3]))  # every third group's env crashes
     result, _ = await train(bare_env, w, job(async_bound=1))
     assert result.failed > 0
