@@ -3,14 +3,18 @@ kind of task plays in, for training and `rollart rollout` alike, and the values 
 
 from __future__ import annotations
 
-import pytest
+import uuid
 
-from rollart.client.rollout import plan_trajectories, rollout_units, unit_input
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout, unit_input
 from rollart.contracts import ids
 from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryInput
 from rollart.contracts.routing import Unit, unit_of
 from rollart.infra.config import JobSpec, TrainingConfig
-from tests.support.tasks import frozenlake_task
+from tests.support.standins import StandIns, full_marks, standin_workers
+from tests.support.tasks import frozenlake_task, with_queue_prefix
 from tests.support.training_plans import arithmetic_task
 
 EPISODES = frozenlake_task(group_size=2)
@@ -89,3 +93,26 @@ def test_seeds_keep_their_values() -> None:
 def test_a_trajectory_input_of_a_rollout_is_its_own_unit() -> None:
     [(first, members)] = rollout_units([TrajectoryInput(task=EPISODES, seed=1)])
     assert unit_input(first, members, "j")[:2] == (Unit.TRAJECTORY, "j-frozenlake-0000")
+
+
+@pytest.mark.orchestration
+async def test_a_rollout_of_a_single_turn_task_plays_waves_and_reports_every_member(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    """Through the server: each group one GroupRolloutWorkflow of four calls (no env session), an outcome per
+    trajectory in plan order, its members sharing their group's workflow id (the table's link)."""
+    job_id = f"st-{uuid.uuid4().hex[:6]}"
+    spec = with_queue_prefix(
+        JobSpec(name="st", tasks=[SINGLE_TURN], training=TrainingConfig(batch_size=4)), queue_prefix
+    )
+    inputs = plan_trajectories(spec, 6, seed=0, job_id=job_id)  # groups of 4: one whole, one cut short to 2
+    w = StandIns(prefix=queue_prefix, score=full_marks)
+    async with standin_workers(bare_env.client, w):
+        outcomes = await run_rollout(bare_env.client, inputs, job_id)
+    assert [o.inp for o in outcomes] == inputs and all(o.status == "completed" for o in outcomes)
+    assert [o.workflow_id for o in outcomes] == [f"{job_id}-math-0000"] * 4 + [f"{job_id}-math-0004"] * 2
+    assert [o.result.trajectory_id for o in outcomes if o.result] == [f"{job_id}-math-0000-{m}" for m in range(4)] + [
+        f"{job_id}-math-0004-{m}" for m in range(2)
+    ]
+    assert {c.name for c in w.calls} == {"prompts", "generate_batch", "check", "reward_batch"}
+    assert sorted(inp.sampling.n for inp in w.inputs("generate_batch")) == [2, 4]
