@@ -107,9 +107,9 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
 
 
 def _print_summary(outcomes: list[RolloutOutcome], wall: float) -> None:
-    done = [o.result for o in outcomes if o.result and o.status == "completed"]
     from rollart.contracts.routing import Unit, unit_of
 
+    done = [o.result for o in outcomes if o.result and o.status == "completed"]
     turns: dict[str, int] = {}  # per workflow: a group plays its longest member's turns, one call per turn for all
     waves: set[str] = set()  # single-turn groups: prompts, generate_batch, check, reward_batch
     for o in outcomes:

@@ -133,8 +133,8 @@ async def run_rollout(
     registered = await retry_unreachable(lambda: sa.try_register(client), watch)
 
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
-        unit, workflow_id, inp = unit_input(first, members, job_id)
-        result_type = list[TrajectoryResult] if unit.grouped else TrajectoryResult
+        kind, workflow_id, inp = unit_input(first, members, job_id)
+        result_type = list[TrajectoryResult] if kind.grouped else TrajectoryResult
         t0 = time.monotonic()
         queue = queue_name(Pool.CONTROL, members[0].queue_prefix)
         attributes = (
@@ -145,7 +145,7 @@ async def run_rollout(
         summary = trajectory_summary(inp) if isinstance(inp, TrajectoryInput) else group_summary(inp)
         async with starts:
             handle = await retry_unreachable(
-                lambda: _start(client, unit.workflow, inp, workflow_id, queue, result_type, attributes, summary), watch
+                lambda: _start(client, kind.workflow, inp, workflow_id, queue, result_type, attributes, summary), watch
             )
         try:
             result, error = await retry_unreachable(handle.result, watch), None
