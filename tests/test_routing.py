@@ -10,7 +10,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout, unit_input
 from rollart.contracts import ids
-from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryInput
+from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryInput, TrajectoryResult
 from rollart.contracts.routing import Unit, unit_of
 from rollart.infra.config import JobSpec, TrainingConfig
 from tests.support.standins import StandIns, full_marks, standin_workers
@@ -116,3 +116,17 @@ async def test_a_rollout_of_a_single_turn_task_plays_waves_and_reports_every_mem
     ]
     assert {c.name for c in w.calls} == {"prompts", "generate_batch", "check", "reward_batch"}
     assert sorted(inp.sampling.n for inp in w.inputs("generate_batch")) == [2, 4]
+
+
+def test_the_rollout_summary_counts_each_units_activities(capsys: pytest.CaptureFixture[str]) -> None:
+    """A single-turn group is one wave of four calls for all its members; an episode of t turns 2t + 3 calls."""
+    from rollart.cli.rollout import _print_summary
+    from rollart.client.rollout import RolloutOutcome
+
+    def outcome(wid: str, inp: TrajectoryInput, turns: int) -> RolloutOutcome:
+        r = TrajectoryResult(trajectory_id=wid, task=inp.task.name, seed=0, status="completed", reward=1.0, turns=turns)
+        return RolloutOutcome(wid, "run", inp, r, None, 1.0)
+
+    wave, episode = TrajectoryInput(task=SINGLE_TURN, seed=0), TrajectoryInput(task=EPISODES, seed=0)
+    _print_summary([*(outcome("w", wave, 1) for _ in range(4)), outcome("e", episode, 3)], wall=1.0)
+    assert "5/5 completed in 1.0s · 5.00 trajectories/s · 13.0 activities/s" in capsys.readouterr().out  # 4 + 9
