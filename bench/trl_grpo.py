@@ -23,10 +23,11 @@ from typing import Any
 
 from rollart.activities.reward import as_reward_result
 from rollart.contracts.activities import Transcript, TurnRecord
+from rollart.contracts.ids import derive_seed
 from rollart.infra.config import JobSpec, LRScheduleConfig, TaskSpec
 from rollart.infra.registry import lookup_env, lookup_reward
 
-__all__ = ["TRL_PIN", "TrlRun", "ensure_trl", "group_seed", "run_trl"]
+__all__ = ["TRL_PIN", "TrlRun", "ensure_trl", "run_trl"]
 
 TRL_PIN = "trl==1.16.0"
 """As pyproject.toml's `bench` extra: checked against torch 2.13 / transformers 5.19 (it changes neither)."""
@@ -42,11 +43,6 @@ def ensure_trl() -> None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", TRL_PIN])
     print("peer_trl: trl installed; starting the bench again in a fresh interpreter", flush=True)
     os.execv(sys.executable, [sys.executable, "-m", "bench", *sys.argv[1:]])
-
-
-def group_seed(job: JobSpec, group: int) -> int:
-    """The env seed of group `group`, as TrainingWorkflow draws it (training.seed * 1_000_003 + group index)."""
-    return job.training.seed * 1_000_003 + group
 
 
 @dataclass
@@ -109,7 +105,8 @@ def run_trl(job: JobSpec, max_steps: int, max_s: float, target: float, window: i
     groups_per_step = job.training.batch_size // task.group_size
     n_groups = groups_per_step * max_steps
     env = lookup_env(task.env).cls(**task.env_args)
-    rows = [{"prompt": env.reset(group_seed(job, g)), "seed": group_seed(job, g)} for g in range(n_groups)]
+    seeds = [derive_seed(job.training.seed, g) for g in range(n_groups)]  # group g's, as training draws it
+    rows = [{"prompt": env.reset(s), "seed": s} for s in seeds]
     sampling, trainer_cfg, loss = task.sampling, job.trainer, job.trainer.loss
     with tempfile.TemporaryDirectory(prefix="peer-trl-") as out:
         config = GRPOConfig(

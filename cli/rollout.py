@@ -107,12 +107,18 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
 
 
 def _print_summary(outcomes: list[RolloutOutcome], wall: float) -> None:
+    from rollart.contracts.routing import Unit, unit_of
+
     done = [o.result for o in outcomes if o.result and o.status == "completed"]
     turns: dict[str, int] = {}  # per workflow: a group plays its longest member's turns, one call per turn for all
+    waves: set[str] = set()  # single-turn groups: prompts, generate_batch, check, reward_batch
     for o in outcomes:
         if o.result and o.status == "completed":
             turns[o.workflow_id] = max(turns.get(o.workflow_id, 0), o.result.turns)
-    activities = sum(2 * t + 3 for t in turns.values())  # reset, (generate + step) per turn, reward, close
+            if unit_of(o.inp.task) is Unit.SINGLE_TURN_WAVE:
+                waves.add(o.workflow_id)
+    # reset, (generate + step) per turn, reward, close; a wave's four calls
+    activities = sum(4 if wid in waves else 2 * t + 3 for wid, t in turns.items())
     rewards = [r.reward for r in done if r.reward is not None]
     print(
         f"{len(done)}/{len(outcomes)} completed in {wall:.1f}s · {len(outcomes) / wall:.2f} trajectories/s · "

@@ -15,18 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollart.activities.engines.hf_engine import HfEngine
-from rollart.client.in_process import in_process_activities
+from rollart.client.in_process import in_process_activities, play_unit
+from rollart.client.rollout import rollout_units
+from rollart.contracts.ids import EVAL_SEED_BASE
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.config import JobSpec, TaskSpec
 from rollart.infra.store import StoreKeyError, open_store
 from rollart.infra.weights import latest_weights, weights_key
-from rollart.workflows.driver.episode import Episode
-from rollart.workflows.driver.lockstep import play
 
-__all__ = ["EVAL_SEED_BASE", "EvalReport", "evaluate"]
-
-EVAL_SEED_BASE = 2_000_000_000
-"""Held-out seeds start here: the training loop draws seeds `seed * 1_000_003 + group` far below it."""
+__all__ = ["EvalReport", "evaluate"]
 
 
 @dataclass(frozen=True)
@@ -47,20 +44,21 @@ async def evaluate(
 ) -> EvalReport:
     """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0).
 
-    The episodes run through the rollout driver with the activity code in this process (one at a time): the
-    same env, generation and reward calls as in training, only greedy and on seeds training never draws.
+    The episodes run through the rollout driver with the activity code in this process (one at a time), each in
+    the unit training plays the task in (contracts/routing.py), as a group of one: the same env, generation and
+    reward calls as in training, only greedy and on seeds training never draws (`EVAL_SEED_BASE`).
     """
     engine = HfEngine.from_config(job.model_dir, job.engine)
     await engine.start()
     sampling = task.sampling.model_copy(update={"temperature": temperature, "n": 1})
-    greedy = task.model_copy(update={"sampling": sampling})
+    greedy = task.model_copy(update={"sampling": sampling, "group_size": 1})
+    inputs = [TrajectoryInput(task=greedy, seed=EVAL_SEED_BASE + i) for i in range(episodes)]
     try:
         version = await _load_version(engine, job, job_id, version)
         async with in_process_activities(engine, job.model_dir) as calls:
             results = []
-            for i in range(episodes):
-                episode = Episode(calls, TrajectoryInput(task=greedy, seed=EVAL_SEED_BASE + i), f"eval-{task.name}-{i}")
-                results += await play([episode])
+            for first, members in rollout_units(inputs):
+                results += await play_unit(calls, first, members, "eval")
     finally:
         await engine.shutdown()
     scored = [r for r in results if r.status == "completed"]

@@ -30,12 +30,14 @@ from rollart.activities.reward import RewardActivities
 from rollart.client.rollout import unit_input
 from rollart.contracts.activities import ActivityName
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+from rollart.contracts.routing import Unit
 from rollart.infra.config import EngineConfig, StoreConfig
 from rollart.infra.store import open_store
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play
+from rollart.workflows.driver.single_turn import play_single_turn
 
 __all__ = ["InProcessCalls", "in_process_activities", "play_unit", "started_engine"]
 
@@ -125,8 +127,11 @@ async def in_process_activities(
 async def play_unit(
     calls: InProcessCalls, first: int, members: list[TrajectoryInput], job_id: str
 ) -> list[TrajectoryResult]:
-    """Play one unit of `rollout_units` in this process, as the workflow `rollart rollout` starts for it would."""
-    workflow_type, unit_id, inp = unit_input(first, members, job_id)
-    if workflow_type == "TrajectoryWorkflow":
-        return await play([Episode(calls, inp, unit_id)])  # type: ignore[arg-type]
-    return await play([GroupEpisode(calls, inp, g) for g in inp.groups])  # type: ignore[arg-type,union-attr]
+    """Play one unit of `rollout_units` in this process, as the workflow `rollart rollout` starts for it would
+    (a single-turn group as a wave of one, a `rollout_unit: group` group in one session, else an episode)."""
+    unit, unit_id, inp = unit_input(first, members, job_id)
+    if isinstance(inp, TrajectoryInput):
+        return await play([Episode(calls, inp, unit_id)])
+    if unit is Unit.SINGLE_TURN_WAVE:
+        return await play_single_turn(calls, inp)
+    return await play([GroupEpisode(calls, inp, g) for g in inp.groups])

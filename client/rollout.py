@@ -16,7 +16,9 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from rollart.activities.envs.base import declares_actions
 from rollart.client.connection import Outage, retry_unreachable
+from rollart.contracts import ids
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
+from rollart.contracts.routing import Unit, unit_of
 from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool, queue_name
@@ -98,7 +100,7 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
     group = 0
     while len(plan) < n:
         task = rng.choices(job.tasks, weights=weights)[0]
-        env_seed = seed * 1_000_003 + group
+        env_seed = ids.derive_seed(seed, group)
         for _ in range(min(task.group_size, n - len(plan))):
             plan.append(
                 TrajectoryInput(task=task, seed=env_seed, job_id=job_id, queue_prefix=job.temporal.task_queue_prefix)
@@ -120,8 +122,9 @@ async def run_rollout(
     A server outage is waited out (`outage` says when it starts and ends): starts and result waits that
     fail because the server is unreachable are tried again.
 
-    Members of a group of a `rollout_unit: group` task (consecutive inputs on one seed) play in one
-    GroupRolloutWorkflow, as in training; every other input is a TrajectoryWorkflow of its own. Each carries
+    Each unit plays as training plays it (contracts/routing.py): the members of a group of a single-turn or
+    `rollout_unit: group` task (consecutive inputs on one seed) in one GroupRolloutWorkflow, every other input in
+    a TrajectoryWorkflow of its own. Each carries
     a one-line summary for the Temporal UI, and `RollartJobId` and `RollartTask` once the namespace has
     rollart's search attributes (registered here if missing; without them, it ends without its outcome's).
     """
@@ -130,8 +133,8 @@ async def run_rollout(
     registered = await retry_unreachable(lambda: sa.try_register(client), watch)
 
     async def unit(first: int, members: list[TrajectoryInput]) -> list[RolloutOutcome]:
-        workflow_type, workflow_id, inp = unit_input(first, members, job_id)
-        result_type = TrajectoryResult if workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
+        kind, workflow_id, inp = unit_input(first, members, job_id)
+        result_type = list[TrajectoryResult] if kind.grouped else TrajectoryResult
         t0 = time.monotonic()
         queue = queue_name(Pool.CONTROL, members[0].queue_prefix)
         attributes = (
@@ -142,7 +145,7 @@ async def run_rollout(
         summary = trajectory_summary(inp) if isinstance(inp, TrajectoryInput) else group_summary(inp)
         async with starts:
             handle = await retry_unreachable(
-                lambda: _start(client, workflow_type, inp, workflow_id, queue, result_type, attributes, summary), watch
+                lambda: _start(client, kind.workflow, inp, workflow_id, queue, result_type, attributes, summary), watch
             )
         try:
             result, error = await retry_unreachable(handle.result, watch), None
@@ -188,16 +191,18 @@ async def _start(
 
 def unit_input(
     first: int, members: list[TrajectoryInput], job_id: str
-) -> tuple[str, str, TrajectoryInput | GroupRolloutInput]:
-    """The workflow that plays one unit of `rollout_units`: its type, id and input.
+) -> tuple[Unit, str, TrajectoryInput | GroupRolloutInput]:
+    """One unit of `rollout_units`: what plays it (`Unit.workflow`), its workflow id and its input.
 
-    One episode: a TrajectoryWorkflow. Members of a group of a `rollout_unit: group` task: one
-    GroupRolloutWorkflow whose single group is named after the workflow (its members `<id>-<m>`).
+    One episode of a per-episode task: a TrajectoryWorkflow. Members of a group of a grouped task (single-turn, or
+    `rollout_unit: group`): one GroupRolloutWorkflow whose single group is named after the workflow (its members
+    `<id>-<m>`).
     """
     inp = members[0]
-    workflow_id = f"{job_id}-{inp.task.name}-{first:04d}"
-    if len(members) == 1 and not _grouped(inp):
-        return "TrajectoryWorkflow", workflow_id, inp
+    workflow_id = ids.unit_id(job_id, inp.task.name, first)
+    unit = unit_of(inp.task)
+    if not unit.grouped:
+        return unit, workflow_id, inp
     task = inp.task.model_copy(update={"group_size": len(members)})  # the last group may be cut short
     group = GroupRolloutInput(
         task=task,
@@ -206,11 +211,7 @@ def unit_input(
         min_version=inp.min_version,
         queue_prefix=inp.queue_prefix,
     )
-    return "GroupRolloutWorkflow", workflow_id, group
-
-
-def _grouped(inp: TrajectoryInput) -> bool:
-    return inp.task.grouped and inp.task.max_turns > 1
+    return unit, workflow_id, group
 
 
 def rollout_units(inputs: list[TrajectoryInput]) -> list[tuple[int, list[TrajectoryInput]]]:
@@ -220,8 +221,7 @@ def rollout_units(inputs: list[TrajectoryInput]) -> list[tuple[int, list[Traject
         last = units[-1][1] if units else None
         if (
             last
-            and _grouped(inp)
-            and _grouped(last[0])
+            and unit_of(inp.task).grouped
             and last[0].task == inp.task
             and last[0].seed == inp.seed
             and len(last) < inp.task.group_size

@@ -41,6 +41,7 @@ from rollart.contracts.rollouts import (
     TrajectoryInput,
     TrajectoryResult,
 )
+from rollart.contracts.routing import Unit, unit_of
 from rollart.contracts.store import StoredTurn
 from rollart.infra.history import ActivitySpan, activity_spans
 from rollart.infra.search_attributes import JOB_ID, TASK
@@ -361,7 +362,7 @@ def _steps(calls: list[_Call], tid: str, wf_input: Any) -> list[tuple[_Call, Ste
             members = g.members(wf_input.task.group_size)
             if tid in members:
                 owner, member = g.group_id, members.index(tid)
-        if wf_input.task.max_turns == 1:  # single-turn: one `check` for all of them
+        if unit_of(wf_input.task) is Unit.SINGLE_TURN_WAVE:  # one `check` for all of them
             return [(c, None) for c in calls if c.span.activity_type == "check" and c.span.succeeded][:1]
     sessions = set()
     for c in calls:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollart.contracts.ids import member_id
 from rollart.infra.config import TaskSpec
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
@@ -16,8 +17,6 @@ __all__ = [
     "TrajectoryInput",
     "TrajectoryResult",
     "TrajectoryStatus",
-    "batch_member_id",
-    "member_id",
 ]
 
 TrajectoryStatus = Literal["completed", "failed"]
@@ -105,13 +104,3 @@ class BatchRolloutInput(BaseModel):
 
     trajectories: list[TrajectoryInput] = Field(min_length=1)
     report_to: str | None = None
-
-
-def member_id(group_id: str, m: int) -> str:
-    """Trajectory id of member `m` of a GRPO group (its own workflow's id in `trajectory` mode)."""
-    return f"{group_id}-{m}"
-
-
-def batch_member_id(batch_id: str, i: int) -> str:
-    """Trajectory id of episode `i` of a lockstep batch (older batches named their members this way)."""
-    return f"{batch_id}-{i:03d}"

@@ -11,6 +11,7 @@ from bench.report import format_table, plot_modes, summarize, write_results
 from bench.weight_sync import as_modes
 from bench.workload import LATENCY, SOKOBAN_LATENCY, multitask_job
 from rollart.activities.envs.gem_env import GemEnv
+from rollart.contracts.routing import Unit, unit_of
 from rollart.infra.pools import Pool
 
 
@@ -64,7 +65,7 @@ def test_the_workload_injects_its_latency_through_the_fault_model(tmp_path) -> N
         LATENCY["reset_median_s"],
         LATENCY["reset_p99_s"],
     )
-    assert frozenlake.rollout_unit == "group" and frozenlake.grouped
+    assert frozenlake.rollout_unit == "group" and unit_of(frozenlake, "batch") is Unit.GROUP
     assert multitask_job(tmp_path, 3, rollout_unit="trajectory").tasks[0].rollout_unit == "trajectory"
     assert {t.generate_pool.value for t in multitask_job(tmp_path, 3, single_pool=Pool.H800).tasks} == {"h800"}
 

@@ -12,7 +12,8 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryResult, batch_member_id
+    from rollart.contracts.ids import batch_member_id
+    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryResult
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.reporting import reporter

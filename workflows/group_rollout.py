@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
+    from rollart.contracts.routing import Unit, unit_of
     from rollart.workflows.driver.group import GroupEpisode
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.driver.single_turn import play_single_turn
@@ -45,7 +46,7 @@ class GroupRolloutWorkflow:
 
     async def _play(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
         calls = TemporalCalls()
-        if inp.task.max_turns == 1:
+        if unit_of(inp.task) is Unit.SINGLE_TURN_WAVE:  # else multi-turn groups, whatever the task's rollout_unit
             results = await play_single_turn(calls, inp)
             await report(inp.report_to, results)
             return results

@@ -23,10 +23,5 @@ __all__ = ["RELEASED_PATCHES", "PatchState"]
 PatchState = Literal["patched", "deprecated"]
 """Where an id is in its lifecycle: `workflow.patched(id)` (both branches) or `workflow.deprecate_patch(id)`."""
 
-RELEASED_PATCHES: dict[str, PatchState] = {
-    # pre-release patches of workflows/training.py, collapsed on another branch of issue 32: remove at the merge
-    "stall-detection": "patched",
-    "wake-on-stale-groups": "patched",
-    "batch-lockstep-groups": "patched",
-}
+RELEASED_PATCHES: dict[str, PatchState] = {}
 """Patch id → its state, for every `patched` / `deprecate_patch` call in the workflows (none at 0.1.0)."""

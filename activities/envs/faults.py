@@ -16,6 +16,7 @@ import time
 import zlib
 
 from rollart.activities.envs.base import Env, StepOutcome
+from rollart.contracts.ids import derive_seed
 from rollart.infra.config import FaultModel, LatencyModel
 
 __all__ = ["FaultInjector", "FaultyEnv", "InjectedResetFault", "TransientStepFault", "sample_latency"]
@@ -46,7 +47,7 @@ class FaultInjector:
 
     def __init__(self, model: FaultModel, salt: str = "") -> None:
         self.model = model
-        self._rng = random.Random(model.seed * 1_000_003 + zlib.crc32(salt.encode()))
+        self._rng = random.Random(derive_seed(model.seed, zlib.crc32(salt.encode())))
         self._lock = threading.Lock()
 
     def reset_delay(self) -> tuple[float, bool]:

@@ -25,6 +25,7 @@ from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
 from rollart.activities.rl.losses import policy_loss
 from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.ranks import Ranks
+from rollart.contracts.ids import derive_seed
 from rollart.infra.config import TrainerConfig
 
 __all__ = [
@@ -133,7 +134,7 @@ def mini_batch_parts(share_sizes: Sequence[int], count: int, seed: int) -> list[
     parts: list[list[list[int]]] = []
     for r, n in enumerate(share_sizes):
         order = list(range(n))
-        random.Random(seed * 1_000_003 + r).shuffle(order)
+        random.Random(derive_seed(seed, r)).shuffle(order)
         parts.append([order[j * n // count : (j + 1) * n // count] for j in range(count)])
     return parts
 

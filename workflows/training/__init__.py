@@ -1,0 +1,14 @@
+"""The training job: `TrainingWorkflow` (workflow.py), a thin shell over pure decisions it takes on its state.
+
+- admission.py: how much may be in flight, which task group g draws, what one launch starts;
+- ledger.py: results into the buffer and groups, batches out, the partial batch of a stalled job;
+- staleness.py and filtering.py: groups too old for the step, groups without a GRPO signal;
+- records.py: what a trained step does to the state, its record, the status and the result.
+
+Entropy control (workflows/entropy_control.py), the stop rule (workflows/stopping.py) and the stall rules
+(workflows/stalls.py) are pure modules of their own. None of these needs a server to be tested.
+"""
+
+from rollart.workflows.training.workflow import TrainingWorkflow
+
+__all__ = ["TrainingWorkflow"]

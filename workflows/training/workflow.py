@@ -1,0 +1,300 @@
+"""TrainingWorkflow: keeps trajectories in flight, trains on finished ones under the async bound.
+
+A thin shell: the decisions are pure modules beside it (admission, ledger, staleness, filtering, records; see
+the package's docstring). It keeps the signals and the query, the loop, the child starts, the train-step
+activity, stall watching and continue-as-new.
+
+- Trajectories start as child workflows (parent-close: abandon) and report back by signal, so nothing is lost
+  across continue-as-new (the id is stable).
+- `trajectory` mode runs every unit on its own; `batch` mode a whole batch in lockstep (the synchronous
+  baseline), with the same accounting.
+- The job ends at `training.steps`, on the `stop` signal, or, with `training.stop_when`, once each step's
+  success has held long enough.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+from temporalio import workflow
+from temporalio.common import SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    from rollart.contracts.activities import (
+        ActivityName,
+        DescribeQueuesInput,
+        DescribeQueuesResult,
+        QueueState,
+        TrainStepInput,
+        TrainStepResult,
+    )
+    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
+    from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult, TrainingState, TrainingStatus
+    from rollart.infra import search_attributes as sa
+    from rollart.infra.config import TaskSpec
+    from rollart.infra.pools import Pool, queue_name
+    from rollart.workflows import entropy_control, policies, stalls
+    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
+    from rollart.workflows.group_rollout import GroupRolloutWorkflow
+    from rollart.workflows.reporting import TRAJECTORIES_DONE
+    from rollart.workflows.training import admission, ledger, records, staleness
+    from rollart.workflows.training.admission import Launch
+    from rollart.workflows.trajectory import TrajectoryWorkflow
+    from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
+
+__all__ = ["TrainingWorkflow"]
+
+
+@workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
+class TrainingWorkflow:
+    """One training job: rollout and training overlapped under the async bound."""
+
+    @workflow.init
+    def __init__(self, inp: TrainingInput) -> None:
+        assert inp.plan is not None  # TrainingInput makes one from `job`
+        self.inp = inp
+        self.plan: TrainingPlan = inp.plan
+        self.s = inp.state or TrainingState()
+        self.finishing = False
+        self.done = False
+        self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
+        self.parked = False  # the loop waits for work between launches and steps
+
+    # ------------------------------------------------------------ control surface
+
+    @workflow.signal(name=TRAJECTORIES_DONE)
+    def trajectories_done(self, results: list[TrajectoryResult]) -> None:
+        """Finished trajectories report here (workflows/training/ledger.py takes them in).
+
+        Once the job is finishing, reports are left alone: what was in flight when the last step
+        ended is counted as cancelled, not as failed, whatever its cancellation reports.
+        """
+        if self.finishing:
+            return
+        if ledger.accept(self.plan, self.s, results) and self.plan.training.stall.enabled:
+            self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
+
+    @workflow.signal
+    def pause(self) -> None:
+        """Stop launching trajectories (in-flight ones finish; training continues on what is buffered)."""
+        self.s.paused = True
+
+    @workflow.signal
+    def resume(self) -> None:
+        """Launch trajectories again."""
+        self.s.paused = False
+
+    @workflow.signal
+    def stop(self) -> None:
+        """Finish the current step, then end the job (in-flight trajectories are cancelled)."""
+        self.s.stop_requested = True
+
+    @workflow.query
+    def status(self) -> TrainingStatus:
+        """Where the loop is, and every term of the trajectory ledger."""
+        return records.status(self.inp.job_id, self.plan, self.s, done=self.done)
+
+    # ------------------------------------------------------------ the loop
+
+    @workflow.run
+    async def run(self, inp: TrainingInput) -> TrainingResult:
+        """The loop, watched for stalls beside it (`training.stall`): a stall past `fail_after_s` ends the job."""
+        if inp.state is None:
+            self.s.started_at = workflow.now().timestamp()
+        if not self.plan.training.stall.enabled:
+            return await self._loop(inp)
+        watcher = asyncio.create_task(self._watch_stalls())
+        loop = asyncio.create_task(self._loop(inp))
+        await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
+        watcher.cancel()
+        await workflow.wait([watcher])  # its cancellation lands before the run's last command, not after it
+        if not loop.done() and self.fatal is not None:
+            loop.cancel()
+            self.finishing = True
+            await self._cancel_in_flight()
+            raise self.fatal
+        if not loop.done():  # stalled long, parked between launches: a fresh history, the same state
+            loop.cancel()
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._carried(inp))
+        return loop.result()
+
+    async def _loop(self, inp: TrainingInput) -> TrainingResult:
+        """Launch, wait, train, continue-as-new now and then; the job's result at the end."""
+        t, plan, s = self.plan.training, self.plan, self.s
+        steps_this_run = 0
+        while s.step < t.steps and not s.stop_requested and s.ended_by is None:
+            await self._launch()
+            self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
+            await workflow.wait_condition(  # stale ready groups wake it too: they may be all the buffer holds
+                lambda: (
+                    ledger.batch_ready(plan, s)
+                    or admission.can_launch(plan, s)
+                    or ledger.train_partial(plan, s)
+                    or s.stop_requested
+                    or staleness.stale_ready(s, t.async_bound)
+                )
+            )
+            self.parked = False
+            staleness.drop_stale(s, t.async_bound)
+            if ledger.batch_ready(plan, s) or ledger.train_partial(plan, s):
+                await self._train_step()
+                steps_this_run += 1
+                ending = s.step >= t.steps or s.ended_by is not None
+                if steps_this_run >= t.continue_as_new_every and not ending:
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(self._carried(inp))
+        return await self._finish()
+
+    def _carried(self, inp: TrainingInput) -> TrainingInput:
+        return TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir, state=self.s)
+
+    # ------------------------------------------------------------ child starts
+
+    async def _launch(self) -> None:
+        """Start what admission allows (workflows/training/admission.py), all in one workflow task."""
+        starts = [self._start(launch) for launch in admission.launches(self.plan, self.s, self.inp.job_id)]
+        if starts:
+            await asyncio.gather(*starts)
+
+    def _start(self, launch: Launch) -> Awaitable[object]:
+        """The child workflow that plays one launch."""
+        step = self.s.step
+        inp = admission.child_input(self.plan, launch, self.inp.job_id, step, workflow.info().workflow_id)
+        if isinstance(inp, TrajectoryInput):
+            run, summary = TrajectoryWorkflow.run, trajectory_summary(inp, member=launch.member, version=step)
+        elif isinstance(inp, BatchRolloutInput):
+            run, summary = BatchRolloutWorkflow.run, batch_summary(inp, version=step)
+        else:
+            run, summary = GroupRolloutWorkflow.run, group_summary(inp, version=step)
+        return workflow.start_child_workflow(
+            run,  # type: ignore[arg-type]
+            inp,
+            id=launch.workflow_id,
+            task_queue=self._queue(Pool.CONTROL),
+            parent_close_policy=workflow.ParentClosePolicy.ABANDON,
+            search_attributes=self._child_attributes(launch.groups[0].task),
+            static_summary=summary,
+        )
+
+    def _queue(self, pool: Pool) -> str:
+        return queue_name(pool, self.plan.queue_prefix)
+
+    def _child_attributes(self, task: TaskSpec) -> TypedSearchAttributes:
+        return TypedSearchAttributes(
+            [
+                SearchAttributePair(sa.JOB_ID, self.inp.job_id),
+                SearchAttributePair(sa.TASK, task.name),
+                SearchAttributePair(sa.POLICY_VERSION, self.s.step),
+            ]
+        )
+
+    # ------------------------------------------------------------ train steps and the end
+
+    async def _train_step(self) -> None:
+        inp, plan = self.inp, self.plan
+        batch = ledger.take_batch(plan, self.s)
+        trainer = entropy_control.trainer_for_step(plan.trainer, self.s.entropy_coef)
+        result: TrainStepResult = await workflow.execute_activity(
+            ActivityName.TRAIN_STEP.value,
+            TrainStepInput(
+                job_id=inp.job_id,
+                step=self.s.step,
+                samples=batch,
+                model_dir=plan.model_dir,
+                run_dir=inp.run_dir,
+                trainer=trainer,
+            ),
+            task_queue=self._queue(Pool.TRAINER),
+            result_type=TrainStepResult,
+            **policies.TRAIN_STEP.kwargs(),
+        )
+        now = workflow.now().timestamp()
+        if plan.training.stall.enabled:
+            self.s.stall = stalls.progressed(self.s.stall, now, finished=False)
+        record = records.apply_step(self.s, trainer, batch, result, now)
+        if records.learned(plan, self.s, record):
+            workflow.logger.info(
+                "job %s learned: %s, ending at step %d of %d",
+                inp.job_id,
+                plan.training.stop_when.describe(),  # type: ignore[union-attr]
+                self.s.step,
+                plan.training.steps,
+            )
+        workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
+
+    async def _finish(self) -> TrainingResult:
+        """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
+        self.finishing = True
+        await self._cancel_in_flight()
+        if self.s.stall.open:  # a job that ends is stalled no more
+            self.s.stall = self.s.stall.model_copy(update={"open": []})
+            workflow.set_current_details("")
+        self.s.ended_by = records.ended_by(self.plan, self.s)
+        self.done = True
+        return records.result(self.inp.job_id, self.plan, self.s)
+
+    async def _cancel_in_flight(self) -> None:
+        """Cancel the workflows of the trajectories still in flight (a lockstep batch or a group wave is one)."""
+        for wid in sorted({x.workflow for x in self.s.in_flight.values()}):
+            try:
+                await workflow.get_external_workflow_handle(wid).cancel()
+            except Exception as err:  # already finished between its signal and now
+                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+
+    # ------------------------------------------------------------ stalls
+
+    async def _watch_stalls(self) -> None:
+        """Every `check_every_s`: describe the job's queues (one small activity) and keep the stall bookkeeping."""
+        cfg = self.plan.training.stall
+        pools = stalls.watched_pools(self.plan.tasks)
+        inp = DescribeQueuesInput(queues=[queue_name(p, self.plan.queue_prefix) for p in pools])
+        while not self.finishing:  # once the job ends no command may follow its completion: no new timer
+            await workflow.sleep(cfg.check_every_s)
+            try:
+                res: DescribeQueuesResult = await workflow.execute_activity(
+                    ActivityName.DESCRIBE_QUEUES.value,
+                    inp,
+                    task_queue=self._queue(Pool.CONTROL),
+                    result_type=DescribeQueuesResult,
+                    **policies.DESCRIBE_QUEUES.kwargs(),
+                )
+            except ActivityError as err:
+                if is_cancelled_exception(err):  # the watcher itself was cancelled (the run ends): stop here
+                    raise
+                workflow.logger.warning("stall check skipped: %s", err.cause or err)
+                continue
+            if not self.finishing:
+                self._checked(dict(zip(pools, res.queues)))
+
+    def _stalled_history_full(self) -> bool:
+        """A long stall keeps adding checks to the history: start a fresh one (steps would, but none come)."""
+        full = workflow.info().get_current_history_length() >= self.plan.training.stall.history_events_max
+        return self.parked and bool(self.s.stall.stalls) and full
+
+    def _checked(self, queues: dict[str, QueueState]) -> None:
+        """Update the stalls from one check; say so in the log and the UI when they appear or clear."""
+        cfg = self.plan.training.stall
+        before = {(x.reason, x.pool) for x in self.s.stall.stalls}
+        self.s.stall = stalls.check(self.s.stall, queues, workflow.now().timestamp(), len(self.s.in_flight), cfg)
+        now = {(x.reason, x.pool) for x in self.s.stall.stalls}
+        for x in self.s.stall.stalls:
+            if (x.reason, x.pool) not in before:
+                workflow.logger.warning("job %s stalled: %s", self.inp.job_id, x.describe())
+        for reason, pool in before - now:
+            workflow.logger.info("job %s: stall cleared (%s%s)", self.inp.job_id, reason, f" on {pool}" if pool else "")
+        if before or now:
+            workflow.set_current_details(stalls.summary(self.s.stall.stalls))
+        over = stalls.overdue(self.s.stall, cfg)
+        if over is not None:
+            self.fatal = ApplicationError(
+                f"job {self.inp.job_id} stalled: {over.describe()}; gave up after training.stall.fail_after_s = "
+                f"{cfg.fail_after_s:g} s (start a worker for the pool, or raise or unset fail_after_s)",
+                {"reason": over.reason, "pool": over.pool, "since": over.since},
+                type="JobStalled",
+                non_retryable=True,
+            )
