@@ -21,7 +21,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.training import TrainingInput, TrainingResult
-from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.config import JobSpec, TrainingConfig, resolve
 from rollart.infra.devserver import find_temporal_cli
 from rollart.infra.search_attributes import ensure_registered
 from tests.support.standins import StandIns, full_marks, standin_workers
@@ -72,10 +72,12 @@ async def main() -> None:
             weight=1.0,
         )
         lake = frozenlake_task(group_size=4, max_turns=3, rollout_unit="group", weight=1.0)
-        spec = JobSpec(
-            name="rec",
-            tasks=[lake, math],
-            training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2),
+        spec = resolve(  # as a loaded job is: where its envs and rewards declare they run, filled in
+            JobSpec(
+                name="rec",
+                tasks=[lake, math],
+                training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2),
+            )
         )
         job_id = f"rec-{uuid.uuid4().hex[:6]}"
         standins = StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
