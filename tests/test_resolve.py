@@ -4,6 +4,7 @@ envs' and rewards' declarations, fills where they run, and checks the rules that
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def score(transcript):
 
 
 @pytest.fixture
-def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> str:
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[str]:
     """An importable module of the user's, not imported yet, whose env declares h20 and whose reward must run
     beside generation; removed from sys.modules afterwards."""
     name = f"user_envs_{request.node.name}"
