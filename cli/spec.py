@@ -158,9 +158,18 @@ def override(model: Model, args: argparse.Namespace, source: str | None) -> Mode
 
 
 def load_spec(path: Path | None, args: argparse.Namespace) -> JobSpec:
-    """The job at `path` (the default job when None) with the command's flags laid over it."""
-    job = read_spec(path) if path else default_job()
-    return override(job, args, str(path) if path else None)
+    """The job at `path` (the default job when None) with the command's flags laid over it, then resolved (a
+    flag may change a pool that the placement rules check: `--max 0`)."""
+    from pydantic import ValidationError
+
+    from rollart.infra.config import resolve
+
+    source = str(path) if path else None
+    job = override(read_spec(path) if path else default_job(), args, source)
+    try:
+        return resolve(job)
+    except ValidationError as e:
+        raise UserError(_describe(e, args, source)) from e
 
 
 def read_spec(path: Path) -> JobSpec:

@@ -16,18 +16,21 @@ from rollart.client.exporters import Exporter
 from rollart.client.unserved import Unserved
 from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
 from rollart.infra import search_attributes as sa
-from rollart.infra.config import JobSpec
+from rollart.infra.config import JobSpec, resolve
 from rollart.infra.pools import Pool, queue_name
 
 __all__ = ["MetricsWriter", "follow", "run_dir_of", "start_training", "status_of", "terminate_job"]
 
 
 async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Path) -> WorkflowHandle:
-    """Register the search attributes if needed, then start the job's TrainingWorkflow (id = job id)."""
+    """Register the search attributes if needed, then start the job's TrainingWorkflow (id = job id).
+
+    The plan is taken from the job resolved here (`resolve`: a job made in code has not been), so that it carries
+    where each task's env and reward declare they run."""
     await sa.ensure_registered(client)
     return await client.start_workflow(
         "TrainingWorkflow",
-        TrainingInput(plan=TrainingPlan.of(job), job_id=job_id, run_dir=str(run_dir.resolve())),
+        TrainingInput(plan=TrainingPlan.of(resolve(job)), job_id=job_id, run_dir=str(run_dir.resolve())),
         id=job_id,
         task_queue=queue_name(Pool.CONTROL, job.temporal.task_queue_prefix),
         result_type=TrainingResult,

@@ -7,14 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.contracts.activities import SampleRef
-from rollart.infra.config import (
-    JobSpec,
-    StopWhen,
-    TaskSpec,
-    TrainerConfig,
-    TrainingConfig,
-    check_batches_hold_groups,
-)
+from rollart.infra.config import JobSpec, StopWhen, TaskSpec, TrainerConfig, TrainingConfig
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
@@ -168,7 +161,8 @@ class TrainingPlan(BaseModel):
     """What the training loop needs of a job: its tasks, the loop, the trainer, the model and its queues.
 
     Not the engine, store, Temporal or Kubernetes sections: those are for workers and clients, and would
-    only swell every history the job writes.
+    only swell every history the job writes. Taken from a validated job (`of`), so it holds the job's rules
+    (batches of whole groups, ...) without checking them again.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -178,11 +172,6 @@ class TrainingPlan(BaseModel):
     trainer: TrainerConfig
     model_dir: str
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
-
-    @model_validator(mode="after")
-    def _batches_hold_whole_groups(self) -> TrainingPlan:
-        check_batches_hold_groups(self.training, self.tasks)
-        return self
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:

@@ -135,12 +135,12 @@ class BesideTheEngine(FrozenLake):
 
 
 def test_an_env_runs_on_the_pool_it_declares() -> None:
-    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.infra.config import JobSpec, TaskSpec, resolve_task
     from rollart.workers.local_stack import pools_for_job
     from rollart.workers.pool_worker import WorkerSettings
 
     assert lookup_env("on-h20-for-test").pool is Pool.H20
-    task = TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800")
+    task = resolve_task(TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800"))
     assert task.env_pool is Pool.H20 and task.env_queue == "h20"
     assert TaskSpec.model_validate_json(task.model_dump_json()).env_queue == "h20"  # it travels as data
     job = JobSpec(tasks=[task])
@@ -148,14 +148,14 @@ def test_an_env_runs_on_the_pool_it_declares() -> None:
     assert WorkerSettings.from_job(job, Pool.H20).serve_envs
     assert not WorkerSettings.from_job(job, Pool.H800).serve_envs
     assert pools_for_job(job) == [Pool.CONTROL, Pool.CPU, Pool.H20, Pool.H800, Pool.SERVERLESS]
-    assert TaskSpec(name="t", env="frozenlake", reward="success").env_queue == "cpu"
+    assert resolve_task(TaskSpec(name="t", env="frozenlake", reward="success")).env_queue == "cpu"
 
 
 def test_rollart_up_warns_when_pools_leave_the_envs_or_rewards_unserved(capsys: pytest.CaptureFixture[str]) -> None:
     from rollart.cli.up import _warn_unserved
-    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.infra.config import JobSpec, TaskSpec, resolve
 
-    job = JobSpec(tasks=[TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800")])
+    job = resolve(JobSpec(tasks=[TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800")]))
     _warn_unserved(job, [Pool.CONTROL, Pool.CPU, Pool.H800])
     err = capsys.readouterr().err
     assert "the job's envs run on h20" in err and "the job's rewards run on serverless" in err
@@ -179,19 +179,21 @@ def test_an_env_on_a_pool_that_cannot_hold_sessions_is_refused_when_declared() -
 def test_an_env_not_importable_where_the_spec_loads_keeps_the_default_pool(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from rollart.infra.config import TaskSpec
+    from rollart.infra.config import TaskSpec, resolve_task
 
     with caplog.at_level(logging.DEBUG, logger="rollart.infra.registry"):
-        task = TaskSpec(name="t", env="only_on_the_workers.envs:Maze", reward="success")
+        task = resolve_task(TaskSpec(name="t", env="only_on_the_workers.envs:Maze", reward="success"))
     assert task.env_pool is None and task.env_queue == "cpu"
     assert "only_on_the_workers.envs:Maze" in caplog.text
 
 
 def test_a_reward_declared_not_serverless_runs_on_the_generation_pool() -> None:
-    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.infra.config import JobSpec, TaskSpec, resolve_task
     from rollart.workers.pool_worker import WorkerSettings
 
     task = TaskSpec(name="t", env="frozenlake", reward="tests.support.rewards:beside_generation", generate_pool="h20")
+    assert task.reward_serverless is None  # validating reads no declaration: resolving does
+    task = resolve_task(task)
     assert task.reward_serverless is False and task.reward_placement == "serverless"
     assert task.reward_queue == "h20"
     job = JobSpec(tasks=[task])

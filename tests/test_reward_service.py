@@ -25,7 +25,7 @@ from rollart.contracts.activities import (
     TurnRecord,
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
-from rollart.infra.config import ElasticPoolConfig, JobSpec, TaskSpec
+from rollart.infra.config import ElasticPoolConfig, JobSpec, TaskSpec, resolve
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_reward
 from rollart.workers.pool_worker import WorkerSettings
@@ -77,9 +77,9 @@ def test_a_reward_on_a_pool_without_workers_is_a_clear_error() -> None:
         match=r"tasks.0 \(frozenlake\) places its reward on pool 'serverless', but "
         r"pools.serverless.max_workers is 0",
     ):
-        JobSpec.model_validate({"tasks": [frozenlake_task().model_dump()], "pools": none})
+        resolve(JobSpec.model_validate({"tasks": [frozenlake_task().model_dump()], "pools": none}))
     colocated = frozenlake_task(reward_placement="colocated").model_dump()
-    job = JobSpec.model_validate({"tasks": [colocated], "pools": none})  # colocated needs no serverless worker
+    job = resolve(JobSpec.model_validate({"tasks": [colocated], "pools": none}))  # colocated: no serverless worker
     assert job.elastic(Pool.SERVERLESS).max_workers == 0 and job.colocates_rewards(Pool.H800)
 
 

@@ -27,7 +27,7 @@ from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult
 from rollart.infra import search_attributes as sa
-from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.infra.config import JobSpec, TrainingConfig, resolve
 from rollart.infra.devserver import find_temporal_cli
 from rollart.workflows.ui_summary import trajectory_summary
 from tests.support.standins import StandIns, full_marks, standin_workers
@@ -130,6 +130,7 @@ async def _record_mixed_job(client: Client) -> dict[str, str]:
         tasks=[lake, math],
         training=TrainingConfig(steps=3, batch_size=8, async_bound=1, continue_as_new_every=2),
     )
+    spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
     job_id = f"rec-{uuid.uuid4().hex[:6]}"
     _, first_run_id = await _train(
         client, spec, job_id, StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
@@ -148,6 +149,7 @@ async def _record_trajectory_job(client: Client) -> dict[str, str]:
         tasks=[frozenlake_task(group_size=2, max_turns=3)],
         training=TrainingConfig(steps=2, batch_size=4, async_bound=1),
     )
+    spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
     job_id = f"rec-traj-{uuid.uuid4().hex[:6]}"
     await _train(client, spec, job_id, StandIns(turns=3, train_delay_s=0.05, fail_seeds={1}))
     trajectory = 'WorkflowType="TrajectoryWorkflow" AND RollartStatus='
@@ -171,6 +173,7 @@ async def _record_batch_job(client: Client) -> dict[str, str]:
         tasks=tasks,
         training=TrainingConfig(steps=3, batch_size=4, async_bound=1, rollout_mode="batch"),
     )
+    spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
     job_id = f"rec-batch-{uuid.uuid4().hex[:6]}"
     await _train(client, spec, job_id, StandIns(turns=1, stagger=1, train_delay_s=0.05, fail_seeds={4}))
     return {"training-batch": await _history_json(client, job_id)} | await _children(
@@ -195,6 +198,7 @@ async def _record_filtering(client: Client) -> str:
         tasks=[frozenlake_task(group_size=2, max_turns=2, rollout_unit="group")],
         training=TrainingConfig(steps=3, batch_size=4, async_bound=1, dynamic_sampling=True),
     )
+    spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
     job_id = f"rec-ds-{uuid.uuid4().hex[:6]}"
     result, _ = await _train(
         client, spec, job_id, StandIns(stagger=1, score=_flat_every_other_seed, train_delay_s=0.05)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from rollart.infra.config import JobSpec, TaskSpec
+from rollart.infra.config import JobSpec, TaskSpec, resolve_task
 
 __all__ = ["frozenlake_task", "with_queue_prefix"]
 
 
 def frozenlake_task(**overrides: object) -> TaskSpec:
-    """The default multi-turn task, random 4x4 maps."""
+    """The default multi-turn task, random 4x4 maps, resolved as a loaded job's tasks are (`resolve_task`)."""
     base = {
         "name": "frozenlake",
         "env": "frozenlake",
@@ -17,7 +17,7 @@ def frozenlake_task(**overrides: object) -> TaskSpec:
         "generate_pool": "h800",
         "max_turns": 6,
     }
-    return TaskSpec.model_validate({**base, **overrides})
+    return resolve_task(TaskSpec.model_validate({**base, **overrides}))
 
 
 def with_queue_prefix(job: JobSpec, prefix: str) -> JobSpec:

@@ -1,0 +1,85 @@
+"""The job spec: one validated description of a job (model, tasks, pools, Temporal, store).
+
+Loaded from YAML or JSON with `load_job`; every error names the file and the field (`tasks.0.generate_pool`)
+and says what was expected. Components get their own small section (`EngineConfig`, `StoreConfig`, ...) rather
+than the whole job. A module per part of the job:
+
+- `task`: a task (`TaskSpec`: env, reward, sampling, prompt, faults)
+- `engine`, `trainer`, `training`: the inference engine; the trainer and its loss; the loop and its metrics
+- `temporal`, `store`: the Temporal connection and workers; where bulk data lives
+- `pools`: how the elastic pools scale, and the rules on which pool may do what
+- `env_servers`: OpenEnv servers run beside the workers
+- `job`: the whole job (`JobSpec`) and the rules that span its sections
+- `resolve`: the explicit step that reads the envs' and rewards' declarations (the only one importing user code)
+- `load`: reading a file (`load_job`: parse, validate, resolve)
+
+The `kubernetes:` section is `KubernetesConfig` of infra/k8s_config.py. Workflow code imports these modules
+(through the sandbox's pass-through), so they hold pydantic models only: no I/O at import time, no heavy imports.
+This package's names are its public API: import them from `rollart.infra.config`.
+"""
+
+from rollart.infra.config.base import DEFAULT_HOME
+from rollart.infra.config.engine import EngineConfig
+from rollart.infra.config.env_servers import OPENENV, EnvServerSpec
+from rollart.infra.config.job import JobSpec
+from rollart.infra.config.load import JobSpecError, format_validation_error, load_job
+from rollart.infra.config.pools import ELASTIC_POOLS, ElasticPoolConfig
+from rollart.infra.config.resolve import resolve, resolve_task
+from rollart.infra.config.store import MooncakeConfig, StoreConfig
+from rollart.infra.config.task import (
+    FaultModel,
+    LatencyModel,
+    PromptFormat,
+    RewardPlacement,
+    SamplingParams,
+    TaskEnv,
+    TaskSpec,
+)
+from rollart.infra.config.temporal import TemporalConfig, TemporalTLS, TracingConfig, WorkerTuning
+from rollart.infra.config.trainer import LossConfig, LRScheduleConfig, ParallelConfig, TrainerConfig
+from rollart.infra.config.training import (
+    DynamicSamplingConfig,
+    MetricsConfig,
+    StallConfig,
+    StopWhen,
+    TrainingConfig,
+    WandbConfig,
+)
+
+__all__ = [
+    "DEFAULT_HOME",
+    "ELASTIC_POOLS",
+    "OPENENV",
+    "DynamicSamplingConfig",
+    "ElasticPoolConfig",
+    "EngineConfig",
+    "EnvServerSpec",
+    "FaultModel",
+    "JobSpec",
+    "JobSpecError",
+    "LRScheduleConfig",
+    "LatencyModel",
+    "LossConfig",
+    "MetricsConfig",
+    "MooncakeConfig",
+    "ParallelConfig",
+    "PromptFormat",
+    "RewardPlacement",
+    "SamplingParams",
+    "StallConfig",
+    "StopWhen",
+    "StoreConfig",
+    "TaskEnv",
+    "TaskSpec",
+    "TemporalConfig",
+    "TemporalTLS",
+    "TracingConfig",
+    "TrainerConfig",
+    "TrainingConfig",
+    "WandbConfig",
+    "WorkerTuning",
+    "format_validation_error",
+    "load_job",
+    "resolve",
+    "resolve_task",
+]

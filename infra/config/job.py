@@ -1,0 +1,155 @@
+"""The whole job (`JobSpec`): its sections, and the rules that span them (batches of whole groups, children
+that fit the server, ...). Pure: what depends on the envs' and rewards' declarations is checked by `resolve`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from rollart.infra.config.base import DEFAULT_HOME, Section
+from rollart.infra.config.engine import EngineConfig
+from rollart.infra.config.env_servers import OPENENV, EnvServerSpec, fill_env_server_urls
+from rollart.infra.config.pools import ELASTIC_POOLS, ElasticPoolConfig, default_pools, known_elastic_pools
+from rollart.infra.config.store import StoreConfig
+from rollart.infra.config.task import TaskSpec
+from rollart.infra.config.temporal import TemporalConfig
+from rollart.infra.config.trainer import TrainerConfig
+from rollart.infra.config.training import MetricsConfig, TrainingConfig
+from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
+from rollart.infra.pools import GENERATION_POOLS, Pool
+
+__all__ = ["JobSpec"]
+
+
+class JobSpec(Section):
+    """A whole job. The model dir is built on first use when it is the default tiny model."""
+
+    name: str = Field("job", min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model_dir: Path = DEFAULT_HOME / "models" / "tiny"
+    tasks: list[TaskSpec] = Field(min_length=1)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    metrics: MetricsConfig = Field(
+        default_factory=MetricsConfig, description="metric exporters of the training client: TensorBoard, W&B"
+    )
+    kubernetes: KubernetesConfig | None = Field(None, description="cluster layout for `rollart k8s render`/`apply`")
+    pools: dict[str, ElasticPoolConfig] = Field(
+        default_factory=default_pools, description="scaling of the elastic pools, by pool name (serverless)"
+    )
+    env_servers: list[EnvServerSpec] = Field(
+        default_factory=list, description="OpenEnv servers run beside the workers (see EnvServerSpec)"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env_server_urls(cls, data: Any) -> Any:
+        return fill_env_server_urls(data)
+
+    def with_env_server_urls(self, urls: dict[str, str]) -> JobSpec:
+        """This job with env servers at other URLs (by name; in the pods, their Services'), tasks pointed there."""
+        servers = [s.model_copy(update={"url": urls[s.name]}) if s.name in urls else s for s in self.env_servers]
+        by_name = {s.name: s.base_url for s in servers}
+        tasks = [
+            t.model_copy(update={"env_args": {**t.env_args, "base_url": by_name[t.env_args["server"]]}})
+            if t.env == OPENENV and t.env_args.get("server") in by_name
+            else t
+            for t in self.tasks
+        ]
+        return self.model_copy(update={"env_servers": servers, "tasks": tasks})
+
+    _known_elastic_pools = field_validator("pools")(known_elastic_pools)
+
+    @model_validator(mode="after")
+    def _unique_task_names(self) -> JobSpec:
+        names = [t.name for t in self.tasks]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"task names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+    @model_validator(mode="after")
+    def _batches_hold_whole_groups(self) -> JobSpec:
+        """A batch is built from whole GRPO groups, so every task's group_size must divide training.batch_size."""
+        bad = [
+            f"tasks.{i} ({t.name}) group_size {t.group_size}"
+            for i, t in enumerate(self.tasks)
+            if self.training.batch_size % t.group_size
+        ]
+        if bad:
+            raise ValueError(
+                f"training.batch_size {self.training.batch_size} is not a multiple of {', '.join(bad)}: a batch holds "
+                "whole GRPO groups"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mini_batches_fit_a_batch(self) -> JobSpec:
+        if self.trainer.mini_batches > self.training.batch_size:
+            raise ValueError(
+                f"trainer.mini_batches ({self.trainer.mini_batches}) is more than training.batch_size "
+                f"({self.training.batch_size}): a mini-batch needs at least one trajectory; lower mini_batches"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _children_fit_the_server(self) -> JobSpec:
+        """Episodes played as workflows of their own are the training workflow's children: all of them in flight
+        must fit the server's per-workflow limit, or the job hangs once it reaches it."""
+        t, limit = self.training, self.temporal.max_pending_children
+        episodes = [task.name for task in self.tasks if not task.grouped]
+        in_flight = t.in_flight_limit
+        if t.rollout_mode == "trajectory" and episodes and in_flight > limit:
+            oversample = " (+ dynamic_sampling.oversample)" if t.dynamic_sampling.enabled else ""
+            raise ValueError(
+                f"training: (async_bound + 1) x batch_size{oversample} = {in_flight:,} episodes of "
+                f"{', '.join(episodes)} in "
+                f"flight, each a child workflow of the training workflow, but temporal.max_pending_children is "
+                f"{limit:,} (the server's limit.numPendingChildExecutions.error): lower async_bound or batch_size, "
+                "play the task as groups (rollout_unit: group), or raise the server's limit and this setting"
+            )
+        return self
+
+    def elastic(self, pool: Pool) -> ElasticPoolConfig:
+        """The scaling of an elastic pool (its defaults when the job does not set it)."""
+        if pool not in ELASTIC_POOLS:
+            raise ValueError(
+                f"pool {pool.value!r} is not elastic; only {', '.join(p.value for p in ELASTIC_POOLS)} scales"
+            )
+        return self.pools.get(pool.value, ElasticPoolConfig())
+
+    def colocates_rewards(self, pool: Pool) -> bool:
+        """Whether some task runs its reward on `pool`'s generation workers (colocated, or declared so)."""
+        return pool in GENERATION_POOLS and any(t.reward_queue == pool.value for t in self.tasks)
+
+    def hosts_envs(self, pool: Pool) -> bool:
+        """Whether some task's env sessions live on `pool`'s workers (its `env_pool`)."""
+        return any(t.env_queue == pool.value for t in self.tasks)
+
+    def needs(self) -> JobNeeds:
+        """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
+        routes = []
+        for t in self.tasks:
+            routes += [
+                Route(t.name, "its env", t.env, Pool(t.env_queue)),
+                Route(t.name, "its generation", None, t.generate_pool),
+                Route(t.name, "its reward", t.reward, Pool(t.reward_queue)),
+            ]
+        parallel = self.trainer.parallel
+        return JobNeeds(
+            routes=tuple(routes),
+            tensor_parallel_size=self.engine.tensor_parallel_size,
+            trainer_tensor=parallel.tensor,
+            trainer_data=parallel.data,
+        )
+
+    def task(self, name: str) -> TaskSpec:
+        """The task called `name`, or a KeyError listing the ones there are."""
+        for t in self.tasks:
+            if t.name == name:
+                return t
+        raise KeyError(f"no task {name!r} in job {self.name!r}; tasks: {', '.join(t.name for t in self.tasks)}")

@@ -1,0 +1,176 @@
+"""A task of a job (`tasks[]`): its env and reward, where it generates, how it samples and prompts, its faults.
+
+Pure validation: the env's and reward's own declarations of where they run are read by `resolve`, never here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rollart.infra.config.base import Section
+from rollart.infra.config.pools import check_generation_pool, check_session_pool
+from rollart.infra.pools import Pool
+
+__all__ = ["FaultModel", "LatencyModel", "PromptFormat", "RewardPlacement", "SamplingParams", "TaskEnv", "TaskSpec"]
+
+RewardPlacement = Literal["serverless", "colocated"]
+"""Where a task's reward runs: on the elastic "serverless" pool, or on the worker of its generation pool."""
+
+
+class SamplingParams(Section):
+    """How a task samples from the policy. `top_k = 0` means the full vocabulary (no truncation)."""
+
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    max_tokens: int = Field(2, ge=1, le=4096)
+    n: int = Field(1, ge=1, le=256)
+    stop: list[str] = Field(default_factory=list)
+
+
+class PromptFormat(Section):
+    """How an env's observation becomes the text the policy is prompted with.
+
+    Instruct models were trained on conversations, so by default (`chat: auto`) the observation is sent as
+    the user's message through the model's own chat template (with `system` first, if given), ending where
+    the assistant's reply starts; a model without a chat template (the tiny one) gets the observation as raw
+    text. `always` refuses a model without a template; `never` sends raw text whatever the model.
+    """
+
+    chat: Literal["auto", "always", "never"] = "auto"
+    system: str | None = Field(None, min_length=1, description="the system message, before the observation")
+
+    @model_validator(mode="after")
+    def _system_needs_a_template(self) -> PromptFormat:
+        if self.system is not None and self.chat == "never":
+            raise ValueError("prompt.system is sent through the chat template, which chat: never turns off")
+        return self
+
+
+class LatencyModel(Section):
+    """A lognormal latency given by its median and its 99th percentile (a long tail: p99 ≫ median).
+
+    ln(latency) ~ Normal(ln(median), σ) with σ = ln(p99 / median) / 2.3263 (the normal's 0.99 quantile).
+    """
+
+    median_s: float = Field(0.0, ge=0.0)
+    p99_s: float = Field(0.0, ge=0.0)
+
+    @model_validator(mode="after")
+    def _p99_above_median(self) -> LatencyModel:
+        if self.p99_s < self.median_s:
+            raise ValueError(f"p99_s ({self.p99_s:g}) must be at least median_s ({self.median_s:g})")
+        return self
+
+
+class FaultModel(Section):
+    """Injected env latency and failures (tests, benchmarks, chaos runs): any env can run under it.
+
+    `reset_failure_p` / `step_failure_p`: probability that a reset / step raises instead of running.
+    An injected step failure happens before the env is touched, so it is transient (retried); an
+    injected reset failure is an env reset that raised (retried with a fresh env). `seed` makes the
+    draws reproducible per worker process.
+    """
+
+    reset_latency: LatencyModel = Field(default_factory=LatencyModel)
+    step_latency: LatencyModel = Field(default_factory=LatencyModel)
+    reset_failure_p: float = Field(0.0, ge=0.0, le=1.0)
+    step_failure_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int = 0
+
+
+class TaskSpec(Section):
+    """One task of a job: which env and reward, where it generates, how it samples.
+
+    `env` and `reward` are registered names (`frozenlake`) or import paths of a
+    user's own (`mypkg.envs:Maze`). `reward_placement` says where the reward runs:
+    `serverless` (the elastic pool, the default) or `colocated` (on the worker of
+    `generate_pool`, competing with generation: the monolithic baseline).
+
+    Where the env and reward *declare* they run (`@env(pool=...)`, `@reward(serverless=...)`) is
+    read once, by `resolve` where the job is loaded, into `env_pool` and `reward_serverless`, so that
+    it travels with the spec to the workflows as data. Validating a task reads no declaration.
+    """
+
+    name: str = Field(min_length=1)
+    env: str = Field(min_length=1)
+    reward: str = Field(min_length=1)
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    reward_args: dict[str, Any] = Field(
+        default_factory=dict, description="arguments of a reward model's `from_args` (function rewards take none)"
+    )
+    reward_placement: RewardPlacement = "serverless"
+    generate_pool: Pool = Pool.H800
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    prompt: PromptFormat = Field(default_factory=PromptFormat)
+    max_turns: int = Field(8, ge=1, le=1000)
+    group_size: int = Field(1, ge=1, le=256)
+    weight: float = Field(1.0, gt=0.0)
+    rollout_unit: Literal["trajectory", "group"] = Field(
+        "trajectory",
+        description="multi-turn tasks: `trajectory` runs every episode as its own workflow, advancing on its own; "
+        "`group` plays a GRPO group in lockstep in one env session, one batched activity per turn (8x fewer "
+        "activities for groups of 8; a slow member holds its group back). Single-turn tasks always run as groups.",
+    )
+
+    faults: FaultModel | None = Field(None, description="inject env latency and failures (see FaultModel)")
+    reset_pool_size: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="pre-reset envs each cpu worker keeps per (env, args, seed): a reset takes a ready one at once; "
+        "otherwise it starts max(1, size) resets of the seed at once (hedged), answers with the first to succeed and "
+        "keeps the others for the next reset of that seed (the other members of a GRPO group). 0: one reset, no pool.",
+    )
+    reset_timeout_s: float | None = Field(
+        None, gt=0.0, description="per-reset timeout on the worker (default: the env's declared reset_timeout)"
+    )
+    env_pool: Pool | None = Field(
+        None,
+        description="the pool whose workers hold this task's env sessions; filled from the env's "
+        "`@env(pool=...)` when the job is resolved, where it is loaded (None: not known there, so cpu)",
+    )
+    reward_serverless: bool | None = Field(
+        None,
+        description="whether the reward may run on the serverless pool; filled from its "
+        "`@reward(serverless=...)` when the job is resolved, where it is loaded (False: it runs on generate_pool "
+        "whatever reward_placement says)",
+    )
+
+    @property
+    def grouped(self) -> bool:
+        """Whether this task's groups run as GroupRolloutWorkflows (single-turn, or `rollout_unit: group`)."""
+        return self.max_turns == 1 or self.rollout_unit == "group"
+
+    @property
+    def env_queue(self) -> str:
+        """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
+        return (self.env_pool or Pool.CPU).value
+
+    @property
+    def reward_queue(self) -> str:
+        """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated
+        or when the reward is declared `serverless=False`."""
+        beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
+        return (self.generate_pool if beside_generation else Pool.SERVERLESS).value
+
+    _holds_sessions = field_validator("env_pool")(check_session_pool)
+    _is_generation_pool = field_validator("generate_pool")(check_generation_pool)
+
+    @model_validator(mode="after")
+    def _one_sample_per_turn(self) -> TaskSpec:
+        if self.max_turns > 1 and self.sampling.n != 1:
+            raise ValueError(
+                f"sampling.n is {self.sampling.n}, but a multi-turn task (max_turns {self.max_turns}) samples one "
+                "completion per turn: set sampling.n to 1 and use group_size for GRPO groups"
+            )
+        return self
+
+
+class TaskEnv(Section):
+    """A task's env as the trainer needs it to read actions: its registered name or import path, and its args."""
+
+    env: str = Field(min_length=1)
+    env_args: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,150 @@
+"""The job's `training` and `metrics` sections: the loop (steps, batches, staleness, stalls, dynamic sampling,
+when to stop) and where each step's metrics go."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rollart.infra.config.base import Section
+
+__all__ = ["DynamicSamplingConfig", "MetricsConfig", "StallConfig", "StopWhen", "TrainingConfig", "WandbConfig"]
+
+
+class StallConfig(Section):
+    """When the job calls itself stalled, and whether it then gives up (`training.stall`).
+
+    Every `check_every_s` the training workflow reads the backlog, the pollers and the worker heartbeats of
+    the queues its tasks use. A queue with work waiting and no sign of a live worker (a current heartbeat
+    or a poll) for `no_worker_after_s` is a stall on that pool; so is no trajectory finishing for
+    `no_progress_factor` × the recent median interval between finishes (at least `no_progress_min_s`)
+    while some are in flight. With `fail_after_s` a stall that lasts that long
+    ends the job with an error naming the pool; without it the job waits, and resumes when a worker appears.
+    """
+
+    enabled: bool = True
+    check_every_s: float = Field(15.0, gt=0.0)
+    no_worker_after_s: float = Field(30.0, ge=0.0)
+    no_progress_factor: float = Field(10.0, gt=1.0)
+    no_progress_min_s: float = Field(60.0, ge=0.0)
+    fail_after_s: float | None = Field(None, gt=0.0)
+    history_events_max: int = Field(
+        10_000,
+        ge=100,
+        description="while stalled, continue-as-new once the run's "
+        "history has this many events (a long stall adds ~11 per check)",
+    )
+
+
+class DynamicSamplingConfig(Section):
+    """Groups whose rewards are all equal give GRPO no gradient: drop them before they enter a batch
+    (`training.dynamic_sampling`; `true` / `false` is short for `{enabled: ...}`).
+
+    Filtered trajectories free their admission slots at once, so new groups refill the batch (DAPO's
+    dynamic sampling with refill); `oversample` keeps that share more in flight so a full batch
+    usually survives the filter without waiting for a refill round. When more than `max_filtered_batches`
+    batches' worth were filtered since the last step (a policy that solves, or fails, everything), groups
+    are kept again until that step: the job goes on instead of waiting forever.
+    """
+
+    enabled: bool = False
+    oversample: float = Field(0.25, ge=0.0, le=4.0, description="extra in flight, as a share of the admission limit")
+    max_filtered_batches: float = Field(4.0, gt=0.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_or_off(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+class WandbConfig(Section):
+    """Weights & Biases export (`metrics.wandb`; `true` / `false` is short for `{enabled: ...}`).
+
+    Needs `pip install wandb`.
+
+    `mode: offline` (the default) writes the run under the run dir's `wandb/` with no network; `wandb sync` uploads it.
+    """
+
+    enabled: bool = False
+    project: str = Field("rollart", min_length=1)
+    entity: str | None = None
+    mode: Literal["offline", "online"] = "offline"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_or_off(cls, value: Any) -> Any:
+        return {"enabled": value} if isinstance(value, bool) else value
+
+
+class MetricsConfig(Section):
+    """Where the training client exports each step's metrics besides `metrics.jsonl` (`metrics`).
+
+    `tensorboard`: event files in the run dir's `tensorboard/` (`tensorboard --logdir runs/`); `wandb`: a W&B run.
+    """
+
+    tensorboard: bool = True
+    wandb: WandbConfig = WandbConfig()
+
+
+class StopWhen(Section):
+    """End the job once it has learned (`training.stop_when`); `training.steps` stays the cap.
+
+    The measure is each train step's success as the progress bar shows it (`StepRecord.played_success`):
+    the share of successful episodes among all the policy played for that step, that is its batch plus the
+    groups dynamic sampling left out since the step before (without dynamic sampling: the batch). Episodes
+    that failed for infrastructure reasons, and groups dropped as too stale, are not counted. The job ends
+    after the first step whose success, and that of the `steps` − 1 steps before it, is at or above
+    `success`; a step below starts the count again. It ends as at its last step: that step's weights are
+    published (as every step's are), the episodes still in flight are cancelled and counted.
+    """
+
+    success: float = Field(description="the success to hold, a share in (0, 1]: 0.95 is 95 % of the episodes")
+    steps: int = Field(ge=1, description="for this many consecutive train steps")
+
+    @field_validator("success")
+    @classmethod
+    def _a_share(cls, value: float) -> float:
+        if not 0.0 < value <= 1.0:
+            hint = f" (did you mean {value / 100:g}?)" if 1.0 < value <= 100.0 else ""
+            raise ValueError(f"success is a share of the episodes in (0, 1], e.g. 0.95, got {value:g}{hint}")
+        return value
+
+    def describe(self) -> str:
+        """ "success ≥ 0.95 held for 20 steps" """
+        return f"success ≥ {self.success:g} held for {self.steps} step{'s' if self.steps != 1 else ''}"
+
+
+class TrainingConfig(Section):
+    """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
+
+    `async_bound` k: a trajectory may be trained on at step s only if s − (the oldest policy version
+    it used) ≤ k; 0 is synchronous on-policy training. `rollout_mode: batch` is the lockstep
+    baseline (all resets, then all generations, then all steps, turn by turn). `stop_when` ends the job
+    before `steps` once its success has held (`StopWhen`).
+    """
+
+    steps: int = Field(100, ge=1)
+    batch_size: int = Field(64, ge=1)
+    async_bound: int = Field(1, ge=0)
+    rollout_mode: Literal["trajectory", "batch"] = "trajectory"
+    continue_as_new_every: int = Field(20, ge=1)
+    seed: int = 0
+    stall: StallConfig = StallConfig()
+    dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    stop_when: StopWhen | None = Field(
+        None,
+        description="end the job early once each step's training success (what the progress bar shows: the "
+        "batch and the groups filtered since the step before) has been ≥ `success` for `steps` consecutive steps; "
+        "None: train all `steps`",
+    )
+
+    @property
+    def in_flight_limit(self) -> int:
+        """Admission: trajectories in flight plus buffered, at most (async_bound + 1) × batch_size, more by
+        `dynamic_sampling.oversample` when groups are filtered."""
+        limit = (self.async_bound + 1) * self.batch_size
+        if self.dynamic_sampling.enabled:
+            limit += math.ceil(limit * self.dynamic_sampling.oversample)
+        return limit
