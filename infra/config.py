@@ -21,13 +21,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from temporalio import workflow
 
 from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
-from rollart.infra.pools import ENV_POOLS, GENERATION_POOLS, QUEUE_PREFIX_PATTERN, Pool
+from rollart.infra.pools import (
+    DEFAULT_POOLS,
+    QUEUE_PREFIX_PATTERN,
+    SESSION_ROLES,
+    Pool,
+    PoolName,
+    PoolSpec,
+    check_fixed_roles,
+    is_generation,
+    merge_declared,
+    pools_with_role,
+    role_problem,
+)
 from rollart.infra.registry import declared_env_pool, declared_reward_serverless
 
 __all__ = [
     "DEFAULT_HOME",
-    "ELASTIC_POOLS",
-    "ElasticPoolConfig",
     "EngineConfig",
     "EnvServerSpec",
     "FaultModel",
@@ -70,9 +80,6 @@ class _Strict(BaseModel):
 
 RewardPlacement = Literal["serverless", "colocated"]
 """Where a task's reward runs: on the elastic "serverless" pool, or on the worker of its generation pool."""
-
-ELASTIC_POOLS: tuple[Pool, ...] = (Pool.SERVERLESS,)
-"""Pools whose workers are stateless and may be started and stopped with their backlog."""
 
 
 class SamplingParams(_Strict):
@@ -142,8 +149,9 @@ class TaskSpec(_Strict):
 
     `env` and `reward` are registered names (`frozenlake`) or import paths of a
     user's own (`mypkg.envs:Maze`). `reward_placement` says where the reward runs:
-    `serverless` (the elastic pool, the default) or `colocated` (on the worker of
-    `generate_pool`, competing with generation: the monolithic baseline).
+    `serverless` (on `reward_pool`, elastic, the default) or `colocated` (on the worker of
+    `generate_pool`, competing with generation: the monolithic baseline). The pools are names the job
+    declares (`JobSpec.pools`); the job checks each has the role its work needs.
 
     Where the env and reward *declare* they run (`@env(pool=...)`, `@reward(serverless=...)`) is
     read once, where the spec is validated outside a workflow, into `env_pool` and
@@ -158,7 +166,7 @@ class TaskSpec(_Strict):
         default_factory=dict, description="arguments of a reward model's `from_args` (function rewards take none)"
     )
     reward_placement: RewardPlacement = "serverless"
-    generate_pool: Pool = Pool.H800
+    generate_pool: PoolName = Pool.H800.value
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     max_turns: int = Field(8, ge=1, le=1000)
@@ -183,7 +191,7 @@ class TaskSpec(_Strict):
     reset_timeout_s: float | None = Field(
         None, gt=0.0, description="per-reset timeout on the worker (default: the env's declared reset_timeout)"
     )
-    env_pool: Pool | None = Field(
+    env_pool: PoolName | None = Field(
         None,
         description="the pool whose workers hold this task's env sessions; filled from the env's "
         "`@env(pool=...)` when the spec is loaded (None: not known where it was loaded, so cpu)",
@@ -193,6 +201,9 @@ class TaskSpec(_Strict):
         description="whether the reward may run on the serverless pool; filled from its "
         "`@reward(serverless=...)` when the spec is loaded (False: it runs on generate_pool whatever reward_placement "
         "says)",
+    )
+    reward_pool: PoolName = Field(
+        Pool.SERVERLESS.value, description="the reward pool this task's rewards go to when they run serverless"
     )
 
     @model_validator(mode="before")
@@ -220,22 +231,24 @@ class TaskSpec(_Strict):
     @property
     def env_queue(self) -> str:
         """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
-        return (self.env_pool or Pool.CPU).value
+        return self.env_pool or Pool.CPU.value
 
     @property
     def reward_queue(self) -> str:
-        """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated
-        or when the reward is declared `serverless=False`."""
+        """The task queue the reward activity goes to: `reward_pool` ("serverless"), or the generation pool's
+        when colocated or when the reward is declared `serverless=False`."""
         beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
-        return (self.generate_pool if beside_generation else Pool.SERVERLESS).value
+        return self.generate_pool if beside_generation else self.reward_pool
 
-    @field_validator("env_pool")
-    @classmethod
-    def _holds_sessions(cls, pool: Pool | None) -> Pool | None:
-        if pool is not None and pool not in ENV_POOLS:
-            names = ", ".join(p.value for p in ENV_POOLS)
-            raise ValueError(f"{pool.value!r} workers cannot hold env sessions; env_pool must be one of: {names}")
-        return pool
+    def pool_problems(self, pools: dict[str, PoolSpec], where: str) -> list[str]:
+        """Each pool this task routes work to that the job does not declare with the role that work needs."""
+        checks = [
+            ("generate_pool", self.generate_pool, ("generation",)),
+            ("env_pool", self.env_queue, SESSION_ROLES),
+            ("reward_pool", self.reward_pool, ("reward",)),
+        ]
+        found = [role_problem(pools, name, roles, f"{where}.{field}") for field, name, roles in checks]
+        return [p for p in found if p]
 
     @model_validator(mode="after")
     def _one_sample_per_turn(self) -> TaskSpec:
@@ -245,14 +258,6 @@ class TaskSpec(_Strict):
                 "completion per turn: set sampling.n to 1 and use group_size for GRPO groups"
             )
         return self
-
-    @field_validator("generate_pool")
-    @classmethod
-    def _is_generation_pool(cls, pool: Pool) -> Pool:
-        if pool not in GENERATION_POOLS:
-            names = ", ".join(p.value for p in GENERATION_POOLS)
-            raise ValueError(f"{pool.value!r} has no inference engine; generate_pool must be one of: {names}")
-        return pool
 
 
 class WorkerTuning(_Strict):
@@ -811,38 +816,6 @@ def check_batches_hold_groups(training: TrainingConfig, tasks: list[TaskSpec]) -
         )
 
 
-class ElasticPoolConfig(_Strict):
-    """How an elastic pool's workers scale with its queue's backlog (the local autoscaler, `rollart autoscale`).
-
-    A worker takes at most `max_concurrent_activities` at once, so work beyond what the
-    workers hold waits in the queue, where Temporal counts it: the backlog. The target is
-    `workers + ceil(backlog / backlog_per_worker)` while there is a backlog, kept while work
-    still arrives, and `min_workers` once the queue is idle, within [min_workers, max_workers].
-    Scale-up waits `scale_up_cooldown_s` after the last one (the backlog count refreshes every
-    ~5 s); scale-down happens only when every target seen in the last `scale_down_cooldown_s`
-    was lower (no flapping).
-    """
-
-    min_workers: int = Field(1, ge=0)
-    max_workers: int = Field(4, ge=0)
-    max_concurrent_activities: int = Field(16, ge=1)
-    backlog_per_worker: int | None = Field(None, ge=1, description="default: max_concurrent_activities")
-    scale_up_cooldown_s: float = Field(6.0, ge=0.0)
-    scale_down_cooldown_s: float = Field(30.0, ge=0.0)
-    poll_interval_s: float = Field(2.0, gt=0.0)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> ElasticPoolConfig:
-        if self.min_workers > self.max_workers:
-            raise ValueError(f"min_workers ({self.min_workers}) exceeds max_workers ({self.max_workers})")
-        return self
-
-    @property
-    def per_worker(self) -> int:
-        """Backlog one more worker is expected to absorb."""
-        return self.backlog_per_worker or self.max_concurrent_activities
-
-
 OPENENV = "openenv"
 """The env that reaches an OpenEnv server; a task of it may name one of the job's `env_servers` (`env_args.server`)."""
 
@@ -939,10 +912,6 @@ def _resolve_env_servers(data: Any) -> Any:
     return {**data, "tasks": tasks}
 
 
-def _default_pools() -> dict[str, ElasticPoolConfig]:
-    return {Pool.SERVERLESS.value: ElasticPoolConfig()}
-
-
 class JobSpec(_Strict):
     """A whole job. The model dir is built on first use when it is the default tiny model."""
 
@@ -958,8 +927,10 @@ class JobSpec(_Strict):
         default_factory=MetricsConfig, description="metric exporters of the training client: TensorBoard, W&B"
     )
     kubernetes: KubernetesConfig | None = Field(None, description="cluster layout for `rollart k8s render`/`apply`")
-    pools: dict[str, ElasticPoolConfig] = Field(
-        default_factory=_default_pools, description="scaling of the elastic pools, by pool name (serverless)"
+    pools: dict[PoolName, PoolSpec] = Field(
+        default_factory=lambda: dict(DEFAULT_POOLS),
+        description="the job's pools by name: role, GPUs and (reward pools) scaling, merged over the six "
+        "defaults (control, cpu, h800, h20, serverless, trainer); see infra/pools.py",
     )
     env_servers: list[EnvServerSpec] = Field(
         default_factory=list, description="OpenEnv servers run beside the workers (see EnvServerSpec)"
@@ -982,16 +953,21 @@ class JobSpec(_Strict):
         ]
         return self.model_copy(update={"env_servers": servers, "tasks": tasks})
 
-    @field_validator("pools")
+    @field_validator("pools", mode="before")
     @classmethod
-    def _known_elastic_pools(cls, pools: dict[str, ElasticPoolConfig]) -> dict[str, ElasticPoolConfig]:
-        elastic = ", ".join(p.value for p in ELASTIC_POOLS)
-        for name in pools:
-            if name not in {p.value for p in Pool}:
-                raise ValueError(f"unknown pool {name!r}; pools are: {', '.join(p.value for p in Pool)}")
-            if Pool(name) not in ELASTIC_POOLS:
-                raise ValueError(f"pool {name!r} has a fixed set of workers; only {elastic} scales (pools.{name})")
-        return {**_default_pools(), **pools}
+    def _over_the_defaults(cls, pools: Any) -> Any:
+        return merge_declared(pools)
+
+    @model_validator(mode="after")
+    def _work_goes_to_declared_pools(self) -> JobSpec:
+        """Every pool a task routes work to is declared with the role that work needs; control and trainer keep
+        theirs (the workflows route to them by name)."""
+        problems = check_fixed_roles(self.pools)
+        for i, t in enumerate(self.tasks):
+            problems += t.pool_problems(self.pools, f"tasks.{i}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
 
     @model_validator(mode="after")
     def _unique_task_names(self) -> JobSpec:
@@ -1043,8 +1019,8 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _rewards_have_workers(self) -> JobSpec:
         for i, t in enumerate(self.tasks):
-            scaling = self.pools.get(t.reward_queue)
-            if scaling is not None and scaling.max_workers == 0:
+            scaling = self.pools[t.reward_queue]
+            if scaling.role == "reward" and scaling.max_workers == 0:
                 raise ValueError(
                     f"tasks.{i} ({t.name}) places its reward on pool {t.reward_queue!r}, but pools.{t.reward_queue}"
                     f".max_workers is 0, so no worker would ever run it; raise max_workers or set "
@@ -1052,33 +1028,34 @@ class JobSpec(_Strict):
                 )
         return self
 
-    def elastic(self, pool: Pool) -> ElasticPoolConfig:
-        """The scaling of an elastic pool (its defaults when the job does not set it)."""
-        if pool not in ELASTIC_POOLS:
-            raise ValueError(
-                f"pool {pool.value!r} is not elastic; only {', '.join(p.value for p in ELASTIC_POOLS)} scales"
-            )
-        return self.pools.get(pool.value, ElasticPoolConfig())
+    def elastic(self, pool: str) -> PoolSpec:
+        """The declaration of a reward pool, whose scaling fields say how its workers scale (it is elastic)."""
+        spec = self.pools.get(pool)
+        if spec is None or spec.role != "reward":
+            reward = ", ".join(pools_with_role(self.pools, "reward")) or "none"
+            raise ValueError(f"pool {pool!r} is not elastic; only reward pools scale: {reward}")
+        return spec
 
-    def colocates_rewards(self, pool: Pool) -> bool:
+    def colocates_rewards(self, pool: str) -> bool:
         """Whether some task runs its reward on `pool`'s generation workers (colocated, or declared so)."""
-        return pool in GENERATION_POOLS and any(t.reward_queue == pool.value for t in self.tasks)
+        return is_generation(self.pools, pool) and any(t.reward_queue == pool for t in self.tasks)
 
-    def hosts_envs(self, pool: Pool) -> bool:
+    def hosts_envs(self, pool: str) -> bool:
         """Whether some task's env sessions live on `pool`'s workers (its `env_pool`)."""
-        return any(t.env_queue == pool.value for t in self.tasks)
+        return any(t.env_queue == pool for t in self.tasks)
 
     def needs(self) -> JobNeeds:
         """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
         routes = []
         for t in self.tasks:
             routes += [
-                Route(t.name, "its env", t.env, Pool(t.env_queue)),
+                Route(t.name, "its env", t.env, t.env_queue),
                 Route(t.name, "its generation", None, t.generate_pool),
-                Route(t.name, "its reward", t.reward, Pool(t.reward_queue)),
+                Route(t.name, "its reward", t.reward, t.reward_queue),
             ]
         parallel = self.trainer.parallel
         return JobNeeds(
+            pools=self.pools,
             routes=tuple(routes),
             tensor_parallel_size=self.engine.tensor_parallel_size,
             trainer_tensor=parallel.tensor,

@@ -21,7 +21,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_example_job_loads() -> None:
     job = load_job(REPO / "examples" / "frozenlake.yaml")
     assert job.tasks[0].env == "frozenlake"
-    assert job.tasks[0].generate_pool is Pool.H800
+    assert job.tasks[0].generate_pool == Pool.H800
     assert job.tasks[0].sampling.top_k == 0
     assert job.training.stop_when == StopWhen(success=0.95, steps=20) and job.training.steps == 200  # the cap
 
@@ -46,7 +46,7 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
         ),
         (
             "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: cpu}",
-            ["tasks.0.generate_pool", "no inference engine"],
+            ["tasks.0.generate_pool: pool 'cpu' has role env, not generation; generation pools: h800, h20"],
         ),
         (
             "tasks:\n  - {name: a, env: frozenlake, reward: success, max_turns: 0}",

@@ -147,7 +147,7 @@ def test_each_pool_deployment_runs_its_pool_on_its_gpu_product() -> None:
     for pool in ("h800", "h20", "trainer"):
         assert container(deployments[pool])["image"] == DEFAULT_GPU_IMAGE
     # every task's generate_pool has workers, and the job's queues are exactly the pools' names
-    assert {t.generate_pool.value for t in job.tasks} == {"h800", "h20"} <= set(deployments)
+    assert {t.generate_pool for t in job.tasks} == {"h800", "h20"} <= set(deployments)
 
 
 def test_a_generation_pool_no_task_uses_is_left_out() -> None:
@@ -286,7 +286,7 @@ def test_tensor_2_by_data_2_on_2_nodes_meet_at_node_0_through_the_headless_servi
     for index in (0, 1):
         argv = [a.replace("$(POD_INDEX)", str(index)) for a in command[1:]]
         settings = worker_settings(build_parser().parse_args(argv), in_pod)
-        assert settings.pool is Pool.TRAINER and settings.trainer.parallel.world_size == 4
+        assert settings.pool == Pool.TRAINER and settings.trainer.parallel.world_size == 4
         assert settings.nodes == TrainerNodes(nnodes=2, node_rank=index, rdzv=rdzv)
 
     # every node writes its ranks' checkpoint shards to the one run dir
