@@ -144,7 +144,7 @@ class PoolSpec(ElasticPoolConfig):
         scaling = [k for k, v in _ELASTIC_DEFAULTS.items() if getattr(self, k) != v]  # set, and not to its default
         if scaling and self.role != "reward":
             raise ValueError(
-                f"{', '.join(scaling)}: a {self.role} pool has a fixed set of workers; only reward pools "
+                f"{', '.join(scaling)}: {self.role} pools have a fixed set of workers; only reward pools "
                 "(serverless) scale with their backlog"
             )
         return self

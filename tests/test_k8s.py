@@ -191,6 +191,66 @@ def test_gpu_product_label_resources_and_tolerations_are_overridable() -> None:
     validate_all(manifests)
 
 
+L40S_JOB = """
+tasks:
+  - {name: frozenlake, env: frozenlake, reward: success, generate_pool: l40s, env_pool: sandbox}
+pools:
+  l40s: {role: generation, gpu: {product: NVIDIA-L40S, count: 1}}
+  sandbox: {role: env}
+kubernetes: {}
+"""
+
+
+def test_a_declared_pool_renders_from_its_declaration(tmp_path: Path) -> None:
+    """Adding a pool is YAML only: `l40s` gets a Deployment on its GPU product with its GPU count."""
+    spec = tmp_path / "l40s.yaml"
+    spec.write_text(L40S_JOB)
+    manifests = render(load_job(spec))
+    deployments = workloads_by_pool(manifests)
+    assert set(deployments) == {"control", "cpu", "l40s", "sandbox", "serverless", "trainer"}  # h800/h20: unused
+    l40s = deployments["l40s"]
+    assert pod(l40s)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert container(l40s)["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container(l40s)["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert container(l40s)["image"] == DEFAULT_GPU_IMAGE
+    assert l40s["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0  # a generation pool: GPUs replaced in place
+    command = container(l40s)["command"]
+    assert command[command.index("--pool") + 1] == "l40s"
+    sandbox = deployments["sandbox"]
+    assert "nodeSelector" not in pod(sandbox) and "nvidia.com/gpu" not in container(sandbox)["resources"]["limits"]
+    assert container(sandbox)["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}  # an env pool's
+    validate_all(manifests)
+
+
+def test_a_declared_gpu_count_wins_over_the_engines_and_a_kubernetes_override_over_both(tmp_path: Path) -> None:
+    spec = tmp_path / "l40s.yaml"
+    spec.write_text(
+        L40S_JOB.replace("count: 1", "count: 4").replace("kubernetes: {}", "engine: {tensor_parallel_size: 2}")
+    )
+    gpus = container(workloads_by_pool(render(load_job(spec)))["l40s"])["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == 4
+    job = with_kubernetes(load_job(spec), {"pools": {"l40s": {"gpus": 8, "gpu_product": "NVIDIA-L40"}}})
+    l40s = workloads_by_pool(render(job))["l40s"]
+    assert container(l40s)["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert pod(l40s)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40"}
+    spec.write_text(L40S_JOB.replace("kubernetes: {}", "engine: {tensor_parallel_size: 2}"))
+    with pytest.raises(K8sRenderError, match=r"pools.l40s.gpu.count is 1, but engine.tensor_parallel_size is 2"):
+        render(load_job(spec))
+
+
+def test_each_reward_pool_is_scaled_by_keda_on_its_own_queue(tmp_path: Path) -> None:
+    spec = tmp_path / "rm.yaml"
+    spec.write_text(L40S_JOB.replace("sandbox: {role: env}", "sandbox: {role: env}\n  rm: {role: reward}"))
+    job = load_job(spec)
+    manifests = render(job.model_copy(update={"tasks": [job.tasks[0].model_copy(update={"reward_pool": "rm"})]}))
+    scaled = {
+        so["spec"]["triggers"][0]["metadata"]["taskQueue"]: so for so in by_kind(manifests, "ScaledObject").values()
+    }
+    assert set(scaled) == {"serverless", "rm"}
+    assert scaled["rm"]["spec"]["scaleTargetRef"]["name"] == deployments_by_pool(manifests)["rm"]["metadata"]["name"]
+    assert "replicas" not in deployments_by_pool(manifests)["rm"]["spec"]  # KEDA owns the count
+
+
 def test_a_gpu_pool_without_gpus_may_run_on_any_node_on_the_cpu_image() -> None:
     job = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"pools": {"h800": {"gpus": 0}}})
     h800 = pod(deployments_by_pool(render(job))["h800"])

@@ -64,7 +64,7 @@ def test_unknown_or_fixed_pools_in_a_job_are_clear_errors() -> None:
     tasks = [frozenlake_task().model_dump()]
     with pytest.raises(ValidationError, match=r"pools.gpu: a pool that is not one of the defaults \(control, cpu,"):
         JobSpec.model_validate({"tasks": tasks, "pools": {"gpu": {"max_workers": 2}}})
-    with pytest.raises(ValidationError, match=r"max_workers: a generation pool has a fixed set of workers; only rew"):
+    with pytest.raises(ValidationError, match=r"max_workers: generation pools have a fixed set of workers; only re"):
         JobSpec.model_validate({"tasks": tasks, "pools": {"h800": {"max_workers": 2}}})
     assert JobSpec.model_validate({"tasks": tasks, "pools": {"h800": {}}}).pools["h800"].role == "generation"
     with pytest.raises(ValidationError, match=r"min_workers \(3\) exceeds max_workers \(2\)"):
