@@ -240,16 +240,6 @@ class TaskSpec(_Strict):
         beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
         return self.generate_pool if beside_generation else self.reward_pool
 
-    def pool_problems(self, pools: dict[str, PoolSpec], where: str) -> list[str]:
-        """Each pool this task routes work to that the job does not declare with the role that work needs."""
-        checks = [
-            ("generate_pool", self.generate_pool, ("generation",)),
-            ("env_pool", self.env_queue, SESSION_ROLES),
-            ("reward_pool", self.reward_pool, ("reward",)),
-        ]
-        found = [role_problem(pools, name, roles, f"{where}.{field}") for field, name, roles in checks]
-        return [p for p in found if p]
-
     @model_validator(mode="after")
     def _one_sample_per_turn(self) -> TaskSpec:
         if self.max_turns > 1 and self.sampling.n != 1:
@@ -964,7 +954,13 @@ class JobSpec(_Strict):
         theirs (the workflows route to them by name)."""
         problems = check_fixed_roles(self.pools)
         for i, t in enumerate(self.tasks):
-            problems += t.pool_problems(self.pools, f"tasks.{i}")
+            routes = [
+                ("generate_pool", t.generate_pool, ("generation",)),
+                ("env_pool", t.env_queue, SESSION_ROLES),
+                ("reward_pool", t.reward_pool, ("reward",)),
+            ]
+            found = [role_problem(self.pools, name, roles, f"tasks.{i}.{field}") for field, name, roles in routes]
+            problems += [p for p in found if p]
         if problems:
             raise ValueError("; ".join(problems))
         return self
