@@ -373,6 +373,16 @@ class KubernetesConfig(_Strict):
                 f"kubernetes.pools.trainer.gpus is {override.gpus}, but each of the {nodes} trainer node(s) runs "
                 f"{per_node} rank(s) ({ranks}), one GPU each: leave gpus unset, or set it to 0 for CPU ranks"
             )
+        declared = needs.pools[Pool.TRAINER.value].gpu
+        if (
+            (override is None or override.gpus is None)
+            and declared is not None
+            and declared.count not in (None, per_node)
+        ):
+            problems.append(
+                f"pools.trainer.gpu.count is {declared.count}, but each of the {nodes} trainer node(s) runs "
+                f"{per_node} rank(s) ({ranks}), one GPU each: leave count unset (it follows the ranks)"
+            )
         access = self.runs_claim().access_mode
         if nodes > 1 and access != "ReadWriteMany":
             problems.append(

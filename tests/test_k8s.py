@@ -238,6 +238,18 @@ def test_a_declared_gpu_count_wins_over_the_engines_and_a_kubernetes_override_ov
         render(load_job(spec))
 
 
+def test_a_default_pool_moves_to_other_gpus_by_its_declaration() -> None:
+    job = load_job(EXAMPLES["frozenlake"], {"pools": {"trainer": {"gpu": {"product": "NVIDIA-B200"}}}})
+    trainer = workloads_by_pool(render(job))["trainer"]
+    assert pod(trainer)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-B200"}
+    assert container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == 1  # one rank: one GPU
+    wrong = load_job(EXAMPLES["frozenlake"], {"pools": {"trainer": {"gpu": {"product": "NVIDIA-B200", "count": 2}}}})
+    with pytest.raises(
+        K8sRenderError, match=r"pools.trainer.gpu.count is 2, but each of the 1 trainer node\(s\) runs 1"
+    ):
+        render(wrong)
+
+
 def test_each_reward_pool_is_scaled_by_keda_on_its_own_queue(tmp_path: Path) -> None:
     spec = tmp_path / "rm.yaml"
     spec.write_text(L40S_JOB.replace("sandbox: {role: env}", "sandbox: {role: env}\n  rm: {role: reward}"))
