@@ -254,3 +254,35 @@ def test_the_report_shows_each_pools_role() -> None:
     html = _timeline_section(rows)
     assert "<th>role</th>" in html
     assert html.index("<td>cpu</td><td>env</td>") < html.index("<td>l40s</td><td>generation</td>")
+
+
+# ---------------------------------------------------------------- a cluster file the job names
+
+
+def test_a_job_takes_its_pools_from_the_cluster_file_it_names(tmp_path: Path) -> None:
+    (tmp_path / "cluster.yaml").write_text(
+        "pools:\n  l40s: {role: generation, gpu: {product: NVIDIA-L40S, count: 1}}\n  sandbox: {role: env}\n"
+    )
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "cluster: cluster.yaml\n"  # relative to the job's file
+        "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: l40s}\n"
+        "pools: {l40s: {gpu: {product: NVIDIA-L40S, count: 2}}, serverless: {min_workers: 0}}\n"
+    )
+    job = load_job(spec)
+    assert list(job.pools)[-2:] == ["l40s", "sandbox"]
+    assert job.pools["l40s"].role == "generation" and job.pools["l40s"].gpu.count == 2  # the job's over the cluster's
+    assert job.pools["serverless"].min_workers == 0
+    assert JobSpec.model_validate(job.model_dump()) == job  # the pods' copy needs no cluster file
+
+
+def test_a_cluster_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    from rollart.infra.config import JobSpecError
+
+    spec = tmp_path / "job.yaml"
+    spec.write_text("cluster: nowhere.yaml\ntasks:\n  - {name: a, env: frozenlake, reward: success}\n")
+    with pytest.raises(JobSpecError, match=r"nowhere.yaml: cannot read cluster file"):
+        load_job(spec)
+    (tmp_path / "nowhere.yaml").write_text("pools: {}\nkubernetes: {}\n")
+    with pytest.raises(JobSpecError, match=r"nowhere.yaml: a cluster file holds one section, `pools:`"):
+        load_job(spec)
