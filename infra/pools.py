@@ -167,7 +167,8 @@ _FIXED_ROLES: dict[str, PoolRole] = {Pool.CONTROL.value: "control", Pool.TRAINER
 
 def merge_declared(declared: Any) -> Any:
     """A job's `pools:` merged over `DEFAULT_POOLS`, before validation: a default's entry is laid over its
-    declaration field by field (`serverless: {max_workers: 8}` keeps its role); a new name stands alone.
+    declaration field by field (`serverless: {max_workers: 8}` keeps its role, `h800: {gpu: {count: 2}}` its GPU
+    product); a new name stands alone.
 
     Anything but a mapping is left for validation to reject.
     """
@@ -178,7 +179,7 @@ def merge_declared(declared: Any) -> Any:
         default = DEFAULT_POOLS.get(name)
         if default is not None and isinstance(entry, Mapping):
             base = default.model_dump(exclude_unset=True)
-            merged[name] = {**base, **entry}
+            merged[name] = {k: _over(base.get(k), v) for k, v in {**base, **entry}.items()}
         elif default is None and isinstance(entry, Mapping) and "role" not in entry:
             roles = " | ".join(ROLES)
             raise ValueError(
@@ -188,6 +189,13 @@ def merge_declared(declared: Any) -> Any:
         else:
             merged[name] = entry
     return merged
+
+
+def _over(below: Any, above: Any) -> Any:
+    """`above` laid over `below`: mappings key by key (`h800: {gpu: {count: 2}}` keeps the product), else `above`."""
+    if isinstance(below, Mapping) and isinstance(above, Mapping):
+        return {**below, **above}
+    return above
 
 
 def check_fixed_roles(pools: Mapping[str, PoolSpec]) -> list[str]:

@@ -86,6 +86,8 @@ def test_a_default_is_merged_field_by_field() -> None:
     assert pools["h800"] == {"role": "generation", "gpu": {"product": "NVIDIA-A100-SXM4-80GB"}}
     assert pools["serverless"] == {"role": "reward", "max_workers": 8}
     assert pools["cpu"] is DEFAULT_POOLS["cpu"]  # the others as they are
+    two = merge_declared({"h20": {"gpu": {"count": 2}}})["h20"]
+    assert two == {"role": "generation", "gpu": {"product": "NVIDIA-H20", "count": 2}}  # the product kept
 
 
 def test_a_job_round_trips_through_its_dump() -> None:
