@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     for name, (single, pools) in LAYOUTS.items():
         home = HOME / ("single" if single else "affinity")
         job = multitask_job(home, steps, batch_size=args.batch_size, single_pool=single)
-        print(f"affinity: {name}: starting the stack ({', '.join(p.value for p in pools)}) ...", flush=True)
+        print(f"affinity: {name}: starting the stack ({', '.join(map(str, pools))}) ...", flush=True)
         with stack_for(job, home, pools) as stack:
             runs[name] = asyncio.run(_run(stack, home, job, steps, repeats, name, single, args.batch_size))
     rows = summarize(runs, BASELINE)

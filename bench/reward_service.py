@@ -32,7 +32,7 @@ from temporalio.client import Client
 from bench.report import RESULTS, plot_modes
 from bench.rollout import activity_timings
 from rollart.client.rollout import plan_trajectories, run_rollout
-from rollart.infra.config import ElasticPoolConfig, EngineConfig, JobSpec, StoreConfig, TaskSpec
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.devserver import free_port
 from rollart.infra.history import busy_seconds
 from rollart.infra.pools import Pool
@@ -67,9 +67,13 @@ def bench_job(home: Path, reward_args: dict) -> JobSpec:
         for mode in MODES
     ]
     pools = {
-        "serverless": ElasticPoolConfig(
-            min_workers=1, max_workers=2, max_concurrent_activities=2, scale_up_cooldown_s=6, scale_down_cooldown_s=30
-        )
+        "serverless": {
+            "min_workers": 1,
+            "max_workers": 2,
+            "max_concurrent_activities": 2,
+            "scale_up_cooldown_s": 6,
+            "scale_down_cooldown_s": 30,
+        }
     }
     return JobSpec(
         name="bench-reward",

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.cli.errors import UserError
-from rollart.cli.spec import add_temporal_args, load_spec
+from rollart.cli.spec import add_temporal_args, default_job, override, read_spec
 from rollart.cli.stack import home
 from rollart.cli.worker import check_store
 
 if TYPE_CHECKING:
-    from rollart.infra.pools import Pool
+    from rollart.infra.config import JobSpec
 
 __all__ = ["add_parser", "run"]
 
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "stop local `rollart worker` processes between --min and --max (SIGTERM: they drain first). "
         "Decisions are logged. Defaults come from the job's pools.<pool> section.",
     )
-    s.add_argument("--pool", default="serverless", help="the elastic pool to scale (default serverless)")
+    s.add_argument("--pool", default="serverless", help="the elastic (reward) pool to scale (default serverless)")
     s.add_argument("--job", type=Path, help="job spec to take the store, Temporal and scaling settings from")
     add_temporal_args(s)
     s.add_argument("--min", type=int, dest="min_workers", help="fewest workers, may be 0 (default: the job's, else 1)")
@@ -64,8 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
     from rollart.workers.pool_worker import WorkerSettings
 
-    pool = _elastic_pool(args.pool)
-    job = load_spec(args.job, args)
+    declared = read_spec(args.job) if args.job else default_job()
+    pool = _elastic_pool(declared, args.pool)
+    job = override(declared, args, str(args.job) if args.job else None)
     cfg = job.elastic(pool)
     settings = WorkerSettings.from_job(job, pool)  # one worker runs cfg.max_concurrent_activities at once
     check_store(settings)
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         await scaler.run(stop)
 
     print(
-        f"autoscaling {pool.value} on {settings.temporal.address or '127.0.0.1:7233'}: "
+        f"autoscaling {pool} on {settings.temporal.address or '127.0.0.1:7233'}: "
         f"{cfg.min_workers}..{cfg.max_workers} "
         f"workers; logs in {home(args) / 'logs'}; Ctrl-C stops them",
         flush=True,
@@ -91,16 +92,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _elastic_pool(name: str) -> Pool:
-    from rollart.infra.config import ELASTIC_POOLS
-    from rollart.infra.pools import Pool
+def _elastic_pool(job: JobSpec, name: str) -> str:
+    """`name`, when the job declares it as a reward pool (reward workers are stateless, so only they scale)."""
+    from rollart.infra.pools import pools_with_role
 
-    if name not in {p.value for p in Pool}:
-        raise UserError(f"--pool: unknown pool {name!r}; pools are {', '.join(p.value for p in Pool)}")
-    pool = Pool(name)
-    if pool not in ELASTIC_POOLS:
+    if name not in job.pools:
+        raise UserError(f"--pool: unknown pool {name!r}; pools are {', '.join(job.pools)}")
+    if job.pools[name].role != "reward":
         raise UserError(
-            f"--pool: {pool.value!r} has a fixed set of workers (`rollart worker --pool {pool.value}`); "
-            f"only {', '.join(p.value for p in ELASTIC_POOLS)} autoscales"
+            f"--pool: {name!r} has a fixed set of workers (`rollart worker --pool {name}`); only reward pools "
+            f"autoscale: {', '.join(pools_with_role(job.pools, 'reward'))}"
         )
-    return pool
+    return name

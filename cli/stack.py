@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
     from rollart.infra.config import JobSpec
-    from rollart.infra.pools import Pool
 
 __all__ = [
     "CONNECT_WAIT_S",
@@ -71,11 +70,11 @@ def _positive(text: str) -> int:
     return n
 
 
-def stack_pools(pools: list[Pool], args: argparse.Namespace) -> list[Pool]:
+def stack_pools(pools: list[str], args: argparse.Namespace) -> list[str]:
     """The worker processes to start: `pools`, with --control-processes control workers where it has one."""
     from rollart.infra.pools import Pool
 
-    extra = [Pool.CONTROL] * (args.control_processes - 1) if Pool.CONTROL in pools else []
+    extra = [Pool.CONTROL.value] * (args.control_processes - 1) if Pool.CONTROL in pools else []
     return [*pools, *extra]
 
 
@@ -113,10 +112,7 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
         port=args.port,
         ui_port=args.ui_port,
     )
-    print(
-        f"starting the local stack (Temporal on {stack.address}, workers: "
-        f"{', '.join(p.value for p in stack.pools)}) ..."
-    )
+    print(f"starting the local stack (Temporal on {stack.address}, workers: {', '.join(stack.pools)}) ...")
     with stack:
         local_job = job.model_copy(update={"temporal": stack.temporal, "store": stack.store})
         yield Server(local_job, args.ui_url or stack.ui_url or "", local=True)

@@ -132,7 +132,7 @@ async def follow_job(
         raise
     finally:
         writer.close()
-    await _report(client, job_id, run_dir, result, writer)
+    await _report(client, job, job_id, run_dir, result, writer)
     await write_run_report(client, job, job_id, run_dir, ui, result=result)
     return 0
 
@@ -271,13 +271,16 @@ async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: Metri
         return await follow(handle, writer, on_step, on_status=on_status, outage=Outage(say=say), client=client)
 
 
-async def _report(client: Client, job_id: str, run_dir: Path, result: TrainingResult, writer: MetricsWriter) -> None:
+async def _report(
+    client: Client, job: JobSpec, job_id: str, run_dir: Path, result: TrainingResult, writer: MetricsWriter
+) -> None:
     """After the last step: the rollout timeline and plots in the run dir, and the ledger on stdout."""
     from rollart.client.plot import plot_run
     from rollart.client.timeline import collect_timeline, write_timeline
 
     print("collecting the rollout timeline from the workflow histories ...")
-    write_timeline(await collect_timeline(client, job_id), run_dir)
+    prefix = job.temporal.task_queue_prefix
+    write_timeline(await collect_timeline(client, job_id, pools=job.pools, prefix=prefix), run_dir)
     plots = plot_run(run_dir)
     print(
         f"done: {result.steps} steps, policy v{result.version}; trajectories started {result.started} = trained "

@@ -15,7 +15,6 @@ from rollart.cli.stack import add_stack_args, home, prepare_local_stack, stack_p
 
 if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
-    from rollart.infra.pools import Pool
 
 __all__ = ["add_parser", "run"]
 
@@ -26,7 +25,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument(
         "--job", type=Path, help="job spec for the workers' settings (default: examples/frozenlake.yaml's defaults)"
     )
-    s.add_argument("--pools", help="comma-separated pools to start (default: control,cpu,h800,h20,serverless,trainer)")
+    s.add_argument(
+        "--pools",
+        help="comma-separated pools to start (default: every pool the job declares: control, cpu, h800, h20, "
+        "serverless, trainer and the job's own)",
+    )
     add_stack_args(s)
     s.set_defaults(func=run)
 
@@ -36,12 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from rollart.workers.local_stack import LocalStack
 
     job = load_spec(args.job, args)
-    pools = _pools(args.pools)
+    pools = _pools(job, args.pools)
     prepare_local_stack(job, str(args.job or "the default job"))
     _warn_unserved(job, pools)
     stack = LocalStack(job=job, pools=stack_pools(pools, args), home=home(args), port=args.port, ui_port=args.ui_port)
     stop = _stop_on_signals()
-    print(f"starting Temporal on {stack.address} and workers for: {', '.join(p.value for p in pools)} ...")
+    print(f"starting Temporal on {stack.address} and workers for: {', '.join(pools)} ...")
     with stack:
         print(f"ready. Temporal UI: {stack.ui_url}   server: {stack.address}   logs: {stack.home / 'logs'}")
         if stack.mooncake:
@@ -59,18 +62,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pools(names: str | None) -> list[Pool]:
-    from rollart.infra.pools import WORKER_POOLS, Pool
+def _pools(job: JobSpec, names: str | None) -> list[str]:
+    """The pools --pools names (each one the job declares), or all of them."""
+    if not names:
+        return list(job.pools)
+    pools = [p.strip() for p in names.split(",")]
+    unknown = [p for p in pools if p not in job.pools]
+    if unknown:
+        raise UserError(f"--pools: unknown pool {', '.join(map(repr, unknown))}; pools are {', '.join(job.pools)}")
+    return pools
 
-    try:
-        return [Pool(p.strip()) for p in names.split(",")] if names else list(WORKER_POOLS)
-    except ValueError as e:
-        raise UserError(f"--pools: {e}") from e
 
-
-def _warn_unserved(job: JobSpec, pools: list[Pool]) -> None:
+def _warn_unserved(job: JobSpec, pools: list[str]) -> None:
     """Work the job routes to a pool that --pools leaves out would wait forever: say so before it does."""
-    started = {p.value for p in pools}
+    started = set(pools)
     for what, queues in (("envs", {t.env_queue for t in job.tasks}), ("rewards", {t.reward_queue for t in job.tasks})):
         unserved = sorted(queues - started)
         if unserved:

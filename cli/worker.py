@@ -19,10 +19,13 @@ __all__ = ["add_parser", "check_store", "run", "worker_settings"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `worker` and its flags (the trainer-node flags in their own group)."""
-    from rollart.infra.pools import Pool
+    from rollart.infra.pools import DEFAULT_POOLS
 
     s = sub.add_parser("worker", help="run one Temporal worker for one pool (one per pool per machine)")
-    s.add_argument("--pool", choices=[p.value for p in Pool], help="the pool to serve")
+    s.add_argument(
+        "--pool",
+        help=f"the pool to serve: {', '.join(DEFAULT_POOLS)}, or one the job (--job) declares under `pools:`",
+    )
     s.add_argument("--job", type=Path, help="job spec to take the model, engine, store and Temporal settings from")
     add_temporal_args(s)
     s.add_argument("--model-dir", type=Path, help="model for generation pools (default: the job's, or the tiny model)")
@@ -65,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
         settings = WorkerSettings.model_validate_json(args.settings_file.read_text())
     else:
         if not args.pool:
-            raise UserError("--pool is required (one of control, cpu, h800, h20, serverless)")
+            from rollart.infra.pools import DEFAULT_POOLS
+
+            raise UserError(f"--pool is required ({', '.join(DEFAULT_POOLS)}, or a pool the job declares)")
         settings = worker_settings(args, read_spec(args.job) if args.job else None)
     from rollart.activities.training.devices import DeviceUnavailable
     from rollart.infra.temporal import (
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return run_worker(settings)
     except DeviceUnavailable as e:
-        raise UserError(f"the {settings.pool.value} worker cannot run on this machine: {e}") from e
+        raise UserError(f"the {settings.pool} worker cannot run on this machine: {e}") from e
     except (NamespaceNotFound, TemporalAddressError, TemporalSecurityError) as e:
         raise UserError(str(e)) from e
     except DependencyTimeout as e:
@@ -89,16 +94,23 @@ def run(args: argparse.Namespace) -> int:
 def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
     """This worker's settings: the job's for its pool (the defaults without a job) with the flags laid over them."""
     from rollart.cli.model import check_model_dir
-    from rollart.infra.pools import GENERATION_POOLS, Pool
+    from rollart.infra.pools import DEFAULT_POOLS
     from rollart.workers.pool_worker import WorkerSettings
 
-    pool = Pool(args.pool)
+    pool = args.pool
     if job is not None:
+        if pool not in job.pools:
+            raise UserError(f"--pool: {args.job} declares no pool {pool!r}; its pools: {', '.join(job.pools)}")
         settings = WorkerSettings.from_job(override(job, args, str(args.job)), pool)
-    else:
+    elif pool in DEFAULT_POOLS:
         settings = override(WorkerSettings(pool=pool), args, None)
+    else:
+        raise UserError(
+            f"--pool: {pool!r} is not one of the default pools ({', '.join(DEFAULT_POOLS)}): pass --job with the "
+            "job spec that declares it (its role says what the worker serves)"
+        )
     check_store(settings)
-    if pool in GENERATION_POOLS:
+    if settings.role == "generation":
         check_model_dir(settings.model_dir, "--model-dir" if args.model_dir else str(args.job))
     if args.connect_timeout is not None:
         if args.connect_timeout <= 0:
@@ -121,10 +133,9 @@ def check_store(settings: WorkerSettings) -> None:
 def _trainer_nodes(args: argparse.Namespace, settings: WorkerSettings, job: JobSpec | None) -> TrainerNodes:
     from pydantic import ValidationError
 
-    from rollart.infra.pools import Pool
     from rollart.workers.pool_worker import TrainerNodes
 
-    if settings.pool is not Pool.TRAINER:
+    if settings.role != "trainer":
         raise UserError("--nnodes/--node-rank/--rdzv are for --pool trainer only")
     try:
         nodes = TrainerNodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv=args.rdzv)

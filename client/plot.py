@@ -9,13 +9,24 @@ from typing import TYPE_CHECKING, Any
 
 from rollart.contracts.training import played_success
 from rollart.infra.history import busy_seconds
+from rollart.infra.pools import DEFAULT_POOLS, ROLES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["compare_runs", "learning_figure", "plot_run", "png_bytes", "read_jsonl", "timeline_figure", "train_figure"]
+__all__ = [
+    "compare_runs",
+    "learning_figure",
+    "plot_run",
+    "png_bytes",
+    "read_jsonl",
+    "timeline_figure",
+    "timeline_pools",
+    "train_figure",
+]
 
-POOL_ORDER = ["cpu", "h800", "h20", "serverless", "trainer"]
+_ROLE_ORDER = ("env", "generation", "reward", "trainer", "control")
+"""The timeline's rows, top to bottom: the way a trajectory goes (reset, generate, reward), then the trainer."""
 
 # The trainer's scalars `train_figure` draws, in this order, when a run has them (`train` of a step record).
 TRAIN_METRICS = (
@@ -141,20 +152,41 @@ def learning_figure(rows: list[dict], name: str) -> Figure:
     return fig
 
 
+def timeline_pools(rows: list[dict]) -> list[tuple[str, str | None]]:
+    """The timeline's pools with their roles, in the order they are drawn: by role (`_ROLE_ORDER`), the defaults
+    in their own order within one (cpu, h800, h20), then by name.
+
+    A row's role is the one the job declared (`timeline.jsonl` records it); a run dir from before roles were
+    recorded takes the default pools' roles.
+    """
+    roles: dict[str, str | None] = {}
+    for r in rows:
+        default = DEFAULT_POOLS.get(r["pool"])
+        roles.setdefault(r["pool"], r.get("role") or (default.role if default else None))
+    defaults = list(DEFAULT_POOLS)
+
+    def key(pool: str) -> tuple[int, int, str]:
+        role = roles[pool]
+        by_role = _ROLE_ORDER.index(role) if role in ROLES else len(_ROLE_ORDER)
+        return by_role, defaults.index(pool) if pool in defaults else len(defaults), pool
+
+    return [(pool, roles[pool]) for pool in sorted(roles, key=key)]
+
+
 def timeline_figure(rows: list[dict]) -> Figure:
     """One bar per pool: when it had at least one activity running, and its busy share of the whole run."""
     plt = _pyplot()
     t0 = min(r["start"] for r in rows)
     t1 = max(r["end"] for r in rows)
-    pools = [p for p in POOL_ORDER if any(r["pool"] == p for r in rows)]
-    pools += sorted({r["pool"] for r in rows} - set(pools))
+    drawn = timeline_pools(rows)
+    pools = [pool for pool, _ in drawn]
     fig, ax = plt.subplots(figsize=(12, 0.6 + 0.55 * len(pools)))
     for y, pool in enumerate(pools):
         spans = [(r["start"] - t0, r["end"] - t0) for r in rows if r["pool"] == pool]
         busy = busy_seconds(spans)
         ax.broken_barh([(s, max(e - s, 1e-3)) for s, e in spans], (y - 0.35, 0.7), color=f"C{y}", alpha=0.6)
         ax.text(t1 - t0, y, f" busy {busy / max(t1 - t0, 1e-9):.0%}", va="center")
-    ax.set_yticks(range(len(pools)), pools)
+    ax.set_yticks(range(len(pools)), [f"{pool} ({role})" if role else pool for pool, role in drawn])
     ax.set_xlabel("seconds since the first activity")
     ax.set_title("rollout timeline: when each pool had at least one activity running")
     return fig

@@ -166,22 +166,23 @@ def _curves_section(data: ReportData) -> str:
 
 
 def _timeline_section(timeline: list[dict]) -> str:
-    from rollart.client.plot import timeline_figure
+    from rollart.client.plot import timeline_figure, timeline_pools
 
     head = '<h2 id="timeline">Pool timeline</h2>'
     if not timeline:
         return head + '<p class="muted">no timeline.jsonl in the run dir (written when `rollart train` ends)</p>'
     t0, t1 = min(r["start"] for r in timeline), max(r["end"] for r in timeline)
     rows = []
-    for pool in sorted({r["pool"] for r in timeline}):
+    for pool, role in timeline_pools(timeline):
         spans = [(r["start"], r["end"]) for r in timeline if r["pool"] == pool]
         busy = busy_seconds(spans)
         rows.append(
-            f'<tr><td>{_e(pool)}</td><td class="n">{len(spans)}</td><td class="n">{busy:.1f}</td>'
+            f'<tr><td>{_e(pool)}</td><td>{_e(role or "")}</td><td class="n">{len(spans)}</td>'
+            f'<td class="n">{busy:.1f}</td>'
             f'<td class="n">{busy / max(t1 - t0, 1e-9):.0%}</td></tr>'
         )
     table = (
-        "<table><tr><th>pool</th><th>activities</th><th>busy s</th><th>busy share</th></tr>"
+        "<table><tr><th>pool</th><th>role</th><th>activities</th><th>busy s</th><th>busy share</th></tr>"
         + "".join(rows)
         + "</table>"
     )

@@ -7,11 +7,11 @@ sends them. What gets rendered:
 - a Namespace and a ConfigMap holding the job spec as the pods see it (the cluster's Temporal
   address, the store on the shared volume), mounted at `/etc/rollart/job.yaml` in every pod;
 - PersistentVolumeClaims: the shared store (every worker) and the trainer's run dir;
-- a Deployment per pool with workers, running `rollart worker --pool P --job ... --temporal-address A`,
-  GPU pools with a node selector on the GPU product, the GPU taint tolerated, and as many GPUs as
-  one worker uses (a generation worker: `engine.tensor_parallel_size`); pools on GPUs run the GPU
-  image, the others the CPU image;
-- for `serverless`: a KEDA `ScaledObject` on the pool's Temporal queue backlog, or a CPU-based
+- a Deployment per declared pool with workers (the job's `pools:`), running `rollart worker --pool P --job ...
+  --temporal-address A`, GPU pools (`gpu:` declared) with a node selector on `gpu.product`, the GPU taint
+  tolerated, and `gpu.count` GPUs, else as many as one worker uses (a generation worker:
+  `engine.tensor_parallel_size`); pools on GPUs run the GPU image, the others the CPU image;
+- for each reward pool (`serverless`): a KEDA `ScaledObject` on the pool's Temporal queue backlog, or a CPU-based
   HorizontalPodAutoscaler where KEDA is absent (`kubernetes.serverless.keda: false`);
 - the trainer as a StatefulSet of `pools.trainer.replicas` nodes (one GPU per trainer rank) and a
   headless Service: pod k is node rank k, and every node meets node 0 (pod 0) at its stable DNS
@@ -38,7 +38,7 @@ import yaml
 
 from rollart.infra.config import EnvServerSpec, JobSpec, TemporalConfig
 from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
-from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
+from rollart.infra.pools import Pool
 
 __all__ = [
     "IMAGE_GID",
@@ -110,27 +110,29 @@ def render(job: JobSpec) -> list[Manifest]:
     if pools[Pool.TRAINER].replicas:
         manifests.append(volume_claim(f"{app}-runs", app, cfg, cfg.runs_claim()))
     digest = hashlib.sha256(spec_yaml.encode()).hexdigest()[:16]
-    for pool in WORKER_POOLS:
-        resolved = pools[pool]
+    for resolved in pools.values():
         if not resolved.replicas:
             continue
-        if pool is Pool.TRAINER:
+        if resolved.role == "trainer":
             manifests += [trainer_service(job), trainer_statefulset(job, resolved, address, digest)]
         else:
             manifests.append(pool_deployment(job, resolved, address, digest))
-    if pools[Pool.SERVERLESS].replicas and cfg.serverless.keda:
+    elastic = [name for name, resolved in pools.items() if resolved.role == "reward" and resolved.replicas]
+    if elastic and cfg.serverless.keda:
         auth = temporal_trigger_auth(job)
         manifests += [auth] if auth else []
-        manifests.append(scaled_object(app, cfg, address, job.temporal.namespace, job.temporal if auth else None))
-    elif pools[Pool.SERVERLESS].replicas:
-        manifests.append(serverless_hpa(app, cfg, address, job.temporal.namespace))
+        secured = job.temporal if auth else None
+        manifests += [scaled_object(app, cfg, address, job.temporal.namespace, secured, pool) for pool in elastic]
+    else:
+        manifests += [serverless_hpa(app, cfg, address, job.temporal.namespace, pool) for pool in elastic]
     for server in job.env_servers:
         manifests += [env_server_service(job, server), env_server_deployment(job, server)]
     return manifests
 
 
-def resolved_pools(job: JobSpec) -> dict[Pool, ResolvedPool]:
-    """Each pool's concrete settings; generation pools no task uses get 0 replicas unless the job says otherwise."""
+def resolved_pools(job: JobSpec) -> dict[str, ResolvedPool]:
+    """Each declared pool's concrete settings; generation pools no task uses get 0 replicas unless the job says
+    otherwise."""
     return (job.kubernetes or KubernetesConfig()).resolve(job.needs())
 
 
@@ -198,16 +200,16 @@ def volume_claim(name: str, app: str, cfg: KubernetesConfig, volume: Any) -> Man
 
 def pool_deployment(job: JobSpec, pool: ResolvedPool, address: str, job_digest: str) -> Manifest:
     """One pool's workers: `rollart worker --pool P` on nodes of the pool's kind, with its resources."""
-    if pool.pool is Pool.TRAINER:
+    if pool.role == "trainer":
         raise ValueError("the trainer is a StatefulSet: use trainer_statefulset")
     cfg = job.kubernetes or KubernetesConfig()
     app = app_name(job)
-    name = f"{app}-{pool.pool.value}"
+    name = f"{app}-{pool.pool}"
     labels = _labels(app, pool.pool)
     spec: dict[str, Any] = {}
-    if pool.pool is not Pool.SERVERLESS:  # serverless replicas belong to its autoscaler
+    if pool.role != "reward":  # a reward pool's replicas belong to its autoscaler
         spec["replicas"] = pool.replicas
-    if pool.pool in GENERATION_POOLS:  # GPUs are scarce: replace in place rather than surge
+    if pool.role == "generation":  # GPUs are scarce: replace in place rather than surge
         spec["strategy"] = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
     spec["selector"] = _selector(labels)
     spec["template"] = {
@@ -273,9 +275,15 @@ def rendezvous_address(job: JobSpec) -> str:
 
 
 def scaled_object(
-    app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str, secured: TemporalConfig | None = None
+    app: str,
+    cfg: KubernetesConfig,
+    address: str,
+    temporal_namespace: str,
+    secured: TemporalConfig | None = None,
+    pool: str = Pool.SERVERLESS.value,
 ) -> Manifest:
-    """KEDA (v2.17+) scales the serverless Deployment on its Temporal activity backlog, down to 0 when idle.
+    """KEDA (v2.17+) scales a reward pool's Deployment (`serverless`) on its Temporal activity backlog, down to 0
+    when idle, as `kubernetes.serverless` says.
 
     `secured`: the job's Temporal settings when they use TLS or an API key, which KEDA then takes from the
     TriggerAuthentication `temporal_trigger_auth` renders (and the server name from the trigger).
@@ -284,7 +292,7 @@ def scaled_object(
     metadata = {
         "endpoint": address,
         "namespace": temporal_namespace,
-        "taskQueue": Pool.SERVERLESS.value,
+        "taskQueue": pool,
         "queueTypes": "activity",
         "targetQueueSize": str(s.target_queue_size),
         "activationTargetQueueSize": str(s.activation_queue_size),
@@ -297,9 +305,9 @@ def scaled_object(
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": _meta(f"{app}-{Pool.SERVERLESS.value}", app, cfg, Pool.SERVERLESS),
+        "metadata": _meta(f"{app}-{pool}", app, cfg, pool),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{app}-{Pool.SERVERLESS.value}"},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{app}-{pool}"},
             "minReplicaCount": s.min_replicas,
             "maxReplicaCount": s.max_replicas,
             "pollingInterval": s.polling_interval_s,
@@ -379,7 +387,7 @@ def mooncake_network_policies(job: JobSpec) -> list[Manifest]:
         return {"matchLabels": dict(cfg.mooncake.pod_labels)}
 
     def policy(name: str, selector: dict[str, Any]) -> Manifest:
-        peers = [{"podSelector": _pools_selector(app)}, {"podSelector": mooncake()}]
+        peers = [{"podSelector": _pools_selector(app, list(job.pools))}, {"podSelector": mooncake()}]
         return {
             "apiVersion": "networking.k8s.io/v1",
             "kind": "NetworkPolicy",
@@ -387,17 +395,21 @@ def mooncake_network_policies(job: JobSpec) -> list[Manifest]:
             "spec": {"podSelector": selector, "policyTypes": ["Ingress"], "ingress": [{"from": peers}]},
         }
 
-    return [policy(f"{app}-mooncake-ingress", mooncake()), policy(f"{app}-pools-ingress", _pools_selector(app))]
+    pool_pods = _pools_selector(app, list(job.pools))
+    return [policy(f"{app}-mooncake-ingress", mooncake()), policy(f"{app}-pools-ingress", pool_pods)]
 
 
-def serverless_hpa(app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str) -> Manifest:
-    """Without KEDA: a plain HPA on CPU utilisation (reward work is CPU work). It cannot scale to 0."""
+def serverless_hpa(
+    app: str, cfg: KubernetesConfig, address: str, temporal_namespace: str, pool: str = Pool.SERVERLESS.value
+) -> Manifest:
+    """Without KEDA: a plain HPA on CPU utilisation (reward work is CPU work) of a reward pool's Deployment. It
+    cannot scale to 0."""
     s = cfg.serverless
-    name = f"{app}-{Pool.SERVERLESS.value}"
+    name = f"{app}-{pool}"
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": _meta(name, app, cfg, Pool.SERVERLESS),
+        "metadata": _meta(name, app, cfg, pool),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
             "minReplicas": max(1, s.min_replicas),
@@ -504,18 +516,18 @@ def _job_yaml(job: JobSpec) -> str:
     return yaml.safe_dump(job.model_dump(mode="json", exclude={"kubernetes"}), sort_keys=False)
 
 
-def _labels(app: str, pool: Pool | None = None) -> dict[str, str]:
+def _labels(app: str, pool: str | None = None) -> dict[str, str]:
     labels = {
         "app.kubernetes.io/name": "rollart",
         "app.kubernetes.io/instance": app,
         "app.kubernetes.io/managed-by": "rollart",
     }
     if pool is not None:
-        labels["app.kubernetes.io/component"] = pool.value
+        labels["app.kubernetes.io/component"] = str(pool)  # a plain str (yaml.safe_dump refuses a Pool)
     return labels
 
 
-def _meta(name: str, app: str, cfg: KubernetesConfig, pool: Pool | None = None) -> dict[str, Any]:
+def _meta(name: str, app: str, cfg: KubernetesConfig, pool: str | None = None) -> dict[str, Any]:
     return {"name": name, "namespace": cfg.namespace, "labels": _labels(app, pool)}
 
 
@@ -538,9 +550,9 @@ def _env_server_labels(app: str, server: EnvServerSpec) -> dict[str, str]:
     return {**_labels(app), "app.kubernetes.io/component": f"env-{server.name}"}
 
 
-def _pools_selector(app: str) -> dict[str, Any]:
-    """Every pool's pods of one app (workers and trainer nodes; not its env servers)."""
-    pools = {"key": "app.kubernetes.io/component", "operator": "In", "values": [p.value for p in WORKER_POOLS]}
+def _pools_selector(app: str, names: list[str]) -> dict[str, Any]:
+    """Every pool's pods of one app (workers and trainer nodes of the pools `names`; not its env servers)."""
+    pools = {"key": "app.kubernetes.io/component", "operator": "In", "values": names}
     return {"matchLabels": {"app.kubernetes.io/instance": app}, "matchExpressions": [pools]}
 
 
@@ -561,13 +573,13 @@ def _worker_command(job: JobSpec, pool: ResolvedPool, address: str) -> list[str]
         "rollart",
         "worker",
         "--pool",
-        pool.pool.value,
+        pool.pool,
         "--job",
         f"{JOB_MOUNT}/job.yaml",
         "--temporal-address",
         address,
     ]
-    if pool.pool is Pool.TRAINER and pool.replicas > 1:
+    if pool.role == "trainer" and pool.replicas > 1:
         command += ["--nnodes", str(pool.replicas), "--node-rank", "$(POD_INDEX)", "--rdzv", rendezvous_address(job)]
     return command
 
@@ -583,10 +595,10 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
     if job.store.kind == "local":
         mounts.append({"name": "store", "mountPath": cfg.store_mount})
         volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": f"{app}-store"}})
-    if pool.pool is Pool.TRAINER:
+    if pool.role == "trainer":
         mounts.append({"name": "runs", "mountPath": cfg.runs_mount})
         volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": f"{app}-runs"}})
-    if pool.gpus or pool.pool is Pool.TRAINER:  # vLLM's and the trainer ranks' processes share tensors through
+    if pool.gpus or pool.role == "trainer":  # vLLM's and the trainer ranks' processes share tensors through
         # /dev/shm (NCCL, gloo, torch multiprocessing); the container default (64 MiB) is too small
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -601,7 +613,7 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
     }
-    if pool.pool is Pool.TRAINER:  # the pod's index in its StatefulSet is its node rank
+    if pool.role == "trainer":  # the pod's index in its StatefulSet is its node rank
         env.append({"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _POD_INDEX_FIELD}}})
         container["ports"] = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
     # the images run as a non-root user: volumes (store, run dir) are made group-writable for it, once
@@ -615,7 +627,7 @@ def _pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool,
         spec["nodeSelector"] = node_selector
     if pool.tolerations:
         spec["tolerations"] = [t.manifest() for t in pool.tolerations]
-    if pool.pool in GENERATION_POOLS:
+    if pool.role == "generation":
         spec["terminationGracePeriodSeconds"] = _GENERATION_GRACE_S
     return spec
 

@@ -1,9 +1,10 @@
 """The job spec's `kubernetes` section: how `rollart k8s render` lays each pool out on a cluster.
 
 Every field has a default, so a job without the section still renders (one replica per pool the
-job uses, GPU pools pinned to their GPU product by node selector). Per-pool settings are keyed by
-pool name and merged over that pool's defaults (`pool_defaults`); `resolve_pool` gives the
-concrete values. GPU counts follow the job: a generation worker gets `engine.tensor_parallel_size`
+job uses, GPU pools pinned to their GPU product by node selector). A pool's defaults come from its
+declaration in the job's `pools:` (`pool_defaults`: its role, `gpu.product`, `gpu.count`); per-pool
+settings here are keyed by pool name and merged over them; `resolve_pool` gives the concrete values.
+GPU counts follow the job unless declared: a generation worker gets `engine.tensor_parallel_size`
 GPUs, a trainer node one GPU per trainer rank it runs. Pydantic models only, like `config`: this
 module is imported with the job spec. It does not import the job spec (which holds a
 `KubernetesConfig`): what a layout needs of a job comes as a `JobNeeds` (`JobSpec.needs()`).
@@ -12,12 +13,13 @@ module is imported with the job spec. It does not import the job spec (which hol
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollart.infra.pools import GENERATION_POOLS, WORKER_POOLS, Pool
+from rollart.infra.pools import DEFAULT_POOLS, Pool, PoolName, PoolRole, PoolSpec, is_generation
 
 __all__ = [
     "DEFAULT_CPU_IMAGE",
@@ -63,25 +65,26 @@ class Route:
     task: str
     what: str
     component: str | None
-    pool: Pool
+    pool: str
 
 
 @dataclass(frozen=True)
 class JobNeeds:
-    """What a job asks of a deployment: where each task's work goes, GPUs per engine, the trainer's ranks.
+    """What a job asks of a deployment: its pools, where each task's work goes, GPUs per engine, the trainer's ranks.
 
     Built by `JobSpec.needs()`, so that this module never imports the job spec that holds it.
     """
 
     routes: tuple[Route, ...]
+    pools: Mapping[str, PoolSpec] = field(default_factory=lambda: dict(DEFAULT_POOLS))
     tensor_parallel_size: int = 1
     trainer_tensor: int = 1
     trainer_data: int = 1
 
     @property
-    def generate_pools(self) -> set[Pool]:
+    def generate_pools(self) -> set[str]:
         """The generation pools some task's work goes to (generation, and envs or rewards placed there)."""
-        return {r.pool for r in self.routes if r.pool in GENERATION_POOLS}
+        return {r.pool for r in self.routes if is_generation(self.pools, r.pool)}
 
     @property
     def trainer_world_size(self) -> int:
@@ -135,7 +138,8 @@ class PoolDeployment(_Strict):
 class ResolvedPool(_Strict):
     """One pool's concrete deployment: the defaults with the job's overrides applied."""
 
-    pool: Pool
+    pool: PoolName
+    role: PoolRole
     replicas: int
     gpus: int
     gpu_product: str | None
@@ -148,23 +152,30 @@ class ResolvedPool(_Strict):
 _GPU_TAINT = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
 
 
-def pool_defaults(pool: Pool, gpus: int = 1) -> ResolvedPool:
-    """What a pool gets when the job says nothing: GPU pools `gpus` GPUs of their product, CPU pools none.
+_CPU_BY_ROLE: dict[PoolRole, tuple[str, str]] = {
+    "control": ("1", "2Gi"),
+    "env": ("4", "8Gi"),
+    "generation": ("8", "64Gi"),
+    "reward": ("1", "2Gi"),
+    "trainer": ("8", "64Gi"),
+}
+"""CPU and memory requests per worker of a pool without GPUs, by role."""
 
-    `gpus` is what one worker of a GPU pool needs: its engine's tensor-parallel size for generation,
+
+def pool_defaults(name: str, spec: PoolSpec, gpus: int = 1) -> ResolvedPool:
+    """What pool `name` gets when the kubernetes section says nothing, from its declaration `spec`: a GPU pool
+    (`gpu:` declared) `gpu.count` GPUs of `gpu.product` (else `gpus`), the GPU taint tolerated; a CPU pool none.
+
+    `gpus` is what one worker of a GPU pool needs by default: its engine's tensor-parallel size for generation,
     its share of the trainer's ranks for a trainer node (`KubernetesConfig.worker_gpus`).
     """
-    gpu = {"gpus": gpus, "tolerations": [_GPU_TAINT], "cpu": "8", "memory": "64Gi"}
-    table: dict[Pool, dict[str, object]] = {
-        Pool.CONTROL: {"cpu": "1", "memory": "2Gi"},
-        Pool.CPU: {"cpu": "4", "memory": "8Gi"},
-        Pool.H800: {**gpu, "gpu_product": "NVIDIA-H800"},
-        Pool.H20: {**gpu, "gpu_product": "NVIDIA-H20"},
-        Pool.SERVERLESS: {"cpu": "1", "memory": "2Gi"},
-        Pool.TRAINER: {**gpu, "gpu_product": "NVIDIA-H800"},  # training is compute bound: H800 nodes
-    }
     base: dict[str, object] = {"replicas": 1, "gpus": 0, "gpu_product": None, "node_selector": {}, "tolerations": []}
-    return ResolvedPool(pool=pool, **{**base, **table[pool]})
+    cpu, memory = _CPU_BY_ROLE[spec.role]
+    if spec.gpu is not None:
+        gpu_count = spec.gpu.count or gpus
+        base |= {"gpus": gpu_count, "gpu_product": spec.gpu.product, "tolerations": [_GPU_TAINT]}
+        cpu, memory = "8", "64Gi"
+    return ResolvedPool(pool=name, role=spec.role, cpu=cpu, memory=memory, **base)
 
 
 class ServerlessScaling(_Strict):
@@ -237,7 +248,9 @@ class KubernetesConfig(_Strict):
         GPU_PRODUCT_LABEL, min_length=1, description="node label the GPU product is matched on"
     )
     gpu_resource: str = Field("nvidia.com/gpu", min_length=1, description="extended resource name of a GPU")
-    pools: dict[Pool, PoolDeployment] = Field(default_factory=dict, description="per-pool overrides, keyed by pool")
+    pools: dict[PoolName, PoolDeployment] = Field(
+        default_factory=dict, description="per-pool overrides, keyed by a pool the job declares (its `pools:`)"
+    )
     serverless: ServerlessScaling = Field(default_factory=ServerlessScaling)
     store_volume: VolumeConfig = Field(default_factory=VolumeConfig, description="shared by every worker (local store)")
     runs_volume: VolumeConfig | None = Field(
@@ -259,16 +272,6 @@ class KubernetesConfig(_Strict):
     store_mount: str = Field("/var/lib/rollart/store", pattern=r"^/", description="where the store volume is mounted")
     runs_mount: str = Field("/var/lib/rollart/runs", pattern=r"^/", description="where the trainer's volume is mounted")
 
-    @field_validator("pools", mode="before")
-    @classmethod
-    def _known_pools(cls, pools: object) -> object:
-        if isinstance(pools, dict):
-            valid = [p.value for p in WORKER_POOLS]  # every pool, in the order the README lists them
-            unknown = [str(k) for k in pools if str(k) not in valid]
-            if unknown:
-                raise ValueError(f"unknown pool {', '.join(map(repr, unknown))}; pools are: {', '.join(valid)}")
-        return pools
-
     @field_validator("namespace", "name")
     @classmethod
     def _dns_label(cls, value: str | None) -> str | None:
@@ -280,24 +283,24 @@ class KubernetesConfig(_Strict):
 
     def trainer_nodes(self) -> int:
         """Trainer nodes: `pools.trainer.replicas` (default 1; 0 deploys no trainer)."""
-        override = self.pools.get(Pool.TRAINER)
+        override = self.pools.get(Pool.TRAINER.value)
         return 1 if override is None or override.replicas is None else override.replicas
 
-    def worker_gpus(self, pool: Pool, needs: JobNeeds) -> int:
+    def worker_gpus(self, pool: str, needs: JobNeeds) -> int:
         """GPUs one worker of a GPU pool needs unless `gpus:` says otherwise.
 
         A generation worker runs one vLLM engine over `engine.tensor_parallel_size` GPUs; a trainer
         node runs its share of the `trainer.parallel` ranks, one GPU each.
         """
-        if pool in GENERATION_POOLS:
+        if is_generation(needs.pools, pool):
             return needs.tensor_parallel_size
-        if pool is Pool.TRAINER:
+        if pool == Pool.TRAINER:
             return max(1, needs.trainer_world_size // max(1, self.trainer_nodes()))
         return 1
 
-    def resolve(self, needs: JobNeeds) -> dict[Pool, ResolvedPool]:
-        """Every pool's concrete settings for a job (GPU counts from its engine and trainer)."""
-        return {pool: self.resolve_pool(pool, needs.generate_pools, self.worker_gpus(pool, needs)) for pool in Pool}
+    def resolve(self, needs: JobNeeds) -> dict[str, ResolvedPool]:
+        """Every declared pool's concrete settings for a job (GPU counts from its declaration, engine and trainer)."""
+        return {pool: self.resolve_pool(pool, needs, self.worker_gpus(pool, needs)) for pool in needs.pools}
 
     def runs_claim(self) -> VolumeConfig:
         """The trainer's run-dir volume: `runs_volume`, else 20Gi, shared (ReadWriteMany) across several nodes."""
@@ -307,18 +310,39 @@ class KubernetesConfig(_Strict):
 
     def problems(self, needs: JobNeeds) -> list[str]:
         """Everything that keeps this layout from running the job, as readable problems naming the fields."""
-        return [*self.unserved(needs), *self._generation_gpu_problems(needs), *self._trainer_problems(needs)]
+        return [
+            *self._undeclared(needs),
+            *self.unserved(needs),
+            *self._generation_gpu_problems(needs),
+            *self._trainer_problems(needs),
+        ]
+
+    def _undeclared(self, needs: JobNeeds) -> list[str]:
+        """Settings for a pool the job does not declare would lay out nothing: a typo, most likely."""
+        unknown = [name for name in self.pools if name not in needs.pools]
+        if not unknown:
+            return []
+        return [
+            f"kubernetes.pools: unknown pool {', '.join(map(repr, unknown))}; pools are: {', '.join(needs.pools)} "
+            "(a new pool is declared in the job's `pools:` with its role)"
+        ]
 
     def _generation_gpu_problems(self, needs: JobNeeds) -> list[str]:
         """A generation worker with fewer GPUs than its engine's tensor-parallel size could not start vLLM."""
         tp = needs.tensor_parallel_size
         problems = []
-        for pool in sorted(needs.generate_pools, key=list(Pool).index):
+        for pool in sorted(needs.generate_pools, key=list(needs.pools).index):
             override = self.pools.get(pool)
-            gpus = override.gpus if override is not None else None
-            if gpus is not None and 0 < gpus < tp:
+            declared = needs.pools[pool].gpu
+            if override is not None and override.gpus is not None:
+                where, gpus = f"kubernetes.pools.{pool}.gpus", override.gpus
+            elif declared is not None and declared.count is not None:
+                where, gpus = f"pools.{pool}.gpu.count", declared.count
+            else:
+                continue
+            if 0 < gpus < tp:
                 problems.append(
-                    f"kubernetes.pools.{pool.value}.gpus is {gpus}, but engine.tensor_parallel_size is {tp}: each "
+                    f"{where} is {gpus}, but engine.tensor_parallel_size is {tp}: each "
                     f"generation worker runs one engine over {tp} GPUs; leave gpus unset (it follows "
                     "tensor_parallel_size) or set it to 0 to generate on CPUs"
                 )
@@ -342,12 +366,22 @@ class KubernetesConfig(_Strict):
                 f"{ranks}: every node runs the same number of ranks; use {fits}"
             ]
         problems = []
-        override = self.pools.get(Pool.TRAINER)
+        override = self.pools.get(Pool.TRAINER.value)
         per_node = world // nodes
         if override is not None and override.gpus not in (None, 0, per_node):
             problems.append(
                 f"kubernetes.pools.trainer.gpus is {override.gpus}, but each of the {nodes} trainer node(s) runs "
                 f"{per_node} rank(s) ({ranks}), one GPU each: leave gpus unset, or set it to 0 for CPU ranks"
+            )
+        declared = needs.pools[Pool.TRAINER.value].gpu
+        if (
+            (override is None or override.gpus is None)
+            and declared is not None
+            and declared.count not in (None, per_node)
+        ):
+            problems.append(
+                f"pools.trainer.gpu.count is {declared.count}, but each of the {nodes} trainer node(s) runs "
+                f"{per_node} rank(s) ({ranks}), one GPU each: leave count unset (it follows the ranks)"
             )
         access = self.runs_claim().access_mode
         if nodes > 1 and access != "ReadWriteMany":
@@ -358,14 +392,14 @@ class KubernetesConfig(_Strict):
             )
         return problems
 
-    def resolve_pool(self, pool: Pool, used_generation_pools: set[Pool], gpus: int = 1) -> ResolvedPool:
+    def resolve_pool(self, pool: str, needs: JobNeeds, gpus: int = 1) -> ResolvedPool:
         """The pool's concrete settings. A generation pool no task uses defaults to 0 replicas.
 
         `gpus` is the pool's default GPUs per worker when it is a GPU pool (`worker_gpus` computes it
-        from the job); a `gpus:` override wins.
+        from the job); a declared `gpu.count`, then a `gpus:` override here, wins.
         """
-        base = pool_defaults(pool, gpus)
-        if pool in GENERATION_POOLS and pool not in used_generation_pools:
+        base = pool_defaults(pool, needs.pools[pool], gpus)
+        if base.role == "generation" and pool not in needs.generate_pools:
             base = base.model_copy(update={"replicas": 0})
         override = self.pools.get(pool)
         if override is None:
@@ -382,15 +416,15 @@ class KubernetesConfig(_Strict):
         Workflows run on `control`; each task's env, generation and reward on the pools its `needs` name
         (the queues the workflows route to).
         """
-        replicas = {p: self.resolve_pool(p, needs.generate_pools).replicas for p in Pool}
+        replicas = {p: self.resolve_pool(p, needs).replicas for p in needs.pools}
         problems = []
-        if replicas[Pool.CONTROL] == 0:
+        if replicas.get(Pool.CONTROL.value) == 0:
             problems.append("pools.control.replicas is 0, but the control pool runs every workflow: give it at least 1")
         for r in needs.routes:
-            if replicas[r.pool] == 0:
+            if replicas.get(r.pool) == 0:
                 named = f" {r.component!r}" if r.component else ""
                 problems.append(
-                    f"task {r.task!r}: {r.what}{named} runs on pool {r.pool.value!r}, which has no workers "
-                    f"(kubernetes.pools.{r.pool.value}.replicas is 0): give it at least 1 replica"
+                    f"task {r.task!r}: {r.what}{named} runs on pool {r.pool!r}, which has no workers "
+                    f"(kubernetes.pools.{r.pool}.replicas is 0): give it at least 1 replica"
                 )
         return problems

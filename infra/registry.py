@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeVar
 
 from rollart.infra.imports import ImportPathError, is_import_path, resolve_import_path
-from rollart.infra.pools import ENV_POOLS, Pool
+from rollart.infra.pools import DEFAULT_POOLS, POOL_NAME_PATTERN, SESSION_ROLES, Pool
 
 __all__ = [
     "EnvEntry",
@@ -59,7 +60,7 @@ class EnvEntry:
 
     name: str
     cls: type
-    pool: Pool = Pool.CPU
+    pool: str = Pool.CPU.value
     reset_timeout_s: float = 30.0
     step_timeout_s: float = 30.0
 
@@ -78,9 +79,9 @@ class RewardEntry:
     serverless: bool = True
 
     @property
-    def pool(self) -> Pool | None:
+    def pool(self) -> str | None:
         """The pool it runs on by default: "serverless", or None (the task's generation pool)."""
-        return Pool.SERVERLESS if self.serverless else None
+        return Pool.SERVERLESS.value if self.serverless else None
 
     @property
     def is_model(self) -> bool:
@@ -177,15 +178,16 @@ registry = Registry()
 def env(
     name: str,
     *,
-    pool: Pool | str = Pool.CPU,
+    pool: str = Pool.CPU.value,
     reset_timeout: float = 30.0,
     step_timeout: float = 30.0,
 ) -> Callable[[type[T]], type[T]]:
     """Declare an env class under `name`; its sessions live on `pool` workers (default "cpu").
 
-    `pool` is one whose workers keep env sessions: "cpu", or a generation pool ("h800", "h20") for an
-    env that needs that hardware (its sessions then live beside the engine). Tasks route the env's
-    activities there (`TaskSpec.env_queue`).
+    `pool` is one whose workers keep env sessions: "cpu" or another env pool a job declares (`sandbox`), or a
+    generation pool ("h800", "h20") for an env that needs that hardware (its sessions then live beside the
+    engine). Tasks route the env's activities there (`TaskSpec.env_queue`); a job using the env checks that
+    it declares the pool with such a role.
     """
     if reset_timeout <= 0 or step_timeout <= 0:
         raise ValueError(f"env {name!r}: timeouts must be positive")
@@ -228,7 +230,7 @@ def lookup_reward(name: str) -> RewardEntry:
     return registry.lookup_reward(name)
 
 
-def declared_env_pool(name: str) -> Pool | None:
+def declared_env_pool(name: str) -> str | None:
     """The pool env `name` declares, or None when it cannot be looked up in this process (a debug log says why).
 
     Used where a job spec is loaded: an env only the workers can import keeps the default pool.
@@ -249,19 +251,18 @@ def declared_reward_serverless(name: str) -> bool | None:
         return None
 
 
-def _env_pool(name: str, pool: Pool | str) -> Pool:
-    """The declared pool, refused at once when its workers cannot hold env sessions."""
-    try:
-        session_pool = Pool(pool)
-    except ValueError:
-        session_pool = None
-    if session_pool not in ENV_POOLS:
-        allowed = ", ".join(p.value for p in ENV_POOLS)
+def _env_pool(name: str, pool: str) -> str:
+    """The declared pool, refused at once when it cannot be a pool's name or is a default pool whose workers
+    cannot hold env sessions (another name is checked against the declaration of each job that uses the env)."""
+    pool = str(pool)
+    default = DEFAULT_POOLS.get(pool)
+    if re.match(POOL_NAME_PATTERN, pool) is None or (default is not None and default.role not in SESSION_ROLES):
+        allowed = ", ".join(p for p, spec in DEFAULT_POOLS.items() if spec.role in SESSION_ROLES)
         raise ValueError(
-            f"env {name!r}: pool {str(pool)!r} cannot hold env sessions (its workers are stateless, "
-            f"busy training, or run workflows only); use one of: {allowed}"
+            f"env {name!r}: pool {pool!r} cannot hold env sessions (its workers are stateless, "
+            f"busy training, or run workflows only); use one of: {allowed}, or an env pool a job declares"
         )
-    return session_pool
+    return pool
 
 
 def _entry_points(group: str) -> dict[str, EntryPoint]:

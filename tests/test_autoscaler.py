@@ -20,9 +20,9 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from rollart.infra.config import ElasticPoolConfig, StoreConfig, TemporalConfig, WorkerTuning
+from rollart.infra.config import StoreConfig, TemporalConfig, WorkerTuning
 from rollart.infra.devserver import DevServer, free_port
-from rollart.infra.pools import Pool
+from rollart.infra.pools import ElasticPoolConfig, Pool
 from rollart.infra.temporal import connect
 from rollart.infra.worker_tuning import workflow_runner
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses

@@ -67,7 +67,7 @@ def test_the_workload_injects_its_latency_through_the_fault_model(tmp_path) -> N
     )
     assert frozenlake.rollout_unit == "group" and unit_of(frozenlake, "batch") is Unit.GROUP
     assert multitask_job(tmp_path, 3, rollout_unit="trajectory").tasks[0].rollout_unit == "trajectory"
-    assert {t.generate_pool.value for t in multitask_job(tmp_path, 3, single_pool=Pool.H800).tasks} == {"h800"}
+    assert {t.generate_pool for t in multitask_job(tmp_path, 3, single_pool=Pool.H800).tasks} == {"h800"}
 
 
 def test_sokoban_joins_the_mix_with_its_own_latency(tmp_path) -> None:

@@ -64,10 +64,10 @@ def test_the_console_script_exits_with_the_commands_code() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--pool", "gpu"], "unknown pool 'gpu'; pools are h20, h800, cpu, serverless, trainer, control"),
+        (["--pool", "gpu"], "unknown pool 'gpu'; pools are control, cpu, h800, h20, serverless, trainer"),
         (
             ["--pool", "h800"],
-            "'h800' has a fixed set of workers (`rollart worker --pool h800`); only serverless autoscales",
+            "'h800' has a fixed set of workers (`rollart worker --pool h800`); only reward pools autoscale: serverless",
         ),
         (["--min", "3", "--max", "2"], "min_workers (3) exceeds max_workers (2)"),
     ],

@@ -21,7 +21,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_example_job_loads() -> None:
     job = load_job(REPO / "examples" / "frozenlake.yaml")
     assert job.tasks[0].env == "frozenlake"
-    assert job.tasks[0].generate_pool is Pool.H800
+    assert job.tasks[0].generate_pool == Pool.H800
     assert job.tasks[0].sampling.top_k == 0
     assert job.training.stop_when == StopWhen(success=0.95, steps=20) and job.training.steps == 200  # the cap
 
@@ -46,7 +46,29 @@ def test_json_and_yaml_are_equivalent(tmp_path: Path) -> None:
         ),
         (
             "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: cpu}",
-            ["tasks.0.generate_pool", "no inference engine"],
+            ["tasks.0.generate_pool: pool 'cpu' has role env, not generation; generation pools: h800, h20"],
+        ),
+        # pools are what the job declares (over the six defaults), each with the role its work needs
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success, generate_pool: l40}\n"
+            "pools: {l40s: {role: generation, gpu: {product: NVIDIA-L40S}}}",
+            [
+                "tasks.0.generate_pool: pool 'l40' is not declared (pools: control, cpu, h800, h20, serverless, "
+                "trainer, l40s); declare it under `pools:` with role generation, or use one of the generation pools: "
+                "h800, h20, l40s"
+            ],
+        ),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success, env_pool: l40s}\npools: {l40s: {role: reward}}",
+            ["tasks.0.env_pool: pool 'l40s' has role reward, not env or generation; env or generation pools: cpu, h8"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success}\npools: {sandbox: {gpu: {product: X}}}",
+            ["pools: Value error, pools.sandbox: a pool that is not one of the defaults", "needs a role"],
+        ),
+        (
+            "tasks:\n  - {name: a, env: frozenlake, reward: success}\npools: {cpu: {max_workers: 8}}",
+            ["pools.cpu: Value error, max_workers: env pools have a fixed set of workers"],
         ),
         (
             "tasks:\n  - {name: a, env: frozenlake, reward: success, max_turns: 0}",

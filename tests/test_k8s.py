@@ -147,7 +147,7 @@ def test_each_pool_deployment_runs_its_pool_on_its_gpu_product() -> None:
     for pool in ("h800", "h20", "trainer"):
         assert container(deployments[pool])["image"] == DEFAULT_GPU_IMAGE
     # every task's generate_pool has workers, and the job's queues are exactly the pools' names
-    assert {t.generate_pool.value for t in job.tasks} == {"h800", "h20"} <= set(deployments)
+    assert {t.generate_pool for t in job.tasks} == {"h800", "h20"} <= set(deployments)
 
 
 def test_a_generation_pool_no_task_uses_is_left_out() -> None:
@@ -189,6 +189,78 @@ def test_gpu_product_label_resources_and_tolerations_are_overridable() -> None:
     assert "trainer" not in workloads_by_pool(manifests) and not by_kind(manifests, "Service")
     assert not any(n.endswith("-runs") for n in by_kind(manifests, "PersistentVolumeClaim"))
     validate_all(manifests)
+
+
+L40S_JOB = """
+tasks:
+  - {name: frozenlake, env: frozenlake, reward: success, generate_pool: l40s, env_pool: sandbox}
+pools:
+  l40s: {role: generation, gpu: {product: NVIDIA-L40S, count: 1}}
+  sandbox: {role: env}
+kubernetes: {}
+"""
+
+
+def test_a_declared_pool_renders_from_its_declaration(tmp_path: Path) -> None:
+    """Adding a pool is YAML only: `l40s` gets a Deployment on its GPU product with its GPU count."""
+    spec = tmp_path / "l40s.yaml"
+    spec.write_text(L40S_JOB)
+    manifests = render(load_job(spec))
+    deployments = workloads_by_pool(manifests)
+    assert set(deployments) == {"control", "cpu", "l40s", "sandbox", "serverless", "trainer"}  # h800/h20: unused
+    l40s = deployments["l40s"]
+    assert pod(l40s)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40S"}
+    assert container(l40s)["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container(l40s)["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert container(l40s)["image"] == DEFAULT_GPU_IMAGE
+    assert l40s["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0  # a generation pool: GPUs replaced in place
+    command = container(l40s)["command"]
+    assert command[command.index("--pool") + 1] == "l40s"
+    sandbox = deployments["sandbox"]
+    assert "nodeSelector" not in pod(sandbox) and "nvidia.com/gpu" not in container(sandbox)["resources"]["limits"]
+    assert container(sandbox)["resources"]["requests"] == {"cpu": "4", "memory": "8Gi"}  # an env pool's
+    validate_all(manifests)
+
+
+def test_a_declared_gpu_count_wins_over_the_engines_and_a_kubernetes_override_over_both(tmp_path: Path) -> None:
+    spec = tmp_path / "l40s.yaml"
+    spec.write_text(
+        L40S_JOB.replace("count: 1", "count: 4").replace("kubernetes: {}", "engine: {tensor_parallel_size: 2}")
+    )
+    gpus = container(workloads_by_pool(render(load_job(spec)))["l40s"])["resources"]["limits"]["nvidia.com/gpu"]
+    assert gpus == 4
+    job = with_kubernetes(load_job(spec), {"pools": {"l40s": {"gpus": 8, "gpu_product": "NVIDIA-L40"}}})
+    l40s = workloads_by_pool(render(job))["l40s"]
+    assert container(l40s)["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert pod(l40s)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L40"}
+    spec.write_text(L40S_JOB.replace("kubernetes: {}", "engine: {tensor_parallel_size: 2}"))
+    with pytest.raises(K8sRenderError, match=r"pools.l40s.gpu.count is 1, but engine.tensor_parallel_size is 2"):
+        render(load_job(spec))
+
+
+def test_a_default_pool_moves_to_other_gpus_by_its_declaration() -> None:
+    job = load_job(EXAMPLES["frozenlake"], {"pools": {"trainer": {"gpu": {"product": "NVIDIA-B200"}}}})
+    trainer = workloads_by_pool(render(job))["trainer"]
+    assert pod(trainer)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-B200"}
+    assert container(trainer)["resources"]["limits"]["nvidia.com/gpu"] == 1  # one rank: one GPU
+    wrong = load_job(EXAMPLES["frozenlake"], {"pools": {"trainer": {"gpu": {"product": "NVIDIA-B200", "count": 2}}}})
+    with pytest.raises(
+        K8sRenderError, match=r"pools.trainer.gpu.count is 2, but each of the 1 trainer node\(s\) runs 1"
+    ):
+        render(wrong)
+
+
+def test_each_reward_pool_is_scaled_by_keda_on_its_own_queue(tmp_path: Path) -> None:
+    spec = tmp_path / "rm.yaml"
+    spec.write_text(L40S_JOB.replace("sandbox: {role: env}", "sandbox: {role: env}\n  rm: {role: reward}"))
+    job = load_job(spec)
+    manifests = render(job.model_copy(update={"tasks": [job.tasks[0].model_copy(update={"reward_pool": "rm"})]}))
+    scaled = {
+        so["spec"]["triggers"][0]["metadata"]["taskQueue"]: so for so in by_kind(manifests, "ScaledObject").values()
+    }
+    assert set(scaled) == {"serverless", "rm"}
+    assert scaled["rm"]["spec"]["scaleTargetRef"]["name"] == deployments_by_pool(manifests)["rm"]["metadata"]["name"]
+    assert "replicas" not in deployments_by_pool(manifests)["rm"]["spec"]  # KEDA owns the count
 
 
 def test_a_gpu_pool_without_gpus_may_run_on_any_node_on_the_cpu_image() -> None:
@@ -286,7 +358,7 @@ def test_tensor_2_by_data_2_on_2_nodes_meet_at_node_0_through_the_headless_servi
     for index in (0, 1):
         argv = [a.replace("$(POD_INDEX)", str(index)) for a in command[1:]]
         settings = worker_settings(build_parser().parse_args(argv), in_pod)
-        assert settings.pool is Pool.TRAINER and settings.trainer.parallel.world_size == 4
+        assert settings.pool == Pool.TRAINER and settings.trainer.parallel.world_size == 4
         assert settings.nodes == TrainerNodes(nnodes=2, node_rank=index, rdzv=rdzv)
 
     # every node writes its ranks' checkpoint shards to the one run dir

@@ -17,7 +17,7 @@ import yaml
 from rollart.cli.main import build_parser
 from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.k8s import K8sRenderError, Manifest, render, secret_command
-from rollart.infra.pools import WORKER_POOLS
+from rollart.infra.pools import DEFAULT_POOLS
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"
@@ -263,9 +263,9 @@ def test_a_mooncake_store_gets_network_policies_letting_only_the_pools_in() -> N
     assert selects(policies["openenv-mooncake-ingress"]["podSelector"], mooncake_pod)
     assert all(selects(policies["openenv-pools-ingress"]["podSelector"], labels) for labels in pool_pods.values())
     assert not selects(policies["openenv-pools-ingress"]["podSelector"], env_server)
-    assert {v for e in policies["openenv-pools-ingress"]["podSelector"]["matchExpressions"] for v in e["values"]} == {
-        p.value for p in WORKER_POOLS
-    }
+    assert {
+        v for e in policies["openenv-pools-ingress"]["podSelector"]["matchExpressions"] for v in e["values"]
+    } == set(DEFAULT_POOLS)
 
 
 def test_the_mooncake_pod_labels_are_configurable_and_the_policies_can_be_left_out() -> None:

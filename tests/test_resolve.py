@@ -55,7 +55,7 @@ def test_validating_a_spec_imports_none_of_the_users_modules(user_module: str) -
 def test_resolve_fills_where_the_env_and_reward_declare_they_run(user_module: str) -> None:
     task = resolve(JobSpec.model_validate(spec(user_module, generate_pool="h800"))).tasks[0]
     assert user_module in sys.modules
-    assert task.env_pool is Pool.H20 and task.env_queue == "h20"
+    assert task.env_pool == Pool.H20 and task.env_queue == "h20"
     assert task.reward_serverless is False and task.reward_queue == "h800"
     assert resolve_task(task) == task  # resolving twice changes nothing
 

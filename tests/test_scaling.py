@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollart.infra.backlog import QueueStats
-from rollart.infra.config import ElasticPoolConfig
-from rollart.infra.pools import Pool
+from rollart.infra.pools import ElasticPoolConfig, Pool
 from rollart.workers import autoscaler as mod
 from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleState, decide, recommend

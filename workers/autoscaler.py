@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.infra.backlog import QueueStats, queue_stats
-from rollart.infra.config import ElasticPoolConfig
-from rollart.infra.pools import queue_name
+from rollart.infra.pools import ElasticPoolConfig, queue_name
 from rollart.infra.temporal import connect
 from rollart.infra.waiting import Backoff, unless_stopped
 from rollart.workers.pool_worker import WorkerSettings
@@ -99,7 +98,7 @@ class WorkerProcesses:
     _names: itertools.count = field(default_factory=itertools.count)
 
     def start_one(self) -> WorkerProcess:
-        w = spawn_worker(self.settings, f"{self.settings.pool.value}-{os.getpid()}-{next(self._names)}", self.home)
+        w = spawn_worker(self.settings, f"{self.settings.pool}-{os.getpid()}-{next(self._names)}", self.home)
         self.serving.append(w)
         return w
 

@@ -7,8 +7,10 @@ With `store: {kind: mooncake}` and no master address, the stack also starts a
 Mooncake master and store keeper (infra/mooncake_service.py) and points every
 worker at them; they stop after the workers. The job's `env_servers` run as
 processes of their own (workers/env_server.py), restarted when they die.
-The elastic "serverless" pool is run by an autoscaler (between the job's
-`pools.serverless.min_workers` and `max_workers`) unless `autoscale=False`.
+Which workers start follows the job's declared pools (`JobSpec.pools`): each
+pool's role says what its workers serve. Elastic (reward) pools such as
+"serverless" are run by an autoscaler (between the job's
+`pools.<pool>.min_workers` and `max_workers`) unless `autoscale=False`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollart.infra.config import DEFAULT_HOME, ELASTIC_POOLS, JobSpec, StoreConfig, TemporalConfig
+from rollart.infra.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.devserver import DevServer
-from rollart.infra.pools import WORKER_POOLS, Pool
+from rollart.infra.pools import Pool
 from rollart.infra.search_attributes import dev_server_flags
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
 from rollart.workers.env_server import EnvServerError, EnvServerProcesses
@@ -42,20 +44,23 @@ class StackError(RuntimeError):
     """A worker of the local stack died or never became ready."""
 
 
-def pools_for_job(job: JobSpec, training: bool = False) -> list[Pool]:
-    """The pools a job needs a worker for: control, cpu, the generation pools its tasks use, serverless (+ trainer).
+def pools_for_job(job: JobSpec, training: bool = False) -> list[str]:
+    """The pools a job needs a worker for: control, cpu and the env pools its tasks use, the generation pools
+    they use, the reward pools their rewards go to (+ trainer).
 
-    A generation pool is used by a task's generation, or by an env or reward placed there. Serverless
-    only when some task's reward runs there (not every reward is `colocated`).
+    A generation pool is used by a task's generation, or by an env or reward placed there. A reward pool
+    (serverless) only when some task's reward runs there (not every reward is `colocated`).
     """
-    gen = sorted(job.needs().generate_pools, key=lambda p: p.value)
-    serverless = [Pool.SERVERLESS] if any(t.reward_queue == Pool.SERVERLESS.value for t in job.tasks) else []
-    return [Pool.CONTROL, Pool.CPU, *gen, *serverless, *([Pool.TRAINER] if training else [])]
+    used = {t.env_queue for t in job.tasks} | {t.reward_queue for t in job.tasks}
+    envs = [p for p, spec in job.pools.items() if spec.role == "env" and p in used and p != Pool.CPU]
+    gen = sorted(job.needs().generate_pools)
+    rewards = [p for p, spec in job.pools.items() if spec.role == "reward" and p in used]
+    return [Pool.CONTROL.value, Pool.CPU.value, *envs, *gen, *rewards, *([Pool.TRAINER.value] if training else [])]
 
 
 @dataclass
 class _WorkerProc:
-    pool: Pool
+    pool: str
     proc: subprocess.Popen
     log_file: Path
     ready_file: Path
@@ -63,10 +68,13 @@ class _WorkerProc:
 
 @dataclass
 class LocalStack:
-    """Dev server + workers; `start()` returns when every worker polls its queue."""
+    """Dev server + workers; `start()` returns when every worker polls its queue.
+
+    `pools`: a worker process per entry (a pool twice: two workers); default one per pool the job declares.
+    """
 
     job: JobSpec
-    pools: list[Pool] = field(default_factory=lambda: list(WORKER_POOLS))
+    pools: list[str] = field(default_factory=list)
     home: Path = DEFAULT_HOME
     port: int = 7233
     ui_port: int | None = 8233
@@ -76,6 +84,9 @@ class LocalStack:
     env_servers: EnvServerProcesses | None = field(default=None, init=False)
     _workers: list[_WorkerProc] = field(default_factory=list, init=False)
     _scalers: list[Autoscaler] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.pools = self.pools or list(self.job.pools)
 
     @property
     def address(self) -> str:
@@ -97,23 +108,23 @@ class LocalStack:
 
     def worker_pids(self) -> dict[str, int]:
         pids: dict[str, int] = {}
-        numbered: Counter[Pool] = Counter()  # within their pool: control#0, control#1, cpu#0
+        numbered: Counter[str] = Counter()  # within their pool: control#0, control#1, cpu#0
         for w in self._workers:
-            pids[f"{w.pool.value}#{numbered[w.pool]}"] = w.proc.pid
+            pids[f"{w.pool}#{numbered[w.pool]}"] = w.proc.pid
             numbered[w.pool] += 1
         for scaler in self._scalers:
             pids |= {f"{scaler.queue}#{i} (elastic)": pid for i, pid in enumerate(scaler.procs.pids())}
         return pids
 
-    def autoscaler(self, pool: Pool = Pool.SERVERLESS) -> Autoscaler | None:
+    def autoscaler(self, pool: str = Pool.SERVERLESS.value) -> Autoscaler | None:
         """The autoscaler running `pool`'s workers, if any."""
-        return next((s for s in self._scalers if s.procs.settings.pool is pool), None)
+        return next((s for s in self._scalers if s.procs.settings.pool == pool), None)
 
-    def live_workers(self, pool: Pool) -> list[int]:
+    def live_workers(self, pool: str) -> list[int]:
         """PIDs of the running worker processes of `pool`, oldest first."""
-        return [w.proc.pid for w in self._workers if w.pool is pool and w.proc.poll() is None]
+        return [w.proc.pid for w in self._workers if w.pool == pool and w.proc.poll() is None]
 
-    def add_worker(self, pool: Pool, timeout_s: float = 300.0) -> int:
+    def add_worker(self, pool: str, timeout_s: float = 300.0) -> int:
         """Start one more worker process for `pool` (it polls the same queue) and wait until it is ready."""
         w = self._spawn(pool, self.home / "logs")
         self._wait_ready(timeout_s, [w])
@@ -126,7 +137,7 @@ class LocalStack:
             raise ValueError(f"pid {pid} is not a worker of this stack: {self.worker_pids()}")
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait()
-        log.info("killed %s worker (pid %d)", w.pool.value, pid)
+        log.info("killed %s worker (pid %d)", w.pool, pid)
 
     def restart_server(self, down_s: float = 0.0) -> None:
         """Stop the Temporal dev server, stay down `down_s`, start it again on the same database file.
@@ -159,11 +170,10 @@ class LocalStack:
 
                 self.mooncake = MooncakeService(store, log_dir=logs).start()
             for pool in self.pools:
-                if self.autoscale and pool in ELASTIC_POOLS:
-                    continue
-                self._spawn(pool, logs)
-            for pool in self.pools:
-                if self.autoscale and pool in ELASTIC_POOLS:
+                if not self._elastic(pool):
+                    self._spawn(pool, logs)
+            for pool in dict.fromkeys(self.pools):
+                if self._elastic(pool):
                     self._start_autoscaler(pool, timeout_s)
             if self.job.env_servers:  # while the workers start
                 try:
@@ -189,7 +199,7 @@ class LocalStack:
             try:
                 w.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("worker %s (pid %d) did not drain in time; killing it", w.pool.value, w.proc.pid)
+                log.warning("worker %s (pid %d) did not drain in time; killing it", w.pool, w.proc.pid)
                 w.proc.kill()
                 w.proc.wait()
         self._workers.clear()
@@ -200,23 +210,28 @@ class LocalStack:
         if self.server:
             self.server.stop()
 
-    def _start_autoscaler(self, pool: Pool, timeout_s: float) -> None:
+    def _elastic(self, pool: str) -> bool:
+        """Whether `pool`'s workers are the autoscaler's to start: a reward pool, when this stack autoscales."""
+        spec = self.job.pools.get(pool)
+        return self.autoscale and spec is not None and spec.role == "reward"
+
+    def _start_autoscaler(self, pool: str, timeout_s: float) -> None:
         settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, store=self.store)
         scaler = Autoscaler(cfg=self.job.elastic(pool), procs=WorkerProcesses(settings, self.home))
         self._scalers.append(scaler)
         try:
             scaler.start_in_thread(ready_timeout_s=timeout_s)
         except RuntimeError as e:
-            raise StackError(f"{pool.value} pool: {e}") from e
-        log.info("autoscaling %s: %d..%d workers", pool.value, scaler.cfg.min_workers, scaler.cfg.max_workers)
+            raise StackError(f"{pool} pool: {e}") from e
+        log.info("autoscaling %s: %d..%d workers", pool, scaler.cfg.min_workers, scaler.cfg.max_workers)
 
-    def _spawn(self, pool: Pool, logs: Path) -> _WorkerProc:
-        n = sum(1 for w in self._workers if w.pool is pool)
+    def _spawn(self, pool: str, logs: Path) -> _WorkerProc:
+        n = sum(1 for w in self._workers if w.pool == pool)
         settings = WorkerSettings.from_job(self.job, pool, temporal=self.temporal, store=self.store)
-        p = spawn_worker(settings, f"{pool.value}-{n}", logs.parent)
+        p = spawn_worker(settings, f"{pool}-{n}", logs.parent)
         w = _WorkerProc(pool=pool, proc=p.proc, log_file=p.log_file, ready_file=p.ready_file)
         self._workers.append(w)
-        log.info("started %s worker (pid %d), log: %s", pool.value, p.proc.pid, p.log_file)
+        log.info("started %s worker (pid %d), log: %s", pool, p.proc.pid, p.log_file)
         return w
 
     def _wait_ready(self, timeout_s: float, workers: list[_WorkerProc] | None = None) -> None:
@@ -227,11 +242,9 @@ class LocalStack:
                 if w.ready_file.exists():
                     pending.remove(w)
                 elif w.proc.poll() is not None:
-                    raise StackError(
-                        f"{w.pool.value} worker exited with code {w.proc.returncode}:\n{_tail(w.log_file)}"
-                    )
+                    raise StackError(f"{w.pool} worker exited with code {w.proc.returncode}:\n{_tail(w.log_file)}")
             if time.monotonic() > deadline:
-                names = ", ".join(w.pool.value for w in pending)
+                names = ", ".join(w.pool for w in pending)
                 raise StackError(f"workers not ready after {timeout_s:g}s: {names} (logs in {self.home / 'logs'})")
             time.sleep(0.2)
 

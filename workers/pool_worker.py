@@ -1,13 +1,15 @@
-"""One Temporal worker process for one pool: what it registers depends on the pool.
+"""One Temporal worker process for one pool: what it registers depends on the pool's role (`PoolSpec.role`).
 
-- control: the workflows (orchestration only; kept apart from engines so a
+- control (`control`): the workflows (orchestration only; kept apart from engines so a
   restarting engine never stalls workflow progress)
-- cpu: `reset`, `restore` on the shared queue, `step`/`close` on this process's own queue
-- h20 / h800: `generate` on one inference engine, batched continuously (and
-  `reward` too when the job colocates rewards with generation, and the env
-  activities when a task's env declares this pool: `@env(pool="h20")`)
-- serverless: `reward`, a bounded number at a time so that excess work shows as
+- env (`cpu`, or a pool a job declares, e.g. `sandbox`): `reset`, `restore` on the shared queue,
+  `step`/`close` on this process's own queue
+- generation (`h20`, `h800`, or e.g. `l40s`): `generate` on one inference engine, batched continuously (and
+  `reward` too when the job colocates rewards with generation, and the env activities when a task's env
+  declares this pool: `@env(pool="h20")`)
+- reward (`serverless`): `reward`, a bounded number at a time so that excess work shows as
   backlog for the autoscaler
+- trainer (`trainer`): `train_step`, one at a time
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from rollart.activities.engines.base import Engine
-from rollart.infra.config import ELASTIC_POOLS, EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
-from rollart.infra.pools import GENERATION_POOLS, Pool, queue_name, session_queue
+from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
+from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolRole, queue_name, session_queue
 from rollart.infra.search_attributes import try_register
 from rollart.infra.temporal import connect
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
@@ -78,7 +80,9 @@ class WorkerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    pool: Pool
+    pool: PoolName
+    role: PoolRole
+    """What the pool's workers serve (from the job's declaration; a default pool's without a job)."""
     temporal: TemporalConfig = TemporalConfig()
     store: StoreConfig = StoreConfig()
     model_dir: Path = JobSpec.model_fields["model_dir"].default
@@ -97,33 +101,51 @@ class WorkerSettings(BaseModel):
     parent_pid: int | None = None
     """The local stack or autoscaler that started this worker: its death sends the worker SIGTERM (drain, exit)."""
 
+    @model_validator(mode="before")
     @classmethod
-    def from_job(cls, job: JobSpec, pool: Pool, **overrides: object) -> WorkerSettings:
-        """The settings a job implies for a worker of `pool`."""
+    def _default_role(cls, data: Any) -> Any:
+        """Without a job, a default pool's role (`rollart worker --pool h800`); any other pool needs its job."""
+        if not isinstance(data, dict) or "role" in data or not isinstance(data.get("pool"), str):
+            return data
+        default = DEFAULT_POOLS.get(data["pool"])
+        if default is None:
+            raise ValueError(
+                f"pool {data['pool']!r} is not one of the default pools ({', '.join(DEFAULT_POOLS)}): its role "
+                "comes from the job that declares it (pass --job)"
+            )
+        return {**data, "role": default.role}
+
+    @classmethod
+    def from_job(cls, job: JobSpec, pool: str, **overrides: object) -> WorkerSettings:
+        """The settings a job implies for a worker of `pool`, one of the pools it declares."""
+        spec = job.pools.get(pool)
+        if spec is None:
+            raise ValueError(f"pool {pool!r} is not declared in job {job.name!r}; its pools: {', '.join(job.pools)}")
         base: dict[str, object] = {
             "pool": pool,
+            "role": spec.role,
             "temporal": job.temporal,
             "store": job.store,
             "model_dir": job.model_dir,
             "engine": job.engine,
             "trainer": job.trainer,
         }
-        if pool in ELASTIC_POOLS:
-            base["max_concurrent_activities"] = job.elastic(pool).max_concurrent_activities
-        if pool in GENERATION_POOLS:
+        if spec.role == "reward":
+            base["max_concurrent_activities"] = spec.max_concurrent_activities
+        if spec.role == "generation":
             base["serve_rewards"] = job.colocates_rewards(pool)
             base["serve_envs"] = job.hosts_envs(pool)
         return cls(**{**base, **overrides})
 
 
-def new_worker_id(pool: Pool) -> str:
+def new_worker_id(pool: str) -> str:
     """host-pid-random: unique per process, readable in the UI's worker identity column."""
-    return f"{pool.value}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    return f"{pool}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Run the pool's worker(s) until `stop` is set, then drain in-flight activities and shut down."""
-    if settings.pool is Pool.TRAINER:
+    if settings.role == "trainer":
         _check_trainer_device(settings.trainer)
         if settings.nodes.node_rank > 0:
             await _follow_trainer_node0(settings, stop)
@@ -141,7 +163,7 @@ async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
             log.info(
                 "worker %s ready: pool=%s queues=[%s] server=%s",
                 worker_id,
-                settings.pool.value,
+                settings.pool,
                 queues,
                 settings.temporal.address,
             )
@@ -186,7 +208,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         "max_concurrent_activities": settings.max_concurrent_activities,
         **activity_worker_options(settings.temporal.workers),
     }
-    if pool is Pool.CONTROL:
+    if settings.role == "control":
         from rollart.activities.queues import QueueActivities
         from rollart.workflows import ALL_WORKFLOWS
 
@@ -203,7 +225,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
                 **workflow_worker_options(settings.temporal.workers),
             )
         ]
-    elif pool is Pool.CPU:
+    elif settings.role == "env":
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         try:
             yield [
@@ -212,10 +234,10 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
             ]
         finally:
             envs.shutdown()
-    elif pool in GENERATION_POOLS:
+    elif settings.role == "generation":
         async with _generation_workers(settings, client, worker_id) as workers:
             yield workers
-    elif pool is Pool.SERVERLESS:
+    elif settings.role == "reward":
         from rollart.activities.reward import RewardActivities
 
         rewards = RewardActivities()
@@ -229,7 +251,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
                 **common,
             )
         ]
-    elif pool is Pool.TRAINER:
+    elif settings.role == "trainer":
         from rollart.activities.trainer import TrainerActivities
         from rollart.infra.store import open_store
 
@@ -250,7 +272,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         finally:
             await asyncio.to_thread(ranks.close)
     else:
-        raise ValueError(f"pool {pool.value!r} has no worker")
+        raise ValueError(f"pool {pool!r}: role {settings.role!r} has no worker")
 
 
 async def _register_search_attributes(client: Client) -> None:
@@ -262,7 +284,7 @@ async def _register_search_attributes(client: Client) -> None:
         log.warning("could not check rollart's search attributes on the namespace: %s", e)
 
 
-def _env_activities(worker_id: str, pool: Pool, prefix: str) -> EnvActivities:
+def _env_activities(worker_id: str, pool: str, prefix: str) -> EnvActivities:
     """This worker's env sessions, stepped through its own queue `<prefix><pool>@<worker>` (sticky routing)."""
     from rollart.activities.env import EnvActivities
 
@@ -292,7 +314,7 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
         **activity_worker_options(settings.temporal.workers),
     }
     async with _engine(settings) as engine:
-        weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool.value}-"))
+        weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool}-"))
         base = settings.model_dir / "model.safetensors"
         gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
         stats = asyncio.create_task(_log_engine_throughput(engine, pool))
@@ -374,7 +396,7 @@ async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
     lifeline.children_die_with_me()  # the EngineCore child dies with this process, even a SIGKILLed one
     if settings.engine.kind == "vllm" and (problem := lifeline.plugin_problem()):
         log.warning("%s: a spawned vLLM engine would outlive this worker if it were killed", problem)
-    lifeline.mark_engine_children(settings.pool.value, settings.model_dir)
+    lifeline.mark_engine_children(settings.pool, settings.model_dir)
     engine = create_engine(settings.model_dir, settings.engine)
     log.info("starting %s engine on %s", settings.engine.kind, settings.model_dir)
     await engine.start()
@@ -384,9 +406,9 @@ async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
         await engine.shutdown()
 
 
-def _reclaim_leftover_engines(pool: Pool, model_dir: Path) -> None:
+def _reclaim_leftover_engines(pool: str, model_dir: Path) -> None:
     """Report engine processes a dead worker of this pool left behind; end those on this model dir (ours to end)."""
-    leftovers = lifeline.leftover_engines(pool.value)
+    leftovers = lifeline.leftover_engines(pool)
     if not leftovers:
         return
     killed = {left.pid for left in lifeline.reclaim(leftovers, model_dir)}
@@ -402,7 +424,7 @@ def _reclaim_leftover_engines(pool: Pool, model_dir: Path) -> None:
         )
 
 
-async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30.0) -> None:
+async def _log_engine_throughput(engine: Engine, pool: str, every_s: float = 30.0) -> None:
     """A log line per interval with tokens generated and tokens/s, only when the engine did something."""
     last, t_last = engine.tokens_generated(), time.monotonic()
     while True:
@@ -411,7 +433,7 @@ async def _log_engine_throughput(engine: Engine, pool: Pool, every_s: float = 30
         if now != last:
             log.info(
                 "%s engine: %d tokens in the last %.0fs (%.0f tokens/s), %d in total",
-                pool.value,
+                pool,
                 now - last,
                 t_now - t_last,
                 (now - last) / (t_now - t_last),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from rollart.infra.config import ElasticPoolConfig
+from rollart.infra.pools import ElasticPoolConfig
 
 __all__ = ["IDLE_ADD_RATE", "ScaleDecision", "ScaleState", "decide", "recommend"]
 

@@ -36,7 +36,7 @@ MIN_FINISHES = 4
 
 def watched_pools(tasks: list[TaskSpec]) -> list[str]:
     """The pools whose activity queues a job's work waits on: env, generation and reward pools, and the trainer."""
-    pools = [p for t in tasks for p in (t.env_queue, str(Pool(t.generate_pool).value), t.reward_queue)]
+    pools = [p for t in tasks for p in (t.env_queue, t.generate_pool, t.reward_queue)]
     return list(dict.fromkeys([*pools, Pool.TRAINER.value]))
 
 

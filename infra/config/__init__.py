@@ -7,7 +7,7 @@ than the whole job. A module per part of the job:
 - `task`: a task (`TaskSpec`: env, reward, sampling, prompt, faults)
 - `engine`, `trainer`, `training`: the inference engine; the trainer and its loss; the loop and its metrics
 - `temporal`, `store`: the Temporal connection and workers; where bulk data lives
-- `pools`: how the elastic pools scale, and the rules on which pool may do what
+- `pools`: the rules on which pool may do what (the declarations themselves: infra/pools.py)
 - `env_servers`: OpenEnv servers run beside the workers
 - `job`: the whole job (`JobSpec`) and the rules that span its sections
 - `resolve`: the explicit step that reads the envs' and rewards' declarations (the only one importing user code)
@@ -23,7 +23,6 @@ from rollart.infra.config.engine import EngineConfig
 from rollart.infra.config.env_servers import OPENENV, EnvServerSpec
 from rollart.infra.config.job import JobSpec
 from rollart.infra.config.load import JobSpecError, format_validation_error, load_job
-from rollart.infra.config.pools import ELASTIC_POOLS, ElasticPoolConfig
 from rollart.infra.config.resolve import resolve, resolve_task
 from rollart.infra.config.store import MooncakeConfig, StoreConfig
 from rollart.infra.config.task import (
@@ -48,10 +47,8 @@ from rollart.infra.config.training import (
 
 __all__ = [
     "DEFAULT_HOME",
-    "ELASTIC_POOLS",
     "OPENENV",
     "DynamicSamplingConfig",
-    "ElasticPoolConfig",
     "EngineConfig",
     "EnvServerSpec",
     "FaultModel",

@@ -11,14 +11,14 @@ from pydantic import Field, field_validator, model_validator
 from rollart.infra.config.base import DEFAULT_HOME, Section
 from rollart.infra.config.engine import EngineConfig
 from rollart.infra.config.env_servers import OPENENV, EnvServerSpec, fill_env_server_urls
-from rollart.infra.config.pools import ELASTIC_POOLS, ElasticPoolConfig, default_pools, known_elastic_pools
+from rollart.infra.config.pools import check_routes
 from rollart.infra.config.store import StoreConfig
 from rollart.infra.config.task import TaskSpec
 from rollart.infra.config.temporal import TemporalConfig
 from rollart.infra.config.trainer import TrainerConfig
 from rollart.infra.config.training import MetricsConfig, TrainingConfig
 from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
-from rollart.infra.pools import GENERATION_POOLS, Pool
+from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolSpec, is_generation, merge_declared, pools_with_role
 
 __all__ = ["JobSpec"]
 
@@ -38,8 +38,10 @@ class JobSpec(Section):
         default_factory=MetricsConfig, description="metric exporters of the training client: TensorBoard, W&B"
     )
     kubernetes: KubernetesConfig | None = Field(None, description="cluster layout for `rollart k8s render`/`apply`")
-    pools: dict[str, ElasticPoolConfig] = Field(
-        default_factory=default_pools, description="scaling of the elastic pools, by pool name (serverless)"
+    pools: dict[PoolName, PoolSpec] = Field(
+        default_factory=lambda: dict(DEFAULT_POOLS),
+        description="the job's pools by name: role, GPUs and (reward pools) scaling, merged over the six "
+        "defaults (control, cpu, h800, h20, serverless, trainer); see infra/pools.py",
     )
     env_servers: list[EnvServerSpec] = Field(
         default_factory=list, description="OpenEnv servers run beside the workers (see EnvServerSpec)"
@@ -62,7 +64,15 @@ class JobSpec(Section):
         ]
         return self.model_copy(update={"env_servers": servers, "tasks": tasks})
 
-    _known_elastic_pools = field_validator("pools")(known_elastic_pools)
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _over_the_defaults(cls, pools: Any) -> Any:
+        return merge_declared(pools)
+
+    @model_validator(mode="after")
+    def _work_goes_to_declared_pools(self) -> JobSpec:
+        check_routes(self.tasks, self.pools)
+        return self
 
     @model_validator(mode="after")
     def _unique_task_names(self) -> JobSpec:
@@ -114,33 +124,34 @@ class JobSpec(Section):
             )
         return self
 
-    def elastic(self, pool: Pool) -> ElasticPoolConfig:
-        """The scaling of an elastic pool (its defaults when the job does not set it)."""
-        if pool not in ELASTIC_POOLS:
-            raise ValueError(
-                f"pool {pool.value!r} is not elastic; only {', '.join(p.value for p in ELASTIC_POOLS)} scales"
-            )
-        return self.pools.get(pool.value, ElasticPoolConfig())
+    def elastic(self, pool: str) -> PoolSpec:
+        """The declaration of a reward pool, whose scaling fields say how its workers scale (it is elastic)."""
+        spec = self.pools.get(pool)
+        if spec is None or spec.role != "reward":
+            reward = ", ".join(pools_with_role(self.pools, "reward")) or "none"
+            raise ValueError(f"pool {pool!r} is not elastic; only reward pools scale: {reward}")
+        return spec
 
-    def colocates_rewards(self, pool: Pool) -> bool:
+    def colocates_rewards(self, pool: str) -> bool:
         """Whether some task runs its reward on `pool`'s generation workers (colocated, or declared so)."""
-        return pool in GENERATION_POOLS and any(t.reward_queue == pool.value for t in self.tasks)
+        return is_generation(self.pools, pool) and any(t.reward_queue == pool for t in self.tasks)
 
-    def hosts_envs(self, pool: Pool) -> bool:
+    def hosts_envs(self, pool: str) -> bool:
         """Whether some task's env sessions live on `pool`'s workers (its `env_pool`)."""
-        return any(t.env_queue == pool.value for t in self.tasks)
+        return any(t.env_queue == pool for t in self.tasks)
 
     def needs(self) -> JobNeeds:
         """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
         routes = []
         for t in self.tasks:
             routes += [
-                Route(t.name, "its env", t.env, Pool(t.env_queue)),
+                Route(t.name, "its env", t.env, t.env_queue),
                 Route(t.name, "its generation", None, t.generate_pool),
-                Route(t.name, "its reward", t.reward, Pool(t.reward_queue)),
+                Route(t.name, "its reward", t.reward, t.reward_queue),
             ]
         parallel = self.trainer.parallel
         return JobNeeds(
+            pools=self.pools,
             routes=tuple(routes),
             tensor_parallel_size=self.engine.tensor_parallel_size,
             trainer_tensor=parallel.tensor,

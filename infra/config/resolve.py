@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from rollart.infra.config.job import JobSpec
-from rollart.infra.config.pools import check_rewards_have_workers
+from rollart.infra.config.pools import check_rewards_have_workers, check_routes
 from rollart.infra.config.task import TaskSpec
 from rollart.infra.registry import declared_env_pool, declared_reward_serverless
 
@@ -45,6 +45,7 @@ def check_placement(job: JobSpec) -> None:
     problems = job.kubernetes.problems(job.needs()) if job.kubernetes is not None else []
     if problems:
         raise ValueError("kubernetes: " + "; ".join(problems))
+    check_routes(job.tasks, job.pools)  # again: env_pool is now what the envs declare
     check_rewards_have_workers(job.tasks, job.pools)
 
 

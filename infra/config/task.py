@@ -7,11 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from rollart.infra.config.base import Section
-from rollart.infra.config.pools import check_generation_pool, check_session_pool
-from rollart.infra.pools import Pool
+from rollart.infra.pools import Pool, PoolName
 
 __all__ = ["FaultModel", "LatencyModel", "PromptFormat", "RewardPlacement", "SamplingParams", "TaskEnv", "TaskSpec"]
 
@@ -86,8 +85,9 @@ class TaskSpec(Section):
 
     `env` and `reward` are registered names (`frozenlake`) or import paths of a
     user's own (`mypkg.envs:Maze`). `reward_placement` says where the reward runs:
-    `serverless` (the elastic pool, the default) or `colocated` (on the worker of
-    `generate_pool`, competing with generation: the monolithic baseline).
+    `serverless` (on `reward_pool`, elastic, the default) or `colocated` (on the worker of
+    `generate_pool`, competing with generation: the monolithic baseline). The pools are names the job
+    declares (`JobSpec.pools`); the job checks each has the role its work needs.
 
     Where the env and reward *declare* they run (`@env(pool=...)`, `@reward(serverless=...)`) is
     read once, by `resolve` where the job is loaded, into `env_pool` and `reward_serverless`, so that
@@ -102,7 +102,7 @@ class TaskSpec(Section):
         default_factory=dict, description="arguments of a reward model's `from_args` (function rewards take none)"
     )
     reward_placement: RewardPlacement = "serverless"
-    generate_pool: Pool = Pool.H800
+    generate_pool: PoolName = Pool.H800.value
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     max_turns: int = Field(8, ge=1, le=1000)
@@ -127,7 +127,7 @@ class TaskSpec(Section):
     reset_timeout_s: float | None = Field(
         None, gt=0.0, description="per-reset timeout on the worker (default: the env's declared reset_timeout)"
     )
-    env_pool: Pool | None = Field(
+    env_pool: PoolName | None = Field(
         None,
         description="the pool whose workers hold this task's env sessions; filled from the env's "
         "`@env(pool=...)` when the job is resolved, where it is loaded (None: not known there, so cpu)",
@@ -138,6 +138,9 @@ class TaskSpec(Section):
         "`@reward(serverless=...)` when the job is resolved, where it is loaded (False: it runs on generate_pool "
         "whatever reward_placement says)",
     )
+    reward_pool: PoolName = Field(
+        Pool.SERVERLESS.value, description="the reward pool this task's rewards go to when they run serverless"
+    )
 
     @property
     def grouped(self) -> bool:
@@ -147,17 +150,14 @@ class TaskSpec(Section):
     @property
     def env_queue(self) -> str:
         """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
-        return (self.env_pool or Pool.CPU).value
+        return self.env_pool or Pool.CPU.value
 
     @property
     def reward_queue(self) -> str:
-        """The task queue the reward activity goes to: "serverless", or the generation pool's when colocated
-        or when the reward is declared `serverless=False`."""
+        """The task queue the reward activity goes to: `reward_pool` ("serverless"), or the generation pool's
+        when colocated or when the reward is declared `serverless=False`."""
         beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
-        return (self.generate_pool if beside_generation else Pool.SERVERLESS).value
-
-    _holds_sessions = field_validator("env_pool")(check_session_pool)
-    _is_generation_pool = field_validator("generate_pool")(check_generation_pool)
+        return self.generate_pool if beside_generation else self.reward_pool
 
     @model_validator(mode="after")
     def _one_sample_per_turn(self) -> TaskSpec:
