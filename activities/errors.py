@@ -5,7 +5,7 @@ from __future__ import annotations
 from temporalio.exceptions import ApplicationError
 
 from rollart.contracts.errors import ErrorType
-from rollart.infra.store import StoreError
+from rollart.infra.store.payload import StoreError
 
 __all__ = ["INFRA_ERRORS", "bad_input", "env_broken", "train_step_failed", "unknown_component"]
 

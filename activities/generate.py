@@ -22,8 +22,8 @@ from rollart.contracts.activities import Completion, GenerateBatchInput, Generat
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredCompletion, StoredTurn
 from rollart.infra.config import PromptFormat, SamplingParams
-from rollart.infra.store import Store, key_word
-from rollart.infra.weights import fetch_latest
+from rollart.infra.store.payload import Store, key_word
+from rollart.infra.store.weights import fetch_latest
 
 __all__ = ["GenerateActivities", "stored_turn"]
 

@@ -8,9 +8,9 @@ from temporalio import activity
 from temporalio.client import Client
 
 from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
-from rollart.infra.backlog import queue_stats
 from rollart.infra.config import TemporalConfig
-from rollart.infra.liveness import last_seen_s_ago, queue_liveness
+from rollart.infra.temporal.backlog import queue_stats
+from rollart.infra.temporal.liveness import last_seen_s_ago, queue_liveness
 
 __all__ = ["QueueActivities"]
 

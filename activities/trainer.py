@@ -37,7 +37,7 @@ from rollart.activities.training.records import checkpoint_dir, read_record, ste
 from rollart.activities.training.step import TrainerState, resume, train_step
 from rollart.activities.training.torch_policy import TorchPolicy
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.store import Store
+from rollart.infra.store.payload import Store
 
 __all__ = ["HEARTBEAT_EVERY_S", "RankLauncher", "TrainerActivities", "checkpoint_dir", "step_record_path"]
 

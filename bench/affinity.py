@@ -22,7 +22,7 @@ from bench.report import RESULTS, format_table, plot_modes, summarize, write_res
 from bench.training_run import measure_job, stack_for
 from bench.workload import LATENCY, multitask_job
 from rollart.infra.pools import Pool
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
 
 HOME = RESULTS / ".stack-affinity"
 LAYOUTS: dict[str, tuple[Pool | None, list[Pool]]] = {

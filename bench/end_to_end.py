@@ -25,7 +25,7 @@ import asyncio
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
 from bench.training_run import POOLS_REPORTED, measure_job, stack_for
 from bench.workload import LATENCY, SOKOBAN_LATENCY, multitask_job
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
 from rollart.workers.local_stack import pools_for_job
 
 MODES: dict[str, tuple[str, int]] = {

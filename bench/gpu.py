@@ -83,7 +83,7 @@ async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
     import torch
 
     from bench.trainer import MODES, frozenlake_batch, run_mode
-    from rollart.infra.store import LocalStore
+    from rollart.infra.store.payload import LocalStore
 
     samples = frozenlake_batch(LocalStore(home / "store"), model_dir)
     modes = ["torch", "megatron T=1"]
@@ -95,7 +95,7 @@ async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
         rows[mode] = await run_mode(mode, trainer, model_dir, samples, 3, home / "store", home / "runs")
     from safetensors.torch import load as st_load
 
-    from rollart.infra.weights import latest_weights
+    from rollart.infra.store.weights import latest_weights
 
     store = LocalStore(home / "store")
 
@@ -126,7 +126,7 @@ async def check_stack(model_dir: Path, home: Path, device: str) -> bool:
     from rollart.contracts.training import TrainingStatus
     from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainerConfig, TrainingConfig
     from rollart.infra.pools import Pool
-    from rollart.infra.temporal import connect
+    from rollart.infra.temporal.connection import connect
 
     tensor = 2 if device == "cuda" and torch.cuda.device_count() >= 2 else 1
     task = TaskSpec(

@@ -35,7 +35,7 @@ from rollart.client.evaluate import evaluate
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import played_success
 from rollart.infra.config import JobSpec
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
 from rollart.workers.local_stack import pools_for_job
 
 __all__ = ["main", "measure"]

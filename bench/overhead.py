@@ -44,7 +44,7 @@ from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
 from rollart.infra.pools import Pool
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
 
 HOME = RESULTS / ".stack-overhead"
 MAX_TURNS = 8

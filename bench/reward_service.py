@@ -33,10 +33,10 @@ from bench.report import RESULTS, plot_modes
 from bench.rollout import activity_timings
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
-from rollart.infra.devserver import free_port
-from rollart.infra.history import busy_seconds
+from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.history import busy_seconds
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack, pools_for_job
 

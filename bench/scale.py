@@ -32,8 +32,8 @@ from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
 from rollart.client.train import start_training, status_of
 from rollart.infra.config import JobSpec, StoreConfig, TrainingConfig
 from rollart.infra.pools import Pool
-from rollart.infra.search_attributes import JOB_ID
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.search_attributes import JOB_ID
 
 __all__ = ["main"]
 

@@ -25,7 +25,7 @@ from rollart.activities.envs.faults import FaultInjector
 from rollart.contracts.activities import EnvHandle, GroupHandle, GroupResetInput, GroupStepInput, ResetInput, StepInput
 from rollart.infra.config import FaultModel, StoreConfig, TemporalConfig
 from rollart.infra.pools import queue_name
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
 from tests.support.standins import StandIns
 
 __all__ = ["EnvLatencyStandIns", "main"]

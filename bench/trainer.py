@@ -117,7 +117,7 @@ async def run_mode(
     from rollart.client.local import LocalTrainer
     from rollart.contracts.activities import TrainStepInput
     from rollart.infra.config import StoreConfig, TrainerConfig
-    from rollart.infra.store import LocalStore
+    from rollart.infra.store.payload import LocalStore
     from rollart.workers.trainer_ranks import RankGroup
 
     job = name.replace(" ", "-").replace("=", "")
@@ -170,7 +170,7 @@ def main(argv: list[str]) -> int:
     home = Path(tempfile.mkdtemp(prefix="rollart-bench-trainer-"))
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     try:
-        from rollart.infra.store import LocalStore
+        from rollart.infra.store.payload import LocalStore
 
         model_dir = build_model(home, args.hidden, args.layers)
         samples = frozenlake_batch(LocalStore(home / "store"), model_dir)

@@ -21,10 +21,10 @@ from temporalio.client import Client
 from rollart.client.rollout import check_job_components
 from rollart.client.train import start_training
 from rollart.infra.config import JobSpec
-from rollart.infra.devserver import free_port
-from rollart.infra.history import activity_spans, busy_seconds
+from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
-from rollart.infra.search_attributes import JOB_ID
+from rollart.infra.temporal.history import activity_spans, busy_seconds
+from rollart.infra.temporal.search_attributes import JOB_ID
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack
 

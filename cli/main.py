@@ -27,7 +27,7 @@ from rollart.cli import (
     worker,
 )
 from rollart.cli.errors import EXIT_BAD_INPUT, UserError
-from rollart.infra.devserver import DevServerError
+from rollart.infra.local.devserver import DevServerError
 from rollart.workers.local_stack import StackError
 
 __all__ = ["build_parser", "main", "run"]

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rollart.client.report import ReportData
     from rollart.contracts.training import TrainingResult
     from rollart.infra.config import JobSpec
-    from rollart.infra.store import Store
+    from rollart.infra.store.payload import Store
 
 __all__ = ["add_parser", "build_report", "run"]
 
@@ -102,7 +102,7 @@ async def build_report(
     Shared by `rollart report` and the end of `rollart train`; a `note` (say, why the client failed) skips the server.
     """
     from rollart.client.report import gather_report
-    from rollart.infra.temporal import connect
+    from rollart.infra.temporal.connection import connect
 
     async def connected() -> Client:
         return client or await connect(job.temporal, job.store)
@@ -127,7 +127,7 @@ async def build_report(
 
 def _store(job: JobSpec) -> Store | None:
     """The job's store for token counts and logprobs; None when it cannot be opened (turns are shown without)."""
-    from rollart.infra.store import StoreError, open_store
+    from rollart.infra.store.payload import StoreError, open_store
 
     try:
         return open_store(job.store)

@@ -81,7 +81,7 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
     from rich.console import Console
     from rich.table import Table
 
-    from rollart.infra.temporal import ui_url
+    from rollart.infra.temporal.connection import ui_url
 
     table = Table(title=f"job {job_id}")
     for col in ("#", "task", "seed", "status", "reward", "success", "turns", "versions"):
@@ -107,7 +107,7 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
 
 
 def _print_summary(outcomes: list[RolloutOutcome], wall: float) -> None:
-    from rollart.contracts.routing import Unit, unit_of
+    from rollart.infra.routing import Unit, unit_of
 
     done = [o.result for o in outcomes if o.result and o.status == "completed"]
     turns: dict[str, int] = {}  # per workflow: a group plays its longest member's turns, one call per turn for all

@@ -50,7 +50,7 @@ def add_reader_args(s: argparse.ArgumentParser) -> None:
 
 def reader_ui(job: JobSpec, args: argparse.Namespace) -> str:
     """The Temporal UI base URL: --ui-url, else port 8233 on the server's host."""
-    from rollart.infra.temporal import DEFAULT_ADDRESS
+    from rollart.infra.temporal.connection import DEFAULT_ADDRESS
 
     return args.ui_url or f"http://{(job.temporal.address or DEFAULT_ADDRESS).rsplit(':', 1)[0]}:8233"
 
@@ -71,8 +71,8 @@ async def _load(job: JobSpec, trajectory_id: str) -> TrajectoryView:
     from temporalio.service import RPCError
 
     from rollart.client.trajectory_view import TrajectoryNotFound, load_trajectory
-    from rollart.infra.store import open_store
-    from rollart.infra.temporal import connect
+    from rollart.infra.store.payload import open_store
+    from rollart.infra.temporal.connection import connect
 
     try:
         client = await connect(job.temporal, job.store)
@@ -88,7 +88,7 @@ async def _load(job: JobSpec, trajectory_id: str) -> TrajectoryView:
 
 
 def _ui_link(view: TrajectoryView, job: JobSpec, args: argparse.Namespace) -> str:
-    from rollart.infra.temporal import ui_url
+    from rollart.infra.temporal.connection import ui_url
 
     return ui_url(reader_ui(job, args), job.temporal.namespace, view.workflow_id, view.run_id or None)
 

@@ -52,7 +52,7 @@ async def _status(args: argparse.Namespace) -> int:
 
     from rollart.client.connection import Outage, connect_retrying, retry_unreachable
     from rollart.client.train import status_of
-    from rollart.infra.temporal import connect
+    from rollart.infra.temporal.connection import connect
 
     job = load_spec(None, args)  # the connection settings: the defaults with --temporal-address and --namespace
     try:

@@ -104,7 +104,7 @@ async def follow_job(
     from rollart.cli.errors import UserError
     from rollart.client.exporters import ExporterUnavailable, open_exporters
     from rollart.client.train import MetricsWriter
-    from rollart.infra.temporal import ui_url
+    from rollart.infra.temporal.connection import ui_url
 
     job_id = handle.id
     if ui:

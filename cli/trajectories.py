@@ -61,7 +61,7 @@ async def _rows(args: argparse.Namespace, job: JobSpec) -> list[TrajectoryRow]:
     from temporalio.service import RPCError
 
     from rollart.client.trajectory_view import list_trajectories
-    from rollart.infra.temporal import connect
+    from rollart.infra.temporal.connection import connect
 
     try:
         client = await connect(job.temporal, job.store)
@@ -76,7 +76,7 @@ def print_rows(job_id: str, rows: list[TrajectoryRow], total: int, ui: str, name
     from rich.markup import escape
     from rich.table import Table
 
-    from rollart.infra.temporal import ui_url
+    from rollart.infra.temporal.connection import ui_url
 
     table = Table(title=f"job {job_id}")
     for col in ("trajectory", "task", "status", "reward", "success", "turns", "versions"):

@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=float,
         metavar="SECONDS",
         help="give up (exit 1) if Temporal, or the job's Mooncake master, is still unreachable after this "
-        "long (default: wait as long as it takes, retrying with backoff up to every 10 s)",
+        "long (default: wait as long takes, retrying with backoff up to every 10 s)",
     )
     t = s.add_argument_group(
         "trainer nodes",
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--pool is required ({', '.join(DEFAULT_POOLS)}, or a pool the job declares)")
         settings = worker_settings(args, read_spec(args.job) if args.job else None)
     from rollart.activities.training.devices import DeviceUnavailable
-    from rollart.infra.temporal import (
+    from rollart.infra.temporal.connection import (
         NamespaceNotFound,
         TemporalAddressError,
         TemporalSecurityError,

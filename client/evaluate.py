@@ -20,8 +20,8 @@ from rollart.client.rollout import rollout_units
 from rollart.contracts.ids import EVAL_SEED_BASE
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.config import JobSpec, TaskSpec
-from rollart.infra.store import StoreKeyError, open_store
-from rollart.infra.weights import latest_weights, weights_key
+from rollart.infra.store.payload import StoreKeyError, open_store
+from rollart.infra.store.weights import latest_weights, weights_key
 
 __all__ = ["EvalReport", "evaluate"]
 
@@ -45,7 +45,7 @@ async def evaluate(
     """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0).
 
     The episodes run through the rollout driver with the activity code in this process (one at a time), each in
-    the unit training plays the task in (contracts/routing.py), as a group of one: the same env, generation and
+    the unit training plays the task in (infra/routing.py), as a group of one: the same env, generation and
     reward calls as in training, only greedy and on seeds training never draws (`EVAL_SEED_BASE`).
     """
     engine = HfEngine.from_config(job.model_dir, job.engine)

@@ -66,7 +66,7 @@ def flatten(row: dict) -> dict[str, float]:
 class TensorBoardExporter:
     """Scalars into event files under `log_dir` (tensorboard's own writer: the client need not import torch).
 
-    Every write is flushed, so `tensorboard --logdir` sees a step as soon as the client does; a re-attached
+    Every write is flushed, so `tensorboard --logdir` sees a step as soon client does; a re-attached
     client adds a new event file beside the old ones, with only the steps it writes.
     """
 

@@ -30,9 +30,9 @@ from rollart.activities.reward import RewardActivities
 from rollart.client.rollout import unit_input
 from rollart.contracts.activities import ActivityName
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
-from rollart.contracts.routing import Unit
 from rollart.infra.config import EngineConfig, StoreConfig
-from rollart.infra.store import open_store
+from rollart.infra.routing import Unit
+from rollart.infra.store.payload import open_store
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
-from rollart.infra.store import Store
+from rollart.infra.store.payload import Store
 
 if TYPE_CHECKING:
     import torch

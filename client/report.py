@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from temporalio.client import Client
 
     from rollart.contracts.training import TrainingResult
-    from rollart.infra.store import Store
+    from rollart.infra.store.payload import Store
 
 __all__ = [
     "Ledger",

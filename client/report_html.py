@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from rollart.client.exporters import flatten
 from rollart.contracts.training import played_success
-from rollart.infra.history import busy_seconds
+from rollart.infra.temporal.history import busy_seconds
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -107,7 +107,7 @@ def _header(data: ReportData) -> str:
             f"success {_num(played_success(last), '.2f')}"
         )
     if data.ui:
-        from rollart.infra.temporal import ui_url
+        from rollart.infra.temporal.connection import ui_url
 
         lines.append(f"Temporal UI: <code>{_e(ui_url(data.ui, data.namespace, data.job_id))}</code>")
     nav = "".join(

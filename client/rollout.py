@@ -18,11 +18,11 @@ from rollart.activities.envs.base import declares_actions
 from rollart.client.connection import Outage, retry_unreachable
 from rollart.contracts import ids
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
-from rollart.contracts.routing import Unit, unit_of
-from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_env, lookup_reward
+from rollart.infra.routing import Unit, unit_of
+from rollart.infra.temporal import search_attributes as sa
 from rollart.workflows.ui_summary import group_summary, trajectory_summary
 
 __all__ = [
@@ -122,7 +122,7 @@ async def run_rollout(
     A server outage is waited out (`outage` says when it starts and ends): starts and result waits that
     fail because the server is unreachable are tried again.
 
-    Each unit plays as training plays it (contracts/routing.py): the members of a group of a single-turn or
+    Each unit plays as training plays it (infra/routing.py): the members of a group of a single-turn or
     `rollout_unit: group` task (consecutive inputs on one seed) in one GroupRolloutWorkflow, every other input in
     a TrajectoryWorkflow of its own. Each carries
     a one-line summary for the Temporal UI, and `RollartJobId` and `RollartTask` once the namespace has

@@ -15,9 +15,9 @@ from rollart.client.connection import Outage, is_unreachable, probe
 from rollart.client.exporters import Exporter
 from rollart.client.unserved import Unserved
 from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
-from rollart.infra import search_attributes as sa
 from rollart.infra.config import JobSpec, resolve
 from rollart.infra.pools import Pool, queue_name
+from rollart.infra.temporal import search_attributes as sa
 
 __all__ = ["MetricsWriter", "follow", "run_dir_of", "start_training", "status_of", "terminate_job"]
 

@@ -41,12 +41,12 @@ from rollart.contracts.rollouts import (
     TrajectoryInput,
     TrajectoryResult,
 )
-from rollart.contracts.routing import Unit, unit_of
 from rollart.contracts.store import StoredTurn
-from rollart.infra.history import ActivitySpan, activity_spans
-from rollart.infra.search_attributes import JOB_ID, TASK
-from rollart.infra.store import Store, StoreError
-from rollart.infra.store_keys import key_word
+from rollart.infra.routing import Unit, unit_of
+from rollart.infra.store.keys import key_word
+from rollart.infra.store.payload import Store, StoreError
+from rollart.infra.temporal.history import ActivitySpan, activity_spans
+from rollart.infra.temporal.search_attributes import JOB_ID, TASK
 
 __all__ = [
     "CallInfo",

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.infra.config import FaultModel, PromptFormat, SamplingParams, TaskSpec, TrainerConfig
-from rollart.infra.store_keys import key_word
+from rollart.infra.store.keys import key_word
 
 __all__ = [
     "STICKY_START_S",

@@ -12,7 +12,7 @@ __all__ = ["BAD_INPUT", "NEVER_RETRY", "ErrorType"]
 
 
 class ErrorType(str, Enum):
-    """Why an activity (or a workflow) failed, as far as orchestration cares."""
+    """Why an activity (or a workflow) failed, as far cares."""
 
     INVALID_INPUT = "InvalidInput"  # input no retry can fix: bad env args, a malformed request, a bad job
     UNKNOWN_COMPONENT = "UnknownComponent"  # an env or reward name neither registered nor importable

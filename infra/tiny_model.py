@@ -7,7 +7,7 @@ of what our tasks show the model (FrozenLake grids, L/D/R/U moves, numbers
 0–99, single-digit sums). The corpus makes grid rows like `SFFF` and the
 numbers 10–18 single tokens, which is what lets the policy learn by RL within
 minutes on CPUs (see LEARNING-NOTES). The shape suits vLLM's CPU attention
-backend (head size 64) as well as plain transformers.
+backend (head size 64) as well transformers.
 
 Builds are deterministic for a seed (same weight bytes) and atomic: the model
 is written into a temporary directory next to the target and renamed into

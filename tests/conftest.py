@@ -22,9 +22,9 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
-from rollart.infra.devserver import dynamic_config_args, find_temporal_cli, free_port
+from rollart.infra.local.devserver import dynamic_config_args, find_temporal_cli, free_port
 from rollart.infra.pools import Pool
-from rollart.infra.temporal import connect, data_converter, runtime
+from rollart.infra.temporal.connection import connect, data_converter, runtime
 from rollart.workers.local_stack import LocalStack
 from tests.support.spawn_guard import no_spawning
 from tests.support.tasks import frozenlake_task
@@ -172,7 +172,7 @@ async def bare_env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Wo
     store = StoreConfig(path=tmp_path_factory.mktemp("bare") / "store")
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=find_temporal_cli(),
-        dev_server_extra_args=dynamic_config_args(),  # as every server rollart starts (infra/devserver.py)
+        dev_server_extra_args=dynamic_config_args(),  # as every server rollart starts (infra/local/devserver.py)
         data_converter=data_converter(store),
         ui=False,
         runtime=runtime(TemporalConfig().worker_heartbeat_s),  # stand-in workers heartbeat as real ones do

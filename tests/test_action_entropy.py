@@ -29,7 +29,7 @@ from rollart.activities.trainer import TrainerActivities
 from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.contracts.training import TrainingPlan
 from rollart.infra.config import JobSpec, LossConfig, TaskEnv
-from rollart.infra.store import LocalStore
+from rollart.infra.store.payload import LocalStore
 from rollart.workflows.entropy_control import measured
 from tests.support.batches import frozenlake_batch, load_model
 from tests.test_trainer import step_input

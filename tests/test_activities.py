@@ -34,7 +34,7 @@ from rollart.contracts.activities import (
     TurnRecord,
 )
 from rollart.infra.config import SamplingParams
-from rollart.infra.store import LocalStore
+from rollart.infra.store.payload import LocalStore
 
 ENV = ActivityEnvironment()
 
@@ -280,7 +280,7 @@ def test_reward_values_are_normalised() -> None:
 
 async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(tmp_path: Path) -> None:
     from rollart.contracts.activities import WeightsRef
-    from rollart.infra.weights import publish
+    from rollart.infra.store.weights import publish
 
     store = LocalStore(tmp_path / "store")
     engine = ScriptedEngine()

@@ -21,10 +21,10 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from rollart.infra.config import StoreConfig, TemporalConfig, WorkerTuning
-from rollart.infra.devserver import DevServer, free_port
+from rollart.infra.local.devserver import DevServer, free_port
 from rollart.infra.pools import ElasticPoolConfig, Pool
-from rollart.infra.temporal import connect
-from rollart.infra.worker_tuning import workflow_runner
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
 from rollart.workers.pool_worker import WorkerSettings
 from tests.support.fanout import FanOutRewards

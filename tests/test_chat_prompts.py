@@ -16,7 +16,7 @@ from rollart.activities.engines.factory import create_engine
 from rollart.activities.generate import GenerateActivities
 from rollart.contracts.activities import GenerateBatchInput, GenerateInput
 from rollart.infra.config import EngineConfig, PromptFormat, SamplingParams, TaskSpec
-from rollart.infra.store import LocalStore
+from rollart.infra.store.payload import LocalStore
 
 OBS = "AFFF\nFHFH\nFFFH\nHFFG\nmove:"
 TEMPLATE = (

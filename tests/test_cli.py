@@ -15,7 +15,7 @@ import pytest
 
 from rollart.client.rollout import plan_trajectories
 from rollart.infra.config import load_job
-from rollart.infra.devserver import DevServer, free_port
+from rollart.infra.local.devserver import DevServer, free_port
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 
@@ -159,7 +159,7 @@ def test_free_ports_stay_out_of_the_ephemeral_range_and_skip_taken_ones(monkeypa
     """A port the kernel hands to outgoing connections could be taken before a server binds it (a CI flake)."""
     import socket
 
-    from rollart.infra import devserver
+    from rollart.infra.local import devserver
 
     ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
     ports = {devserver.free_port() for _ in range(20)}

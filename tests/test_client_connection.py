@@ -17,8 +17,8 @@ from rollart.client.connection import Outage, is_unreachable, probe, retry_unrea
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
 from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig
-from rollart.infra.devserver import DevServer, free_port
-from rollart.infra.temporal import NamespaceNotFound, TemporalAddressError
+from rollart.infra.local.devserver import DevServer, free_port
+from rollart.infra.temporal.connection import NamespaceNotFound, TemporalAddressError
 from tests.support.tasks import frozenlake_task
 
 

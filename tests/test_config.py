@@ -196,7 +196,7 @@ def test_children_in_flight_are_checked_only_where_episodes_are_children() -> No
 
 
 def test_the_local_dev_server_gets_the_jobs_child_limit(tmp_path: Path) -> None:
-    from rollart.infra.devserver import DevServer
+    from rollart.infra.local.devserver import DevServer
 
     cmd = DevServer(db_file=tmp_path / "t.db", max_pending_children=4096).command()
     assert "limit.numPendingChildExecutions.error=4096" in cmd
@@ -213,7 +213,7 @@ def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) 
     from temporalio.worker import UnsandboxedWorkflowRunner
     from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-    from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
+    from rollart.infra.temporal.worker_tuning import activity_worker_options, workflow_worker_options
 
     default = JobSpec(tasks=[{"name": "a", "env": "x", "reward": "y"}]).temporal.workers
     opts = workflow_worker_options(default)

@@ -20,7 +20,7 @@ from temporalio.client import Client
 
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.infra.config import JobSpec
-from rollart.infra.history import activity_spans
+from rollart.infra.temporal.history import activity_spans
 from rollart.workers.local_stack import LocalStack
 from tests.support.paths import REPO
 from tests.support.tasks import frozenlake_task

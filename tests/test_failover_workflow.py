@@ -18,7 +18,7 @@ from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryI
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.pools import Pool, queue_name
-from rollart.infra.search_attributes import ensure_registered
+from rollart.infra.temporal.search_attributes import ensure_registered
 from tests.support.standins import StandIns, reward_per_turn, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 

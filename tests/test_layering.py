@@ -21,3 +21,20 @@ def test_the_import_contracts_hold() -> None:
     done = subprocess.run([str(lint), "--no-cache"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout
+
+
+def test_every_package_is_in_the_wheel() -> None:
+    """`[tool.setuptools] packages` lists packages one by one (each top-level folder maps onto `rollart.*`), so a
+    new subpackage left out of it would be missing from a wheel while an editable install still finds it."""
+    import tomllib
+
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {f"rollart.{folder}": folder for folder in ("workflows", "activities", "workers", "cli", "client")}
+    dirs |= {"rollart.contracts": "contracts", "rollart.infra": "infra"}
+    assert setuptools["package-dir"] == dirs
+    found = {
+        ".".join(("rollart", *init.parent.relative_to(REPO).parts))
+        for folder in dirs.values()
+        for init in (REPO / folder).rglob("__init__.py")
+    }
+    assert found == set(setuptools["packages"]), f"missing: {found - set(setuptools['packages'])}"

@@ -1,4 +1,4 @@
-"""Worker liveness from Temporal's worker heartbeats (infra/liveness.py), against a real dev server."""
+"""Worker liveness from Temporal's worker heartbeats (infra/temporal/liveness.py), against a real dev server."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.liveness import alive, queue_liveness
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.liveness import alive, queue_liveness
 
 
 def beat(age_s: float, interval_s: float, status: int = WorkerStatus.WORKER_STATUS_RUNNING) -> WorkerHeartbeat:

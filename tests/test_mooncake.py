@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from rollart.infra.config import MooncakeConfig, StoreConfig
-from rollart.infra.mooncake_service import MooncakeService
-from rollart.infra.mooncake_store import MooncakeStore
-from rollart.infra.store import MirroredStore, StoreKeyError, StoreUnavailable, open_store
-from rollart.infra.weights import fetch_latest, latest_weights, publish, weights_key
+from rollart.infra.local.mooncake_service import MooncakeService
+from rollart.infra.store.mooncake import MooncakeStore
+from rollart.infra.store.payload import MirroredStore, StoreKeyError, StoreUnavailable, open_store
+from rollart.infra.store.weights import fetch_latest, latest_weights, publish, weights_key
 from tests.support.cli import rollart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def _in_other_process(cfg: StoreConfig, code: str) -> str:
         textwrap.dedent("""
         import os, sys
         from rollart.infra.config import StoreConfig
-        from rollart.infra.store import open_store
+        from rollart.infra.store.payload import open_store
         store = open_store(StoreConfig.model_validate_json(sys.argv[1]))
     """)
         + textwrap.dedent(code)
@@ -79,7 +79,7 @@ def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_pat
     _in_other_process(
         cfg,
         f"""
-        from rollart.infra.weights import publish
+        from rollart.infra.store.weights import publish
         store.put_json("turns/{job}/t0", {{"token_ids": [1, 2, 3], "logprobs": [-0.5, -0.25, -1.0]}})
         publish(store, "{job}", 1, bytes(range(256)) * (24 * 4096))
     """,
@@ -96,7 +96,7 @@ def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_pat
         cfg,
         f"""
         from pathlib import Path
-        from rollart.infra.weights import fetch_latest
+        from rollart.infra.store.weights import fetch_latest
         ref = fetch_latest(store, "{job}", Path("{tmp_path}") / "w.bin")
         data = (Path("{tmp_path}") / "w.bin").read_bytes()
         print(ref.version, len(data), set(data))
@@ -211,8 +211,8 @@ async def test_temporal_payloads_over_the_threshold_go_through_mooncake(mooncake
     from temporalio.testing import WorkflowEnvironment
     from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-    from rollart.infra.devserver import find_temporal_cli
-    from rollart.infra.temporal import data_converter
+    from rollart.infra.local.devserver import find_temporal_cli
+    from rollart.infra.temporal.connection import data_converter
     from tests.support.blob import BlobWorkflow, make_blob
     from tests.support.history import payload_sizes
 

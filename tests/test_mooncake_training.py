@@ -17,12 +17,12 @@ from temporalio.client import Client
 
 from rollart.contracts.training import TrainingResult
 from rollart.infra.config import JobSpec, MooncakeConfig, StoreConfig
-from rollart.infra.devserver import free_port
-from rollart.infra.mooncake_store import MooncakeStore
+from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
-from rollart.infra.store import MirroredStore, StoreUnavailable, open_store
-from rollart.infra.temporal import connect
-from rollart.infra.weights import PublishedWeights, latest_weights, publish, weights_key
+from rollart.infra.store.mooncake import MooncakeStore
+from rollart.infra.store.payload import MirroredStore, StoreUnavailable, open_store
+from rollart.infra.store.weights import PublishedWeights, latest_weights, publish, weights_key
+from rollart.infra.temporal.connection import connect
 from rollart.workers.local_stack import LocalStack
 from tests.support.training_runs import run_job
 

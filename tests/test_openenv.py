@@ -36,7 +36,7 @@ from rollart.activities.envs.openenv_client import OpenEnv
 from rollart.activities.envs.openenv_server import openenv_app
 from rollart.contracts.activities import ResetInput, RestoreInput, StepInput
 from rollart.infra.config import JobSpec, load_job
-from rollart.infra.devserver import free_port
+from rollart.infra.local.devserver import free_port
 from rollart.workers.env_server import wait_healthy
 from tests.support.paths import REPO
 

@@ -17,7 +17,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 from rollart.infra.config import WorkerTuning
-from rollart.infra.worker_tuning import workflow_runner
+from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.patches import RELEASED_PATCHES
 from tests.support.record_histories import FIXTURES

@@ -47,7 +47,7 @@ def test_grpo_advantages_by_hand() -> None:
 
 def test_a_std_floor_keeps_tiny_differences_tiny_and_real_ones_normalised() -> None:
     """A group on one route where one member strays and scores 0.01 less: plain GRPO makes that a -2.6 std
-    advantage, as strong as a failure; a floor of 0.1 keeps it at ~-0.09. A group whose rewards differ by
+    advantage, as strong failure; a floor of 0.1 keeps it at ~-0.09. A group whose rewards differ by
     more than the floor is normalised as before."""
     route = [0.43] * 7 + [0.42]
     plain = grpo_advantages(route, ["g"] * 8)

@@ -393,7 +393,7 @@ def _rollart(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 @pytest.mark.integration
 async def test_rollart_report_on_a_real_training_run(stack, stack_job, client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from rollart.cli.train import write_run_report
-    from rollart.infra.store import LocalStore
+    from rollart.infra.store.payload import LocalStore
     from tests.support.training_runs import run_job
 
     job, result, _, rows = await run_job(client, stack_job, tmp_path, steps=2, batch_size=8)
@@ -436,7 +436,7 @@ async def test_rollart_report_on_a_real_training_run(stack, stack_job, client, t
     assert "trajectories could not be loaded" not in page
 
     # the server gone (a port nobody serves): the page still comes, with its curves and a note
-    from rollart.infra.devserver import free_port
+    from rollart.infra.local.devserver import free_port
 
     down = _rollart(
         "report",

@@ -29,8 +29,8 @@ from rollart.contracts.activities import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig, WorkerTuning
 from rollart.infra.pools import Pool, queue_name
-from rollart.infra.search_attributes import ensure_registered
-from rollart.infra.worker_tuning import workflow_runner
+from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workers.pool_worker import WorkerSettings, _pool_workers
 from rollart.workflows import ALL_WORKFLOWS
 from tests.support.paths import REPO

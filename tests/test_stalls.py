@@ -167,7 +167,7 @@ def test_rollart_status_prints_the_stall(monkeypatch: pytest.MonkeyPatch, capsys
     from rollart.cli.main import build_parser
     from rollart.client import train as client_train
     from rollart.contracts.training import Stall
-    from rollart.infra import temporal
+    from rollart.infra.temporal import connection as temporal
 
     now = time.time()
     stall = Stall(reason="no_worker", pool="h800", since=now - 60, seen_at=now - 1, backlog=10, reported=True)

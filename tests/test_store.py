@@ -12,8 +12,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from rollart.infra.config import StoreConfig
-from rollart.infra.store import LocalStore, StoreKeyError
-from rollart.infra.temporal import data_converter
+from rollart.infra.store.payload import LocalStore, StoreKeyError
+from rollart.infra.temporal.connection import data_converter
 from tests.support.blob import BlobWorkflow, make_blob
 from tests.support.history import payload_sizes
 
@@ -103,7 +103,7 @@ def test_local_store_rejects_unsafe_keys(tmp_path: Path, key: str) -> None:
 async def test_payloads_over_threshold_go_to_the_store(tmp_path: Path) -> None:
     """3 MiB through an activity result and a workflow result: beyond Temporal's 2 MiB limit, yet it works."""
     cfg = StoreConfig(path=tmp_path / "store", payload_threshold_bytes=64 * 1024)
-    from rollart.infra.devserver import find_temporal_cli
+    from rollart.infra.local.devserver import find_temporal_cli
 
     async with await WorkflowEnvironment.start_local(
         dev_server_existing_path=find_temporal_cli(), data_converter=data_converter(cfg), ui=False

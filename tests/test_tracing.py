@@ -18,9 +18,9 @@ from temporalio.testing import WorkflowEnvironment
 from rollart.contracts.training import TrainingInput, TrainingResult
 from rollart.infra.config import StoreConfig, TemporalConfig, TracingConfig
 from rollart.infra.pools import Pool, queue_name
-from rollart.infra.search_attributes import ensure_registered
-from rollart.infra.temporal import connect
-from rollart.infra.tracing import flush_traces
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.infra.temporal.tracing import flush_traces
 from tests.support.standins import standin_workers
 from tests.support.tasks import with_queue_prefix
 from tests.test_training_workflow import job, world

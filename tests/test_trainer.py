@@ -16,8 +16,8 @@ from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepRes
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredTurn
 from rollart.infra.config import LossConfig, TrainerConfig
-from rollart.infra.store import LocalStore, StoreUnavailable
-from rollart.infra.weights import latest_weights, weights_key
+from rollart.infra.store.payload import LocalStore, StoreUnavailable
+from rollart.infra.store.weights import latest_weights, weights_key
 from rollart.workflows import policies
 from tests.support.batches import JOB, frozenlake_batch, load_model
 

@@ -8,8 +8,8 @@ import pytest
 from temporalio.client import Client
 
 from rollart.infra.config import JobSpec, TrainerConfig
-from rollart.infra.store import LocalStore
-from rollart.infra.weights import latest_weights
+from rollart.infra.store.payload import LocalStore
+from rollart.infra.store.weights import latest_weights
 from tests.support.training_runs import run_job
 
 pytestmark = pytest.mark.integration

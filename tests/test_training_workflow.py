@@ -20,9 +20,9 @@ from rollart.contracts.ids import derive_seed
 from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, StopWhen, TrainingConfig
-from rollart.infra.history import activity_spans
 from rollart.infra.pools import Pool, queue_name
-from rollart.infra.search_attributes import ensure_registered
+from rollart.infra.temporal.history import activity_spans
+from rollart.infra.temporal.search_attributes import ensure_registered
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 

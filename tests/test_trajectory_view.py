@@ -158,7 +158,7 @@ def test_show_prints_every_turn_of_a_rollout(capsys, stack, stack_job, tmp_path:
 async def test_show_finds_a_member_of_a_group_workflow(stack, stack_job, client) -> None:  # type: ignore[no-untyped-def]
     from rollart.client.rollout import plan_trajectories, run_rollout
     from rollart.client.trajectory_view import load_trajectory
-    from rollart.infra.store import LocalStore
+    from rollart.infra.store.payload import LocalStore
     from tests.support.tasks import frozenlake_task
 
     task = frozenlake_task(group_size=2, max_turns=3, env_args={"maps": "standard"}, rollout_unit="group")

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from rollart.infra.k8s_config import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
+from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 

@@ -10,7 +10,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.cli.main import build_parser
 from rollart.cli.worker import worker_settings
-from rollart.infra.temporal import TemporalAddressError, _check_address, _transient
+from rollart.infra.temporal.connection import TemporalAddressError, _check_address, _transient
 from rollart.infra.waiting import Backoff, DependencyTimeout, unless_stopped, wait_for
 
 REFUSED = (

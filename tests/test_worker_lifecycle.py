@@ -19,8 +19,8 @@ from temporalio.worker import Worker
 
 from rollart.contracts.activities import EnvHandle
 from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.devserver import DevServer, free_port
-from rollart.infra.temporal import connect
+from rollart.infra.local.devserver import DevServer, free_port
+from rollart.infra.temporal.connection import connect
 from rollart.workers import lifeline
 from tests.support.cli import rollart
 from tests.support.one_reset import OneReset
@@ -162,7 +162,7 @@ def test_the_autoscaler_waits_for_its_server_and_stops_on_sigterm(tmp_path: Path
 
 @pytest.mark.integration
 def test_a_worker_waits_for_its_mooncake_master(tmp_path: Path) -> None:
-    from rollart.infra.mooncake_service import MooncakeService
+    from rollart.infra.local.mooncake_service import MooncakeService
 
     store = StoreConfig(kind="mooncake", path=tmp_path / "store", mooncake={"keeper_segment_mib": 64})
     mooncake = MooncakeService(store, log_dir=tmp_path / "logs")

@@ -25,9 +25,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollart.infra.backlog import QueueStats, queue_stats
 from rollart.infra.pools import ElasticPoolConfig, queue_name
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.backlog import QueueStats, queue_stats
+from rollart.infra.temporal.connection import connect
 from rollart.infra.waiting import Backoff, unless_stopped
 from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleDecision, ScaleState, decide

@@ -46,7 +46,7 @@ def serve(
     from rollart.activities.envs.openenv_server import openenv_app
 
     if parent_pid is not None:  # started by a local stack: stop with it
-        from rollart.infra.parent_death import die_with_parent
+        from rollart.infra.local.parent_death import die_with_parent
 
         die_with_parent(parent_pid, signal.SIGTERM)
     app = openenv_app(env, env_args, max_sessions=max_sessions)

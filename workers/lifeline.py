@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollart.infra.parent_death import die_with_parent
+from rollart.infra.local.parent_death import die_with_parent
 
 __all__ = [
     "DIE_WITH_PARENT_ENV",
@@ -52,7 +52,7 @@ def children_die_with_me() -> None:
     """From now on every child this process forks from its main thread, or spawns via multiprocessing, dies with it.
 
     Only main-thread forks: Linux sends the parent-death signal when the *thread* that forked exits, and the
-    main thread lives as long as the process. vLLM starts its EngineCore from the thread that builds the engine,
+    main thread lives as long process. vLLM starts its EngineCore from the thread that builds the engine,
     the worker's event loop (the main thread).
     """
     global _hooked

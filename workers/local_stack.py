@@ -4,7 +4,7 @@ Used by `rollart up` (until Ctrl-C) and by `rollart rollout` when no server
 is given. Workers are separate processes, exactly as on a cluster; each gets
 its settings as a JSON file and signals readiness by writing a ready file.
 With `store: {kind: mooncake}` and no master address, the stack also starts a
-Mooncake master and store keeper (infra/mooncake_service.py) and points every
+Mooncake master and store keeper (infra/local/mooncake_service.py) and points every
 worker at them; they stop after the workers. The job's `env_servers` run as
 processes of their own (workers/env_server.py), restarted when they die.
 Which workers start follows the job's declared pools (`JobSpec.pools`): each
@@ -25,15 +25,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.infra.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
-from rollart.infra.devserver import DevServer
+from rollart.infra.local.devserver import DevServer
 from rollart.infra.pools import Pool
-from rollart.infra.search_attributes import dev_server_flags
+from rollart.infra.temporal.search_attributes import dev_server_flags
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
 from rollart.workers.env_server import EnvServerError, EnvServerProcesses
 from rollart.workers.pool_worker import WorkerSettings
 
 if TYPE_CHECKING:
-    from rollart.infra.mooncake_service import MooncakeService
+    from rollart.infra.local.mooncake_service import MooncakeService
 
 __all__ = ["LocalStack", "StackError", "pools_for_job"]
 
@@ -166,7 +166,7 @@ class LocalStack:
         try:
             store = self.job.store
             if store.kind == "mooncake" and store.mooncake.master is None:
-                from rollart.infra.mooncake_service import MooncakeService
+                from rollart.infra.local.mooncake_service import MooncakeService
 
                 self.mooncake = MooncakeService(store, log_dir=logs).start()
             for pool in self.pools:

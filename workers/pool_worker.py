@@ -37,10 +37,10 @@ from temporalio.worker import Worker
 from rollart.activities.engines.base import Engine
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
 from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolRole, queue_name, session_queue
-from rollart.infra.search_attributes import try_register
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.search_attributes import try_register
+from rollart.infra.temporal.worker_tuning import activity_worker_options, workflow_worker_options
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
-from rollart.infra.worker_tuning import activity_worker_options, workflow_worker_options
 from rollart.workers import lifeline
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ class WorkerSettings(BaseModel):
     """Trainer pool: the job's trainer section (the megatron backend's ranks are laid out by it)."""
     nodes: TrainerNodes = TrainerNodes()
     connect_timeout_s: float | None = Field(None, gt=0)
-    """How long to wait for Temporal (and the Mooncake master) before exiting; None: as long as it takes."""
+    """How long to wait for Temporal (and the Mooncake master) before exiting; None: as long takes."""
     ready_file: Path | None = None
     parent_pid: int | None = None
     """The local stack or autoscaler that started this worker: its death sends the worker SIGTERM (drain, exit)."""
@@ -253,7 +253,7 @@ async def _pool_workers(settings: WorkerSettings, client: Client, worker_id: str
         ]
     elif settings.role == "trainer":
         from rollart.activities.trainer import TrainerActivities
-        from rollart.infra.store import open_store
+        from rollart.infra.store.payload import open_store
 
         keep = settings.store.keep_weight_versions
         ranks = _rank_group(settings)
@@ -305,7 +305,7 @@ def _session_worker(client: Client, envs: EnvActivities, common: dict[str, Any])
 async def _generation_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
     """`generate` on the engine, plus rewards and env sessions when the job places them on this pool."""
     from rollart.activities.generate import GenerateActivities
-    from rollart.infra.store import open_store
+    from rollart.infra.store.payload import open_store
 
     pool, prefix = settings.pool, settings.temporal.task_queue_prefix
     common = {

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from rollart.activities.training.megatron.policy import MegatronPolicy
     from rollart.activities.training.ranks import DistributedRanks
     from rollart.activities.training.step import TrainerState, resume, train_step
-    from rollart.infra.store import open_store
+    from rollart.infra.store.payload import open_store
     from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
 
     host, port = args.rdzv.rsplit(":", 1)

@@ -72,7 +72,7 @@ class RankGroup:
     ) -> None:
         import torch.distributed as dist
 
-        from rollart.infra.devserver import free_port
+        from rollart.infra.local.devserver import free_port
 
         self.nnodes, self.node_rank = nnodes, node_rank
         self.rdzv = rdzv or f"127.0.0.1:{free_port()}"

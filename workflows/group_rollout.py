@@ -6,7 +6,7 @@ every group's prompt with n = group size, one `check` and one `reward_batch` (wo
 Multi-turn (`rollout_unit: group`): each group plays in lockstep inside one env session holding all its
 members (`reset_group`), one `generate_batch` and one `step_group` per turn for the members still
 playing, then one `reward_batch` (workflows/driver/group.py). Groups advance independently of each other
-and each reports as soon as it is done — or, with `lockstep` (batch mode), all groups advance phase by
+and each reports as soon is done — or, with `lockstep` (batch mode), all groups advance phase by
 phase together, the synchronous baseline's barrier. Per trajectory that is ~2.4 activities instead of
 ~19 for 8-turn episodes in groups of 8: the unit to pick when Temporal's per-activity cost, not the env,
 dominates a turn. A slow member holds its group back, so long-tail envs are better served by
@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
-    from rollart.contracts.routing import Unit, unit_of
+    from rollart.infra.routing import Unit, unit_of
     from rollart.workflows.driver.group import GroupEpisode
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.driver.single_turn import play_single_turn

@@ -4,7 +4,7 @@
   gives it a `static_summary` — `frozenlake · seed 17 · group g000012 member 3 · policy v5` — which the
   UI's workflow list and page show. It is user metadata: no command, nothing to replay.
 - End: the workflow upserts its outcome as search attributes (`RollartStatus`, `RollartReward`,
-  `RollartSuccess`, `RollartTurns`, `RollartVersions`, `RollartFailure`: infra/search_attributes.py), so
+  `RollartSuccess`, `RollartTurns`, `RollartVersions`, `RollartFailure`: infra/temporal/search_attributes.py), so
   the list can show and filter them, and sets its current details, a small markdown summary on its page
   (each member's row for a group or batch). One workflow holds one value per attribute: a group or batch
   shows its mean reward, whether any member succeeded, its longest episode and its policy version range;
@@ -27,7 +27,7 @@ from temporalio import workflow
 from temporalio.common import SearchAttributeUpdate
 
 from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, TrajectoryInput, TrajectoryResult
-from rollart.infra import search_attributes as sa
+from rollart.infra.temporal import search_attributes as sa
 
 __all__ = [
     "Outcome",

@@ -39,7 +39,7 @@ def grpo_advantages(
     groups that differ only by tiny reward noise. `std_floor` keeps the division for groups whose rewards
     really differ but stops it from blowing a tiny difference up to a full-size advantage: a group of members
     that all follow one route, where the one that strays scores a little less, would otherwise punish
-    straying as hard as a failure.
+    straying as hard failure.
     """
     if len(rewards) != len(group_ids):
         raise ValueError(f"got {len(rewards)} rewards but {len(group_ids)} group ids; pass one group id per reward")

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.store import StoredTurn
-from rollart.infra.store import Store, StoreKeyError
+from rollart.infra.store.payload import Store, StoreKeyError
 
 __all__ = [
     "InvalidSample",

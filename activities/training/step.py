@@ -35,8 +35,8 @@ from rollart.activities.training.records import (
 from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
-from rollart.infra.store import Store
-from rollart.infra.weights import publish
+from rollart.infra.store.payload import Store
+from rollart.infra.store.weights import publish
 
 __all__ = ["TrainerState", "resume", "state_mismatch", "train_step"]
 

@@ -1,7 +1,7 @@
 """mkdocs hook: the job spec reference, generated from the pydantic models at build time, so it cannot drift.
 
 A page holding the line `<!-- spec-reference -->` gets, in its place, one section per model reached from
-`JobSpec` (infra/config/; `kubernetes:` is `KubernetesConfig` of infra/k8s_config.py): each field's path in
+`JobSpec` (infra/config/; `kubernetes:` is `KubernetesConfig` of infra/deploy/layout.py): each field's path in
 a job's YAML, type and constraints, default, and description (the field's `description`, or the docstring
 written under it).
 """

@@ -13,7 +13,7 @@ than the whole job. A module per part of the job:
 - `resolve`: the explicit step that reads the envs' and rewards' declarations (the only one importing user code)
 - `load`: reading a file (`load_job`: parse, validate, resolve)
 
-The `kubernetes:` section is `KubernetesConfig` of infra/k8s_config.py. Workflow code imports these modules
+The `kubernetes:` section is `KubernetesConfig` of infra/deploy/layout.py. Workflow code imports these modules
 (through the sandbox's pass-through), so they hold pydantic models only: no I/O at import time, no heavy imports.
 This package's names are its public API: import them from `rollart.infra.config`.
 """

@@ -17,8 +17,9 @@ from rollart.infra.config.task import TaskSpec
 from rollart.infra.config.temporal import TemporalConfig
 from rollart.infra.config.trainer import TrainerConfig
 from rollart.infra.config.training import MetricsConfig, TrainingConfig
-from rollart.infra.k8s_config import JobNeeds, KubernetesConfig, Route
+from rollart.infra.deploy.layout import JobNeeds, KubernetesConfig, Route
 from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolSpec, is_generation, merge_declared, pools_with_role
+from rollart.infra.routing import Unit, unit_of
 
 __all__ = ["JobSpec"]
 
@@ -111,7 +112,7 @@ class JobSpec(Section):
         """Episodes played as workflows of their own are the training workflow's children: all of them in flight
         must fit the server's per-workflow limit, or the job hangs once it reaches it."""
         t, limit = self.training, self.temporal.max_pending_children
-        episodes = [task.name for task in self.tasks if not task.grouped]
+        episodes = [task.name for task in self.tasks if unit_of(task) is Unit.TRAJECTORY]
         in_flight = t.in_flight_limit
         if t.rollout_mode == "trajectory" and episodes and in_flight > limit:
             oversample = " (+ dynamic_sampling.oversample)" if t.dynamic_sampling.enabled else ""

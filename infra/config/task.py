@@ -143,11 +143,6 @@ class TaskSpec(Section):
     )
 
     @property
-    def grouped(self) -> bool:
-        """Whether this task's groups run as GroupRolloutWorkflows (single-turn, or `rollout_unit: group`)."""
-        return self.max_turns == 1 or self.rollout_unit == "group"
-
-    @property
     def env_queue(self) -> str:
         """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
         return self.env_pool or Pool.CPU.value

@@ -14,7 +14,7 @@ __all__ = ["TemporalConfig", "TemporalTLS", "TracingConfig", "WorkerTuning"]
 
 
 class WorkerTuning(Section):
-    """How each worker process polls Temporal and runs workflow tasks (infra/worker_tuning.py turns it into
+    """How each worker process polls Temporal and runs workflow tasks (infra/temporal/worker_tuning.py turns it into
     `Worker` options). The defaults are the fast choice measured by `python -m bench overhead` and the
     profile in docs/benchmarks.md: with the SDK's 5 polls per queue, 64 workflows of an activity per episode
     left each workflow task ~0.5–1.5 s in the server's queue while the control worker sat mostly idle, and

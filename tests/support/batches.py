@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollart.contracts.activities import SampleRef, turn_key
-from rollart.infra.store import LocalStore
+from rollart.infra.store.payload import LocalStore
 
 __all__ = ["JOB", "PROMPTS", "frozenlake_batch", "load_model", "sample_record"]
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from rollart.infra.devserver import free_port
+from rollart.infra.local.devserver import free_port
 
 
 def _rank_main(

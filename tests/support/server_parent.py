@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from rollart.infra.config import StoreConfig
-from rollart.infra.devserver import DevServer, free_port
-from rollart.infra.mooncake_service import MooncakeService
+from rollart.infra.local.devserver import DevServer, free_port
+from rollart.infra.local.mooncake_service import MooncakeService
 
 if __name__ == "__main__":
     home = Path(sys.argv[1])

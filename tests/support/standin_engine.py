@@ -14,7 +14,7 @@ from temporalio.worker import Worker
 
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.pools import queue_name
-from rollart.infra.temporal import connect
+from rollart.infra.temporal.connection import connect
 from tests.support.standins import StandIns, full_marks
 
 

@@ -52,7 +52,7 @@ from rollart.contracts.activities import (
 from rollart.contracts.errors import ErrorType
 from rollart.infra.config import WorkerTuning
 from rollart.infra.pools import queue_name, session_queue
-from rollart.infra.worker_tuning import workflow_runner
+from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 
 __all__ = ["Call", "StandIns", "full_marks", "reward_on_success", "reward_per_turn", "standin_workers"]

@@ -337,7 +337,7 @@ def _relay(tls: ssl.SSLSocket, up: socket.socket) -> None:
 
 
 class FakeFrontend:
-    """Temporal's frontend as far as connecting goes, over mTLS: `GetSystemInfo` and `DescribeNamespace` answer,
+    """Temporal's frontend as far goes, over mTLS: `GetSystemInfo` and `DescribeNamespace` answer,
     and each call's metadata is recorded in `seen`. With `api_key`, a call without `authorization: Bearer
     <api_key>` is refused with UNAUTHENTICATED, as a server checking API keys does."""
 

@@ -43,7 +43,7 @@ async def play(units: Sequence[Unit], report: Report | None = None) -> list[Traj
     """start → (generate → step)* while any member plays → score → close, for every unit in lockstep.
 
     A call that fails for good fails its unit (later phases skip it; its members end `failed`, never
-    scored); a bad input fails the whole run. Each unit reports its results (`report`) as soon as it is
+    scored); a bad input fails the whole run. Each unit reports its results (`report`) as soon is
     scored, its session closing meanwhile (the close needs neither), and ends once both are done.
     """
     try:

@@ -2,7 +2,7 @@
 
 At most `training.in_flight_limit` ((bound + 1) × batch, more with dynamic sampling's oversample) trajectories
 are in flight or buffered. A launch draws groups while the next one fits and says which child workflow plays
-each (contracts/routing.py decides the unit); the training workflow only starts them. Pure and deterministic:
+each (infra/routing.py decides the unit); the training workflow only starts them. Pure and deterministic:
 it updates the `TrainingState` it is given (the ids drawn, the members tracked as in flight) and returns what
 to start, in the order the workflow starts it.
 """
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from rollart.contracts import ids
 from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, GroupSeed, TrajectoryInput
-from rollart.contracts.routing import Unit, unit_of
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
 from rollart.infra.config import TaskSpec
+from rollart.infra.routing import Unit, unit_of
 
 __all__ = [
     "ChildInput",

@@ -34,9 +34,9 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
     from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult, TrainingState, TrainingStatus
-    from rollart.infra import search_attributes as sa
     from rollart.infra.config import TaskSpec
     from rollart.infra.pools import Pool, queue_name
+    from rollart.infra.temporal import search_attributes as sa
     from rollart.workflows import entropy_control, policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow

@@ -31,7 +31,7 @@ def activity_worker_options(tuning: WorkerTuning) -> dict[str, Any]:
     return {"activity_task_poller_behavior": PollerBehaviorSimpleMaximum(maximum=tuning.activity_task_pollers)}
 
 
-# Modules the sandbox passes through as well as the SDK's own list. beartype: a dependency that calls
+# Modules the sandbox passes through as well SDK's own list. beartype: a dependency that calls
 # `beartype_this_package()` (fastmcp's key_value, which OpenEnv's server imports) installs an import hook that, on
 # every import, looks up beartype's own state in sys.modules; inside a sandbox that is not there, so each new
 # workflow re-imported beartype's machinery (orchestration tests ran 3x slower once OpenEnv had been imported).

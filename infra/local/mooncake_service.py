@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.infra.config import StoreConfig
-from rollart.infra.devserver import free_port
-from rollart.infra.mooncake_store import mooncake_env
-from rollart.infra.parent_death import guarded
-from rollart.infra.store import StoreError
+from rollart.infra.local.devserver import free_port
+from rollart.infra.local.parent_death import guarded
+from rollart.infra.store.mooncake import mooncake_env
+from rollart.infra.store.payload import StoreError
 
 __all__ = ["MooncakeService", "mooncake_binary"]
 

@@ -9,7 +9,7 @@ sends them. What gets rendered:
 - PersistentVolumeClaims: the shared store (every worker) and the trainer's run dir;
 - a Deployment per declared pool with workers (the job's `pools:`), running `rollart worker --pool P --job ...
   --temporal-address A`, GPU pools (`gpu:` declared) with a node selector on `gpu.product`, the GPU taint
-  tolerated, and `gpu.count` GPUs, else as many as one worker uses (a generation worker:
+  tolerated, and `gpu.count` GPUs, else as many worker uses (a generation worker:
   `engine.tensor_parallel_size`); pools on GPUs run the GPU image, the others the CPU image;
 - for each reward pool (`serverless`): a KEDA `ScaledObject` on the pool's Temporal queue backlog, or a CPU-based
   HorizontalPodAutoscaler where KEDA is absent (`kubernetes.serverless.keda: false`);
@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from rollart.infra.config import EnvServerSpec, JobSpec, TemporalConfig
-from rollart.infra.k8s_config import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
+from rollart.infra.deploy.layout import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
 from rollart.infra.pools import Pool
 
 __all__ = [

@@ -1,5 +1,5 @@
 """Connecting to Temporal: one data converter (pydantic + external storage) for clients and workers alike, over
-TLS and with an API key when the job says so (infra/temporal_tls.py)."""
+TLS and with an API key when the job says so (infra/temporal/tls.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.payload_storage import external_storage
-from rollart.infra.store import open_store
-from rollart.infra.temporal_tls import (
+from rollart.infra.store.payload import open_store
+from rollart.infra.temporal.payload_storage import external_storage
+from rollart.infra.temporal.tls import (
     TemporalSecurityError,
     certificate_verdict,
     client_credentials,
@@ -53,7 +53,7 @@ def data_converter(store: StoreConfig) -> DataConverter:
 def runtime(heartbeat_s: float) -> Runtime:
     """The SDK runtime of this process's clients: the default, but with worker heartbeats every `heartbeat_s`.
 
-    The heartbeats are what the stall checks read (infra/liveness.py): a worker whose slots are all busy
+    The heartbeats are what the stall checks read (infra/temporal/liveness.py): a worker whose slots are all busy
     does not poll, but it still heartbeats, and a killed one stops at once. One runtime per interval.
     """
     return Runtime(telemetry=TelemetryConfig(), worker_heartbeat_interval=timedelta(seconds=heartbeat_s))
@@ -126,10 +126,10 @@ async def _client(address: str, temporal: TemporalConfig, converter: DataConvert
 
 
 def _interceptors(temporal: TemporalConfig) -> list:
-    """OpenTelemetry tracing when the job asks for it (imported only then: infra/tracing.py)."""
+    """OpenTelemetry tracing when the job asks for it (imported only then: infra/temporal/tracing.py)."""
     if temporal.tracing is None:
         return []
-    from rollart.infra.tracing import tracing_interceptors
+    from rollart.infra.temporal.tracing import tracing_interceptors
 
     return tracing_interceptors(temporal.tracing)
 

@@ -4,9 +4,9 @@
 master and keeper) cannot ask, so `guarded(cmd)` runs it through this module: a small Python process asks
 for the signal, then replaces itself with the binary (`exec` keeps the pid and the request), so the stack
 that started it can still stop it by pid. The signal fires when the *thread* that started the child exits:
-start guarded children from a thread that lives as long as they should (the main thread, here).
+start guarded children from a thread that lives as long should (the main thread, here).
 
-`python -m rollart.infra.parent_death PARENT_PID SIGNAL CMD...`
+`python -m rollart.infra.local.parent_death PARENT_PID SIGNAL CMD...`
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def die_with_parent(parent: int | None = None, sig: signal.Signals = signal.SIGK
 
 def guarded(cmd: list[str], sig: signal.Signals = signal.SIGTERM) -> list[str]:
     """`cmd` run so that it gets `sig` when this process dies (SIGTERM: the binary shuts down cleanly)."""
-    return [sys.executable, "-m", "rollart.infra.parent_death", str(os.getpid()), str(int(sig)), *cmd]
+    return [sys.executable, "-m", "rollart.infra.local.parent_death", str(os.getpid()), str(int(sig)), *cmd]
 
 
 def _main(argv: list[str]) -> None:

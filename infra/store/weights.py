@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from rollart.infra.store import Store, StoreError, StoreKeyError, key_word
+from rollart.infra.store.payload import Store, StoreError, StoreKeyError, key_word
 
 __all__ = ["PublishedWeights", "fetch_latest", "latest_key", "latest_weights", "publish", "weights_key"]
 

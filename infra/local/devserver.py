@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollart.infra.parent_death import guarded
+from rollart.infra.local.parent_death import guarded
 
 __all__ = [
     "DYNAMIC_CONFIG",

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rollart.infra.config import MooncakeConfig
-from rollart.infra.store import Store, StoreError, StoreKeyError, StoreUnavailable, check_key
+from rollart.infra.store.payload import Store, StoreError, StoreKeyError, StoreUnavailable, check_key
 
 __all__ = ["MooncakeStore", "mooncake_env"]
 

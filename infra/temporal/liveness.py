@@ -2,7 +2,7 @@
 
 A poller list cannot tell a dead worker from a busy one: a worker whose slots are all taken stops polling,
 and Temporal lists a killed worker's poller for minutes. Heartbeats can: every worker of this SDK sends
-one every `temporal.worker_heartbeat_s` (infra/temporal.py sets the interval), busy or not, and a killed
+one every `temporal.worker_heartbeat_s` (infra/temporal/connection.py sets the interval), busy or not, and a killed
 one simply stops. Servers without worker heartbeats (before 1.28, or with them turned off) answer None.
 """
 

@@ -21,7 +21,7 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
-from rollart.infra.store import Store
+from rollart.infra.store.payload import Store
 
 __all__ = ["PAYLOAD_PREFIX", "StorePayloadDriver", "external_storage"]
 

@@ -16,9 +16,10 @@ Pure and deterministic: workflow code calls it too.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from rollart.infra.config import TaskSpec
+if TYPE_CHECKING:  # the job spec's own rules ask this module too (JobSpec)
+    from rollart.infra.config.task import TaskSpec
 
 __all__ = ["RolloutMode", "Unit", "unit_of"]
 

@@ -2,7 +2,7 @@
 
 Workflows carry keys, never the data. `LocalStore` is a directory shared by
 every worker on the machine (or a shared filesystem); `MooncakeStore`
-(infra/mooncake_store.py) implements the same interface on Mooncake Store, and
+(infra/store/mooncake.py) implements the same interface on Mooncake Store, and
 `MirroredStore` puts a durable local copy behind it (the `fallback: local`
 policy). `open_store` builds what a job's `store:` section asks for.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rollart.infra.config import StoreConfig
-from rollart.infra.store_keys import check_key, key_word
+from rollart.infra.store.keys import check_key, key_word
 
 __all__ = [
     "LocalStore",
@@ -232,7 +232,7 @@ def open_store(cfg: StoreConfig) -> Store:
     with _OPEN_LOCK:
         store = _OPEN.get(cfg)
         if store is None:
-            from rollart.infra.mooncake_store import MooncakeStore
+            from rollart.infra.store.mooncake import MooncakeStore
 
             store = MooncakeStore.connect(cfg.mooncake)
             if cfg.fallback == "local":

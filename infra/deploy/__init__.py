@@ -1,0 +1,1 @@
+"""Deploying a job on Kubernetes: manifests rendered from the spec, and applied."""

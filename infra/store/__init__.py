@@ -1,0 +1,1 @@
+"""The payload store: keys, the local and Mooncake stores, published weights."""

@@ -1,0 +1,1 @@
+"""Temporal: connecting (TLS, API keys), tracing, search attributes, worker liveness, histories."""
