@@ -11,7 +11,7 @@ from rollart.cli.spec import load_spec
 
 if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
-    from rollart.infra.deploy.k8s import Manifest
+    from rollart.infra.deploy.names import Manifest
 
 __all__ = ["add_parser", "apply", "render"]
 
@@ -54,7 +54,7 @@ def _add_k8s_args(s: argparse.ArgumentParser) -> None:
 
 def render(args: argparse.Namespace) -> int:
     """Write one YAML file per object, for review before `kubectl apply`; say how to create the Temporal Secret."""
-    from rollart.infra.deploy.k8s import write_manifests
+    from rollart.infra.deploy.render import write_manifests
 
     job, manifests = _manifests(args)
     paths = write_manifests(manifests, args.out)
@@ -83,7 +83,7 @@ def apply(args: argparse.Namespace) -> int:
 
 def _say_secret(job: JobSpec, namespace_first: str) -> None:
     """How to make the Secret rollart does not write, through which the job's Temporal TLS files reach the pods."""
-    from rollart.infra.deploy.k8s import secret_command, temporal_secret_name
+    from rollart.infra.deploy.security import secret_command, temporal_secret_name
 
     command = secret_command(job)
     if command is None:
@@ -97,7 +97,8 @@ def _say_secret(job: JobSpec, namespace_first: str) -> None:
 
 
 def _manifests(args: argparse.Namespace) -> tuple[JobSpec, list[Manifest]]:
-    from rollart.infra.deploy.k8s import K8sRenderError, render
+    from rollart.infra.deploy.names import K8sRenderError
+    from rollart.infra.deploy.render import render
 
     job = load_spec(args.job, args)
     try:

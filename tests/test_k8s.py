@@ -24,8 +24,9 @@ from rollart.cli.main import build_parser
 from rollart.cli.worker import worker_settings
 from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.deploy.apply import ApplyError, apply_manifests, connect
-from rollart.infra.deploy.k8s import K8sRenderError, Manifest, render
 from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
+from rollart.infra.deploy.names import K8sRenderError, Manifest
+from rollart.infra.deploy.render import render
 from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.workers.pool_worker import TrainerNodes

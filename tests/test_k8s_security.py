@@ -16,7 +16,9 @@ import yaml
 
 from rollart.cli.main import build_parser
 from rollart.infra.config import JobSpec, JobSpecError, load_job
-from rollart.infra.deploy.k8s import K8sRenderError, Manifest, render, secret_command
+from rollart.infra.deploy.names import K8sRenderError, Manifest
+from rollart.infra.deploy.render import render
+from rollart.infra.deploy.security import secret_command
 from rollart.infra.pools import DEFAULT_POOLS
 from tests.support.paths import REPO
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rollart.infra.deploy.k8s import Manifest
+from rollart.infra.deploy.names import Manifest
 
 __all__ = ["FIELD_MANAGER", "ApplyError", "ApplyReport", "Cluster", "apply_manifests", "connect"]
 

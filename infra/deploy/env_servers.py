@@ -1,0 +1,85 @@
+"""The job's `env_servers` on a cluster: each OpenEnv server (`rollart env-server`) as a Deployment and a ClusterIP
+Service, and the Service's URL that the job's `openenv` tasks are pointed at."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rollart.infra.config import EnvServerSpec, JobSpec
+from rollart.infra.deploy.layout import KubernetesConfig
+from rollart.infra.deploy.names import K8sRenderError, Manifest, app_labels, app_name, pod_selector
+
+__all__ = ["env_server_deployment", "env_server_service", "env_server_url"]
+
+
+def env_server_url(job: JobSpec, server: EnvServerSpec) -> str:
+    """How the workers reach env server `server` in the cluster: its Service's DNS name."""
+    cfg = job.kubernetes or KubernetesConfig()
+    return f"http://{_env_server_name(job, server)}.{cfg.namespace}.svc.cluster.local:{server.port}"
+
+
+def env_server_service(job: JobSpec, server: EnvServerSpec) -> Manifest:
+    """The ClusterIP Service in front of an env server: a session is one WebSocket, so one connection to one pod."""
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    labels = _env_server_labels(app, server)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": _env_server_name(job, server), "namespace": cfg.namespace, "labels": labels},
+        "spec": {
+            "selector": pod_selector(labels)["matchLabels"],
+            "ports": [{"name": "http", "port": server.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
+    """An env server's pod: `rollart env-server` on the CPU image, ready (and alive) while `/health` answers.
+
+    It needs neither the job nor the store: its command line says what it serves. A pod that dies takes its
+    sessions with it; the episodes are restored on a fresh session (replayed), through the Service.
+    """
+    cfg = job.kubernetes or KubernetesConfig()
+    app = app_name(job)
+    name = _env_server_name(job, server)
+    labels = _env_server_labels(app, server)
+
+    def probe(**timing: int) -> dict[str, Any]:
+        return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, **timing}
+
+    container = {
+        "name": "env-server",
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": server.command("0.0.0.0"),
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": server.port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
+        "readinessProbe": probe(initialDelaySeconds=2),
+        "livenessProbe": probe(initialDelaySeconds=30, failureThreshold=6),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": cfg.namespace, "labels": dict(labels)},
+        "spec": {
+            "replicas": 1,
+            "selector": pod_selector(labels),
+            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+        },
+    }
+
+
+def _env_server_name(job: JobSpec, server: EnvServerSpec) -> str:
+    name = f"{app_name(job)}-env-{server.name}"
+    if len(name) > 63:  # a Service name is a DNS label
+        raise K8sRenderError(
+            f"env server {server.name!r}: its Service name {name!r} is over 63 characters; shorten "
+            "env_servers[].name or set kubernetes.name"
+        )
+    return name
+
+
+def _env_server_labels(app: str, server: EnvServerSpec) -> dict[str, str]:
+    return {**app_labels(app), "app.kubernetes.io/component": f"env-{server.name}"}
