@@ -2,7 +2,7 @@
 NetworkPolicies that keep Mooncake's listeners inside the job.
 
 Core objects are checked with kubernetes-validate (Kubernetes 1.30, offline), KEDA's CRDs structurally, as in
-tests/test_k8s.py.
+tests/test_k8s_render.py.
 """
 
 from __future__ import annotations
