@@ -28,7 +28,7 @@ from rollart.infra.deploy.k8s import K8sRenderError, Manifest, render
 from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
-from rollart.workers.pool_worker import TrainerNodes
+from rollart.workers.settings import TrainerNodes
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 
