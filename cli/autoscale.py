@@ -62,7 +62,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     """Scale until SIGTERM/Ctrl-C, then stop the workers it started (each drains first)."""
     from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
-    from rollart.workers.pool_worker import WorkerSettings
+    from rollart.workers.settings import WorkerSettings
 
     declared = read_spec(args.job) if args.job else default_job()
     pool = _elastic_pool(declared, args.pool)

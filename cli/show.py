@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
 async def _load(job: JobSpec, trajectory_id: str) -> TrajectoryView:
     from temporalio.service import RPCError
 
-    from rollart.client.trajectory_view import TrajectoryNotFound, load_trajectory
+    from rollart.client.trajectory_loader import TrajectoryNotFound, load_trajectory
     from rollart.infra.store.payload import open_store
     from rollart.infra.temporal.connection import connect
 

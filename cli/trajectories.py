@@ -12,7 +12,7 @@ from rollart.cli.show import add_reader_args, reader_ui
 from rollart.cli.spec import load_spec
 
 if TYPE_CHECKING:
-    from rollart.client.trajectory_view import TrajectoryRow
+    from rollart.client.job_trajectories import TrajectoryRow
     from rollart.infra.config import JobSpec
 
 __all__ = ["add_parser", "run"]
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Print the rows picked; none at all for the job (not only after filtering) is a UserError."""
-    from rollart.client.trajectory_view import pick_rows
+    from rollart.client.job_trajectories import pick_rows
 
     for flag in ("worst", "best"):
         if (n := getattr(args, flag)) is not None and n < 1:
@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 async def _rows(args: argparse.Namespace, job: JobSpec) -> list[TrajectoryRow]:
     from temporalio.service import RPCError
 
-    from rollart.client.trajectory_view import list_trajectories
+    from rollart.client.job_trajectories import list_trajectories
     from rollart.infra.temporal.connection import connect
 
     try:

@@ -12,7 +12,7 @@ from rollart.cli.spec import add_temporal_args, override, read_spec
 
 if TYPE_CHECKING:
     from rollart.infra.config import JobSpec
-    from rollart.workers.pool_worker import TrainerNodes, WorkerSettings
+    from rollart.workers.settings import TrainerNodes, WorkerSettings
 
 __all__ = ["add_parser", "check_store", "run", "worker_settings"]
 
@@ -62,7 +62,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     """Serve the pool until SIGTERM/Ctrl-C, then drain; settings come from --settings-file (the local stack's)
     or from the job and flags."""
-    from rollart.workers.pool_worker import WorkerSettings, run_worker
+    from rollart.workers.pool_worker import run_worker
+    from rollart.workers.settings import WorkerSettings
 
     if args.settings_file:
         settings = WorkerSettings.model_validate_json(args.settings_file.read_text())
@@ -95,7 +96,7 @@ def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSett
     """This worker's settings: the job's for its pool (the defaults without a job) with the flags laid over them."""
     from rollart.cli.model import check_model_dir
     from rollart.infra.pools import DEFAULT_POOLS
-    from rollart.workers.pool_worker import WorkerSettings
+    from rollart.workers.settings import WorkerSettings
 
     pool = args.pool
     if job is not None:
@@ -133,7 +134,7 @@ def check_store(settings: WorkerSettings) -> None:
 def _trainer_nodes(args: argparse.Namespace, settings: WorkerSettings, job: JobSpec | None) -> TrainerNodes:
     from pydantic import ValidationError
 
-    from rollart.workers.pool_worker import TrainerNodes
+    from rollart.workers.settings import TrainerNodes
 
     if settings.role != "trainer":
         raise UserError("--nnodes/--node-rank/--rdzv are for --pool trainer only")

@@ -19,15 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollart.client.job_trajectories import TrajectoryRow, list_trajectories, pick_rows
 from rollart.client.plot import read_jsonl
-from rollart.client.trajectory_view import (
-    TrajectoryNotFound,
-    TrajectoryRow,
-    TrajectoryView,
-    list_trajectories,
-    load_trajectory,
-    pick_rows,
-)
+from rollart.client.trajectory_loader import TrajectoryNotFound, load_trajectory
+from rollart.client.trajectory_view import TrajectoryView
 
 if TYPE_CHECKING:
     from temporalio.client import Client

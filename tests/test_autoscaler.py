@@ -26,7 +26,7 @@ from rollart.infra.pools import ElasticPoolConfig, Pool
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
-from rollart.workers.pool_worker import WorkerSettings
+from rollart.workers.settings import WorkerSettings
 from tests.support.fanout import FanOutRewards
 from tests.support.paths import REPO
 

@@ -19,7 +19,7 @@ from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
 from rollart.infra.deploy.names import K8sRenderError
 from rollart.infra.deploy.render import render
 from rollart.infra.pools import Pool
-from rollart.workers.pool_worker import TrainerNodes
+from rollart.workers.settings import TrainerNodes
 from tests.support.k8s import (
     EXAMPLES,
     by_kind,

@@ -23,7 +23,7 @@ from rollart.infra.pools import (
     role_problem,
 )
 from rollart.workers.local_stack import pools_for_job
-from rollart.workers.pool_worker import WorkerSettings
+from rollart.workers.settings import WorkerSettings
 from tests.support.cli import rollart
 from tests.support.tasks import frozenlake_task
 

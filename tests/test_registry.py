@@ -137,7 +137,7 @@ class BesideTheEngine(FrozenLake):
 def test_an_env_runs_on_the_pool_it_declares() -> None:
     from rollart.infra.config import JobSpec, TaskSpec, resolve_task
     from rollart.workers.local_stack import pools_for_job
-    from rollart.workers.pool_worker import WorkerSettings
+    from rollart.workers.settings import WorkerSettings
 
     assert lookup_env("on-h20-for-test").pool == Pool.H20
     task = resolve_task(TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800"))
@@ -213,7 +213,7 @@ def test_an_env_not_importable_where_the_spec_loads_keeps_the_default_pool(caplo
 
 def test_a_reward_declared_not_serverless_runs_on_the_generation_pool() -> None:
     from rollart.infra.config import JobSpec, TaskSpec, resolve_task
-    from rollart.workers.pool_worker import WorkerSettings
+    from rollart.workers.settings import WorkerSettings
 
     task = TaskSpec(name="t", env="frozenlake", reward="tests.support.rewards:beside_generation", generate_pool="h20")
     assert task.reward_serverless is None  # validating reads no declaration: resolving does

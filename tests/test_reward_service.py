@@ -28,7 +28,7 @@ from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryI
 from rollart.infra.config import JobSpec, TaskSpec, resolve
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.registry import lookup_reward
-from rollart.workers.pool_worker import WorkerSettings
+from rollart.workers.settings import WorkerSettings
 from rollart.workflows import GroupRolloutWorkflow, TrajectoryWorkflow
 from tests.support.paths import REPO
 from tests.support.rewards import CountingModel

@@ -13,8 +13,8 @@ import pytest
 from rollart.infra.pools import ElasticPoolConfig, Pool
 from rollart.infra.temporal.backlog import QueueStats
 from rollart.workers import autoscaler as mod
-from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleState, decide, recommend
+from rollart.workers.settings import WorkerSettings
 
 CFG = ElasticPoolConfig(
     min_workers=0,

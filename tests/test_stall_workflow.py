@@ -31,7 +31,8 @@ from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig, Worker
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
 from rollart.infra.temporal.worker_tuning import workflow_runner
-from rollart.workers.pool_worker import WorkerSettings, _pool_workers
+from rollart.workers.role_workers import pool_workers
+from rollart.workers.settings import WorkerSettings
 from rollart.workflows import ALL_WORKFLOWS
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, full_marks, standin_workers
@@ -149,7 +150,7 @@ async def test_fail_after_ends_the_job_naming_the_pool(
         missing = ["h800", "control"] if real else ["h800"]
         await stack.enter_async_context(standin_workers(bare_env.client, w, missing_pools=missing))
         if real:
-            for worker in await stack.enter_async_context(_pool_workers(settings, bare_env.client, "control-test")):
+            for worker in await stack.enter_async_context(pool_workers(settings, bare_env.client, "control-test")):
                 await stack.enter_async_context(worker)
         handle = await start(bare_env, job(queue_prefix, fail_after_s=3), queue_prefix)
         with pytest.raises(WorkflowFailureError) as failure:

@@ -37,7 +37,8 @@ from rollart.infra.temporal.connection import TemporalSecurityError, connect
 from rollart.infra.temporal.tls import certificate_verdict, closed_connection_hint, security_problem
 from rollart.infra.waiting import Backoff
 from rollart.workers.local_stack import LocalStack
-from rollart.workers.pool_worker import WorkerSettings, serve
+from rollart.workers.pool_worker import serve
+from rollart.workers.settings import WorkerSettings
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, standin_workers

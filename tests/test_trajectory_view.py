@@ -10,15 +10,9 @@ from pathlib import Path
 import pytest
 
 from rollart.cli.show import header_lines, turn_lines
-from rollart.client.trajectory_view import (
-    CallInfo,
-    TrajectoryRow,
-    TrajectoryView,
-    TurnView,
-    pick_rows,
-    summarize_logprobs,
-    workflow_candidates,
-)
+from rollart.client.job_trajectories import TrajectoryRow, pick_rows
+from rollart.client.trajectory_loader import workflow_candidates
+from rollart.client.trajectory_view import CallInfo, TrajectoryView, TurnView, summarize_logprobs
 from rollart.contracts.rollouts import TrajectoryResult
 from tests.support.cli import rollart
 
@@ -157,7 +151,7 @@ def test_show_prints_every_turn_of_a_rollout(capsys, stack, stack_job, tmp_path:
 @pytest.mark.integration
 async def test_show_finds_a_member_of_a_group_workflow(stack, stack_job, client) -> None:  # type: ignore[no-untyped-def]
     from rollart.client.rollout import plan_trajectories, run_rollout
-    from rollart.client.trajectory_view import load_trajectory
+    from rollart.client.trajectory_loader import load_trajectory
     from rollart.infra.store.payload import LocalStore
     from tests.support.tasks import frozenlake_task
 

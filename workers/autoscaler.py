@@ -29,8 +29,8 @@ from rollart.infra.pools import ElasticPoolConfig, queue_name
 from rollart.infra.temporal.backlog import QueueStats, queue_stats
 from rollart.infra.temporal.connection import connect
 from rollart.infra.waiting import Backoff, unless_stopped
-from rollart.workers.pool_worker import WorkerSettings
 from rollart.workers.scaling import ScaleDecision, ScaleState, decide
+from rollart.workers.settings import WorkerSettings
 
 __all__ = ["Autoscaler", "ScaleEvent", "WorkerProcess", "WorkerProcesses", "spawn_worker"]
 

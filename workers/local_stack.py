@@ -30,7 +30,7 @@ from rollart.infra.pools import Pool
 from rollart.infra.temporal.search_attributes import dev_server_flags
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
 from rollart.workers.env_server import EnvServerError, EnvServerProcesses
-from rollart.workers.pool_worker import WorkerSettings
+from rollart.workers.settings import WorkerSettings
 
 if TYPE_CHECKING:
     from rollart.infra.local.mooncake_service import MooncakeService

@@ -12,7 +12,7 @@ from pathlib import Path
 from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.pools import Pool
 from rollart.workers.autoscaler import spawn_worker
-from rollart.workers.pool_worker import WorkerSettings
+from rollart.workers.settings import WorkerSettings
 
 if __name__ == "__main__":
     home, address = Path(sys.argv[1]), sys.argv[2]

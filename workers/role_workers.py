@@ -1,0 +1,264 @@
+"""The Temporal workers of one pool's process: what each role (`PoolSpec.role`) registers, and on which queues.
+
+- control (`control`): the workflows (orchestration only; kept apart from engines so a
+  restarting engine never stalls workflow progress)
+- env (`cpu`, or a pool a job declares, e.g. `sandbox`): `reset`, `restore` on the shared queue,
+  `step`/`close` on this process's own queue
+- generation (`h20`, `h800`, or e.g. `l40s`): `generate` on one inference engine, batched continuously (and
+  `reward` too when the job colocates rewards with generation, and the env activities when a task's env
+  declares this pool: `@env(pool="h20")`)
+- reward (`serverless`): `reward`, a bounded number at a time so that excess work shows as
+  backlog for the autoscaler
+- trainer (`trainer`): `train_step`, one at a time
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from temporalio.client import Client
+from temporalio.service import RPCError
+from temporalio.worker import Worker
+
+from rollart.activities.engines.base import Engine
+from rollart.infra.pools import queue_name, session_queue
+from rollart.infra.temporal.search_attributes import try_register
+from rollart.infra.temporal.worker_tuning import activity_worker_options, workflow_worker_options
+from rollart.workers import lifeline
+from rollart.workers.settings import WorkerSettings
+
+if TYPE_CHECKING:
+    from rollart.activities.env import EnvActivities
+    from rollart.workers.trainer_ranks import RankGroup
+
+__all__ = ["pool_workers", "trainer_rank_group"]
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.asynccontextmanager
+async def pool_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
+    """The Temporal workers for the pool's role, for the caller to run; what they hold (env sessions, the engine,
+    the trainer's ranks) is released when the context exits."""
+    pool = settings.pool
+    queue = queue_name(pool, settings.temporal.task_queue_prefix)
+    common = {
+        "identity": worker_id,
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        **activity_worker_options(settings.temporal.workers),
+    }
+    if settings.role == "control":
+        from rollart.activities.queues import QueueActivities
+        from rollart.workflows import ALL_WORKFLOWS
+
+        await _register_search_attributes(client)
+        # the training workflow's stall checks read queue descriptions through this worker's client
+        queues = QueueActivities(client, settings.temporal.worker_heartbeat_s)
+        yield [
+            Worker(
+                client,
+                task_queue=queue,
+                workflows=ALL_WORKFLOWS,
+                identity=worker_id,
+                activities=[queues.describe_queues],
+                **workflow_worker_options(settings.temporal.workers),
+            )
+        ]
+    elif settings.role == "env":
+        envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
+        try:
+            yield [
+                Worker(client, task_queue=queue, activities=_shared_env(envs), **common),
+                _session_worker(client, envs, common),
+            ]
+        finally:
+            envs.shutdown()
+    elif settings.role == "generation":
+        async with _generation_workers(settings, client, worker_id) as workers:
+            yield workers
+    elif settings.role == "reward":
+        from rollart.activities.reward import RewardActivities
+
+        rewards = RewardActivities()
+        # a worker stopped by the autoscaler (SIGTERM) finishes the rewards it holds before it exits
+        yield [
+            Worker(
+                client,
+                task_queue=queue,
+                activities=[rewards.reward, rewards.reward_batch],
+                graceful_shutdown_timeout=timedelta(seconds=60),
+                **common,
+            )
+        ]
+    elif settings.role == "trainer":
+        from rollart.activities.trainer import TrainerActivities
+        from rollart.infra.store.payload import open_store
+
+        keep = settings.store.keep_weight_versions
+        ranks = trainer_rank_group(settings)
+        trainer = TrainerActivities(open_store(settings.store), keep_weight_versions=keep, ranks=ranks)
+        try:
+            # one step at a time: the model and optimizer are this process's (or its ranks') state
+            yield [
+                Worker(
+                    client,
+                    task_queue=queue,
+                    activities=[trainer.train_step],
+                    identity=worker_id,
+                    max_concurrent_activities=1,
+                )
+            ]
+        finally:
+            await asyncio.to_thread(ranks.close)
+    else:
+        raise ValueError(f"pool {pool!r}: role {settings.role!r} has no worker")
+
+
+async def _register_search_attributes(client: Client) -> None:
+    """Rollout workflows upsert their outcome's search attributes (workflows/ui_summary.py): a namespace that an
+    older rollart registered gets the newer ones before this worker runs a workflow. A failure only warns."""
+    try:
+        await asyncio.wait_for(try_register(client), 30)
+    except (TimeoutError, RPCError) as e:
+        log.warning("could not check rollart's search attributes on the namespace: %s", e)
+
+
+def _env_activities(worker_id: str, pool: str, prefix: str) -> EnvActivities:
+    """This worker's env sessions, stepped through its own queue `<prefix><pool>@<worker>` (sticky routing)."""
+    from rollart.activities.env import EnvActivities
+
+    return EnvActivities(worker_id, queue=session_queue(worker_id, prefix, pool))
+
+
+def _shared_env(envs: EnvActivities) -> list[Callable[..., Any]]:
+    """The env activities any env worker of the pool may take: they start (or rebuild) sessions, or keep none."""
+    return [envs.reset, envs.reset_group, envs.restore, envs.prompts, envs.check]
+
+
+def _session_worker(client: Client, envs: EnvActivities, common: dict[str, Any]) -> Worker:
+    """The worker polling this process's private queue: `step`/`close` of the sessions it holds."""
+    return Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common)
+
+
+@contextlib.asynccontextmanager
+async def _generation_workers(settings: WorkerSettings, client: Client, worker_id: str) -> AsyncIterator[list[Worker]]:
+    """`generate` on the engine, plus rewards and env sessions when the job places them on this pool."""
+    from rollart.activities.generate import GenerateActivities
+    from rollart.infra.store.payload import open_store
+
+    pool, prefix = settings.pool, settings.temporal.task_queue_prefix
+    common = {
+        "identity": worker_id,
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        **activity_worker_options(settings.temporal.workers),
+    }
+    async with _engine(settings) as engine:
+        weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool}-"))
+        base = settings.model_dir / "model.safetensors"
+        gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
+        stats = asyncio.create_task(_log_engine_throughput(engine, pool))
+        activities: list[Callable[..., Any]] = [gen.generate, gen.generate_batch]
+        if settings.serve_rewards:  # colocated: rewards compete with generation in this process
+            from rollart.activities.reward import RewardActivities
+
+            rewards = RewardActivities()
+            activities += [rewards.reward, rewards.reward_batch]
+        envs = _env_activities(worker_id, pool, prefix) if settings.serve_envs else None
+        workers = [] if envs is None else [_session_worker(client, envs, common)]
+        activities += [] if envs is None else _shared_env(envs)
+        try:
+            yield [
+                Worker(
+                    client,
+                    task_queue=queue_name(pool, prefix),
+                    activities=activities,
+                    graceful_shutdown_timeout=timedelta(seconds=60),
+                    **common,
+                ),
+                *workers,
+            ]
+        finally:
+            stats.cancel()
+            shutil.rmtree(weights_dir, ignore_errors=True)
+            if envs is not None:
+                envs.shutdown()
+
+
+def trainer_rank_group(settings: WorkerSettings) -> RankGroup:
+    """This node's agent for the megatron backend's ranks (they start at a megatron job's first step)."""
+    from rollart.workers.trainer_ranks import RankGroup
+
+    nodes = settings.nodes
+    return RankGroup(
+        nnodes=nodes.nnodes,
+        node_rank=nodes.node_rank,
+        rdzv=nodes.rdzv,
+        store=settings.store,
+        keep_weight_versions=settings.store.keep_weight_versions,
+    )
+
+
+@contextlib.asynccontextmanager
+async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
+    from rollart.activities.engines.factory import create_engine
+    from rollart.infra.tiny_model import ensure_tiny_model
+
+    if settings.model_dir == WorkerSettings.model_fields["model_dir"].default:
+        ensure_tiny_model(settings.model_dir)  # the embedded default is built on first use
+    _reclaim_leftover_engines(settings.pool, settings.model_dir)
+    lifeline.children_die_with_me()  # the EngineCore child dies with this process, even a SIGKILLed one
+    if settings.engine.kind == "vllm" and (problem := lifeline.plugin_problem()):
+        log.warning("%s: a spawned vLLM engine would outlive this worker if it were killed", problem)
+    lifeline.mark_engine_children(settings.pool, settings.model_dir)
+    engine = create_engine(settings.model_dir, settings.engine)
+    log.info("starting %s engine on %s", settings.engine.kind, settings.model_dir)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
+
+
+def _reclaim_leftover_engines(pool: str, model_dir: Path) -> None:
+    """Report engine processes a dead worker of this pool left behind; end those on this model dir (ours to end)."""
+    leftovers = lifeline.leftover_engines(pool)
+    if not leftovers:
+        return
+    killed = {left.pid for left in lifeline.reclaim(leftovers, model_dir)}
+    for left in leftovers:
+        what = "killed it" if left.pid in killed else f"left running (model dir {left.model_dir})"
+        log.warning(
+            "leftover %s engine of dead worker pid %d: pid %d, %.0f MiB resident: %s",
+            left.pool,
+            left.worker_pid,
+            left.pid,
+            left.rss_mib,
+            what,
+        )
+
+
+async def _log_engine_throughput(engine: Engine, pool: str, every_s: float = 30.0) -> None:
+    """A log line per interval with tokens generated and tokens/s, only when the engine did something."""
+    last, t_last = engine.tokens_generated(), time.monotonic()
+    while True:
+        await asyncio.sleep(every_s)
+        now, t_now = engine.tokens_generated(), time.monotonic()
+        if now != last:
+            log.info(
+                "%s engine: %d tokens in the last %.0fs (%.0f tokens/s), %d in total",
+                pool,
+                now - last,
+                t_now - t_last,
+                (now - last) / (t_now - t_last),
+                now,
+            )
+        last, t_last = now, t_now
