@@ -67,7 +67,7 @@ SESSION_ROLES: tuple[PoolRole, ...] = ("env", "generation")
 workers come and go with the backlog, the trainer takes one step at a time, control runs workflows only)."""
 
 POOL_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-"""A pool's name is a DNS label: it names the pool's Kubernetes objects (`<job>-<pool>`) as well queue."""
+"""A pool's name is a DNS label: it names the pool's Kubernetes objects (`<job>-<pool>`) as well as its queue."""
 
 PoolName = Annotated[str, StringConstraints(pattern=POOL_NAME_PATTERN, max_length=20)]
 """A pool's name as a spec field holds it (a task's `generate_pool`, a worker's `pool`)."""
