@@ -21,7 +21,8 @@ _FAMILIES = {"qwen2": (True, False), "qwen3": (False, True), "llama": (False, Fa
 """model_type → (whether q/k/v carry a bias, whether q and k are RMS-normed per head before RoPE)."""
 
 _REFUSED_WHY = {
-    "qwen3_moe": "its mixture-of-experts MLP (router and experts) is not mapped to megatron's MoE layers yet",
+    "qwen3_moe": "its mixture-of-experts MLP is not mapped to megatron's MoE layers, which need sequence "
+    "parallelism at tensor > 1 (docs/megatron.md: architectures per backend)",
     "qwen2_moe": "its mixture-of-experts MLP (router, experts and shared expert) is not mapped",
 }
 """model_type → why it is refused, where there is more to say than 'not supported'."""
