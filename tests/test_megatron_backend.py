@@ -4,7 +4,8 @@ Conversion is checked in one process (pure tensor functions). Numerics run the r
 (`activities.training.updates.accumulate_gradients`, the policies' `step`) on 2 gloo ranks, once with tensor
 parallelism (T=2) and once with data parallelism (D=2), against the torch backend on the same HF
 weights and batch. The model is a small Qwen2 with perturbed biases and norms (so their mapping is
-exercised) and an odd vocabulary (387: padded to 388 at T=2, the padding masked).
+exercised) and an odd vocabulary (387: padded to 388 at T=2, the padding masked), and a small Qwen3 (qk-norm,
+a head dim of twice hidden/heads) alike.
 """
 
 from __future__ import annotations
@@ -39,12 +40,20 @@ BASE = {
 }
 
 
-def build_model(out: Path, **overrides: object) -> Path:
-    """A random Qwen2 saved as safetensors; biases and norm weights perturbed away from 0 and 1."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+QWEN3 = {"model_type": "qwen3", "head_dim": 32}
+"""A Qwen3 of BASE's sizes whose heads are twice hidden/heads wide (as Qwen3-0.6B's: 128 against 1024/16)."""
 
+
+def build_model(out: Path, model_type: str = "qwen2", **overrides: object) -> Path:
+    """A random Qwen2 (or Qwen3) saved as safetensors; biases and norm weights (q/k norms too) perturbed away
+    from 0 and 1."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}[
+        model_type
+    ]
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**{**BASE, **overrides}))
+    model = model_cls(config_cls(**{**BASE, **overrides}))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):
@@ -69,6 +78,9 @@ def hf_state(model_dir: Path) -> dict[str, torch.Tensor]:
         ("4 ranks", {}, 4),
         ("MQA: 1 kv head < tp", {"num_key_value_heads": 1}, 2),
         ("one rank", {}, 1),
+        ("Qwen3 qk-norm, wide heads", QWEN3, 2),
+        ("Qwen3 tied, one rank", {**QWEN3, "tie_word_embeddings": True}, 1),
+        ("Qwen3 MQA: 1 kv head < tp", {**QWEN3, "num_key_value_heads": 1}, 2),
     ],
 )
 def test_hf_to_megatron_to_hf_round_trips_exactly(tmp_path: Path, variant: str, overrides: dict, tp: int) -> None:
@@ -97,6 +109,9 @@ def test_the_vocabulary_is_padded_with_zero_rows_to_a_multiple_of_tp(tmp_path: P
         ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling"),
         ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
         ({"model_type": "qwen2", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ({"model_type": "qwen3_moe", "num_experts": 8}, "qwen3_moe' is not supported .*mixture-of-experts"),
+        ({"model_type": "qwen3", "attention_bias": True}, "attention_bias"),
+        ({"model_type": "qwen3", "layer_types": ["sliding_attention"]}, "sliding-window"),
     ],
 )
 def test_unsupported_architectures_fail_at_load_saying_why(config: dict, message: str) -> None:
@@ -110,6 +125,13 @@ def test_unsupported_architectures_fail_at_load_saying_why(config: dict, message
     }
     with pytest.raises(UnsupportedModel, match=message):
         HfArch.from_config(c)
+
+
+def test_qwen3_is_read_with_qk_norm_no_qkv_bias_and_its_own_head_dim() -> None:
+    arch = HfArch.from_config({**BASE, **QWEN3})
+    assert (arch.qk_norm, arch.qkv_bias, arch.head_dim) == (True, False, 32)
+    qwen2 = HfArch.from_config({**BASE, "model_type": "qwen2"})
+    assert (qwen2.qk_norm, qwen2.qkv_bias) == (False, True)
 
 
 def test_tensor_parallel_sizes_that_do_not_split_the_heads_are_refused() -> None:
@@ -234,6 +256,8 @@ def action_term(form: str) -> ActionTerm:
 COMPARISONS: dict[str, tuple[int, int, LossConfig, int]] = {  # tensor, data, loss, sequences
     "T2": (2, 1, LossConfig(), 6),
     "D2": (1, 2, LossConfig(), 6),
+    "T2-qwen3": (2, 1, LossConfig(), 6),  # the Qwen3 model (QWEN3) where the name says so, else the Qwen2
+    "D2-qwen3": (1, 2, LossConfig(), 6),
     "T2-entropy-kl": (2, 1, BONUS_AND_KL, 6),
     "D2-entropy-kl": (1, 2, BONUS_AND_KL, 6),
     "D2-one-sequence": (1, 2, LossConfig(), 1),  # data rank 1 has nothing to train on and still joins the sum
@@ -242,11 +266,12 @@ COMPARISONS: dict[str, tuple[int, int, LossConfig, int]] = {  # tensor, data, lo
 }
 
 
-def compare_cases(model_dir: str, cases: list[tuple[str, str, int, str | None]]) -> dict[str, dict] | None:
-    """On each rank: `compare_with_torch` for every case (name, trainer config, sequences, action bonus form)."""
+def compare_cases(cases: list[tuple[str, str, str, int, str | None]]) -> dict[str, dict] | None:
+    """On each rank: `compare_with_torch` for every case (name, model dir, trainer config, sequences, action
+    bonus form)."""
     out = {
         name: compare_with_torch(model_dir, batch(n=n), cfg_json, action_term(form) if form else None)
-        for name, cfg_json, n, form in cases
+        for name, model_dir, cfg_json, n, form in cases
     }
     return out if out and next(iter(out.values())) is not None else None
 
@@ -256,7 +281,12 @@ def comparisons(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     """Every case of COMPARISONS, one launch of ranks per layout (a launch costs more than a case)."""
     out: dict[str, dict] = {}
     for tensor, data in ((2, 1), (1, 2)):
-        model_dir = build_model(tmp_path_factory.mktemp(f"t{tensor}d{data}") / "m", tie_word_embeddings=tensor == 2)
+        root = tmp_path_factory.mktemp(f"t{tensor}d{data}")
+        tied = tensor == 2
+        models = {
+            "qwen2": build_model(root / "qwen2", tie_word_embeddings=tied),
+            "qwen3": build_model(root / "qwen3", **{**QWEN3, "tie_word_embeddings": tied}),
+        }
         cases = []
         for name, (t, d, loss, n) in COMPARISONS.items():
             if (t, d) == (tensor, data):
@@ -264,8 +294,9 @@ def comparisons(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
                     backend="megatron", parallel={"tensor": t, "data": d}, eps=1e-6, micro_batch_size=2, loss=loss
                 )
                 form = loss.action_bonus if loss.entropy_over == "actions" else None
-                cases.append((name, cfg.model_dump_json(), n, form))
-        out.update(run_on_ranks(compare_cases, tensor * data, tensor, str(model_dir), cases)[0])
+                model_dir = models["qwen3" if name.endswith("qwen3") else "qwen2"]
+                cases.append((name, str(model_dir), cfg.model_dump_json(), n, form))
+        out.update(run_on_ranks(compare_cases, tensor * data, tensor, cases)[0])
     return out
 
 

@@ -1,4 +1,4 @@
-"""HF (Qwen2/Llama) weights ↔ megatron-core GPTModel shards (local layer spec), per tensor-parallel rank.
+"""HF (Qwen2/Qwen3/Llama) weights ↔ megatron-core GPTModel shards (local layer spec), per tensor-parallel rank.
 
 Pure tensor functions, no process group: `hf_to_megatron` cuts rank r's shard out of full HF
 tensors, `megatron_to_hf` puts full HF tensors back together from every rank's shard. The mapping
@@ -11,6 +11,8 @@ tensors, `megatron_to_hf` puts full HF tensors back together from every rank's s
   gate_proj, up_proj                 linear_fc1 = cat(gate_r, up_r) on each rank
   input/post_attention_layernorm,    input_layernorm, pre_mlp_layernorm,        replicated
   model.norm                         decoder.final_layernorm
+  self_attn.q_norm, k_norm (Qwen3)   self_attention.q_layernorm, k_layernorm     replicated ([head_dim], shared
+                                                                                 by every head)
 
 A tied model has no `lm_head.weight` on either side (megatron shares the embedding; the HF blob
 leaves the duplicate out, as the torch backend's does).
@@ -67,6 +69,9 @@ def hf_to_megatron(get: Tensors, arch: HfArch, tp: int, r: int) -> dict[str, tor
         }
         if arch.qkv_bias:
             out[m + "self_attention.linear_qkv.bias"] = _rows(_qkv(get, h, arch, "bias"), tp, r)
+        if arch.qk_norm:
+            out[m + "self_attention.q_layernorm.weight"] = get(h + "self_attn.q_norm.weight")
+            out[m + "self_attention.k_layernorm.weight"] = get(h + "self_attn.k_norm.weight")
     out["decoder.final_layernorm.weight"] = get("model.norm.weight")
     if not arch.tie_word_embeddings:
         out["output_layer.weight"] = _rows(_padded_rows(get("lm_head.weight"), vocab_rows), tp, r)
@@ -113,6 +118,9 @@ def megatron_to_hf(shards: Mapping[str, Sequence[torch.Tensor]], arch: HfArch) -
                 h + "self_attn.k_proj.bias": kb.reshape(-1),
                 h + "self_attn.v_proj.bias": vb.reshape(-1),
             }
+        if arch.qk_norm:
+            out[h + "self_attn.q_norm.weight"] = shards[m + "self_attention.q_layernorm.weight"][0]
+            out[h + "self_attn.k_norm.weight"] = shards[m + "self_attention.k_layernorm.weight"][0]
     out["model.norm.weight"] = shards["decoder.final_layernorm.weight"][0]
     if not arch.tie_word_embeddings:
         out["lm_head.weight"] = rows("output_layer.weight")[: arch.vocab_size]

@@ -1,9 +1,11 @@
 """The architecture of an HF checkpoint, read from its config.json, as megatron's GPTModel needs it.
 
-Supported: the Qwen2 / Llama family — RMSNorm, SwiGLU MLP, rotary position embeddings (default
-scaling), q/k/v biases (Qwen2) or none (Llama), grouped-query attention, tied or untied embeddings.
-Anything else fails here, at load, with what is unsupported and why, rather than training a model
-that is silently different from the one vLLM serves.
+Supported: the dense Qwen2 / Qwen3 / Llama family — RMSNorm, SwiGLU MLP, rotary position embeddings
+(default scaling), q/k/v biases (Qwen2) or none (Llama, Qwen3), Qwen3's qk-norm (an RMSNorm over each
+head's dim on q and k, before RoPE), a head dim other than hidden/heads, grouped-query attention, tied
+or untied embeddings. Anything else (Qwen3-MoE included: docs/megatron.md says what it needs) fails
+here, at load, with what is unsupported and why, rather than training a model that is silently
+different from the one vLLM serves.
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ from pathlib import Path
 
 __all__ = ["HfArch", "UnsupportedModel"]
 
-_FAMILIES = {"qwen2": True, "llama": False}
-"""model_type → whether q/k/v carry a bias."""
+_FAMILIES = {"qwen2": (True, False), "qwen3": (False, True), "llama": (False, False)}
+"""model_type → (whether q/k/v carry a bias, whether q and k are RMS-normed per head before RoPE)."""
+
+_REFUSED_WHY = {
+    "qwen3_moe": "its mixture-of-experts MLP is not mapped to megatron's MoE layers, which need sequence "
+    "parallelism at tensor > 1 (docs/megatron.md: architectures per backend)",
+    "qwen2_moe": "its mixture-of-experts MLP (router, experts and shared expert) is not mapped",
+}
+"""model_type → why it is refused, where there is more to say than 'not supported'."""
 
 
 class UnsupportedModel(ValueError):
@@ -25,7 +34,7 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True)
 class HfArch:
-    """Shapes and options of a Qwen2/Llama-family causal LM."""
+    """Shapes and options of a dense Qwen2/Qwen3/Llama-family causal LM."""
 
     model_type: str
     vocab_size: int
@@ -41,6 +50,7 @@ class HfArch:
     tie_word_embeddings: bool
     qkv_bias: bool
     pad_token_id: int
+    qk_norm: bool = False
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> HfArch:
@@ -59,10 +69,12 @@ class HfArch:
         """The architecture of an HF config dict (as in config.json)."""
         model_type = c.get("model_type", "?")
         if model_type not in _FAMILIES:
+            why = f" ({_REFUSED_WHY[model_type]})" if model_type in _REFUSED_WHY else ""
             raise UnsupportedModel(
-                f"{source}: model_type {model_type!r} is not supported by the megatron backend (supported: "
+                f"{source}: model_type {model_type!r} is not supported by the megatron backend{why} (supported: "
                 f"{', '.join(sorted(_FAMILIES))}); use trainer.backend: torch for other architectures"
             )
+        qkv_bias, qk_norm = _FAMILIES[model_type]
         problems = []
         if c.get("hidden_act", "silu") != "silu":
             problems.append(f"hidden_act {c['hidden_act']!r} (SwiGLU needs silu)")
@@ -70,9 +82,9 @@ class HfArch:
         scaling = c.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
         if scaling:
             problems.append(f"rope scaling {scaling!r} (only default RoPE is mapped)")
-        if model_type == "llama" and (c.get("attention_bias") or c.get("mlp_bias")):
-            problems.append("attention_bias/mlp_bias (Llama biases on o_proj and the MLP are not mapped)")
-        if c.get("use_sliding_window"):
+        if model_type in ("llama", "qwen3") and (c.get("attention_bias") or c.get("mlp_bias")):
+            problems.append("attention_bias/mlp_bias (biases on o_proj and the MLP are not mapped)")
+        if c.get("use_sliding_window") or any(t != "full_attention" for t in c.get("layer_types") or ()):
             problems.append("sliding-window attention")
         if problems:
             raise UnsupportedModel(f"{source}: the megatron backend cannot train this model: {'; '.join(problems)}")
@@ -92,8 +104,9 @@ class HfArch:
             rope_theta=float(c.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             max_position_embeddings=int(c.get("max_position_embeddings", 2048)),
             tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
-            qkv_bias=_FAMILIES[model_type],
+            qkv_bias=qkv_bias,
             pad_token_id=int(pad),
+            qk_norm=qk_norm,
         )
 
     def check_tensor_parallel(self, tp: int) -> None:

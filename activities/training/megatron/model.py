@@ -1,4 +1,4 @@
-"""megatron-core's GPTModel for an HF Qwen2/Llama architecture, and the process groups it runs in.
+"""megatron-core's GPTModel for an HF Qwen2/Qwen3/Llama architecture, and the process groups it runs in.
 
 The local layer spec (plain torch RMSNorm, megatron's own attention) runs on CPUs and GPUs alike,
 with no Transformer Engine or apex. Fusions are off, dropout is 0, and attention gets an explicit
@@ -61,6 +61,7 @@ def build_gpt(arch: HfArch, cfg: TrainerConfig, device: torch.device) -> Any:
         activation_func=F.silu,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,  # also what makes finalize_model_grads sum their gradients over the TP group
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tp,
@@ -84,7 +85,7 @@ def build_gpt(arch: HfArch, cfg: TrainerConfig, device: torch.device) -> Any:
     )
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=arch.qk_norm),
         vocab_size=arch.padded_vocab(tp),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=True,
