@@ -133,8 +133,7 @@ _WEIGHT_SWAP = (
     Col("params", lambda r: r["params"] / 1e6, fixed(1, "M")),
     Col("store", "store", align="l"),
     Col("publish s", "publish_s", ".3f"),
-    Col("pull s", "pull_s", ".3f"),
-    Col("reload s", "reload_s", ".3f"),
+    Col("stream + load s", "load_s", ".3f"),
     Col("first request s", "first_request_s", ".3f"),
     Col("total s", "total_s", ".3f"),
 )

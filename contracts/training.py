@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.contracts.activities import SampleRef
-from rollart.infra.config import JobSpec, StopWhen, TaskSpec, TrainerConfig, TrainingConfig
+from rollart.infra.config import JobSpec, StopWhen, TaskSpec, TrainerConfig, TrainingConfig, WeightsConfig
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
@@ -172,6 +172,7 @@ class TrainingPlan(BaseModel):
     trainer: TrainerConfig
     model_dir: str
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
@@ -183,6 +184,7 @@ class TrainingPlan(BaseModel):
             trainer=trainer,
             model_dir=str(job.model_dir),
             queue_prefix=job.temporal.task_queue_prefix,
+            weights=job.weights.resolved(job.engine.dtype),
         )
 
 

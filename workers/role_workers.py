@@ -17,8 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -162,9 +160,7 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
         **activity_worker_options(settings.temporal.workers),
     }
     async with _engine(settings) as engine:
-        weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool}-"))
-        base = settings.model_dir / "model.safetensors"
-        gen = GenerateActivities(engine, open_store(settings.store), worker_id, weights_dir, base)
+        gen = GenerateActivities(engine, open_store(settings.store), worker_id, settings.model_dir)
         stats = asyncio.create_task(_log_engine_throughput(engine, pool))
         activities: list[Callable[..., Any]] = [gen.generate, gen.generate_batch]
         if settings.serve_rewards:  # colocated: rewards compete with generation in this process
@@ -188,7 +184,6 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
             ]
         finally:
             stats.cancel()
-            shutil.rmtree(weights_dir, ignore_errors=True)
             if envs is not None:
                 envs.shutdown()
 
