@@ -37,6 +37,7 @@ from rollart.activities.training.records import (
 from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
+from rollart.infra.memory import PeakRss
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weight_stream import read_all
 from rollart.infra.store.weights import read_manifest
@@ -189,21 +190,23 @@ def train_step(
     t_pub = time.perf_counter()
     # a collective: every rank streams the tensors it assembles into buckets, the leader commits the manifest
     weights = inp.weights.resolved("float32")
-    ref = publish_version(
-        state.policy.hf_tensors(),
-        ranks,
-        store,
-        inp.job_id,
-        inp.step + 1,
-        weights,
-        keep_weight_versions,
-        state.publisher,
-    )
+    with PeakRss() as peak:
+        ref = publish_version(
+            state.policy.hf_tensors(),
+            ranks,
+            store,
+            inp.job_id,
+            inp.step + 1,
+            weights,
+            keep_weight_versions,
+            state.publisher,
+        )
     result = None
     if ranks.is_leader:
         if ref is None:
             raise RuntimeError(f"publishing weights v{inp.step + 1} gave the leader rank no manifest")
         metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + cast + store
+        metrics["publish_peak_mb"] = peak.extra_bytes / 1e6  # the leader's memory above its own before the publish
     if (inp.step + 1) % cfg.checkpoint_every == 0:
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:
