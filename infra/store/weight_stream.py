@@ -110,7 +110,7 @@ class BucketWriter:
         offset = len(self._buf)
         for p in parts:
             if p.numel():
-                self._buf += memoryview(p.view(torch.uint8).numpy())
+                self._buf += memoryview(p.reshape(-1).view(torch.uint8).numpy())
         self._refs.append(ref.model_copy(update={"offset": offset, "nbytes": size}))
 
     def flush(self) -> None:
