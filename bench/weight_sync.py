@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import socket
@@ -320,7 +321,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, help="repeats per measurement (default 5; --quick 3)")
     p.add_argument("--sizes", help="comma-separated subset of 2.5M,40M,400M")
     p.add_argument("--swap", action="store_true", help="also time end-to-end swaps on vLLM (tiny and ~40M models)")
-    p.add_argument("--no-transfer", action="store_true", help="skip the transfer part")
+    p.add_argument(
+        "--no-transfer",
+        action="store_true",
+        help="skip the transfer part (the results file keeps its last transfer rows)",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     repeats = args.repeats or (3 if args.quick else 5)
@@ -339,9 +344,14 @@ def main(argv: list[str]) -> int:
             swap = asyncio.run(swap_rows({"tiny": tiny, "40M": big}, repeats, home))
     finally:
         shutil.rmtree(home, ignore_errors=True)
+    extra: dict = {"transfer_time": time.time()}
+    if args.no_transfer and (RESULTS / "weight_sync.json").is_file():  # a swap-only run keeps the last transfer
+        previous = json.loads((RESULTS / "weight_sync.json").read_text())
+        transfer = previous.get("transfer", [])
+        extra["transfer_time"] = previous.get("transfer_time", previous.get("time"))
     print_tables(transfer, swap)
     rows = as_modes(transfer, swap)
-    out = write_results("weight_sync", rows, transfer=transfer, swap=swap, time=time.time(), baseline=BASELINE)
+    out = write_results("weight_sync", rows, transfer=transfer, swap=swap, time=time.time(), baseline=BASELINE, **extra)
     written = [out]
     if rows:
         written.append(plot_modes("weight_sync", rows, "weight_sync: publish + pull (transfer) and end-to-end swaps"))
