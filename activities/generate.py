@@ -40,6 +40,10 @@ class GenerateActivities:
     lock, whatever the number of waiting requests), so no one has to know which
     generation workers exist. Observations become prompts through the model's chat template per the
     task's `prompt` format (`renderer`; by default the model directory's, next to `base_weights`).
+
+    `queue` is this worker's private queue, named in every result so that a trajectory's next turn comes
+    back here (session affinity); a turn that arrives there while more than `max_waiting` requests wait in
+    the engine's scheduler is refused (`EngineBusy`) and goes to the shared queue instead.
     """
 
     def __init__(
@@ -50,6 +54,8 @@ class GenerateActivities:
         weights_dir: Path,
         base_weights: Path,
         renderer: PromptRenderer | None = None,
+        queue: str = "",
+        max_waiting: int | None = None,
     ) -> None:
         self.engine = engine
         self.renderer = renderer or PromptRenderer(Path(base_weights).parent)
@@ -59,10 +65,13 @@ class GenerateActivities:
         self.base_weights = base_weights  # version 0 of any job: the model dir's own weights
         self._job: str | None = None  # whose weights the engine holds (None: the model dir's)
         self._loading = asyncio.Lock()
+        self.queue = queue
+        self.max_waiting = max_waiting
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         """Sample `sampling.n` completions of `prompt`; heartbeats while the engine works."""
+        self._refuse_when_busy()
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
@@ -77,6 +86,7 @@ class GenerateActivities:
                 type=ErrorType.INVALID_INPUT,
                 non_retryable=True,
             )
+        self._refuse_when_busy()
         request_id = _request_id()
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
@@ -110,7 +120,22 @@ class GenerateActivities:
             policy_version_end=out.policy_version_end,
             data_key=data_key,
             worker_id=self.worker_id,
+            queue=self.queue,
+            pressure=self.engine.pressure(),
         )
+
+    def _refuse_when_busy(self) -> None:
+        """A turn pinned here (it came through the private queue) goes elsewhere while the engine is swamped; the
+        shared queue's turns are always taken (someone must serve them)."""
+        if self.max_waiting is None or not self.queue or activity.info().task_queue != self.queue:
+            return
+        waiting = self.engine.pressure().waiting
+        if waiting > self.max_waiting:
+            raise ApplicationError(
+                f"engine of {self.worker_id} has {waiting} requests waiting (> {self.max_waiting}): try another",
+                type=ErrorType.ENGINE_BUSY,
+                non_retryable=True,
+            )
 
     async def _render(self, observation: str, fmt: PromptFormat | None) -> str:
         if fmt is None or fmt.chat == "never":

@@ -32,6 +32,7 @@ from rollart.activities.engines.base import (
     EngineRequestError,
     check_weights_blob,
 )
+from rollart.contracts.activities import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
 
 __all__ = ["VllmEngine"]
@@ -72,6 +73,7 @@ class VllmEngine(Engine):
         self.enable_prefix_caching = enable_prefix_caching
         self.policy_version = 0
         self._llm: Any = None
+        self._stats: Any = None  # vllm_stats.EngineStats, fed by vLLM's stat loggers once started
         self._tokens = 0
         self._dead = False
         self._swap_lock = asyncio.Lock()
@@ -116,8 +118,11 @@ class VllmEngine(Engine):
         t0 = time.perf_counter()
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rollart.activities.engines.vllm_stats import EngineStats
+
+        self._stats = EngineStats()
         try:
-            self._llm = AsyncLLM.from_engine_args(self.engine_args())
+            self._llm = AsyncLLM.from_engine_args(self.engine_args(), stat_loggers=[self._stats.factory])
         except Exception as e:
             raise EngineDeadError(f"vLLM failed to start on {self.model_dir}: {e}") from e
         t1 = time.perf_counter()
@@ -311,3 +316,7 @@ class VllmEngine(Engine):
     def tokens_generated(self) -> int:
         """Tokens generated since warm-up, over all completions."""
         return self._tokens
+
+    def pressure(self) -> EnginePressure:
+        """The scheduler's last numbers and the counts since start (warm-up included), from vLLM's stat loggers."""
+        return self._stats.snapshot() if self._stats is not None else EnginePressure()

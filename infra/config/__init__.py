@@ -19,7 +19,7 @@ This package's names are its public API: import them from `rollart.infra.config`
 """
 
 from rollart.infra.config.base import DEFAULT_HOME
-from rollart.infra.config.engine import EngineConfig
+from rollart.infra.config.engine import AffinityConfig, EngineConfig
 from rollart.infra.config.env_servers import OPENENV, EnvServerSpec
 from rollart.infra.config.job import JobSpec
 from rollart.infra.config.load import JobSpecError, format_validation_error, load_job
@@ -37,6 +37,7 @@ from rollart.infra.config.task import (
 from rollart.infra.config.temporal import TemporalConfig, TemporalTLS, TracingConfig, WorkerTuning
 from rollart.infra.config.trainer import LossConfig, LRScheduleConfig, ParallelConfig, TrainerConfig
 from rollart.infra.config.training import (
+    AdmissionConfig,
     DynamicSamplingConfig,
     MetricsConfig,
     StallConfig,
@@ -48,6 +49,8 @@ from rollart.infra.config.training import (
 __all__ = [
     "DEFAULT_HOME",
     "OPENENV",
+    "AdmissionConfig",
+    "AffinityConfig",
     "DynamicSamplingConfig",
     "EngineConfig",
     "EnvServerSpec",

@@ -1,0 +1,119 @@
+"""Admission by engine pressure as plain code (workflows/training/pressure.py): the AIMD cap on trajectories in
+flight, under the async bound's cap, from what the engines report with each trajectory. No server."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from rollart.contracts.activities import EnginePressure, TrainStepResult
+from rollart.contracts.rollouts import TrajectoryResult
+from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
+from rollart.infra.config import AdmissionConfig, TrainingConfig
+from rollart.workflows.training import admission, ledger, pressure, records
+from tests.support.tasks import frozenlake_task
+from tests.support.training_plans import completed, plan, sample
+
+CALM = EnginePressure(running=8, kv_usage=0.3)
+
+
+def report(tid: str, p: EnginePressure = CALM, engine: str = "e1") -> TrajectoryResult:
+    """A finished trajectory whose last turn's engine reported `p`."""
+    return completed(tid, "g").model_copy(update={"engine_worker": engine, "pressure": p})
+
+
+def flying(state: TrainingState, *tids: str) -> list[str]:
+    """Track `tids` as in flight (observe only counts what is), and return them."""
+    for t in tids:
+        state.in_flight[t] = InFlight(group="g", workflow=t)
+    return list(tids)
+
+
+def observe(p: TrainingPlan, state: TrainingState, *reports: TrajectoryResult) -> None:
+    flying(state, *(r.trajectory_id for r in reports))
+    pressure.observe(p, state, reports)
+    for r in reports:
+        state.in_flight.pop(r.trajectory_id)
+
+
+def test_the_cap_starts_at_the_bounds_and_never_leaves_floor_and_ceiling() -> None:
+    p = plan(frozenlake_task(group_size=4), async_bound=1, batch_size=8)  # the bound's cap: 16
+    state = TrainingState()
+    assert pressure.ceiling(p) == 16 and pressure.floor(p) == 4 and pressure.current_cap(p, state) == 16
+    for i in range(20):  # KV full on every report: cut once per cap's worth of finishes
+        observe(p, state, *(report(f"t{i}-{k}", EnginePressure(kv_usage=0.95)) for k in range(16)))
+    assert pressure.current_cap(p, state) == 4  # the floor: one group still fits
+    for i in range(200):
+        observe(p, state, report(f"calm{i}"))
+    assert pressure.current_cap(p, state) == 16  # grown back, never above the bound's cap
+    assert pressure.current_cap(plan(admission=False), state) is None
+
+
+def test_preemptions_since_the_last_report_cut_the_cap_once_per_congestion_event() -> None:
+    p = plan(frozenlake_task(group_size=2), async_bound=1, batch_size=16)  # ceiling 32, floor 2
+    state = TrainingState()
+    observe(p, state, report("a", EnginePressure(preempted=5)))  # first report of e1: no delta to judge by
+    assert pressure.current_cap(p, state) == 32
+    observe(p, state, report("b", EnginePressure(preempted=9)))  # 4 new preemptions
+    assert pressure.current_cap(p, state) == 16 and state.admission.cuts == 1
+    for i in range(5):  # the same event, seen by more trajectories: no second cut within the cap's worth
+        observe(p, state, report(f"c{i}", EnginePressure(preempted=12 + i)))
+    assert pressure.current_cap(p, state) == 16 and state.admission.cuts == 1
+    observe(p, state, report("other", EnginePressure(preempted=0), engine="e2"))  # another engine's first report
+    assert state.admission.cuts == 1 and set(state.admission.engines) == {"e1", "e2"}
+
+
+def test_headroom_grows_the_cap_additively_about_a_group_per_caps_worth() -> None:
+    p = plan(frozenlake_task(group_size=4), async_bound=3, batch_size=16)  # ceiling 64
+    state = TrainingState()
+    observe(p, state, report("x", EnginePressure(kv_usage=0.99)))
+    assert pressure.current_cap(p, state) == 32
+    observe(p, state, *(report(f"y{i}") for i in range(32)))  # a cap's worth without pressure: + one group
+    assert pressure.current_cap(p, state) == 35  # 32 + 4 × (1/32 + 1/32.1 + ...) ≈ 35.9, floored
+
+
+def test_waiting_requests_press_only_when_a_limit_is_set() -> None:
+    busy = EnginePressure(waiting=50, kv_usage=0.1)
+    assert not pressure.pressed(plan(), busy, None)
+    assert pressure.pressed(plan(admission={"max_waiting": 10}), busy, None)
+
+
+def test_repeated_reports_and_reports_without_an_engine_are_ignored() -> None:
+    p, state = plan(), TrainingState()
+    pressure.observe(p, state, [report("not-in-flight", EnginePressure(kv_usage=1.0))])
+    observe(p, state, completed("no-engine", "g"))
+    assert state.admission.cap is None and state.admission.engines == {}
+
+
+def test_admission_holds_in_flight_under_the_cap_and_the_bound_exactly() -> None:
+    p = plan(frozenlake_task(group_size=2), async_bound=1, batch_size=8)  # bound: 16 in flight + buffered
+    state = TrainingState()
+    state.admission.cap = 6.0
+    launched = admission.launches(p, state, "j")
+    assert len(state.in_flight) == 6 and len(launched) == 6  # three groups of 2: the next would make 8 > 6
+    state.admission.cap = None
+    state.buffer = [sample(f"b{i}", "old") for i in range(9)]
+    admission.launches(p, state, "j")
+    assert len(state.in_flight) + len(state.buffer) == 15  # 6 + 9, +2 would exceed 16: the bound still holds
+
+
+def test_the_status_and_step_record_report_the_cap_and_the_engines() -> None:
+    p, state = plan(frozenlake_task(group_size=4), async_bound=1, batch_size=8), TrainingState()
+    observe(p, state, report("a", EnginePressure(kv_usage=0.95, prefix_queries=100, prefix_hits=80)))
+    observe(p, state, report("b", EnginePressure(kv_usage=0.2, preempted=3, prefix_queries=100), engine="e2"))
+    status = records.status("j", p, state, done=False)
+    assert status.admission_cap == 8 and status.in_flight_limit == 16 and status.admission_cuts == 1
+    assert set(status.engines) == {"e1", "e2"}
+    batch = [sample(f"s{i}", "g") for i in range(4)]
+    state.buffer, state.ready_groups = batch, ["g"]
+    rec = records.apply_step(
+        state, p.trainer, ledger.take_batch(p, state), TrainStepResult(step=0, version=1, weights_key="k"), 0.0, 8
+    )
+    assert rec.admission_cap == 8 and rec.kv_usage == 0.95 and rec.preempted == 3 and rec.prefix_hit_rate == 0.4
+
+
+def test_the_admission_config_reads_well_and_names_bad_values() -> None:
+    assert TrainingConfig.model_validate({"admission": False}).admission.adaptive is False
+    assert TrainingConfig().admission == AdmissionConfig(adaptive=True, kv_high=0.9, backoff=0.5)
+    with pytest.raises(ValidationError, match=r"admission\.backoff"):
+        TrainingConfig.model_validate({"admission": {"backoff": 1.5}})
