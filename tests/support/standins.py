@@ -429,13 +429,21 @@ async def standin_workers(
         for name in s.engines:
             pool.stacks[name] = own = contextlib.AsyncExitStack()
             stack.push_async_callback(_close_if_open, pool, name)
-            e = _Engine(s, name)
+            e, own_client = _Engine(s, name), await _own_client(client)  # a process of its own: its own client
             for queue in (queue_name("h800", p), s.engine_queue(name)):
                 await own.enter_async_context(
-                    Worker(client, task_queue=queue, activities=[e.generate, e.generate_batch], identity=name)
+                    Worker(own_client, task_queue=queue, activities=[e.generate, e.generate_batch], identity=name)
                 )
         yield pool
     assert not s.violations, "the stand-ins saw calls they should not have:\n" + "\n".join(s.violations)
+
+
+async def _own_client(client: Client) -> Client:
+    """A new connection like `client`'s (one client may not run two workers of one queue, as two engines do)."""
+    config = client.service_client.config
+    return await Client.connect(
+        config.target_host, namespace=client.namespace, data_converter=client.data_converter, runtime=config.runtime
+    )
 
 
 async def _close_if_open(pool: StandInPool, name: str) -> None:
