@@ -126,9 +126,10 @@ def engine_lines(st: TrainingStatus) -> list[str]:
     """The admission cap and each engine's last report: what `training.admission` and `engine.affinity` act on."""
     lines = []
     if st.admission_cap is not None:
+        cuts = f"{st.admission_cuts} time{'' if st.admission_cuts == 1 else 's'}"
         lines.append(
             f"admission: at most {st.admission_cap} in flight by engine pressure (the async bound allows "
-            f"{st.in_flight_limit} in flight + buffered; cut {st.admission_cuts} times)"
+            f"{st.in_flight_limit} in flight + buffered; cut {cuts})"
         )
     if st.engines:
         lines.append(f"engines: {len(st.engines)} reporting; turns moved between engines: {st.engine_moves}")

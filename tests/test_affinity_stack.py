@@ -9,8 +9,10 @@ that served the first, and that worker runs them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,7 @@ from rollart.infra.temporal.history import activity_spans
 from rollart.workers.local_stack import LocalStack
 from tests.support.tasks import frozenlake_task
 
+STEPS = 6
 LONG_GAME = {"maps": "standard", "invalid_action": "noop"}  # no move ends nothing: episodes last their turns
 
 
@@ -70,6 +73,18 @@ async def test_a_second_engine_on_the_pool_serves_its_trajectories_later_turns(
         stack.stop_worker(pid)
 
 
+async def pins(client: Client, job_id: str) -> Counter[str]:
+    """The running trajectories of the job by the engine that served their last turn (so far)."""
+    query = f'RollartJobId = "{job_id}" AND WorkflowType = "TrajectoryWorkflow" AND ExecutionStatus = "Running"'
+    held: Counter[str] = Counter()
+    async for wf in client.list_workflows(query):
+        spans = activity_spans(await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
+        served = [s.worker_identity for s in spans if s.activity_type == "generate" and s.succeeded]
+        if served:
+            held[served[-1]] += 1
+    return held
+
+
 async def _h800_ids(stack: LocalStack) -> list[str]:
     return [stack.worker_id(pid) for pid in stack.live_workers(Pool.H800)]
 
@@ -83,7 +98,7 @@ def two_engines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> I
         tasks=[frozenlake_task(group_size=4, max_turns=6, env_args=LONG_GAME)],
         engine=EngineConfig(kind="vllm", max_model_len=256, affinity=AffinityConfig(start_wait_s=2.0)),
         store=StoreConfig(path=home / "store"),
-        training=TrainingConfig(steps=4, batch_size=8, async_bound=1),
+        training=TrainingConfig(steps=STEPS, batch_size=8, async_bound=1),
     )
     pools = [Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H800, Pool.SERVERLESS, Pool.TRAINER]
     stack = LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None, autoscale=False)
@@ -95,20 +110,35 @@ def two_engines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> I
 @pytest.mark.integration
 @pytest.mark.chaos
 async def test_an_engine_sigkilled_mid_training_loses_no_trajectory(two_engines: LocalStack, tmp_path: Path) -> None:
-    """Once both engines have reported (each served some turns), one is SIGKILLed: the turns pinned to it wait out
+    """Once an engine holds a few trajectories in flight, it is SIGKILLed: the turns pinned to it wait out
     their start wait (or their heartbeat, if it was running them) and go to the shared queue, where the other
     engine takes them and the trajectories from then on. The job trains every step, none failed, the ledger
-    balances, and the moves show in its status."""
+    balances; the histories show the turns that went elsewhere."""
     stack = two_engines
     client = await connect(stack.temporal, stack.job.store)
-    handle = await start_training(client, stack.job, f"aff-{uuid.uuid4().hex[:6]}", tmp_path)
-    deadline = time.monotonic() + 240
-    while len((st := await handle.query("status", result_type=TrainingStatus)).engines) < 2 or st.step < 1:
-        assert time.monotonic() < deadline and not st.done, f"both engines never reported: {st.engines}"
+    job_id = f"aff-{uuid.uuid4().hex[:6]}"
+    handle = await start_training(client, stack.job, job_id, tmp_path)
+    deadline, pinned = time.monotonic() + 240, Counter[str]()
+    while not pinned or pinned.most_common(1)[0][1] < 3:
+        assert time.monotonic() < deadline, f"no engine holds 3 running trajectories: {pinned}"
         await asyncio.sleep(0.5)
-    victim = stack.live_workers(Pool.H800)[-1]
-    stack.kill_worker(victim)
+        if (await handle.query("status", result_type=TrainingStatus)).step >= 1:
+            pinned = await pins(client, job_id)
+    victim = pinned.most_common(1)[0][0]  # the engine holding the most trajectories in flight
+    by_id = {stack.worker_id(pid): pid for pid in stack.live_workers(Pool.H800)}
+    stack.kill_worker(by_id[victim])
     result = await asyncio.wait_for(handle.result(), 300)
     status = await handle.query("status", result_type=TrainingStatus)
-    assert isinstance(result, TrainingResult) and result.version == 4 and result.failed == 0
-    assert status.ledger_balanced and status.engine_moves > 0
+    assert isinstance(result, TrainingResult) and result.version == STEPS and result.failed == 0
+    assert status.ledger_balanced
+    moved = []  # trajectories with a turn pinned to the victim that it never answered, served elsewhere after
+    seen: Counter[tuple[str, str, bool]] = Counter()
+    async for wf in client.list_workflows(f'RollartJobId = "{job_id}" AND WorkflowType = "TrajectoryWorkflow"'):
+        spans = activity_spans(await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
+        gens = [s for s in spans if s.activity_type == "generate"]
+        seen.update((s.task_queue, s.worker_identity, s.succeeded) for s in gens)
+        for lost, after in itertools.pairwise(gens):
+            if lost.task_queue == f"h800@{victim}" and not lost.succeeded:
+                assert after.task_queue == "h800" and after.worker_identity not in ("", victim), wf.id
+                moved.append(wf.id)
+    assert moved, f"no turn was pinned to {victim} when it died (moves: {status.engine_moves}): {seen}"

@@ -117,3 +117,21 @@ def test_the_admission_config_reads_well_and_names_bad_values() -> None:
     assert TrainingConfig().admission == AdmissionConfig(adaptive=True, kv_high=0.9, backoff=0.5)
     with pytest.raises(ValidationError, match=r"admission\.backoff"):
         TrainingConfig.model_validate({"admission": {"backoff": 1.5}})
+
+
+def test_rollart_status_and_the_run_report_show_the_cap_and_the_engines() -> None:
+    from rollart.cli.status import engine_lines
+    from rollart.client.report_html import _engines_section
+
+    p, state = plan(frozenlake_task(group_size=4), async_bound=1, batch_size=8), TrainingState()
+    observe(
+        p, state, report("a", EnginePressure(running=3, waiting=1, kv_usage=0.95, prefix_queries=10, prefix_hits=5))
+    )
+    lines = engine_lines(records.status("j", p, state, done=False))
+    assert lines[0].startswith("admission: at most 8 in flight by engine pressure (the async bound allows 16 ")
+    assert lines[2] == "  e1: 3 running, 1 waiting, KV 95%, 0 preempted, prefix-cache hits 50%"
+    assert engine_lines(records.status("j", plan(admission=False), TrainingState(), done=False)) == []
+    rows = [{"step": 0, "admission_cap": 16, "kv_usage": 0.5, "preempted": 0, "prefix_hit_rate": 0.25}]
+    page = _engines_section([{"step": 0}, *rows])
+    assert "Engines and admission" in page and page.count("<tr>") == 2 and ">25%<" in page
+    assert _engines_section([{"step": 0, "admission_cap": None}]) == ""  # no engine reported: no section

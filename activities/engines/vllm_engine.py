@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 import uuid
@@ -97,7 +96,10 @@ class VllmEngine(Engine):
         """vLLM reads these when the engine is built; set them before it is."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Without it the CPU backend reserves most of the RAM for KV cache.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self.kv_cache_gib)))
+        if self.kv_cache_gib >= 1 and float(self.kv_cache_gib).is_integer():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.kv_cache_gib))
+        else:  # whole GiB only there: a fraction (a small cache, to see pressure) goes as bytes (`engine_args`)
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         os.environ["HF_HUB_OFFLINE"] = "1"
 
     async def start(self) -> None:
@@ -152,10 +154,19 @@ class VllmEngine(Engine):
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,  # GPUs per engine (CUDA builds)
             gpu_memory_utilization=self.gpu_memory_utilization,  # GPU memory share (CUDA builds; CPUs use kv_cache_gib)
+            kv_cache_memory_bytes=self._kv_cache_bytes(),
             enable_prefix_caching=self.enable_prefix_caching,
             disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight reload (load_weights)
         )
+
+    def _kv_cache_bytes(self) -> int | None:
+        """The CPU KV cache in bytes when `kv_cache_gib` is not a whole number of GiB (the environment variable
+        takes whole GiB only); None otherwise, and on GPUs, where `gpu_memory_utilization` sizes it."""
+        import torch
+
+        whole = self.kv_cache_gib >= 1 and float(self.kv_cache_gib).is_integer()
+        return None if whole or torch.cuda.is_available() else int(self.kv_cache_gib * 2**30)
 
     def _vllm_params(self, sampling: SamplingParams) -> Any:
         from vllm import SamplingParams as VSamplingParams
