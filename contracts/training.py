@@ -124,7 +124,9 @@ class AdmissionState(BaseModel):
     """The adaptive admission cap's bookkeeping (workflows/training/pressure.py), carried across continue-as-new."""
 
     cap: float | None = None  # trajectories that may be in flight (None: not moved yet, the async bound's cap)
-    since_cut: int | None = None  # trajectories finished since the cap was last cut (None: never cut)
+    round_done: int = 0  # trajectories finished in this round (a cap's worth ends it)
+    round_preempted: int = 0  # requests the engines preempted in this round
+    round_full: bool = False  # an engine reported its KV cache full with requests waiting in this round
     cuts: int = 0  # times it was cut
     engines: dict[str, EnginePressure] = Field(default_factory=dict)  # each engine's last report, by worker
 

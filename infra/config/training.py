@@ -130,24 +130,30 @@ class AdmissionConfig(Section):
 
     The async bound caps trajectories in flight plus buffered at `(async_bound + 1) × batch_size`; that cap
     always holds. With `adaptive`, trajectories in flight are also held under a cap of their own that starts
-    at the bound's and moves with what the engines report with every generation (AIMD, as TCP's window): it
-    shrinks by `backoff` when an engine's KV cache is at least `kv_high` full, it preempted requests since its
-    last report, or more than `max_waiting` requests wait in its scheduler (at most once per cap's worth of
-    finished trajectories), and grows back by `increase` trajectories per cap's worth of trajectories that
-    finish without pressure. It never goes below one launch (a group, or a batch in batch mode) nor above the
-    bound's cap. `rollart status` and the run report show it.
+    at the bound's and moves once per round (a cap's worth of finished trajectories) with what the engines
+    report with every generation (AIMD, as TCP's window): it is multiplied by `backoff` after a round in
+    which the engines preempted more than `max_preempted` requests per finished trajectory, or one reported
+    its KV cache at least `kv_high` full with requests waiting (or more than `max_waiting` waiting), and
+    grows by `increase` trajectories after a round without. It never goes below one launch (a group, or a
+    batch in batch mode) nor above the bound's cap. `rollart status` and the run report show it.
     """
 
     adaptive: bool = True
-    kv_high: float = Field(0.9, gt=0.0, le=1.0, description="KV cache use (a share) at which an engine is pressed")
+    kv_high: float = Field(
+        0.9, gt=0.0, le=1.0, description="KV cache use (a share) at which an engine with requests waiting is full"
+    )
+    max_preempted: float = Field(
+        0.25, ge=0.0, description="preemptions per trajectory finished in a round above which the engines are pressed"
+    )
     max_waiting: int | None = Field(
         None, ge=0, description="requests waiting in an engine's scheduler above which it is pressed; None: not used"
     )
-    backoff: float = Field(0.5, gt=0.0, lt=1.0, description="the cap's factor on pressure")
+    backoff: float = Field(0.7, gt=0.0, lt=1.0, description="the cap's factor after a round under pressure")
     increase: int | None = Field(
         None,
         ge=1,
-        description="trajectories the cap grows by per cap's worth finished without pressure (None: a group)",
+        description="trajectories the cap grows by after a round without pressure (None: a group or a sixteenth of "
+        "the bound's cap, whichever is more)",
     )
 
     @model_validator(mode="before")

@@ -3,17 +3,18 @@
 The async bound caps what is in flight plus buffered at `training.in_flight_limit`; that cap always holds.
 Below it, `training.admission.adaptive` keeps a second cap on what is *in flight* — what loads the engines —
 that moves with what the engines report with every generation (`EnginePressure`, carried by each trajectory's
-result), as TCP's congestion window moves with losses:
+result), as TCP's congestion window moves once per round trip. A *round* is a cap's worth of finished
+trajectories; at the end of each:
 
-- pressure (an engine's KV cache at least `kv_high` full, requests it preempted since its previous report, or
-  more than `max_waiting` waiting): the cap is multiplied by `backoff`, at most once per cap's worth of
-  finished trajectories (one congestion event seen by many trajectories is one cut);
-- headroom (none of that): the cap grows by `increase` trajectories per cap's worth finished (+increase/cap
-  each), back toward the bound's.
+- pressure (the engines preempted more than `max_preempted` requests per trajectory finished in the round —
+  their KV cache ran out and they recompute; or an engine reported its KV cache at least `kv_high` full with
+  requests waiting; or, with `max_waiting`, more than that many waiting): the cap is multiplied by `backoff`;
+- headroom (none of that): the cap grows by `increase` trajectories, back toward the bound's.
 
-It starts at the bound's cap, so a job whose engines never report pressure runs as with a fixed cap. It never
-goes below one launch (the largest group; a batch in batch mode), so a job always makes progress, nor above
-the bound's cap. Pure: it updates the `TrainingState` it is given.
+A KV cache that is merely full is not pressure (a busy engine's is), nor is a queue while room is left. The cap
+starts at the bound's, so a job whose engines never report pressure runs as with a fixed cap; it never goes
+below one launch (the largest group; a batch in batch mode), so a job always makes progress, nor above the
+bound's cap. Pure: it updates the `TrainingState` it is given.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rollart.contracts.activities import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import ENGINES_KEPT, AdmissionState, TrainingPlan, TrainingState
 
-__all__ = ["ceiling", "current_cap", "floor", "observe", "pressed", "summary"]
+__all__ = ["ceiling", "current_cap", "floor", "full", "increase", "observe", "pressed", "summary"]
 
 
 def ceiling(plan: TrainingPlan) -> int:
@@ -48,18 +49,30 @@ def current_cap(plan: TrainingPlan, state: TrainingState) -> int | None:
     return ceiling(plan) if cap is None else max(floor(plan), min(ceiling(plan), math.floor(cap)))
 
 
-def pressed(plan: TrainingPlan, now: EnginePressure, before: EnginePressure | None) -> bool:
-    """Whether an engine's report says it is short of room: KV cache nearly full, new preemptions, or a queue."""
+def increase(plan: TrainingPlan) -> int:
+    """Trajectories the cap grows by after a round without pressure: `increase`, else a group or a sixteenth of the
+    bound's cap, whichever is more (so a cut is made good in a few rounds, not dozens)."""
     cfg = plan.training.admission
-    if now.kv_usage >= cfg.kv_high:
+    return cfg.increase or max(floor(plan), math.ceil(ceiling(plan) / 16))
+
+
+def full(plan: TrainingPlan, report: EnginePressure) -> bool:
+    """An engine out of room: its KV cache at least `kv_high` full with requests waiting, or (with `max_waiting`)
+    more waiting than that."""
+    cfg = plan.training.admission
+    if report.kv_usage >= cfg.kv_high and report.waiting > 0:
         return True
-    if before is not None and now.preempted > before.preempted:
-        return True
-    return cfg.max_waiting is not None and now.waiting > cfg.max_waiting
+    return cfg.max_waiting is not None and report.waiting > cfg.max_waiting
+
+
+def pressed(plan: TrainingPlan, rnd: AdmissionState) -> bool:
+    """Whether the round just ended saw the engines short of room: preempting, or full and queuing."""
+    return rnd.round_preempted > plan.training.admission.max_preempted * max(rnd.round_done, 1) or rnd.round_full
 
 
 def observe(plan: TrainingPlan, state: TrainingState, results: Iterable[TrajectoryResult]) -> None:
-    """Take the engine reports of finished trajectories: remember each engine's last, move the cap (AIMD).
+    """Take the engine reports of finished trajectories: remember each engine's last, count the round's preemptions
+    and full engines, and move the cap when a round ends (AIMD).
 
     Call it before the ledger takes the results in: a result whose trajectory is not in flight (a repeated
     report) is not counted twice.
@@ -73,16 +86,18 @@ def observe(plan: TrainingPlan, state: TrainingState, results: Iterable[Trajecto
         adm.engines = _remember(adm.engines, r.engine_worker, r.pressure)
         if not cfg.adaptive:
             continue
+        if before is not None:  # an engine's first report has nothing to compare its count with
+            adm.round_preempted += max(0, r.pressure.preempted - before.preempted)
+        adm.round_full = adm.round_full or full(plan, r.pressure)
+        adm.round_done += 1
         cap = float(ceiling(plan)) if adm.cap is None else adm.cap
-        if pressed(plan, r.pressure, before):
-            if adm.since_cut is None or adm.since_cut >= cap:  # the first sign of this congestion event
-                adm.cap, adm.since_cut, adm.cuts = max(float(floor(plan)), cap * cfg.backoff), 0, adm.cuts + 1
-                continue
+        if adm.round_done < cap:
+            continue
+        if pressed(plan, adm):
+            adm.cap, adm.cuts = max(float(floor(plan)), cap * cfg.backoff), adm.cuts + 1
         else:
-            step = cfg.increase or max(t.group_size for t in plan.tasks)
-            adm.cap = min(float(ceiling(plan)), cap + step / max(cap, 1.0))
-        if adm.since_cut is not None:
-            adm.since_cut += 1
+            adm.cap = min(float(ceiling(plan)), cap + increase(plan))
+        adm.round_done, adm.round_preempted, adm.round_full = 0, 0, False
 
 
 def _remember(engines: dict[str, EnginePressure], worker: str, p: EnginePressure) -> dict[str, EnginePressure]:
