@@ -22,8 +22,8 @@ from rollart.contracts.activities import Completion, GenerateBatchInput, Generat
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredCompletion, StoredTurn
 from rollart.infra.config import PromptFormat, SamplingParams
-from rollart.infra.store.payload import Store, key_word
-from rollart.infra.store.weights import fetch_latest
+from rollart.infra.store.payload import Store, StoreKeyError
+from rollart.infra.store.weights import WeightsSource, latest_weights, read_manifest
 
 __all__ = ["GenerateActivities", "stored_turn"]
 
@@ -36,10 +36,10 @@ class GenerateActivities:
     """Binds the `generate` activity to this worker's engine and the payload store.
 
     Weights are pulled: a request that needs a newer policy than the engine holds
-    makes the engine load the job's latest published version first (once, under a
+    makes the engine stream in the job's latest published version first (once, under a
     lock, whatever the number of waiting requests), so no one has to know which
     generation workers exist. Observations become prompts through the model's chat template per the
-    task's `prompt` format (`renderer`; by default the model directory's, next to `base_weights`).
+    task's `prompt` format (`renderer`; by default the model directory's).
 
     `queue` is this worker's private queue, named in every result so that a trajectory's next turn comes
     back here (session affinity); a turn that arrives there while more than `max_waiting` requests wait in
@@ -51,18 +51,16 @@ class GenerateActivities:
         engine: Engine,
         store: Store,
         worker_id: str,
-        weights_dir: Path,
-        base_weights: Path,
+        model_dir: Path,
         renderer: PromptRenderer | None = None,
         queue: str = "",
         max_waiting: int | None = None,
     ) -> None:
         self.engine = engine
-        self.renderer = renderer or PromptRenderer(Path(base_weights).parent)
+        self.renderer = renderer or PromptRenderer(Path(model_dir))
         self.store = store
         self.worker_id = worker_id
-        self.weights_dir = weights_dir
-        self.base_weights = base_weights  # version 0 of any job: the model dir's own weights
+        self.model_dir = model_dir  # version 0 of any job: the model dir's own weights
         self._job: str | None = None  # whose weights the engine holds (None: the model dir's)
         self._loading = asyncio.Lock()
         self.queue = queue
@@ -161,33 +159,40 @@ class GenerateActivities:
                 return
             switching = self._job != want.job_id
             t0 = time.monotonic()
-            incoming = self.weights_dir / f"{key_word(want.job_id)}-incoming.safetensors"
-            latest = await asyncio.to_thread(fetch_latest, self.store, want.job_id, incoming)
-            version = latest.version if latest else 0
+            source = await asyncio.to_thread(self._latest_source, want.job_id, switching)
+            version = source.manifest.version if source else 0
             if version < want.min_version:
                 raise ApplicationError(
                     f"job {want.job_id!r} needs policy v{want.min_version} but the store has v{version} published "
                     f"({self.store!r}; weights lost with a Mooncake master are gone unless store.fallback is local)",
                     type="WeightsNotPublished",
                 )
-            path = self.base_weights
-            if latest is not None:
-                path = self.weights_dir / f"{key_word(want.job_id)}-v{version:06d}.safetensors"
-                incoming.replace(path)
             t1 = time.monotonic()
-            await self.engine.load_weights(path, version, force=switching)
+            await self.engine.load_weights(source, version, force=switching)  # None: the model dir's own
             self._job = want.job_id
             log.info(
-                "loaded policy v%d of %s in %.2fs (pull %.2fs, engine reload %.2fs)",
+                "loaded policy v%d of %s in %.3fs (manifest %.3fs, stream and load %.3fs%s)",
                 version,
                 want.job_id,
                 time.monotonic() - t0,
                 t1 - t0,
                 time.monotonic() - t1,
+                f": {source.manifest.describe()}" if source else "",
             )
-            for old in self.weights_dir.glob("*.safetensors"):
-                if old != path:
-                    old.unlink(missing_ok=True)
+
+    def _latest_source(self, job_id: str, switching: bool) -> WeightsSource | None:
+        """The job's newest version as the engine should take it (its delta, when the engine holds the version
+        before), or None before the job's first publish."""
+        latest = latest_weights(self.store, job_id)
+        if latest is None:
+            return None
+        manifest = read_manifest(self.store, latest.key)
+        if not switching and manifest.delta_key and self.engine.delta_base == (job_id, manifest.version - 1):
+            try:
+                manifest = read_manifest(self.store, manifest.delta_key)
+            except StoreKeyError:
+                log.info("delta of %s is gone; loading the full version", manifest.describe())
+        return WeightsSource(store=self.store.config, manifest=manifest)
 
 
 def _request_id() -> str:

@@ -25,6 +25,7 @@ BENCHMARKS = {
     "peer_trl": "bench.peer_trl",
     "scale": "bench.scale",
     "learning": "bench.learning",
+    "size": "bench.size",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

@@ -39,8 +39,9 @@ async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
     from transformers import AutoModelForCausalLM
 
     from rollart.client.in_process import started_engine
-    from rollart.client.local import trainer_logprobs, weights_blob
+    from rollart.client.local import publish_model, trainer_logprobs
     from rollart.infra.config import EngineConfig, SamplingParams
+    from rollart.infra.store.payload import LocalStore
 
     sampling = SamplingParams(temperature=1.0, max_tokens=8, n=4)
     prompt = "SFFF\nFHAH\nFFFH\nHFFG\nmove:"
@@ -56,14 +57,13 @@ async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
         with torch.no_grad():  # new weights: nudge every tensor, as a train step would
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
-        blob = home / "v1.safetensors"
-        blob.write_bytes(weights_blob(model))
+        source = publish_model(LocalStore(home / "swap-store"), "gpu-swap", 1, model)
         t0 = time.perf_counter()
-        await engine.load_weights(blob, 1)
+        await engine.load_weights(source, 1)
         swap_s = time.perf_counter() - t0
         after = await engine.generate(prompt, sampling, "gpu-after")
         trainer = trainer_logprobs(
-            model_dir, blob.read_bytes(), [(after.prompt_ids, c.token_ids) for c in after.completions], device
+            model_dir, model.state_dict(), [(after.prompt_ids, c.token_ids) for c in after.completions], device
         )
         diff = max(
             float((torch.tensor(t) - torch.tensor(c.logprobs)).abs().max()) for t, c in zip(trainer, after.completions)
@@ -93,14 +93,13 @@ async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
     for mode in modes:
         trainer = {**MODES[mode], "device": device, "eps": 1e-6}
         rows[mode] = await run_mode(mode, trainer, model_dir, samples, 3, home / "store", home / "runs")
-    from safetensors.torch import load as st_load
-
+    from rollart.client.local import published_tensors
     from rollart.infra.store.weights import latest_weights
 
     store = LocalStore(home / "store")
 
     def weights(mode: str) -> dict:
-        return st_load(store.get(latest_weights(store, mode.replace(" ", "-").replace("=", "")).key))
+        return published_tensors(store, latest_weights(store, mode.replace(" ", "-").replace("=", "")).key)
 
     ref = weights("torch")
     ok = True

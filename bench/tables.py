@@ -133,10 +133,38 @@ _WEIGHT_SWAP = (
     Col("params", lambda r: r["params"] / 1e6, fixed(1, "M")),
     Col("store", "store", align="l"),
     Col("publish s", "publish_s", ".3f"),
-    Col("pull s", "pull_s", ".3f"),
-    Col("reload s", "reload_s", ".3f"),
+    Col("stream + load s", "load_s", ".3f"),
     Col("first request s", "first_request_s", ".3f"),
     Col("total s", "total_s", ".3f"),
+)
+_SIZE_SWAP = (
+    Col("size", "size", align="l"),
+    Col("path", "path", align="l"),
+    Col("dtype", "dtype", align="l"),
+    Col("GB", lambda r: r["bytes"] / 1e9, ".2f"),
+    Col("publish s", "publish_s", ".3f"),
+    Col("stream + load s", "load_s", ".3f"),
+    Col("first request s", "request_s", ".3f"),
+    Col("total s", "total_s", ".3f", bold=True),
+    Col("× memcpy", "vs_memcpy", ".2f"),
+    Col("publisher peak MB", "publisher_peak_mb", ".0f"),
+)
+_SIZE_FIXED = (
+    Col("model", "model", align="l"),
+    Col("publish s", "publish_s", ".4f"),
+    Col("stream + load s", "load_s", ".4f"),
+    Col("first request s", "request_s", ".4f"),
+    Col("total s", "total_s", ".4f", bold=True),
+    Col("a request alone s", "request_alone_s", ".4f"),
+)
+_SIZE_TRAIN = (
+    Col("size", "size", align="l"),
+    Col("trainer", "mode", align="l"),
+    Col("step s", "step_s", ".2f", bold=True),
+    Col("train s", "train_s", ".2f"),
+    Col("publish s", "publish_s", ".2f"),
+    Col("publish peak MB (leader)", "publish_peak_mb", ".0f"),
+    Col("tokens", "tokens", ".0f"),
 )
 _RESETS = (
     Col("reset_pool_size", "reset_pool_size"),
@@ -343,6 +371,9 @@ VIEWS: dict[str, View] = {
     "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
     "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
     "resets": View(("resets",), _key("rows"), _RESETS),
+    "size.swap": View(("size",), _key("swap"), _SIZE_SWAP),
+    "size.fixed": View(("size",), _key("fixed"), _SIZE_FIXED),
+    "size.train": View(("size",), _key("train"), _SIZE_TRAIN),
     "trainer": View(("trainer",), _modes, _trainer(".3f", ".4f")),
     "trainer-h512-l8": View(("trainer-h512-l8",), _modes, _trainer(".2f", ".3f")),
     "single_turn": View(("single_turn-before", "single_turn-after"), _modes, _SINGLE_TURN),

@@ -66,8 +66,9 @@ def build_model(home: Path, hidden: int | None, layers: int | None) -> Path:
     return out
 
 
-def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
-    """SampleRefs of 8 groups x 8 four-turn trajectories whose turn records hold one token sampled from the model."""
+def frozenlake_batch(store, model_dir: Path, seed: int = 0, groups: int = 8, members: int = 8) -> list:
+    """SampleRefs of `groups` x `members` four-turn trajectories whose turn records hold one token sampled from the
+    model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -79,8 +80,8 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0) -> list:
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     grid = ["SFFF", "FHFH", "FFFH", "HFFG"]
     samples = []
-    for g in range(8):
-        for m in range(8):
+    for g in range(groups):
+        for m in range(members):
             keys, agent = [], rng.randrange(16)
             for turn in range(4):
                 rows = [

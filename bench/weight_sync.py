@@ -12,9 +12,9 @@ and ~400M parameters) is published by one client and pulled by another:
   sends it back (the floor for "bytes across a process boundary").
 
 Swap part (`--swap`): the end-to-end time of a weight swap on a real vLLM
-engine — publish the trainer's new weights, the generator pulls them to a
-file, reloads the running engine, and serves a request stamped with the new
-version — for the tiny model and a ~40M model.
+engine — publish the trainer's new weights (buckets and a manifest), stream
+them from the store into the running engine, and serve a request stamped with
+the new version — for the tiny model and a ~40M model.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def transfer_rows(sizes: list[str], repeats: int, home: Path) -> list[dict]:
                             raise RuntimeError(f"{name}: pulled {len(got)} bytes of {len(blob)}")
                         del got
                         if name == "mooncake":
-                            publisher.remove_now(key)  # just read: a lease holds it for 10 s
+                            publisher.delete(key, force=True)  # just read: a lease holds it for 10 s
                         elif name == "local file":
                             local.delete(key)
                         if r:
@@ -238,11 +238,10 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
     from transformers import AutoModelForCausalLM
 
     from rollart.client.in_process import started_engine
-    from rollart.client.local import weights_blob
+    from rollart.client.local import publish_model
     from rollart.infra.config import EngineConfig, MooncakeConfig, SamplingParams, StoreConfig
     from rollart.infra.local.mooncake_service import MooncakeService
     from rollart.infra.store.payload import LocalStore, open_store
-    from rollart.infra.store.weights import fetch_latest, publish
 
     rows = []
     cfg = StoreConfig(
@@ -261,38 +260,28 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
                 sampling = SamplingParams(max_tokens=2)
                 await engine.generate("warm up", sampling, "warm")
                 for kind, store in stores.items():
-                    parts: dict[str, list[float]] = {
-                        "publish": [],
-                        "pull": [],
-                        "reload": [],
-                        "first_request": [],
-                        "total": [],
-                    }
+                    parts: dict[str, list[float]] = {"publish": [], "load": [], "first_request": [], "total": []}
                     for r in range(repeats + 1):
                         with torch.no_grad():
                             for p in trainer.parameters():
                                 p.add_(1e-4)
                         version += 1
                         t0 = time.perf_counter()
-                        blob = weights_blob(trainer)  # what the trainer's publish does: serialise, then put
-                        publish(store, f"swap-{label}", version, blob)
+                        source = publish_model(store, f"swap-{label}", version, trainer)  # what a train step sends
                         t1 = time.perf_counter()
-                        path = home / "swap.safetensors"
-                        ref = fetch_latest(store, f"swap-{label}", path)
+                        await engine.load_weights(source, version)  # streamed from the store into the engine
                         t2 = time.perf_counter()
-                        await engine.load_weights(path, ref.version)
-                        t3 = time.perf_counter()
                         out = await engine.generate("move:", sampling, f"swap-{kind}-{version}")
-                        t4 = time.perf_counter()
+                        t3 = time.perf_counter()
                         if out.policy_version != version:
                             raise RuntimeError(f"served v{out.policy_version}, expected v{version}")
                         if r:
-                            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+                            for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t3 - t0)):
                                 parts[k].append(v)
                     row = {
                         "model": label,
                         "params": params,
-                        "bytes": len(blob),
+                        "bytes": source.manifest.nbytes,
                         "store": kind,
                         "repeats": repeats,
                         **{f"{k}_s": statistics.median(v) for k, v in parts.items()},
@@ -316,15 +305,12 @@ def print_tables(transfer: list[dict], swap: list[dict]) -> None:
                 f"{r['publish_gbps']:6.2f} {r['pull_s']:8.3f} {r['pull_gbps']:6.2f}"
             )
     if swap:
-        print("\nweight swap end to end on vLLM: publish → pull → engine reload → first request on the new version")
-        print(
-            f"{'model':>6} {'params':>8} {'store':<11} {'publish':>8} {'pull':>7} {'reload':>7} {'request':>8} "
-            f"{'total s':>8}"
-        )
+        print("\nweight swap end to end on vLLM: publish → stream into the engine → first request on the new version")
+        print(f"{'model':>6} {'params':>8} {'store':<11} {'publish':>8} {'load':>7} {'request':>8} {'total s':>8}")
         for r in swap:
             print(
-                f"{r['model']:>6} {r['params'] / 1e6:7.1f}M {r['store']:<11} {r['publish_s']:8.3f} {r['pull_s']:7.3f} "
-                f"{r['reload_s']:7.3f} {r['first_request_s']:8.3f} {r['total_s']:8.3f}"
+                f"{r['model']:>6} {r['params'] / 1e6:7.1f}M {r['store']:<11} {r['publish_s']:8.3f} {r['load_s']:7.3f} "
+                f"{r['first_request_s']:8.3f} {r['total_s']:8.3f}"
             )
 
 

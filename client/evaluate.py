@@ -10,9 +10,7 @@ draws, with the untrained model (version 0) or any published version.
 from __future__ import annotations
 
 import statistics
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 from rollart.activities.engines.hf_engine import HfEngine
 from rollart.client.in_process import in_process_activities, play_unit
@@ -21,7 +19,7 @@ from rollart.contracts.ids import EVAL_SEED_BASE
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.config import JobSpec, TaskSpec
 from rollart.infra.store.payload import StoreKeyError, open_store
-from rollart.infra.store.weights import latest_weights, weights_key
+from rollart.infra.store.weights import WeightsSource, latest_weights, manifest_key, read_manifest
 
 __all__ = ["EvalReport", "evaluate"]
 
@@ -87,11 +85,8 @@ async def _load_version(engine: HfEngine, job: JobSpec, job_id: str | None, vers
     if version == 0:
         return 0
     try:
-        blob = store.get(weights_key(job_id, version))
+        manifest = read_manifest(store, manifest_key(job_id, version))
     except StoreKeyError as e:
         raise ValueError(f"job {job_id!r} has no published v{version} in {store!r}: {e}") from e
-    with tempfile.TemporaryDirectory(prefix="rollart-eval-") as tmp:
-        path = Path(tmp) / "weights.safetensors"
-        path.write_bytes(blob)
-        await engine.load_weights(path, version)
+    await engine.load_weights(WeightsSource(store=store.config, manifest=manifest), version)
     return version

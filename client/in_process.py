@@ -117,11 +117,7 @@ async def in_process_activities(
     envs = EnvActivities("in-process", queue="in-process", env_threads=env_threads)
     try:
         gen = GenerateActivities(
-            engine,
-            open_store(store or StoreConfig(path=scratch / "store")),
-            "in-process",
-            scratch / "weights",
-            model_dir / "model.safetensors",
+            engine, open_store(store or StoreConfig(path=scratch / "store")), "in-process", model_dir
         )
         yield InProcessCalls.of(envs, gen, RewardActivities())
     finally:

@@ -7,34 +7,62 @@ the rollout side are in `in_process`). Nothing here starts a server or a worker.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.config import TrainerConfig
+from rollart.infra.config import TrainerConfig, WeightsConfig
 from rollart.infra.store.payload import Store
+from rollart.infra.store.weights import WeightsSource
 
 if TYPE_CHECKING:
     import torch
 
     from rollart.activities.trainer import RankLauncher
+    from rollart.activities.training.publish import Publisher
 
-__all__ = ["LocalTrainer", "trainer_logprobs", "weights_blob"]
+__all__ = ["LocalTrainer", "publish_model", "published_tensors", "trainer_logprobs"]
 
 
-def weights_blob(model: torch.nn.Module) -> bytes:
-    """A transformers model's weights as the trainer publishes them: float32 safetensors, a tied head left out.
+def publish_model(
+    store: Store,
+    job_id: str,
+    version: int,
+    model: torch.nn.Module,
+    weights: WeightsConfig | None = None,
+    publisher: Publisher | None = None,
+) -> WeightsSource:
+    """Publish a transformers model's weights as `version` of `job_id` with the trainer's own code (buckets and a
+    manifest; float32 unless `weights` says otherwise; with `weights.delta`, pass the same `publisher` each time);
+    what an engine's `load_weights` takes. For benchmarks and checks that time or test a swap of what training
+    would send."""
+    from rollart.activities.rl.weights_io import unique_tensors
+    from rollart.activities.training.publish import Publisher, publish_version
+    from rollart.activities.training.ranks import OneProcess
+    from rollart.infra.store.weights import read_manifest
 
-    What `Engine.load_weights` and the store's published versions hold, so a benchmark can time a
-    swap of exactly what training would send.
-    """
-    from rollart.activities.rl.weights_io import state_dict_blob
+    cfg = (weights or WeightsConfig(dtype="float32")).resolved("float32")
+    tensors = unique_tensors(model).items()
+    ref = publish_version(tensors, OneProcess(), store, job_id, version, cfg, version + 1, publisher or Publisher())
+    if ref is None:
+        raise RuntimeError("a single process is its own leader: publishing must return the version's manifest")
+    return WeightsSource(store=store.config, manifest=read_manifest(store, ref.key))
 
-    return state_dict_blob(model)
+
+def published_tensors(store: Store, key: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the published version whose manifest is at `key` (a `TrainStepResult.weights_key`)."""
+    from rollart.infra.store.weight_stream import read_all
+    from rollart.infra.store.weights import read_manifest
+
+    return read_all(store, read_manifest(store, key))
 
 
 def trainer_logprobs(
-    model_dir: Path, weights: bytes | None, sequences: list[tuple[list[int], list[int]]], device: str = "cpu"
+    model_dir: Path,
+    weights: Mapping[str, torch.Tensor] | None,
+    sequences: list[tuple[list[int], list[int]]],
+    device: str = "cpu",
 ) -> list[list[float]]:
     """The torch trainer's logprob of each completion token after its prompt, under `weights` (None: the model dir's).
 
@@ -48,7 +76,7 @@ def trainer_logprobs(
 
     policy = TorchPolicy(model_dir, TrainerConfig(), torch.device(device))
     if weights is not None:
-        policy.load_weights_blob(weights)
+        policy.load_hf_tensors(weights)
     seqs = [TrainSequence(list(p), list(c), [0.0] * len(c), 0.0) for p, c in sequences]
     with torch.no_grad():
         lp, _ = policy.logprobs(collate(seqs, policy.pad_id).to(policy.device), entropy_grad=False)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.infra.config import FaultModel, PromptFormat, SamplingParams, TaskSpec, TrainerConfig
+from rollart.infra.config import FaultModel, PromptFormat, SamplingParams, TaskSpec, TrainerConfig, WeightsConfig
 from rollart.infra.store.keys import key_word
 
 __all__ = [
@@ -359,6 +359,7 @@ class TrainStepInput(_Message):
     model_dir: str
     run_dir: str
     trainer: TrainerConfig
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
 
 
 class TrainStepResult(_Message):

@@ -7,7 +7,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.contracts.activities import EnginePressure, SampleRef
-from rollart.infra.config import AffinityConfig, JobSpec, StopWhen, TaskSpec, TrainerConfig, TrainingConfig
+from rollart.infra.config import (
+    AffinityConfig,
+    JobSpec,
+    StopWhen,
+    TaskSpec,
+    TrainerConfig,
+    TrainingConfig,
+    WeightsConfig,
+)
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
@@ -194,6 +202,7 @@ class TrainingPlan(BaseModel):
     trainer: TrainerConfig
     model_dir: str
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)
     """Which engine serves a trajectory's turns (the job's `engine.affinity`), for the rollouts it starts."""
 
@@ -207,6 +216,7 @@ class TrainingPlan(BaseModel):
             trainer=trainer,
             model_dir=str(job.model_dir),
             queue_prefix=job.temporal.task_queue_prefix,
+            weights=job.weights.resolved(job.engine.dtype),
             affinity=job.engine.affinity,
         )
 

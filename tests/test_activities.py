@@ -35,6 +35,7 @@ from rollart.contracts.activities import (
 )
 from rollart.infra.config import SamplingParams
 from rollart.infra.store.payload import LocalStore
+from rollart.infra.store.weights import WeightsSource
 
 ENV = ActivityEnvironment()
 
@@ -219,14 +220,14 @@ class ScriptedEngine(Engine):
     def tokens_generated(self) -> int:
         return 0
 
-    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
-        self.loads = [*getattr(self, "loads", []), (path.name, version, force)]
+    async def load_weights(self, source: WeightsSource | None, version: int, *, force: bool = False) -> None:
+        self.loads = [*getattr(self, "loads", []), (source.manifest.version if source else None, version, force)]
         self.policy_version = version
 
 
 async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
-    acts = GenerateActivities(ScriptedEngine(), store, "h800-w", tmp_path / "w", tmp_path / "base.safetensors")
+    acts = GenerateActivities(ScriptedEngine(), store, "h800-w", tmp_path)
     result = await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert [c.text for c in result.completions] == ["R"] and result.completions[0].num_tokens == 2
     assert (result.policy_version, result.policy_version_end, result.prompt_tokens) == (3, 4, 3)
@@ -241,9 +242,7 @@ async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
 
 
 async def test_generate_rejected_requests_are_not_retried(tmp_path: Path) -> None:
-    acts = GenerateActivities(
-        ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path / "w", tmp_path / "base.safetensors"
-    )
+    acts = GenerateActivities(ScriptedEngine(reject=True), LocalStore(tmp_path), "h800-w", tmp_path)
     with pytest.raises(ApplicationError) as err:
         await ENV.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
     assert err.value.type == "RequestRejected" and err.value.non_retryable
@@ -280,12 +279,14 @@ def test_reward_values_are_normalised() -> None:
 
 async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(tmp_path: Path) -> None:
     from rollart.contracts.activities import WeightsRef
-    from rollart.infra.store.weights import publish
+    from rollart.infra.store.weights import WeightsManifest, commit
 
     store = LocalStore(tmp_path / "store")
     engine = ScriptedEngine()
-    acts = GenerateActivities(engine, store, "h800-w", tmp_path / "w", tmp_path / "base.safetensors")
-    (tmp_path / "w").mkdir()
+    acts = GenerateActivities(engine, store, "h800-w", tmp_path)
+
+    def publish(job: str, version: int) -> None:
+        commit(store, WeightsManifest(job_id=job, version=version, dtype="float32", buckets=[]))
 
     async def gen(job: str, v: int) -> None:
         inp = GenerateInput(
@@ -295,13 +296,13 @@ async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(t
 
     await gen("a", 0)  # the model dir's weights are v0 of any job: nothing to load
     assert getattr(engine, "loads", []) == []
-    publish(store, "a", 1, b"blob-a1")
-    publish(store, "a", 2, b"blob-a2")
+    publish("a", 1)
+    publish("a", 2)
     await gen("a", 1)  # behind: the latest published version is loaded
-    assert engine.loads == [("a-v000002.safetensors", 2, False)]
+    assert engine.loads == [(2, 2, False)]
     await gen("a", 2)  # current: no load
-    await gen("b", 0)  # another job: its v0 (the base weights), forced although 0 < 2
-    assert engine.loads[-1] == ("base.safetensors", 0, True)
+    await gen("b", 0)  # another job: its v0 (the model dir's own weights), forced although 0 < 2
+    assert engine.loads[-1] == (None, 0, True)
     with pytest.raises(ApplicationError) as err:
         await gen("b", 1)  # not published yet: retryable, says what is missing
     assert err.value.type == "WeightsNotPublished" and not err.value.non_retryable

@@ -92,7 +92,7 @@ async def test_generation_prompts_and_stores_the_rendered_text(chat_model: Path,
     await engine.start()
     try:
         store = LocalStore(tmp_path / "store")
-        acts = GenerateActivities(engine, store, "w", tmp_path / "w", chat_model / "model.safetensors")
+        acts = GenerateActivities(engine, store, "w", chat_model)
         sampling = SamplingParams(max_tokens=2)
         await ENV.run(
             acts.generate,
@@ -126,8 +126,7 @@ async def test_always_on_a_model_without_a_template_is_a_bad_input_not_retried(
         create_engine(tiny_model, EngineConfig(kind="hf", max_model_len=128)),
         LocalStore(tmp_path),
         "w",
-        tmp_path / "w",
-        tiny_model / "model.safetensors",
+        tiny_model,
     )
     with pytest.raises(ApplicationError, match="no chat template") as err:
         await ENV.run(

@@ -24,11 +24,15 @@ from rollart.activities.engines.base import (
     EngineOutput,
     EngineRequestError,
     WeightsBlobError,
-    check_weights_blob,
+    check_weights,
 )
 from rollart.activities.engines.factory import create_engine
+from rollart.client.local import publish_model
 from rollart.contracts.activities import EnginePressure
-from rollart.infra.config import EngineConfig, SamplingParams
+from rollart.infra.config import EngineConfig, SamplingParams, WeightsConfig
+from rollart.infra.store.payload import LocalStore
+from rollart.infra.store.weight_stream import WeightsTransferError
+from rollart.infra.store.weights import WeightsSource, read_manifest
 from rollart.infra.tiny_model import build_tiny_model
 
 log = logging.getLogger(__name__)
@@ -225,15 +229,12 @@ def perturbed_model(model_dir: Path, seed: int) -> Any:
     return model
 
 
-def save_blob(model: Any, path: Path) -> Path:
-    """Write the state dict exactly as the trainer publishes it: safetensors bytes, no tied lm_head."""
-    from safetensors.torch import save
-
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        state.pop("lm_head.weight", None)
-    path.write_bytes(save(state))
-    return path
+def publish(
+    model: Any, version: int, model_dir: Path, job: str = "engines", publisher: Any = None, **weights: Any
+) -> WeightsSource:
+    """Publish `model` as `version` exactly as the trainer does (buckets and a manifest in a local store)."""
+    cfg = WeightsConfig(**{"dtype": "float32", **weights})
+    return publish_model(LocalStore(model_dir.parent / "store"), job, version, model, cfg, publisher)
 
 
 def teacher_forced(model: Any, out: EngineOutput) -> list[list[float]]:
@@ -266,63 +267,110 @@ def original(model_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def new_weights(model_dir: Path) -> tuple[Any, Path]:
-    """Version 1: the perturbed model and its blob."""
+def new_weights(model_dir: Path) -> tuple[Any, WeightsSource]:
+    """Version 1: the perturbed model, published."""
     model = perturbed_model(model_dir, seed=1)
-    return model, save_blob(model, model_dir.parent / "v1.safetensors")
+    return model, publish(model, 1, model_dir)
 
 
-def test_blob_check_rejects_what_does_not_fit(model_dir: Path, new_weights: tuple[Any, Path], tmp_path: Path) -> None:
-    from safetensors.torch import load_file, save_file
-
-    check_weights_blob(new_weights[1], model_dir)  # the trainer's format passes
-    state = load_file(str(new_weights[1]))
+def test_weights_check_rejects_what_does_not_fit(model_dir: Path, new_weights: tuple[Any, WeightsSource]) -> None:
+    manifest = new_weights[1].manifest
+    check_weights(manifest, model_dir)  # the trainer's format passes
+    bucket = manifest.buckets[0]
     name = "model.norm.weight"
-    save_file({k: v for k, v in state.items() if k != name}, str(tmp_path / "missing.safetensors"))
+    without = [t for t in bucket.tensors if t.name != name]
+    missing = manifest.model_copy(update={"buckets": [bucket.model_copy(update={"tensors": without})]})
     with pytest.raises(WeightsBlobError, match=f"missing.*{name}"):
-        check_weights_blob(tmp_path / "missing.safetensors", model_dir)
-    state[name] = state[name][:-1].contiguous()
-    save_file(state, str(tmp_path / "shape.safetensors"))
+        check_weights(missing, model_dir)
+    check_weights(missing.model_copy(update={"kind": "delta", "base_version": 0}), model_dir)  # a delta may skip
+    shorter = [t.model_copy(update={"shape": [t.shape[0] - 1]}) if t.name == name else t for t in bucket.tensors]
+    wrong = manifest.model_copy(update={"buckets": [bucket.model_copy(update={"tensors": shorter})]})
     with pytest.raises(WeightsBlobError, match="shape mismatch"):
-        check_weights_blob(tmp_path / "shape.safetensors", model_dir)
-    (tmp_path / "junk.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(WeightsBlobError, match="cannot read"):
-        check_weights_blob(tmp_path / "junk.safetensors", model_dir)
+        check_weights(wrong, model_dir)
+    renamed = [t.model_copy(update={"name": "model.nope"}) if t.name == name else t for t in bucket.tensors]
+    extra = manifest.model_copy(update={"buckets": [bucket.model_copy(update={"tensors": renamed})]})
+    with pytest.raises(WeightsBlobError, match=r"unexpected.*model\.nope"):
+        check_weights(extra, model_dir)
+
+
+def _gone(source: WeightsSource) -> WeightsSource:
+    """`source` with its first bucket renamed to a key that is not in the store (a retired version)."""
+    m = source.manifest
+    first = m.buckets[0].model_copy(update={"key": m.buckets[0].key + ".gone"})
+    return source.model_copy(update={"manifest": m.model_copy(update={"buckets": [first, *m.buckets[1:]]})})
 
 
 # --- HF engine -------------------------------------------------------------------------------------------
 
 
-async def test_hf_load_weights(hf_engine: Engine, new_weights: tuple[Any, Path], original: Any) -> None:
-    model, blob = new_weights
+async def test_hf_load_weights(
+    hf_engine: Engine, new_weights: tuple[Any, WeightsSource], original: Any, model_dir: Path
+) -> None:
+    model, source = new_weights
     before = await hf_engine.generate(PROMPT, SAMPLING, "hf-before")
     assert max_error(before, teacher_forced(original, before)) < 1e-4
-    await hf_engine.load_weights(blob, 1)
+    await hf_engine.load_weights(source, 1)
     assert hf_engine.policy_version == 1
     out = await hf_engine.generate(PROMPT, SAMPLING, "hf-after")
     assert (out.policy_version, out.policy_version_end) == (1, 1)
     assert max_error(out, teacher_forced(model, out)) < 1e-4
     assert max_error(out, teacher_forced(original, out)) > 0.05
-    await hf_engine.load_weights(Path("/nonexistent/stale.safetensors"), 1)  # stale: not even opened
+    await hf_engine.load_weights(_gone(source), 1)  # stale: not even opened
     assert hf_engine.policy_version == 1
-    with pytest.raises(WeightsBlobError):
-        await hf_engine.load_weights(Path("/nonexistent/new.safetensors"), 2)
+    with pytest.raises(WeightsTransferError, match=r"engines.*v1.*not in"):  # gone: refused before any load
+        await hf_engine.load_weights(_gone(source), 2)
     assert hf_engine.policy_version == 1
+    await hf_engine.load_weights(None, 0, force=True)  # the model dir's own weights (another job's v0)
+    out = await hf_engine.generate(PROMPT, SAMPLING, "hf-base")
+    assert max_error(out, teacher_forced(original, out)) < 1e-4
+
+
+async def test_hf_bf16_and_delta_publishes(hf_engine: Engine, model_dir: Path) -> None:
+    """bf16 weights load into a float32 engine; with deltas on, an engine holding v−1 takes the delta and ends up
+    exactly where the full version would put it."""
+    import torch
+
+    from rollart.activities.training.publish import Publisher
+
+    job, publisher = "delta", Publisher()
+    model = perturbed_model(model_dir, seed=3)
+    with torch.no_grad():  # bf16-exact values: what the engine computes with is exactly the model's
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    v1 = publish(model, 1, model_dir, job, publisher, dtype="bfloat16", delta=True)
+    assert v1.manifest.deltas and v1.manifest.delta_key is None  # nothing to take a delta from yet
+    await hf_engine.load_weights(v1, 1, force=True)
+    assert hf_engine.delta_base == (job, 1)
+    out = await hf_engine.generate(PROMPT, SAMPLING, "bf16")
+    assert max_error(out, teacher_forced(model, out)) < 1e-4
+    with torch.no_grad():  # a small step: one tensor's row moves, the rest stays (as bf16 rounding often leaves it)
+        row = model.model.layers[1].mlp.down_proj.weight[3]
+        row.copy_((row + 0.25).to(torch.bfloat16).float())
+    v2 = publish(model, 2, model_dir, job, publisher, dtype="bfloat16", delta=True)
+    delta = read_manifest(LocalStore(model_dir.parent / "store"), v2.manifest.delta_key)
+    assert (delta.kind, delta.base_version) == ("delta", 1)
+    assert [t.name for t in delta.tensors] == ["model.layers.1.mlp.down_proj.weight"]
+    assert delta.tensors[0].encoding == "sparse" and delta.nbytes < v2.manifest.nbytes / 100
+    await hf_engine.load_weights(WeightsSource(store=v2.store, manifest=delta), 2)
+    out = await hf_engine.generate(PROMPT, SAMPLING, "delta")
+    assert max_error(out, teacher_forced(model, out)) < 1e-4
+    with pytest.raises(WeightsTransferError, match="needs this engine to hold v1"):  # holds v2 now: refused
+        await hf_engine.load_weights(WeightsSource(store=v2.store, manifest=delta), 3)
 
 
 # --- vLLM engine -----------------------------------------------------------------------------------------
 
 
 @pytest.mark.integration
-async def test_vllm_swap_under_load(vllm_engine: Engine, new_weights: tuple[Any, Path], original: Any) -> None:
+async def test_vllm_swap_under_load(vllm_engine: Engine, new_weights: tuple[Any, WeightsSource], original: Any) -> None:
     """32 requests in flight across the swap all finish; afterwards logprobs are the new model's."""
-    model, blob = new_weights
+    model, source = new_weights
     assert vllm_engine.policy_version == 0
     long = SamplingParams(temperature=1.0, top_k=0, max_tokens=64, n=2)
     tasks = [asyncio.create_task(vllm_engine.generate(PROMPT, long, f"load-{i}")) for i in range(32)]
     await asyncio.sleep(0.3)
     t0 = time.perf_counter()
-    await vllm_engine.load_weights(blob, 1)
+    await vllm_engine.load_weights(source, 1)
     swap_s = time.perf_counter() - t0
     log.warning("vLLM weight swap took %.3f s", swap_s)
     outs = await asyncio.gather(*tasks)
@@ -341,14 +389,21 @@ async def test_vllm_swap_under_load(vllm_engine: Engine, new_weights: tuple[Any,
 
 
 @pytest.mark.integration
-async def test_vllm_stale_and_bad_loads_keep_the_engine(vllm_engine: Engine, model_dir: Path, tmp_path: Path) -> None:
+async def test_vllm_stale_and_bad_loads_keep_the_engine(
+    vllm_engine: Engine, new_weights: tuple[Any, WeightsSource]
+) -> None:
     version = vllm_engine.policy_version
-    await vllm_engine.load_weights(Path("/nonexistent/stale.safetensors"), version)  # not newer: no-op
-    await vllm_engine.load_weights(Path("/nonexistent/stale.safetensors"), 0)
+    gone = _gone(new_weights[1])
+    await vllm_engine.load_weights(gone, version)  # not newer: no-op
+    await vllm_engine.load_weights(gone, 0)
     assert vllm_engine.policy_version == version
-    (tmp_path / "junk.safetensors").write_bytes(b"junk")
+    with pytest.raises(WeightsTransferError, match=r"engines.*v1.*not in"):  # refused before the engine is paused
+        await vllm_engine.load_weights(gone, version + 1)
+    m = new_weights[1].manifest
+    shapes = [t.model_copy(update={"shape": [1, *t.shape]}) for t in m.buckets[0].tensors]
+    wrong = m.model_copy(update={"buckets": [m.buckets[0].model_copy(update={"tensors": shapes})]})
     with pytest.raises(WeightsBlobError):
-        await vllm_engine.load_weights(tmp_path / "junk.safetensors", version + 1)
+        await vllm_engine.load_weights(new_weights[1].model_copy(update={"manifest": wrong}), version + 1)
     assert vllm_engine.policy_version == version
     out = await vllm_engine.generate(PROMPT, SamplingParams(max_tokens=4), "still-alive")
     assert out.policy_version == version and out.completions[0].token_ids
@@ -358,13 +413,37 @@ async def test_vllm_stale_and_bad_loads_keep_the_engine(vllm_engine: Engine, mod
 async def test_vllm_concurrent_loads_are_serialised(vllm_engine: Engine, model_dir: Path) -> None:
     """Two racing swaps both apply in order; the older one arriving last is a no-op."""
     v = vllm_engine.policy_version
-    blobs = [
-        save_blob(perturbed_model(model_dir, seed=10 + i), model_dir.parent / f"race{i}.safetensors") for i in range(2)
-    ]
-    await asyncio.gather(vllm_engine.load_weights(blobs[0], v + 1), vllm_engine.load_weights(blobs[1], v + 2))
+    sources = [publish(perturbed_model(model_dir, seed=10 + i), v + 1 + i, model_dir, "race") for i in range(2)]
+    await asyncio.gather(vllm_engine.load_weights(sources[0], v + 1), vllm_engine.load_weights(sources[1], v + 2))
     assert vllm_engine.policy_version == v + 2
-    await vllm_engine.load_weights(blobs[0], v + 1)
+    await vllm_engine.load_weights(sources[0], v + 1)
     assert vllm_engine.policy_version == v + 2
+
+
+@pytest.mark.integration
+async def test_vllm_takes_a_delta_into_fused_layers(vllm_engine: Engine, model_dir: Path) -> None:
+    """A delta that changes q_proj alone (fused into vLLM's qkv_proj) is loaded with its whole group: logprobs equal
+    the new model's; bf16 published weights into a float32 engine."""
+    import torch
+
+    from rollart.activities.training.publish import Publisher
+
+    job, publisher, v = "vllm-delta", Publisher(), vllm_engine.policy_version
+    model = perturbed_model(model_dir, seed=4)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    await vllm_engine.load_weights(publish(model, 1, model_dir, job, publisher, dtype="bfloat16", delta=True), v + 1)
+    assert vllm_engine.delta_base == (job, 1)
+    with torch.no_grad():
+        q = model.model.layers[0].self_attn.q_proj.weight
+        q[:8].copy_((q[:8] * 1.5).to(torch.bfloat16).float())
+    full = publish(model, 2, model_dir, job, publisher, dtype="bfloat16", delta=True)
+    delta = read_manifest(LocalStore(model_dir.parent / "store"), full.manifest.delta_key)
+    assert [t.name for t in delta.tensors] == ["model.layers.0.self_attn.q_proj.weight"]
+    await vllm_engine.load_weights(WeightsSource(store=full.store, manifest=delta), v + 2)
+    out = await vllm_engine.generate(PROMPT, SAMPLING, "after-delta")
+    assert out.policy_version == v + 2 and max_error(out, teacher_forced(model, out)) < 1e-4
 
 
 # --- failure path, without vLLM --------------------------------------------------------------------------
@@ -377,8 +456,9 @@ class _FailingLLM:
 
     def __init__(self) -> None:
         self.calls: list[str] = []
+        self.engine_core = self
 
-    async def pause_generation(self, **kwargs: Any) -> None:
+    async def pause_scheduler_async(self, **kwargs: Any) -> None:
         self.calls.append("pause")
 
     async def collective_rpc(self, method: str, args: tuple = ()) -> list[int]:
@@ -392,7 +472,7 @@ class _FailingLLM:
         self.calls.append("resume")
 
 
-async def test_vllm_failed_reload_marks_engine_dead(model_dir: Path, new_weights: tuple[Any, Path]) -> None:
+async def test_vllm_failed_reload_marks_engine_dead(model_dir: Path, new_weights: tuple[Any, WeightsSource]) -> None:
     from rollart.activities.engines.vllm_engine import VllmEngine
 
     engine = VllmEngine(model_dir)
@@ -413,7 +493,7 @@ class _SlowLLM(_FailingLLM):
         return [1]
 
 
-async def test_vllm_cancelled_swap_still_completes(model_dir: Path, new_weights: tuple[Any, Path]) -> None:
+async def test_vllm_cancelled_swap_still_completes(model_dir: Path, new_weights: tuple[Any, WeightsSource]) -> None:
     """Cancelling the caller mid-swap must not leave vLLM paused: the swap finishes, then the cancel propagates."""
     from rollart.activities.engines.vllm_engine import VllmEngine
 

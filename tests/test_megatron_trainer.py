@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load as st_load
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
 from rollart.activities.trainer import TrainerActivities, step_record_path
+from rollart.client.local import published_tensors
 from rollart.contracts.activities import SampleRef, TrainStepInput
 from rollart.infra.config import StoreConfig, TrainerConfig
 from rollart.infra.local.devserver import free_port
@@ -64,8 +64,8 @@ def step(tiny_model: Path, run_dir: Path, n: int, samples: list[SampleRef], **tr
     )
 
 
-def max_diff(blob_a: bytes, blob_b: bytes) -> float:
-    a, b = st_load(blob_a), st_load(blob_b)
+def max_diff(store: LocalStore, key_a: str, key_b: str) -> float:
+    a, b = published_tensors(store, key_a), published_tensors(store, key_b)
     assert set(a) == set(b)
     return max(float((a[k] - b[k]).abs().max()) for k in a)
 
@@ -81,7 +81,7 @@ async def test_megatron_steps_publish_what_the_torch_backend_publishes(
         t = await env.run(torch_acts.train_step, step(tiny_model, tmp_path / "torch", n, samples, eps=1e-6))
         m = await env.run(meg_acts.train_step, step(tiny_model, tmp_path / "meg", n, samples, **MEGATRON_T2))
         assert (m.step, m.version, m.replayed) == (n, n + 1, False)
-        assert max_diff(store.get(t.weights_key), store.get(m.weights_key)) < 1e-5
+        assert max_diff(store, t.weights_key, m.weights_key) < 1e-5
         assert m.metrics["loss"] == pytest.approx(t.metrics["loss"], abs=1e-6)
     assert m.metrics["logprob_diff_behav"] > 1e-3  # step 1 trains on v0's data: the policy moved
     again = await env.run(meg_acts.train_step, step(tiny_model, tmp_path / "meg", 1, samples, **MEGATRON_T2))
@@ -113,7 +113,7 @@ async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(
     assert retried.step == 1 and not retried.replayed and group._procs[1].pid != first
     for n in range(2):  # the same two steps without a failure, on the torch backend
         want = await env.run(ref.train_step, step(tiny_model, tmp_path / "torch", n, samples, eps=1e-6))
-    assert max_diff(store.get(want.weights_key), store.get(retried.weights_key)) < 1e-5
+    assert max_diff(store, want.weights_key, retried.weights_key) < 1e-5
 
 
 async def test_two_nodes_run_one_job_and_a_gpu_the_machine_lacks_is_not_retried(

@@ -15,13 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from rollart.infra.config import MooncakeConfig, StoreConfig
 from rollart.infra.local.mooncake_service import MooncakeService
 from rollart.infra.store.mooncake import MooncakeStore
 from rollart.infra.store.payload import MirroredStore, StoreKeyError, StoreUnavailable, open_store
-from rollart.infra.store.weights import fetch_latest, latest_weights, publish, weights_key
+from rollart.infra.store.weight_stream import WeightsTransferError, read_all
+from rollart.infra.store.weights import manifest_key, read_manifest
 from tests.support.cli import rollart
+from tests.support.weights import latest_tensors
+from tests.support.weights import publish_tensors as publish
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,30 +83,33 @@ def test_payloads_and_weights_cross_processes(mooncake: MooncakeService, tmp_pat
     _in_other_process(
         cfg,
         f"""
-        from rollart.infra.store.weights import publish
+        import torch
+        from tests.support.weights import publish_tensors as publish
         store.put_json("turns/{job}/t0", {{"token_ids": [1, 2, 3], "logprobs": [-0.5, -0.25, -1.0]}})
-        publish(store, "{job}", 1, bytes(range(256)) * (24 * 4096))
+        tensors = {{f"a{{i}}": torch.arange(3 << 19, dtype=torch.float32) + i for i in range(4)}}
+        publish(store, "{job}", 1, {{**tensors, "b": torch.ones(3)}})
     """,
     )
     store = open_store(cfg)
     assert isinstance(store, MooncakeStore)
     assert store.get_json(f"turns/{job}/t0") == {"token_ids": [1, 2, 3], "logprobs": [-0.5, -0.25, -1.0]}
-    ref = latest_weights(store, job)
-    assert ref is not None and ref.version == 1
-    assert store.get(ref.key) == bytes(range(256)) * (24 * 4096)
-    # and back: this process publishes v2, the other one reads it into a file
-    publish(store, job, 2, b"\x07" * (9 << 20))
+    got = latest_tensors(store, job)  # 4 x 6 MiB and 12 bytes in buckets of at most 8 MiB: a0 | a1 | a2 | a3 b
+    assert [len(b.tensors) for b in read_manifest(store, manifest_key(job, 1)).buckets] == [1, 1, 1, 2]
+    assert all(torch.equal(got[f"a{i}"], torch.arange(3 << 19, dtype=torch.float32) + i) for i in range(4))
+    assert torch.equal(got["b"], torch.ones(3))
+    # and back: this process publishes v2, the other one streams it
+    publish(store, job, 2, {"a": torch.full((9 << 18,), 7.0)})
     out = _in_other_process(
         cfg,
         f"""
-        from pathlib import Path
-        from rollart.infra.store.weights import fetch_latest
-        ref = fetch_latest(store, "{job}", Path("{tmp_path}") / "w.bin")
-        data = (Path("{tmp_path}") / "w.bin").read_bytes()
-        print(ref.version, len(data), set(data))
+        from rollart.infra.store.weight_stream import read_all
+        from rollart.infra.store.weights import latest_weights, read_manifest
+        ref = latest_weights(store, "{job}")
+        a = read_all(store, read_manifest(store, ref.key))["a"]
+        print(ref.version, a.numel(), set(a.tolist()))
     """,
     )
-    assert out.split() == ["2", str(9 << 20), "{7}"]
+    assert out.split() == ["2", str(9 << 18), "{7.0}"]
 
 
 @pytest.mark.integration
@@ -119,11 +126,36 @@ def test_missing_key_is_an_error_naming_it(mooncake: MooncakeService) -> None:
 def test_publish_keeps_recent_versions_and_overwrites_latest(mooncake: MooncakeService) -> None:
     store = open_store(mooncake.config)
     job = f"keep-{uuid.uuid4().hex[:6]}"
+    buckets = {}
     for v in range(1, 6):
-        publish(store, job, v, bytes([v]) * 1000, keep=2)
-    assert [store.exists(weights_key(job, v)) for v in range(1, 6)] == [False, False, False, True, True]
-    ref = latest_weights(store, job)
-    assert ref is not None and ref.version == 5
+        publish(store, job, v, {"w": torch.full((1000,), float(v))}, keep=2)
+        buckets[v] = read_manifest(store, manifest_key(job, v)).buckets[0].key
+    assert [store.exists(manifest_key(job, v)) for v in range(1, 6)] == [False, False, False, True, True]
+    assert [store.exists(buckets[v]) for v in range(1, 6)] == [False, False, False, True, True]
+    assert latest_tensors(store, job)["w"][0] == 5.0
+
+
+@pytest.mark.integration
+@pytest.mark.chaos  # kills the store keeper
+def test_weights_whose_peer_died_fail_naming_version_and_peer(fresh_mooncake: MooncakeService) -> None:
+    """The keeper holding a version's buckets dies: reading it fails within the timeout, naming the version, its
+    publisher and the store, and never hangs."""
+    import time
+
+    cfg = fresh_mooncake.config.model_copy(update={"fallback": "none"})
+    store = MooncakeStore.connect(cfg.mooncake)
+    store._config = cfg
+    publish(store, "peer", 3, {"w": torch.ones(1 << 20)}, timeout_s=5.0)
+    manifest = read_manifest(store, manifest_key("peer", 3))
+    fresh_mooncake.keeper_proc.kill()
+    fresh_mooncake.keeper_proc.wait()
+    t0 = time.monotonic()
+    with pytest.raises(WeightsTransferError) as err:
+        read_all(store, manifest)
+    took = time.monotonic() - t0
+    assert "weights v3 of job 'peer'" in str(err.value) and "published by trainer" in str(err.value)
+    assert "Mooncake" in str(err.value) and took < manifest.timeout_s + 2
+    store.close()
 
 
 @pytest.mark.integration
@@ -148,12 +180,12 @@ def test_master_killed_with_local_fallback_loses_nothing(fresh_mooncake: Mooncak
     store = MooncakeStore.connect(cfg.mooncake)
     mirrored = MirroredStore(store, open_store(cfg.model_copy(update={"kind": "local"})), retry_after_s=0.5)
     mirrored.put_json("t/before", {"ids": [1]})
-    publish(mirrored, "j", 1, b"w" * (6 << 20))
+    publish(mirrored, "j", 1, {"w": torch.full((6 << 18,), 2.0)})
     fresh_mooncake.kill_master()
     assert mirrored.get_json("t/before") == {"ids": [1]}
     mirrored.put_json("t/during", {"ids": [2]})
-    ref = fetch_latest(mirrored, "j", tmp_path / "w.bin")
-    assert ref is not None and ref.version == 1 and (tmp_path / "w.bin").stat().st_size == 6 << 20
+    w = latest_tensors(mirrored, "j")["w"]
+    assert w.numel() == 6 << 18 and set(w.tolist()) == {2.0}
     fresh_mooncake.start_master()
     import time
 

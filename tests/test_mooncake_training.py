@@ -21,10 +21,11 @@ from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.infra.store.mooncake import MooncakeStore
 from rollart.infra.store.payload import MirroredStore, StoreUnavailable, open_store
-from rollart.infra.store.weights import PublishedWeights, latest_weights, publish, weights_key
+from rollart.infra.store.weights import PublishedWeights, latest_weights, manifest_key, read_manifest
 from rollart.infra.temporal.connection import connect
 from rollart.workers.local_stack import LocalStack
 from tests.support.training_runs import run_job
+from tests.support.weights import latest_tensors, publish_tensors
 
 pytestmark = pytest.mark.integration
 
@@ -78,20 +79,25 @@ async def test_mooncake_training_matches_local(
     assert isinstance(store, MirroredStore) and isinstance(store.cache, MooncakeStore)
     ref = latest_weights(store.cache, job.name)  # served by Mooncake itself, not the fallback
     assert ref is not None and ref.version == 3
-    assert store.cache.exists(weights_key(job.name, 3)) and store.cache.exists(weights_key(job.name, 2))
-    # v1 may outlive v3's publish: Mooncake leases an object for LEASE_S after each read, and the generator
-    # read it moments before. Once the lease is over, a publish sweeps every version ≤ v − keep.
-    blob, version = store.cache.get(weights_key(job.name, 3)), 4
-    retired = [weights_key(job.name, 1), weights_key(job.name, 2)]
+    assert store.cache.exists(manifest_key(job.name, 3)) and store.cache.exists(manifest_key(job.name, 2))
+    # v1's buckets may outlive v3's publish: Mooncake leases an object for LEASE_S after each read, and the
+    # generator streamed them moments before. Once the lease is over, a publish sweeps every version ≤ v − keep.
+    old = {
+        v: read_manifest(store.cache, manifest_key(job.name, v))
+        for v in (1, 2)
+        if store.cache.exists(manifest_key(job.name, v))
+    }
+    retired = [k for m in old.values() for k in (*(b.key for b in m.buckets), manifest_key(job.name, m.version))]
+    tensors, version = latest_tensors(store.cache, job.name), 4
     deadline = time.monotonic() + 20 * LEASE_S
     while True:
-        publish(store.cache, job.name, version, blob)
+        publish_tensors(store.cache, job.name, version, tensors)
         version += 1
         if not any(map(store.cache.exists, retired)) or time.monotonic() > deadline:
             break
         await asyncio.sleep(LEASE_S * 1.5)  # past the lease that reading (and asking about) them renewed
-    assert not store.cache.exists(weights_key(job.name, 1)) and not store.cache.exists(weights_key(job.name, 2))
-    assert store.cache.exists(weights_key(job.name, version - 1))
+    assert retired and not any(map(store.cache.exists, retired))
+    assert store.cache.exists(manifest_key(job.name, version - 1))
     assert latest_weights(store.cache, job.name).version == version - 1
 
     assert stack.store.kind == "local"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,10 @@ class Bandit(Policy):
         self.zero_grad()
         return StepOutcome(grad_norm=float(grad.norm()), applied=True)
 
-    def weights_blob(self) -> bytes:
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         raise NotImplementedError
 
-    def load_weights_blob(self, blob: bytes) -> None:
+    def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         raise NotImplementedError
 
     def save_checkpoint(self, root: Path, step: int) -> None:

@@ -10,16 +10,29 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
-from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
+from rollart.activities.rl.weights_io import (
+    load_checkpoint,
+    load_tensors_into,
+    save_checkpoint,
+    state_dict_blob,
+    unique_tensors,
+)
 from rollart.activities.trainer import TrainerActivities, checkpoint_dir, step_record_path
+from rollart.client.local import published_tensors
 from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult, turn_key
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredTurn
 from rollart.infra.config import LossConfig, TrainerConfig
 from rollart.infra.store.payload import LocalStore, StoreUnavailable
-from rollart.infra.store.weights import latest_weights, weights_key
+from rollart.infra.store.weights import latest_weights, manifest_key
 from rollart.workflows import policies
 from tests.support.batches import JOB, frozenlake_batch, load_model
+
+
+def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    """The same tensors by name, bit for bit."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
 
 METRICS = {
     "loss",
@@ -75,7 +88,7 @@ async def test_a_step_updates_publishes_and_replays_without_change(tiny_model: P
     inp = step_input(tiny_model, tmp_path / "run", 0, samples)
 
     result = await env.run(acts.train_step, inp)
-    assert (result.step, result.version, result.weights_key, result.replayed) == (0, 1, weights_key(JOB, 1), False)
+    assert (result.step, result.version, result.weights_key, result.replayed) == (0, 1, manifest_key(JOB, 1), False)
     assert set(result.metrics) >= METRICS
     m = result.metrics
     assert m["logprob_diff_behav"] < 1e-4  # on-policy: the trainer recomputes the engine's logprobs
@@ -83,16 +96,16 @@ async def test_a_step_updates_publishes_and_replays_without_change(tiny_model: P
     assert m["clip_frac"] == 0.0 and m["is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
     assert m["kl"] == 0.0 and m["staleness_max"] == 0.0 and beats
     assert latest_weights(store, JOB).version == 1
-    blob = store.get(result.weights_key)
-    assert blob != state_dict_blob(initial)  # the weights moved
+    weights = published_tensors(store, result.weights_key)
+    assert "lm_head.weight" not in weights and not same(weights, unique_tensors(initial))  # the weights moved
     published = load_model(tiny_model)
-    load_blob_into(published, blob)  # tied head left out of the blob, re-tied on load
+    load_tensors_into(published, weights)  # the tied head is left out, and stays tied
     assert published.lm_head.weight is published.model.embed_tokens.weight
-    assert state_dict_blob(published) == blob
+    assert same(unique_tensors(published), weights)
 
     again = await env.run(acts.train_step, inp)
     assert again.replayed and again.model_copy(update={"replayed": False}) == result
-    assert state_dict_blob(acts._jobs[JOB].policy.model) == blob  # the replay changed nothing
+    assert same(unique_tensors(acts._jobs[JOB].policy.model), weights)  # the replay changed nothing
     assert TrainStepResult.model_validate_json(step_record_path(tmp_path / "run", 0).read_bytes()) == result
 
 
@@ -224,7 +237,7 @@ async def test_checkpoints_and_a_fresh_trainer_resumes_at_the_right_step(tiny_mo
         await env.run(resumed.train_step, step_input(tiny_model, run, 5, samples, checkpoint_every=2))
     assert "up to 1" in err.value.message and "next step it can run is 2" in err.value.message
     policy = resumed._jobs[JOB].policy
-    assert state_dict_blob(policy.model) == store.get(weights_key(JOB, 2))
+    assert same(unique_tensors(policy.model), published_tensors(store, manifest_key(JOB, 2)))
     assert policy.optimizer.state_dict()["optimizer"]["state"]  # Adam moments came back too
     r2 = await env.run(resumed.train_step, step_input(tiny_model, run, 2, samples, checkpoint_every=2))
     assert r2.version == 3 and not r2.replayed
@@ -303,9 +316,9 @@ async def test_a_batch_without_signal_leaves_the_weights_alone(tiny_model: Path,
     assert first.metrics["grad_norm"] > 0 and first.metrics["updates_without_signal"] == 0.0
     assert second.metrics["grad_norm"] == 0.0 and second.metrics["groups_with_signal"] == 0.0
     assert second.metrics["updates_without_signal"] == 1.0 and second.metrics["update_skipped"] == 0.0
-    assert store.get(second.weights_key) == store.get(first.weights_key)
+    assert same(published_tensors(store, second.weights_key), published_tensors(store, first.weights_key))
     third = await env.run(acts.train_step, step_input(tiny_model, tmp_path / "run", 2, samples, lr=0.01))
-    assert store.get(third.weights_key) != store.get(second.weights_key)  # signal moves it again
+    assert not same(published_tensors(store, third.weights_key), published_tensors(store, second.weights_key))
 
 
 def test_checkpoint_files_keep_the_latest_two(tiny_model: Path, tmp_path: Path) -> None:
@@ -374,7 +387,7 @@ async def test_a_bandit_learns_to_say_R(tiny_model: Path, tok, tmp_path: Path) -
                 )
         inp = step_input(tiny_model, tmp_path / "run", step, samples, micro_batch_size=256)
         result = await env.run(acts.train_step, inp)
-        load_blob_into(sampler, store.get(result.weights_key))
+        load_tensors_into(sampler, published_tensors(store, result.weights_key))
     p30 = p_r()
     assert p30 > max(3 * p0, 0.2), f"P(R) went from {p0:.4f} to {p30:.4f} in 30 steps"  # measured: 0.003 → ~0.8
 
@@ -416,9 +429,7 @@ async def test_bf16_trains_with_fp32_masters_and_checkpointing_keeps_the_step(
         if name == "bf16":
             assert all(p.dtype == torch.bfloat16 for p in policy.params)
             assert all(m.dtype == torch.float32 for m in policy.optimizer.masters)
-    from safetensors.torch import load as st_load
-
-    plain, recompute, bf16 = (st_load(store.get(results[n].weights_key)) for n in ("plain", "recompute", "bf16"))
+    plain, recompute, bf16 = (published_tensors(store, results[n].weights_key) for n in ("plain", "recompute", "bf16"))
     assert max(float((plain[k] - recompute[k]).abs().max()) for k in plain) < 1e-6
     assert all(t.dtype == torch.float32 for t in bf16.values())
     assert max(float((plain[k] - bf16[k]).abs().max()) for k in plain) < 0.05  # bf16 rounding, same update

@@ -18,8 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -172,11 +170,9 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
     }
     private = session_queue(worker_id, prefix, pool)  # this engine's own queue: pinned turns (session affinity)
     async with _engine(settings) as engine:
-        weights_dir = Path(tempfile.mkdtemp(prefix=f"rollart-weights-{pool}-"))
-        base = settings.model_dir / "model.safetensors"
         max_waiting = settings.engine.affinity.max_waiting
         store = open_store(settings.store)
-        gen = GenerateActivities(engine, store, worker_id, weights_dir, base, queue=private, max_waiting=max_waiting)
+        gen = GenerateActivities(engine, store, worker_id, settings.model_dir, queue=private, max_waiting=max_waiting)
         stats = asyncio.create_task(_log_engine_throughput(engine, pool))
         engine_acts: list[Callable[..., Any]] = [gen.generate, gen.generate_batch]
         activities = list(engine_acts)
@@ -198,7 +194,6 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
             ]
         finally:
             stats.cancel()
-            shutil.rmtree(weights_dir, ignore_errors=True)
             if envs is not None:
                 envs.shutdown()
 

@@ -7,11 +7,12 @@ sampled), and they stamp every output with the policy version at the start
 and end of the request so weight swaps in the middle of a generation are
 visible downstream.
 
-Weights are swapped in place with `load_weights(path, version)`: the
-trainer publishes the full float32 state dict as one safetensors blob
-(`safetensors.torch.save`, without `lm_head.weight` when the embeddings are
-tied). `check_weights_blob` validates such a blob against the model directory
-from its header alone, before an engine touches its live weights.
+Weights are swapped in place with `load_weights(source, version)`: the
+trainer publishes each version as a manifest and buckets of tensors in the
+store (`infra/store/weights.py`, without `lm_head.weight` when the embeddings
+are tied), and the engine streams them in. `check_weights` validates a
+manifest against the model directory from its tensor list alone, before an
+engine touches its live weights.
 
 This module is light (no torch, no vLLM) so it can be imported anywhere.
 """
@@ -26,6 +27,7 @@ from pathlib import Path
 
 from rollart.contracts.activities import EnginePressure, FinishReason
 from rollart.infra.config import SamplingParams
+from rollart.infra.store.weights import WeightsManifest, WeightsSource
 
 __all__ = [
     "TIED_HEAD",
@@ -36,7 +38,8 @@ __all__ = [
     "EngineOutput",
     "EngineRequestError",
     "WeightsBlobError",
-    "check_weights_blob",
+    "check_source",
+    "check_weights",
     "safetensors_header",
 ]
 
@@ -87,7 +90,7 @@ class EngineDeadError(RuntimeError):
 
 
 class WeightsBlobError(ValueError):
-    """A weights blob does not fit the engine's model (missing/extra tensors, wrong shapes, unreadable).
+    """Published weights do not fit the engine's model (missing/extra tensors, wrong shapes, unreadable).
 
     Raised before any live weight is touched: the engine keeps serving the old version.
     """
@@ -116,16 +119,20 @@ class Engine(ABC):
         engine is gone. Cancelling the awaiting task aborts the request.
         """
 
-    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
-        """Swap in the weights of the safetensors blob at `path` and become policy `version`.
+    delta_base: tuple[str, int] | None = None
+    """(job, version) this engine can apply a delta publish to (it keeps a copy of those weights), else None."""
+
+    async def load_weights(self, source: WeightsSource | None, version: int, *, force: bool = False) -> None:
+        """Stream in the weights `source` names (a full version, or a delta from `delta_base`) and become `version`;
+        `source=None` is the model directory's own weights (version 0 of any job).
 
         Generation keeps going around the swap; requests in flight during it
         are stamped `policy_version < policy_version_end`. A `version` not
         newer than `policy_version` is a no-op, so replayed or racing
         updates are harmless — unless `force` (another job's weights, whose
         versions count from 0 again). Raises `WeightsBlobError` (engine unchanged)
-        for a blob that does not fit the model, `EngineDeadError` if the
-        swap broke the engine.
+        for weights that do not fit the model, `EngineDeadError` if the
+        swap broke the engine (a transfer that failed half-way, naming the version and its publisher).
 
         Not abstract so that scripted test engines need not implement it.
         """
@@ -168,43 +175,58 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     }
 
 
-def check_weights_blob(blob: Path, model_dir: Path) -> None:
-    """Raise `WeightsBlobError` unless `blob` holds exactly the model's tensors with the model's shapes.
+def check_weights(manifest: WeightsManifest, model_dir: Path) -> None:
+    """Raise `WeightsBlobError` unless `manifest`'s tensors are the model's, with the model's shapes.
 
-    The reference is the model directory's own safetensors files. Only
-    `lm_head.weight` may be missing, and only when `tie_word_embeddings` is
-    set (the engine re-ties it). Checking up front matters because a reload
-    that fails half-way leaves vLLM unusable.
+    The reference is the model directory's own safetensors files. A full version must hold every tensor; only
+    `lm_head.weight` may be missing, and only when `tie_word_embeddings` is set (the engine re-ties it). A delta
+    may hold any of them. Checking up front matters because a reload that fails half-way leaves vLLM unusable.
     """
     model_dir = Path(model_dir)
     reference: dict[str, tuple[str, tuple[int, ...]]] = {}
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
-        raise WeightsBlobError(f"no *.safetensors in {model_dir} to check {blob} against")
+        raise WeightsBlobError(f"no *.safetensors in {model_dir} to check {manifest.describe()} against")
     for file in files:
         reference.update(safetensors_header(file))
     tied = bool(json.loads((model_dir / "config.json").read_text()).get("tie_word_embeddings", False))
-    got = safetensors_header(blob)
-    optional = {TIED_HEAD} if tied else set()
-    missing = sorted(set(reference) - set(got) - optional)
-    extra = sorted(set(got) - set(reference) - optional)
-    wrong = sorted(n for n in set(got) & set(reference) if got[n][1] != reference[n][1])
+    got = {t.name: tuple(t.shape) for t in manifest.tensors}
     if tied and TIED_HEAD in got and "model.embed_tokens.weight" in reference:
-        if got[TIED_HEAD][1] != reference["model.embed_tokens.weight"][1]:
-            wrong.append(TIED_HEAD)
+        reference[TIED_HEAD] = reference["model.embed_tokens.weight"]
+    optional = {TIED_HEAD} if tied else set()
+    missing = sorted(set(reference) - set(got) - optional) if manifest.kind == "full" else []
+    extra = sorted(set(got) - set(reference))
+    wrong = sorted(n for n in set(got) & set(reference) if got[n] != reference[n][1])
     if missing or extra or wrong:
         details = "; ".join(
             part
             for part in (
                 f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}" if missing else "",
                 f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}" if extra else "",
-                "shape mismatch " + ", ".join(f"{n} {got[n][1]} vs {reference.get(n, ('', '?'))[1]}" for n in wrong[:5])
-                if wrong
-                else "",
+                "shape mismatch " + ", ".join(f"{n} {got[n]} vs {reference[n][1]}" for n in wrong[:5]) if wrong else "",
             )
             if part
         )
         raise WeightsBlobError(
-            f"weights blob {blob} does not fit the model in {model_dir}: {details}. "
-            "Publish the full state dict of the same architecture (safetensors.torch.save(model.state_dict()))"
+            f"{manifest.describe()} does not fit the model in {model_dir}: {details}. The trainer must publish the "
+            "same architecture as the engines serve (the job's model_dir)"
         )
+
+
+def check_source(source: WeightsSource, model_dir: Path, delta_base: tuple[str, int] | None) -> None:
+    """Before an engine touches its live weights: the version fits the model (`check_weights`, else
+    `WeightsBlobError`), a delta is from the version the engine holds (`delta_base`), and every bucket is in the
+    store (else `WeightsTransferError` naming the version and its publisher). Imports the store's tensor side, so
+    engines call it, never light tools."""
+    from rollart.infra.store.payload import open_store
+    from rollart.infra.store.weight_stream import WeightsTransferError, check_present
+
+    manifest = source.manifest
+    check_weights(manifest, model_dir)
+    if manifest.kind == "delta" and delta_base != (manifest.job_id, manifest.base_version):
+        held = f"v{delta_base[1]} of job {delta_base[0]!r}" if delta_base else "no copy to apply it to"
+        raise WeightsTransferError(
+            f"{manifest.describe()} needs this engine to hold v{manifest.base_version}, but it holds {held}: "
+            "load the full version"
+        )
+    check_present(open_store(source.store), manifest)

@@ -25,10 +25,10 @@ from rollart.activities.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequestError,
-    WeightsBlobError,
-    check_weights_blob,
+    check_source,
 )
 from rollart.infra.config import EngineConfig, SamplingParams
+from rollart.infra.store.weights import WeightsSource
 
 __all__ = ["HfEngine"]
 
@@ -48,6 +48,7 @@ class HfEngine(Engine):
         self._tok: Any = None
         self._lock = asyncio.Lock()
         self._tokens = 0
+        self._mirror: Any = None  # a DeltaMirror once weights are loaded (torch-side, imported then)
 
     @classmethod
     def from_config(cls, model_dir: Path, cfg: EngineConfig) -> HfEngine:
@@ -160,8 +161,9 @@ class HfEngine(Engine):
             completions.append(Completion(ids, lps, text, finish))
         return prompt_ids, completions
 
-    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
-        """Copy the safetensors blob at `path` into the model and become `version`.
+    async def load_weights(self, source: WeightsSource | None, version: int, *, force: bool = False) -> None:
+        """Stream the version `source` names (None: the model dir's own weights) into the model and become
+        `version`.
 
         Runs under the request lock, so a swap waits for the current
         request and no request ever mixes versions here (the HF engine never
@@ -170,13 +172,12 @@ class HfEngine(Engine):
         """
         if self._model is None:
             raise EngineDeadError("engine not started (or shut down): call `await engine.start()` first")
-        path = Path(path).absolute()
         async with self._lock:
             if version <= self.policy_version and not force:
                 log.info("weights v%d not newer than v%d: nothing to load", version, self.policy_version)
                 return
             t0 = time.perf_counter()
-            task = asyncio.ensure_future(asyncio.to_thread(self._load_weights_sync, path))
+            task = asyncio.ensure_future(asyncio.to_thread(self._load_weights_sync, source))
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -185,36 +186,51 @@ class HfEngine(Engine):
                     self.policy_version = version
                 raise
             self.policy_version = version
-            log.info("HF engine now at policy v%d (swap %.3f s, %s)", version, time.perf_counter() - t0, path)
+            log.info(
+                "HF engine now at policy v%d (swap %.3f s: %s)",
+                version,
+                time.perf_counter() - t0,
+                source.manifest.describe() if source else f"the weights of {self.model_dir}",
+            )
 
-    def _load_weights_sync(self, path: Path) -> None:
-        """Validate the blob from its header, then copy it in; re-tie so lm_head follows the embedding."""
+    def _load_weights_sync(self, source: WeightsSource | None) -> None:
+        """Validate the manifest, then copy the streamed tensors in; re-tie so lm_head follows the embedding."""
         import torch
-        from safetensors.torch import load_file
 
-        check_weights_blob(path, self.model_dir)
-        try:
-            state = load_file(str(path))
-        except Exception as e:  # a valid header over a truncated/corrupt body
-            raise WeightsBlobError(f"cannot read weights from {path}: {type(e).__name__}: {e}") from e
+        from rollart.activities.rl.weights_io import hf_model_tensors
+        from rollart.infra.store.payload import open_store
+        from rollart.infra.store.weight_delta import DeltaMirror, engine_stream
+
+        if self._mirror is None:
+            self._mirror = DeltaMirror()
+        if source is not None:
+            check_source(source, self.model_dir, self.delta_base)
+        self.delta_base = None
+        if source is None:
+            self._mirror.drop()
+            with hf_model_tensors(self.model_dir) as get, torch.no_grad():
+                for name, p in self._model.named_parameters():
+                    p.copy_(get(name))
+            return
+        manifest = source.manifest
+        params = dict(self._model.named_parameters())
         try:
             with torch.no_grad():
-                result = self._model.load_state_dict(state, strict=False)
+                for name, t in engine_stream(open_store(source.store), manifest, self._mirror):
+                    if name == TIED_HEAD and name not in params:
+                        continue
+                    params[name].copy_(t)
         except Exception as e:
             self._model = None  # partly overwritten: never serve from it
+            self._mirror.drop()
             raise EngineDeadError(
-                f"loading {path} into the HF model failed half-way ({type(e).__name__}: {e}); restart the engine"
+                f"loading {manifest.describe()} into the HF model failed half-way ({type(e).__name__}: {e}); "
+                "restart the engine"
             ) from e
-        tied = bool(getattr(self._model.config, "tie_word_embeddings", False))
-        missing = [k for k in result.missing_keys if not (tied and k == TIED_HEAD)]
-        if missing or result.unexpected_keys:
-            # check_weights_blob makes this unreachable for a well-formed model dir; say so loudly if not
-            self._model = None
-            raise EngineDeadError(
-                f"{path} only partly fits the HF model (missing={missing}, unexpected={result.unexpected_keys}) "
-                "although its header matched the model dir; restart the engine"
-            )
-        if tied:
+        self._mirror.mark(manifest.job_id, manifest.version)
+        if manifest.kind == "delta" or manifest.deltas:
+            self.delta_base = (manifest.job_id, manifest.version)
+        if bool(getattr(self._model.config, "tie_word_embeddings", False)):
             self._model.tie_weights()
 
     async def shutdown(self) -> None:

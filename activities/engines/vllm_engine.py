@@ -29,10 +29,11 @@ from rollart.activities.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequestError,
-    check_weights_blob,
+    check_source,
 )
 from rollart.contracts.activities import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
+from rollart.infra.store.weights import WeightsSource
 
 __all__ = ["VllmEngine"]
 
@@ -157,7 +158,7 @@ class VllmEngine(Engine):
             kv_cache_memory_bytes=self._kv_cache_bytes(),
             enable_prefix_caching=self.enable_prefix_caching,
             disable_log_stats=True,
-            worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight reload (load_weights)
+            worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight load (load_weights)
         )
 
     def _kv_cache_bytes(self) -> int | None:
@@ -233,17 +234,19 @@ class VllmEngine(Engine):
             policy_version_end=self.policy_version,
         )
 
-    async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
-        """Swap in the safetensors blob at `path` without restarting vLLM, then become `version`.
+    async def load_weights(self, source: WeightsSource | None, version: int, *, force: bool = False) -> None:
+        """Stream the version `source` names (None: the model dir's own weights) into the running vLLM, then become
+        `version`.
 
         Sequence (vLLM 0.32 `AsyncLLM`), one swap at a time (a lock):
 
-        1. `pause_generation(mode="keep", clear_cache=False)`: in-flight
-           requests are frozen in the scheduler, not aborted, so no rollout
-           is lost; new requests queue.
-        2. `collective_rpc(RELOAD_METHOD, args=(path,))`: the worker
-           extension reloads the weights in place and re-packs the tied
-           embedding / lm_head (see `vllm_extension`).
+        1. Pause the scheduler, keeping in-flight requests (`mode="keep"`):
+           they are frozen, not aborted, so no rollout is lost; new requests
+           queue. (`pause_scheduler_async` directly: `pause_generation` adds a
+           fixed 20 ms sleep that is only for the ordering of outputs.)
+        2. `collective_rpc(LOAD_METHOD, args=(source,))`: the worker
+           extension streams the buckets from the store into the model in
+           place and re-packs the tied embedding / lm_head (`vllm_extension`).
         3. `reset_prefix_cache(reset_running_requests=True)`: cached KV
            blocks were computed by the old weights and must not be reused.
            A plain `reset_prefix_cache()` refuses while frozen requests hold
@@ -254,54 +257,61 @@ class VllmEngine(Engine):
            Its result is still checked: if it ever refuses, we retry after
            resuming, then log an error (stale cache is an accuracy problem,
            not a crash).
-        4. `policy_version = version`, then `resume_generation()`. Setting
-           the version before resuming keeps stamps conservative: any token
-           sampled with the new weights is read after the version changed.
+        4. `policy_version = version`, then resume. Setting the version
+           before resuming keeps stamps conservative: any token sampled with
+           the new weights is read after the version changed.
 
         Requests in flight during the swap mix tokens of both versions and
-        are stamped `(old, new)`. A failed reload leaves vLLM with partly
-        written weights, so the engine is marked dead (`EngineDeadError`).
+        are stamped `(old, new)`. A failed load (a bucket that does not arrive
+        within `weights.timeout_s`, say) leaves vLLM with partly written
+        weights, so the engine is marked dead (`EngineDeadError`, naming the
+        version and its publisher).
         """
         if self._llm is None:
             raise EngineDeadError("engine not started: call `await engine.start()` before load_weights")
         if self._dead or self._llm.errored:
             self._dead = True
             raise EngineDeadError("the vLLM engine has died; restart the generation worker")
-        path = Path(path).absolute()
         async with self._swap_lock:
             if version <= self.policy_version and not force:
                 log.info("weights v%d not newer than v%d: nothing to load", version, self.policy_version)
                 return
-            await asyncio.to_thread(check_weights_blob, path, self.model_dir)
+            if source is not None:
+                await asyncio.to_thread(check_source, source, self.model_dir, self.delta_base)
             t0 = time.perf_counter()
             # Shielded: a caller cancelled mid-swap must not leave vLLM paused or half-loaded; the swap
             # finishes (and keeps the lock) before the cancellation propagates.
-            task = asyncio.ensure_future(self._swap(path, version))
+            task = asyncio.ensure_future(self._swap(source, version))
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
                 await asyncio.wait([task])
                 raise
-            log.info("vLLM engine now at policy v%d (swap %.3f s, %s)", version, time.perf_counter() - t0, path)
+            what = source.manifest.describe() if source else f"the weights of {self.model_dir}"
+            log.info("vLLM engine now at policy v%d (swap %.3f s: %s)", version, time.perf_counter() - t0, what)
 
-    async def _swap(self, path: Path, version: int) -> None:
-        """Pause, reload, clear the prefix cache, resume; any failure marks the engine dead."""
-        from rollart.activities.engines.vllm_extension import RELOAD_METHOD
+    async def _swap(self, source: WeightsSource | None, version: int) -> None:
+        """Pause, stream the weights in, clear the prefix cache, resume; any failure marks the engine dead."""
+        from rollart.activities.engines.vllm_extension import LOAD_METHOD
 
         llm = self._llm
+        what = source.manifest.describe() if source else f"the weights of {self.model_dir}"
+        self.delta_base = None
         try:
-            await llm.pause_generation(mode="keep", clear_cache=False)
-            counts = await llm.collective_rpc(RELOAD_METHOD, args=(str(path),))
+            await llm.engine_core.pause_scheduler_async(mode="keep", clear_cache=False)
+            stats = await llm.collective_rpc(LOAD_METHOD, args=(source.model_dump_json() if source else None,))
             cleared = await llm.reset_prefix_cache(reset_running_requests=True)
             self.policy_version = version
             await llm.resume_generation()
         except Exception as e:
             self._dead = True
             raise EngineDeadError(
-                f"swapping in weights v{version} from {path} failed, leaving vLLM paused or with partly loaded "
-                f"weights: {type(e).__name__}: {e}; restart the generation worker"
+                f"loading {what} failed, leaving vLLM paused or with partly loaded weights: "
+                f"{type(e).__name__}: {e}; restart the generation worker"
             ) from e
-        log.debug("reload v%d: %s tensors per worker, prefix cache reset: %s", version, counts, cleared)
+        if source is not None and (source.manifest.kind == "delta" or source.manifest.deltas):
+            self.delta_base = (source.manifest.job_id, source.manifest.version)
+        log.debug("load v%d: %s, prefix cache reset: %s", version, stats, cleared)
         if not cleared:
             await self._retry_reset_prefix_cache(version)
 

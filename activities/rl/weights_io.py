@@ -1,10 +1,9 @@
-"""Model weights as bytes (what the trainer publishes) and trainer checkpoints on disk.
+"""A torch model's weights by name, as a safetensors blob, and trainer checkpoints on disk.
 
-The published blob is a safetensors file of the float32 state dict, without
-the tied `lm_head.weight` (safetensors refuses tensors that share memory;
-vLLM and transformers re-tie the head to the embeddings on load). A checkpoint
-adds the optimizer state and the step, written atomically (temp dir + rename)
-so a crash never leaves a half checkpoint that resume would pick up.
+Each tensor once, without the tied `lm_head.weight` (safetensors refuses tensors that share memory;
+vLLM and transformers re-tie the head to the embeddings on load). A checkpoint holds the float32
+weights as one safetensors file, the optimizer state and the step, written atomically (temp dir +
+rename) so a crash never leaves a half checkpoint that resume would pick up.
 """
 
 from __future__ import annotations
@@ -15,21 +14,27 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 __all__ = [
     "CHECKPOINT_FILES",
+    "hf_model_tensors",
     "latest_checkpoint",
     "load_blob_into",
     "load_checkpoint",
+    "load_tensors_into",
     "prune_checkpoints",
     "save_checkpoint",
     "state_dict_blob",
+    "unique_tensors",
 ]
 
 log = logging.getLogger(__name__)
@@ -40,7 +45,7 @@ CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "meta.json")
 _CKPT_DIR = re.compile(r"^step-(\d{6,})$")
 
 
-def _unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The state dict with every tensor once: a name whose memory an earlier name already holds is dropped.
 
     For a tied model that drops `lm_head.weight` (it comes after `embed_tokens`).
@@ -58,23 +63,26 @@ def _unique_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def state_dict_blob(model: torch.nn.Module) -> bytes:
     """The model's weights as one float32 safetensors blob, tied duplicates left out."""
-    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in _unique_tensors(model).items()}
+    tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in unique_tensors(model).items()}
     return st_save(tensors, metadata={"format": "pt"})
 
 
 def load_blob_into(model: torch.nn.Module, blob: bytes) -> None:
-    """Copy a `state_dict_blob` into `model` in place (parameter objects, ties and optimizer refs survive).
+    """Copy a `state_dict_blob` into `model` in place (parameter objects, ties and optimizer refs survive)."""
+    load_tensors_into(model, st_load(blob))
 
-    Raises ValueError when the blob does not fit the model (unknown or missing
-    tensors, other than tied duplicates).
+
+def load_tensors_into(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Copy full tensors by state-dict name into `model` in place (parameter objects, ties and optimizer refs
+    survive). Raises ValueError when they do not fit the model (unknown or missing tensors, other than tied
+    duplicates, or a wrong shape).
     """
-    tensors = st_load(blob)
-    expected = _unique_tensors(model)
+    expected = unique_tensors(model)
     unexpected = sorted(set(tensors) - set(model.state_dict()))
     missing = sorted(set(expected) - set(tensors))
     if unexpected or missing:
         raise ValueError(
-            f"weights blob does not fit {type(model).__name__}: unexpected {unexpected[:5]}, missing {missing[:5]}; "
+            f"weights do not fit {type(model).__name__}: unexpected {unexpected[:5]}, missing {missing[:5]}; "
             "was it published for another model?"
         )
     with torch.no_grad():
@@ -84,9 +92,27 @@ def load_blob_into(model: torch.nn.Module, blob: bytes) -> None:
                 continue
             if target.shape != t.shape:
                 raise ValueError(
-                    f"weights blob tensor {name!r} has shape {tuple(t.shape)}, the model's has {tuple(target.shape)}"
+                    f"weights tensor {name!r} has shape {tuple(t.shape)}, the model's has {tuple(target.shape)}"
                 )
             target.copy_(t.to(target.dtype))
+
+
+@contextmanager
+def hf_model_tensors(model_dir: str | Path) -> Iterator[Any]:
+    """A lazy `name -> tensor` reader over an HF model dir's safetensors files (sharded or not)."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
+    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
+    where = {name: h for h in handles for name in h.keys()}  # noqa: SIM118 - safe_open handles are not iterable
+
+    def get(name: str) -> torch.Tensor:
+        try:
+            return where[name].get_tensor(name)
+        except KeyError as e:
+            raise KeyError(f"{model_dir} has no tensor {name!r}") from e
+
+    yield get
 
 
 def _checkpoint_dirs(root: Path) -> list[tuple[int, Path]]:

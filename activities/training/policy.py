@@ -7,14 +7,16 @@
   `rl.losses.token_logprobs`, computed however the backend shards the vocabulary;
 - take one optimizer step over the gradients its micro-batches accumulated (syncing them over
   data-parallel ranks first, clipping by the *global* norm);
-- hand out and take in the weights as a Hugging Face safetensors blob (what generators load), and
-  write and read its own checkpoints (sharded or not).
+- hand out its weights as Hugging Face tensors, one at a time from the ranks that hold them (what
+  generators load, `activities.training.publish`), take them back in (resume), and write and read its
+  own checkpoints (sharded or not).
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,15 +84,16 @@ class Policy(ABC):
         (`worth_applying`)."""
 
     @abstractmethod
-    def weights_blob(self) -> bytes | None:
-        """The whole policy as one HF safetensors blob (tied head left out), on the leader rank; None elsewhere.
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy as HF `(name, tensor)` pairs (a tied head left out), each yielded by the one rank that
+        publishes it; a rank may yield none. A collective: every rank must exhaust it, in step with the others.
 
-        A collective: every rank must call it.
+        A tensor may be a view of live weights: take what you need of it before the next one.
         """
 
     @abstractmethod
-    def load_weights_blob(self, blob: bytes) -> None:
-        """Overwrite the weights with an HF safetensors blob (as `weights_blob` writes), keeping the optimizer."""
+    def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite the weights with full HF tensors (as `hf_tensors` gives them), keeping the optimizer."""
 
     @abstractmethod
     def save_checkpoint(self, root: Path, step: int) -> None:

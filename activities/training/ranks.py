@@ -2,7 +2,8 @@
 
 The step code (`activities.training.step`) asks only what it needs: is this the leader (it reads the
 batch and publishes), which data-parallel share of the sequences is this rank's, and two
-collectives (broadcast an object from the leader, sum metrics over data-parallel ranks).
+collectives (broadcast an object from the leader, sum metrics over data-parallel ranks, gather what each
+rank published).
 `OneProcess` answers for the torch backend; `DistributedRanks` for megatron's ranks.
 """
 
@@ -38,6 +39,10 @@ class Ranks(ABC):
         """Each key summed over the data-parallel ranks (every rank must pass the same keys)."""
 
     @abstractmethod
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's `obj`, in rank order, on the leader; None on the others."""
+
+    @abstractmethod
     def barrier(self) -> None:
         """Wait until every rank gets here."""
 
@@ -50,6 +55,9 @@ class OneProcess(Ranks):
 
     def sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
         return dict(values)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return [obj]
 
     def barrier(self) -> None:
         return None
@@ -85,6 +93,11 @@ class DistributedRanks(Ranks):
         t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
         self._dist.all_reduce(t, group=self._data_group)
         return dict(zip(keys, t.tolist()))
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        out: list[Any] | None = [None] * self.world_size if self.is_leader else None
+        self._dist.gather_object(obj, out, dst=0)
+        return out
 
     def barrier(self) -> None:
         self._dist.barrier()

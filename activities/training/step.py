@@ -5,8 +5,9 @@ and broadcasts the sequences; each data-parallel rank takes its share (balanced 
 rank accumulates the loss of its micro-batches — each token's loss divided by the token count of the
 *whole* batch, so shares add up to the batch's token mean on any split — then the policy syncs
 gradients and steps (or, with `trainer.mini_batches`/`ppo_epochs`, makes several PPO updates:
-`updates.py`). The leader publishes the new weights as HF safetensors and writes the step's
-record last (the commit point: `train_step` is idempotent because of it).
+`updates.py`). Every rank streams the HF tensors it holds into the store and the leader commits the new
+version (`publish.py`), then writes the step's record last (the commit point: `train_step` is idempotent
+because of it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from temporalio.exceptions import ApplicationError
 
@@ -24,6 +25,7 @@ from rollart.activities.rl.advantages import groups_with_signal, grpo_advantages
 from rollart.activities.rl.batch import InvalidSample, TrainSequence, load_sequences
 from rollart.activities.training.lr_schedule import scheduled
 from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.publish import Publisher, publish_version
 from rollart.activities.training.ranks import Ranks
 from rollart.activities.training.records import (
     checkpoint_dir,
@@ -35,8 +37,10 @@ from rollart.activities.training.records import (
 from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
+from rollart.infra.memory import PeakRss
 from rollart.infra.store.payload import Store
-from rollart.infra.store.weights import publish
+from rollart.infra.store.weight_stream import read_all
+from rollart.infra.store.weights import read_manifest
 
 __all__ = ["TrainerState", "resume", "state_mismatch", "train_step"]
 
@@ -49,6 +53,7 @@ class TrainerState:
 
     policy: Policy
     last_completed: int
+    publisher: Publisher = field(default_factory=Publisher)
 
 
 def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str) -> int:
@@ -78,7 +83,8 @@ def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str
     plan = ranks.broadcast(plan)
     if plan is not None:
         recorded, key = plan
-        policy.load_weights_blob(store.get(key))
+        manifest = read_manifest(store, key)
+        policy.load_hf_tensors(read_all(store, manifest))
         if ranks.is_leader:
             log.warning(
                 "job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
@@ -182,13 +188,25 @@ def train_step(
             len(outcomes),
         )
     t_pub = time.perf_counter()
-    blob = state.policy.weights_blob()  # a collective: the shards gathered and converted to one HF blob
+    # a collective: every rank streams the tensors it assembles into buckets, the leader commits the manifest
+    weights = inp.weights.resolved("float32")
+    with PeakRss() as peak:
+        ref = publish_version(
+            state.policy.hf_tensors(),
+            ranks,
+            store,
+            inp.job_id,
+            inp.step + 1,
+            weights,
+            keep_weight_versions,
+            state.publisher,
+        )
     result = None
     if ranks.is_leader:
-        if blob is None:
-            raise RuntimeError(f"{type(state.policy).__name__}.weights_blob() gave the leader rank no weights")
-        ref = publish(store, inp.job_id, inp.step + 1, blob, keep_weight_versions)
-        metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + serialise + store
+        if ref is None:
+            raise RuntimeError(f"publishing weights v{inp.step + 1} gave the leader rank no manifest")
+        metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + cast + store
+        metrics["publish_peak_mb"] = peak.extra_bytes / 1e6  # the leader's memory above its own before the publish
     if (inp.step + 1) % cfg.checkpoint_every == 0:
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:

@@ -1,12 +1,13 @@
 """The default trainer backend: a transformers causal LM in the trainer worker's own process, on one device.
 
 The model is loaded from the job's HF model dir as it is (any architecture transformers knows);
-weights go out as the float32 state dict (the format vLLM and `rollart eval` load), checkpoints
+weights go out as its state dict, tensor by tensor (`activities.training.publish`), checkpoints
 are one safetensors file plus the optimizer state (`rl.weights_io`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from rollart.activities.errors import bad_input
 from rollart.activities.rl.action_entropy import ActionTerm, token_action_entropy
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entropy
-from rollart.activities.rl.weights_io import load_blob_into, load_checkpoint, save_checkpoint, state_dict_blob
+from rollart.activities.rl.weights_io import load_checkpoint, load_tensors_into, save_checkpoint, unique_tensors
 from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.infra.config import TrainerConfig
@@ -95,11 +96,11 @@ class TorchPolicy(Policy):
         self.zero_grad()
         return StepOutcome(grad_norm=norm, applied=applied)
 
-    def weights_blob(self) -> bytes:
-        return state_dict_blob(self.model)
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from unique_tensors(self.model).items()
 
-    def load_weights_blob(self, blob: bytes) -> None:
-        load_blob_into(self.model, blob)
+    def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        load_tensors_into(self.model, tensors)
         self.optimizer.sync_from_params()
 
     def save_checkpoint(self, root: Path, step: int) -> None:

@@ -6,7 +6,8 @@ than the whole job. A module per part of the job:
 
 - `task`: a task (`TaskSpec`: env, reward, sampling, prompt, faults)
 - `engine`, `trainer`, `training`: the inference engine; the trainer and its loss; the loop and its metrics
-- `temporal`, `store`: the Temporal connection and workers; where bulk data lives
+- `temporal`, `store`, `weights`: the Temporal connection and workers; where bulk data lives; how published
+  weights travel
 - `pools`: the rules on which pool may do what (the declarations themselves: infra/pools.py)
 - `env_servers`: OpenEnv servers run beside the workers
 - `job`: the whole job (`JobSpec`) and the rules that span its sections
@@ -45,6 +46,7 @@ from rollart.infra.config.training import (
     TrainingConfig,
     WandbConfig,
 )
+from rollart.infra.config.weights import WeightsConfig
 
 __all__ = [
     "DEFAULT_HOME",
@@ -77,6 +79,7 @@ __all__ = [
     "TrainerConfig",
     "TrainingConfig",
     "WandbConfig",
+    "WeightsConfig",
     "WorkerTuning",
     "format_validation_error",
     "load_job",

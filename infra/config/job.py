@@ -17,6 +17,7 @@ from rollart.infra.config.task import TaskSpec
 from rollart.infra.config.temporal import TemporalConfig
 from rollart.infra.config.trainer import TrainerConfig
 from rollart.infra.config.training import MetricsConfig, TrainingConfig
+from rollart.infra.config.weights import WeightsConfig
 from rollart.infra.deploy.layout import JobNeeds, KubernetesConfig, Route
 from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolSpec, is_generation, merge_declared, pools_with_role
 from rollart.infra.routing import Unit, unit_of
@@ -35,6 +36,9 @@ class JobSpec(Section):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    weights: WeightsConfig = Field(
+        default_factory=WeightsConfig, description="how published weights travel to the engines: dtype, buckets"
+    )
     metrics: MetricsConfig = Field(
         default_factory=MetricsConfig, description="metric exporters of the training client: TensorBoard, W&B"
     )

@@ -136,21 +136,14 @@ class MooncakeStore(Store):
                 f.write(view)
         return size
 
-    def delete(self, key: str) -> None:
+    def delete(self, key: str, *, force: bool = False) -> None:
         check_key(key)
-        rc = self._client.remove(key)
+        rc = self._client.remove(key, True) if force else self._client.remove(key)
         if rc in (0, _OBJECT_NOT_FOUND):
             return
         if rc == _OBJECT_HAS_LEASE:  # a reader holds it right now: leave it, the caller may try again later
             raise StoreError(f"cannot remove {key!r} from Mooncake yet: a reader holds a lease on it (try again later)")
         raise self._error(rc, key, "removing")
-
-    def remove_now(self, key: str) -> None:
-        """Remove `key` even if a reader's lease (`mooncake.lease_s` after each read) holds it: only when no read
-        can be in flight."""
-        rc = self._client.remove(check_key(key), True)
-        if rc not in (0, _OBJECT_NOT_FOUND):
-            raise self._error(rc, key, "removing")
 
     def exists(self, key: str) -> bool:
         check_key(key)

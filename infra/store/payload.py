@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import shutil
 import tempfile
@@ -56,6 +57,15 @@ class StoreUnavailable(StoreError):
 class Store(ABC):
     """Key → bytes. Keys are slash-separated words; writes are atomic; a missing key raises."""
 
+    _config: StoreConfig | None = None
+
+    @property
+    def config(self) -> StoreConfig:
+        """The config that opens this store again in another process (`open_store`): an engine's own worker."""
+        if self._config is None:
+            raise StoreError(f"{self!r} was not opened from a config; open it with open_store(StoreConfig(...))")
+        return self._config
+
     @abstractmethod
     def put(self, key: str, data: bytes | bytearray | memoryview, *, pinned: bool = False) -> None:
         """Write (or overwrite) `key`; readers never see a partial value.
@@ -68,8 +78,9 @@ class Store(ABC):
         """The value of `key`, or StoreKeyError naming it."""
 
     @abstractmethod
-    def delete(self, key: str) -> None:
-        """Remove `key` if present."""
+    def delete(self, key: str, *, force: bool = False) -> None:
+        """Remove `key` if present. A cache may refuse while a reader holds the key (Mooncake leases an object for
+        `mooncake.lease_s` after each read) unless `force`: only for what no read in flight needs."""
 
     @abstractmethod
     def exists(self, key: str) -> bool:
@@ -80,6 +91,14 @@ class Store(ABC):
         data = self.get(key)
         Path(path).write_bytes(data)
         return len(data)
+
+    def read_buffer(self, key: str) -> Any:
+        """The value of `key` as a buffer (buffer protocol) that tensors can view in place without a copy.
+
+        A local file is mapped copy-on-write instead of read (nothing is copied until written); other stores
+        read it into memory.
+        """
+        return self.get(key)
 
     def close(self) -> None:  # noqa: B027 (optional to override: most stores hold no connection)
         """Release connections; the default holds none."""
@@ -98,6 +117,7 @@ class LocalStore(Store):
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root).resolve()
+        self._config = StoreConfig(kind="local", path=self.root)
 
     def put(self, key: str, data: bytes | bytearray | memoryview, *, pinned: bool = False) -> None:
         path = self._path(key)
@@ -124,7 +144,16 @@ class LocalStore(Store):
             raise StoreKeyError(f"key {key!r} is not in the local store at {self.root}") from None
         return Path(path).stat().st_size
 
-    def delete(self, key: str) -> None:
+    def read_buffer(self, key: str) -> Any:
+        try:
+            with self._path(key).open("rb") as f:
+                if os.fstat(f.fileno()).st_size == 0:
+                    return bytearray()
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except FileNotFoundError:
+            raise StoreKeyError(f"key {key!r} is not in the local store at {self.root}") from None
+
+    def delete(self, key: str, *, force: bool = False) -> None:
         self._path(key).unlink(missing_ok=True)
 
     def exists(self, key: str) -> bool:
@@ -185,9 +214,15 @@ class MirroredStore(Store):
                 self._mark_down(e)
         return self.backing.read_to_file(key, path)
 
-    def delete(self, key: str) -> None:
-        self._try_cache(lambda: self.cache.delete(key), key)
-        self.backing.delete(key)
+    def delete(self, key: str, *, force: bool = False) -> None:
+        # A cache that refuses (a reader's lease) fails the delete before the local copy goes: the caller tries
+        # again later, and no pinned copy is left in the cache that nothing would ever remove.
+        if self._cache_up():
+            try:
+                self.cache.delete(key, force=force)
+            except StoreUnavailable as e:
+                self._mark_down(e)
+        self.backing.delete(key, force=force)
 
     def exists(self, key: str) -> bool:
         return self.backing.exists(key)  # every acknowledged write is there
@@ -237,5 +272,6 @@ def open_store(cfg: StoreConfig) -> Store:
             store = MooncakeStore.connect(cfg.mooncake)
             if cfg.fallback == "local":
                 store = MirroredStore(store, LocalStore(cfg.path), retry_after_s=cfg.mooncake.retry_after_s)
+            store._config = cfg
             _OPEN[cfg] = store
         return store

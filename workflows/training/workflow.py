@@ -209,6 +209,7 @@ class TrainingWorkflow:
                 model_dir=plan.model_dir,
                 run_dir=inp.run_dir,
                 trainer=trainer,
+                weights=plan.weights,
             ),
             task_queue=self._queue(Pool.TRAINER),
             result_type=TrainStepResult,

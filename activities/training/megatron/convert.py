@@ -1,7 +1,8 @@
 """HF (Qwen2/Qwen3/Llama) weights ↔ megatron-core GPTModel shards (local layer spec), per tensor-parallel rank.
 
 Pure tensor functions, no process group: `hf_to_megatron` cuts rank r's shard out of full HF
-tensors, `megatron_to_hf` puts full HF tensors back together from every rank's shard. The mapping
+tensors, `hf_of` puts the HF tensors of one megatron tensor back together from every rank's shard
+(`megatron_to_hf`: of all of them). The mapping
 (T = tensor-parallel size; verified bit-exact in shared/probes/megatron_cpu_tp.py):
 
   model.embed_tokens / lm_head       embedding.word_embeddings / output_layer   rows split T ways
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 
 from rollart.activities.training.megatron.hf_layout import HfArch
 
-__all__ = ["hf_to_megatron", "megatron_to_hf"]
+__all__ = ["hf_of", "hf_to_megatron", "megatron_to_hf"]
 
 Tensors = Callable[[str], torch.Tensor]
 """Full HF tensors by name (a dict's `__getitem__`, or a lazy safetensors reader)."""
@@ -78,50 +79,56 @@ def hf_to_megatron(get: Tensors, arch: HfArch, tp: int, r: int) -> dict[str, tor
     return {k: v.clone().contiguous() for k, v in out.items()}
 
 
-def megatron_to_hf(shards: Mapping[str, Sequence[torch.Tensor]], arch: HfArch) -> dict[str, torch.Tensor]:
-    """Full HF tensors from every tensor-parallel rank's shard (`shards[name][r]`); vocabulary padding removed."""
+def hf_of(name: str, shards: Sequence[torch.Tensor], arch: HfArch) -> dict[str, torch.Tensor]:
+    """The full HF tensors one megatron tensor holds, from every tensor-parallel rank's shard of it (`shards[r]`).
+
+    One megatron tensor at a time, so a publisher never needs more than one of them gathered.
+    """
     ng, hd, hidden = arch.num_kv_heads, arch.head_dim, arch.hidden_size
     per_group = arch.num_heads // ng * hd
-
-    def rows(name: str) -> torch.Tensor:
-        return torch.cat(list(shards[name]), 0)
-
-    def cols(name: str) -> torch.Tensor:
-        return torch.cat(list(shards[name]), 1)
-
-    out = {"model.embed_tokens.weight": rows("embedding.word_embeddings.weight")[: arch.vocab_size]}
-    for i in range(arch.num_layers):
-        h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-        q, k, v = (
-            rows(m + "self_attention.linear_qkv.weight")
-            .view(ng, per_group + 2 * hd, hidden)
-            .split([per_group, hd, hd], 1)
-        )
-        gate_up = [s.chunk(2, 0) for s in shards[m + "mlp.linear_fc1.weight"]]
-        out |= {
-            h + "input_layernorm.weight": shards[m + "input_layernorm.weight"][0],
-            h + "self_attn.q_proj.weight": q.reshape(-1, hidden),
-            h + "self_attn.k_proj.weight": k.reshape(-1, hidden),
-            h + "self_attn.v_proj.weight": v.reshape(-1, hidden),
-            h + "self_attn.o_proj.weight": cols(m + "self_attention.linear_proj.weight"),
-            h + "post_attention_layernorm.weight": shards[m + "pre_mlp_layernorm.weight"][0],
+    rows = torch.cat(list(shards), 0) if len(shards) > 1 else shards[0]
+    if name == "embedding.word_embeddings.weight":
+        return {"model.embed_tokens.weight": rows[: arch.vocab_size]}
+    if name == "output_layer.weight":
+        return {"lm_head.weight": rows[: arch.vocab_size]}
+    if name == "decoder.final_layernorm.weight":
+        return {"model.norm.weight": shards[0]}
+    prefix, _, rest = name.partition("decoder.layers.")
+    i, _, part = rest.partition(".")
+    if prefix or not i.isdigit():
+        raise KeyError(f"no HF tensor is known for megatron tensor {name!r}")
+    h = f"model.layers.{i}."
+    if part in ("self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias"):
+        kind = part.rsplit(".", 1)[1]
+        tail = (hidden,) if kind == "weight" else ()
+        q, k, v = rows.view(ng, per_group + 2 * hd, *tail).split([per_group, hd, hd], 1)
+        return {h + f"self_attn.{p}_proj.{kind}": t.reshape(-1, *tail) for p, t in zip("qkv", (q, k, v))}
+    if part == "mlp.linear_fc1.weight":
+        gate_up = [s.chunk(2, 0) for s in shards]
+        return {
             h + "mlp.gate_proj.weight": torch.cat([g for g, _ in gate_up], 0),
             h + "mlp.up_proj.weight": torch.cat([u for _, u in gate_up], 0),
-            h + "mlp.down_proj.weight": cols(m + "mlp.linear_fc2.weight"),
         }
-        if arch.qkv_bias:
-            qb, kb, vb = (
-                rows(m + "self_attention.linear_qkv.bias").view(ng, per_group + 2 * hd).split([per_group, hd, hd], 1)
-            )
-            out |= {
-                h + "self_attn.q_proj.bias": qb.reshape(-1),
-                h + "self_attn.k_proj.bias": kb.reshape(-1),
-                h + "self_attn.v_proj.bias": vb.reshape(-1),
-            }
-        if arch.qk_norm:
-            out[h + "self_attn.q_norm.weight"] = shards[m + "self_attention.q_layernorm.weight"][0]
-            out[h + "self_attn.k_norm.weight"] = shards[m + "self_attention.k_layernorm.weight"][0]
-    out["model.norm.weight"] = shards["decoder.final_layernorm.weight"][0]
-    if not arch.tie_word_embeddings:
-        out["lm_head.weight"] = rows("output_layer.weight")[: arch.vocab_size]
+    by_columns = {
+        "self_attention.linear_proj.weight": "self_attn.o_proj.weight",
+        "mlp.linear_fc2.weight": "mlp.down_proj.weight",
+    }
+    if part in by_columns:
+        return {h + by_columns[part]: torch.cat(list(shards), 1) if len(shards) > 1 else shards[0]}
+    replicated = {
+        "input_layernorm.weight": "input_layernorm.weight",
+        "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+        "self_attention.q_layernorm.weight": "self_attn.q_norm.weight",
+        "self_attention.k_layernorm.weight": "self_attn.k_norm.weight",
+    }
+    if part in replicated:
+        return {h + replicated[part]: shards[0]}
+    raise KeyError(f"no HF tensor is known for megatron tensor {name!r}")
+
+
+def megatron_to_hf(shards: Mapping[str, Sequence[torch.Tensor]], arch: HfArch) -> dict[str, torch.Tensor]:
+    """Full HF tensors from every tensor-parallel rank's shard (`shards[name][r]`); vocabulary padding removed."""
+    out: dict[str, torch.Tensor] = {}
+    for name, parts in shards.items():
+        out |= hf_of(name, parts, arch)
     return {k: v.contiguous() for k, v in out.items()}

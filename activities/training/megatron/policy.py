@@ -4,27 +4,25 @@ Built from the job's HF model dir (weights converted on load), it trains with te
 (the vocabulary too: log-probs never gather it) and data parallelism (megatron's DDP sums the
 fp32 gradient buffers over data-parallel ranks), clips by the global norm (each tensor-parallel
 shard counted once, replicated norms once), and steps a plain torch AdamW over each rank's shard —
-element-wise, so it equals AdamW over the whole model. Weights go out as one HF safetensors blob
-(gathered to the leader); checkpoints are sharded, one file per tensor-parallel rank.
+element-wise, so it equals AdamW over the whole model. Weights go out as HF tensors, each decoder layer
+gathered to one tensor-parallel rank in turn (`hf_tensors`; published in buckets by every such rank);
+checkpoints are sharded, one file per tensor-parallel rank.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from safetensors import safe_open
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
 from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
+from rollart.activities.rl.weights_io import hf_model_tensors
 from rollart.activities.training.megatron.checkpoint import load_sharded, save_sharded
-from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
+from rollart.activities.training.megatron.convert import hf_of, hf_to_megatron, megatron_to_hf
 from rollart.activities.training.megatron.hf_layout import HfArch
 from rollart.activities.training.megatron.model import build_gpt, causal_mask, wrap_ddp
 from rollart.activities.training.megatron.vocab_parallel import (
@@ -35,25 +33,7 @@ from rollart.activities.training.policy import Policy, StepOutcome, worth_applyi
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.infra.config import TrainerConfig
 
-__all__ = ["MegatronPolicy", "hf_model_tensors"]
-
-
-@contextmanager
-def hf_model_tensors(model_dir: str | Path) -> Iterator[Any]:
-    """A lazy `name -> tensor` reader over an HF model dir's safetensors files (sharded or not)."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {model_dir}")
-    handles = [safe_open(str(f), framework="pt", device="cpu") for f in files]
-    where = {name: h for h in handles for name in h.keys()}  # noqa: SIM118 - safe_open handles are not iterable
-
-    def get(name: str) -> torch.Tensor:
-        try:
-            return where[name].get_tensor(name)
-        except KeyError as e:
-            raise KeyError(f"{model_dir} has no tensor {name!r}") from e
-
-    yield get
+__all__ = ["MegatronPolicy"]
 
 
 class MegatronPolicy(Policy):
@@ -99,9 +79,8 @@ class MegatronPolicy(Policy):
         with hf_model_tensors(self.model_dir) as get:
             self._load_shard(module, get)
 
-    def load_weights_blob(self, blob: bytes) -> None:
-        tensors = st_load(blob)
-        self._load_shard(self.module, tensors.__getitem__)
+    def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self._load_shard(self.module, lambda name: tensors[name].float())
         self.optimizer.sync_from_params()
 
     # ---- forward / backward ---------------------------------------------------------------------
@@ -214,9 +193,29 @@ class MegatronPolicy(Policy):
             return None
         return {k: v.cpu() for k, v in megatron_to_hf(shards, self.arch).items()}
 
-    def weights_blob(self) -> bytes | None:
-        tensors = self.gathered_hf()
-        return None if tensors is None else st_save(tensors, metadata={"format": "pt"})
+    def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The HF tensors, assembled one megatron tensor at a time by one rank of data-parallel group 0's tensor-
+        parallel group: decoder layer i by its rank i mod T (the embedding by rank 0, the final norm and head by
+        the last), so the ranks share the work and each holds at most one gathered tensor beyond its shard.
+        Replicated tensors (norms) need no gather. Ranks of other data-parallel groups yield nothing."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_rank() != 0:
+            return
+        group = ps.get_tensor_model_parallel_group()
+        for name, p in self.module.named_parameters():
+            owner = _owner(name, self.arch.num_layers, self.tp)
+            t = p.detach()
+            # not `param_is_not_tensor_parallel_duplicate`: it answers differently on each rank for a replicated one
+            if self.tp == 1 or not getattr(p, "tensor_model_parallel", False):
+                if owner == self.tp_rank:
+                    yield from hf_of(name, [t] * self.tp, self.arch).items()
+                continue
+            t = t.contiguous()
+            bufs = [torch.empty_like(t) for _ in range(self.tp)] if owner == self.tp_rank else None
+            dist.gather(t, bufs, dst=dist.get_global_rank(group, owner), group=group)
+            if bufs is not None:
+                yield from hf_of(name, bufs, self.arch).items()
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -236,3 +235,10 @@ class MegatronPolicy(Policy):
         return {
             k: v for k, v in self.module.state_dict().items() if torch.is_tensor(v) and not k.endswith("_extra_state")
         }
+
+
+def _owner(name: str, num_layers: int, tp: int) -> int:
+    """The tensor-parallel rank that assembles and publishes megatron tensor `name` (see `hf_tensors`)."""
+    if name.startswith("decoder.layers."):
+        return int(name.split(".")[2]) % tp
+    return 0 if name.startswith("embedding.") else (num_layers % tp if tp > 1 else 0)
