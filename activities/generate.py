@@ -40,6 +40,10 @@ class GenerateActivities:
     lock, whatever the number of waiting requests), so no one has to know which
     generation workers exist. Observations become prompts through the model's chat template per the
     task's `prompt` format (`renderer`; by default the model directory's).
+
+    `queue` is this worker's private queue, named in every result so that a trajectory's next turn comes
+    back here (session affinity); a turn that arrives there while more than `max_waiting` requests wait in
+    the engine's scheduler is refused (`EngineBusy`) and goes to the shared queue instead.
     """
 
     def __init__(
@@ -49,6 +53,8 @@ class GenerateActivities:
         worker_id: str,
         model_dir: Path,
         renderer: PromptRenderer | None = None,
+        queue: str = "",
+        max_waiting: int | None = None,
     ) -> None:
         self.engine = engine
         self.renderer = renderer or PromptRenderer(Path(model_dir))
@@ -57,10 +63,13 @@ class GenerateActivities:
         self.model_dir = model_dir  # version 0 of any job: the model dir's own weights
         self._job: str | None = None  # whose weights the engine holds (None: the model dir's)
         self._loading = asyncio.Lock()
+        self.queue = queue
+        self.max_waiting = max_waiting
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         """Sample `sampling.n` completions of `prompt`; heartbeats while the engine works."""
+        self._refuse_when_busy()
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
@@ -75,6 +84,7 @@ class GenerateActivities:
                 type=ErrorType.INVALID_INPUT,
                 non_retryable=True,
             )
+        self._refuse_when_busy()
         request_id = _request_id()
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
@@ -108,7 +118,22 @@ class GenerateActivities:
             policy_version_end=out.policy_version_end,
             data_key=data_key,
             worker_id=self.worker_id,
+            queue=self.queue,
+            pressure=self.engine.pressure(),
         )
+
+    def _refuse_when_busy(self) -> None:
+        """A turn pinned here (it came through the private queue) goes elsewhere while the engine is swamped; the
+        shared queue's turns are always taken (someone must serve them)."""
+        if self.max_waiting is None or not self.queue or activity.info().task_queue != self.queue:
+            return
+        waiting = self.engine.pressure().waiting
+        if waiting > self.max_waiting:
+            raise ApplicationError(
+                f"engine of {self.worker_id} has {waiting} requests waiting (> {self.max_waiting}): try another",
+                type=ErrorType.ENGINE_BUSY,
+                non_retryable=True,
+            )
 
     async def _render(self, observation: str, fmt: PromptFormat | None) -> str:
         if fmt is None or fmt.chat == "never":

@@ -13,6 +13,7 @@ import time
 BENCHMARKS = {
     "end_to_end": "bench.end_to_end",
     "affinity": "bench.affinity",
+    "engines": "bench.engines",
     "overhead": "bench.overhead",
     "resets": "bench.resets",
     "rollout": "bench.rollout",

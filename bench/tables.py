@@ -305,6 +305,28 @@ _AFFINITY = (
     Col("generate p50 s", "generate_p50_s", ".3f"),
     Col("trainer busy", "busy_trainer", pct),
 )
+_ENGINES_AFFINITY = (
+    Col("mode", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("prefix-cache hits", "prefix_hit_rate", pct, bold=True),
+    Col("tokens/s", "tokens_per_s", thousands),
+    Col("traj/s", "trajectories_per_s", ".2f"),
+    Col("engine moves / traj", "moves_per_trajectory", ".2f"),
+    Col("failed", "failed", ".0f"),
+)
+_ENGINES_ADMISSION = (
+    Col("admission", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs fixed", "speedup_vs_baseline", ".2f", bold=True),
+    Col("traj/s", "trajectories_per_s", ".2f"),
+    Col("completion tok/s", "completion_tokens_per_s", ".0f"),
+    Col("preempted", "preempted", ".0f"),
+    Col("KV max", "kv_usage_max", pct),
+    Col("cap min / end", pair("cap_min", "cap_end", fixed(0)), align="l"),
+    Col("failed", "failed", ".0f"),
+)
 _OVERHEAD = (
     Col("path, unit, env latency", "name", align="l"),
     Col("wall s", "wall_s", ".2f"),
@@ -363,6 +385,8 @@ VIEWS: dict[str, View] = {
     "end_to_end-trajectory": View(("end_to_end-trajectory",), _modes, _END_TO_END_TRAJECTORY),
     "end_to_end-sokoban": View(("end_to_end-sokoban",), _modes, _END_TO_END_SOKOBAN),
     "affinity": View(("affinity",), _modes, _AFFINITY),
+    "engines-affinity": View(("engines-affinity",), _modes, _ENGINES_AFFINITY),
+    "engines-admission": View(("engines-admission",), _modes, _ENGINES_ADMISSION),
     "overhead": View(("overhead",), _modes, _OVERHEAD),
     "learning.frozenlake-explore": View(
         (

@@ -122,6 +122,26 @@ async def _answer(client: Client, handle: WorkflowHandle) -> TrainingStatus:
         ) from None
 
 
+def engine_lines(st: TrainingStatus) -> list[str]:
+    """The admission cap and each engine's last report: what `training.admission` and `engine.affinity` act on."""
+    lines = []
+    if st.admission_cap is not None:
+        cuts = f"{st.admission_cuts} time{'' if st.admission_cuts == 1 else 's'}"
+        lines.append(
+            f"admission: at most {st.admission_cap} in flight by engine pressure (the async bound allows "
+            f"{st.in_flight_limit} in flight + buffered; cut {cuts})"
+        )
+    if st.engines:
+        lines.append(f"engines: {len(st.engines)} reporting; turns moved between engines: {st.engine_moves}")
+    for worker, p in st.engines.items():
+        hits = f"{p.prefix_hit_rate:.0%}" if p.prefix_hit_rate is not None else "-"
+        lines.append(
+            f"  {worker}: {p.running} running, {p.waiting} waiting, KV {p.kv_usage:.0%}, "
+            f"{p.preempted} preempted, prefix-cache hits {hits}"
+        )
+    return lines
+
+
 def _print_status(st: TrainingStatus) -> None:
     """State, step and version, the ledger, the last five steps."""
     state = "done" if st.done else "stopping" if st.stopping or st.ended_by else "paused" if st.paused else "running"
@@ -144,6 +164,8 @@ def _print_status(st: TrainingStatus) -> None:
             print(
                 f"stop rule: success ≥ {rule.success:g} for {rule.steps} steps in a row; held for {st.stop_held} so far"
             )
+    for line in engine_lines(st):
+        print(line)
     for stall in st.stalls:  # a pool with work waiting and no worker, or no trajectory finishing (training.stall)
         print(
             f"STALLED: {stall.describe(time.time())} (since {time.strftime('%H:%M:%S', time.localtime(stall.since))})"

@@ -28,7 +28,7 @@ from rollart.activities.env import EnvActivities
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.rollout import unit_input
-from rollart.contracts.activities import ActivityName
+from rollart.contracts.activities import ActivityName, LiveEnginesInput, LiveEnginesResult
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.config import EngineConfig, StoreConfig
 from rollart.infra.routing import Unit
@@ -51,7 +51,7 @@ class InProcessCalls:
     logger = log
 
     def __init__(self, handlers: dict[str, Callable[[Any], Awaitable[Any]]]) -> None:
-        self._handlers = handlers
+        self._handlers = {ActivityName.LIVE_ENGINES.value: _one_engine, **handlers}
         self.counts: Counter[str] = Counter()  # calls made, by activity name
 
     @classmethod
@@ -87,6 +87,11 @@ class InProcessCalls:
             ) from e
         except Exception as e:  # what Temporal would report once retries ran out: the exception's type and text
             raise CallFailed(activity.value, f"{type(e).__name__}: {e}", error_type=type(e).__name__) from e
+
+
+async def _one_engine(inp: LiveEnginesInput) -> LiveEnginesResult:
+    """`live_engines` in one process: its one engine has no queue of its own, so a wave goes to it whole."""
+    return LiveEnginesResult()
 
 
 @contextlib.asynccontextmanager

@@ -56,6 +56,7 @@ def render_report(data: ReportData) -> str:
         _header(data),
         _ledger_section(data.ledger),
         _curves_section(data),
+        _engines_section(data.metrics),
         _timeline_section(data.timeline),
         _trajectories_section(data),
     ]
@@ -163,6 +164,36 @@ def _curves_section(data: ReportData) -> str:
     cells = "".join(f'<tr><td>{_e(k)}</td><td class="n">{v:.6g}</td></tr>' for k, v in sorted(last.items()))
     out.append(f"<details><summary>every scalar of the last step record</summary><table>{cells}</table></details>")
     return "".join(out)
+
+
+ENGINE_FIELDS = ("admission_cap", "kv_usage", "preempted", "prefix_hit_rate")
+ENGINE_ROWS = 12  # the engines' last steps shown (metrics.jsonl has them all)
+
+
+def _engines_section(metrics: list[dict]) -> str:
+    """The admission cap and the engines' pressure at each of the last steps; nothing when no engine reported."""
+    rows = [r for r in metrics if any(r.get(k) is not None for k in ENGINE_FIELDS)]
+    if not rows:
+        return ""
+    head = (
+        '<h2 id="engines">Engines and admission</h2><p class="muted">As the engines last reported when each step '
+        "was trained: the fullest KV cache, preemptions and prefix-cache hits since they started (summed over "
+        "engines), and the cap on trajectories in flight that engine pressure allowed (training.admission).</p>"
+    )
+    cells = "".join(
+        f'<tr><td class="n">{r.get("step")}</td><td class="n">{_count(r.get("admission_cap"))}</td>'
+        f'<td class="n">{_share(r.get("kv_usage"))}</td><td class="n">{_count(r.get("preempted"))}</td>'
+        f'<td class="n">{_share(r.get("prefix_hit_rate"))}</td></tr>'
+        for r in rows[-ENGINE_ROWS:]
+    )
+    return (
+        f"{head}<table><tr><th>step</th><th>admission cap</th><th>KV (fullest)</th><th>preempted</th>"
+        f"<th>prefix-cache hits</th></tr>{cells}</table>"
+    )
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def _timeline_section(timeline: list[dict]) -> str:

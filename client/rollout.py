@@ -103,7 +103,13 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
         env_seed = ids.derive_seed(seed, group)
         for _ in range(min(task.group_size, n - len(plan))):
             plan.append(
-                TrajectoryInput(task=task, seed=env_seed, job_id=job_id, queue_prefix=job.temporal.task_queue_prefix)
+                TrajectoryInput(
+                    task=task,
+                    seed=env_seed,
+                    job_id=job_id,
+                    queue_prefix=job.temporal.task_queue_prefix,
+                    affinity=job.engine.affinity,
+                )
             )
         group += 1
     return plan
@@ -210,6 +216,7 @@ def unit_input(
         job_id=inp.job_id,
         min_version=inp.min_version,
         queue_prefix=inp.queue_prefix,
+        affinity=inp.affinity,
     )
     return unit, workflow_id, group
 

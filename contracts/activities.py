@@ -23,6 +23,7 @@ __all__ = [
     "Completion",
     "DescribeQueuesInput",
     "DescribeQueuesResult",
+    "EnginePressure",
     "EnvHandle",
     "EnvOptions",
     "FinishReason",
@@ -32,6 +33,8 @@ __all__ = [
     "GroupHandle",
     "GroupResetInput",
     "GroupStepInput",
+    "LiveEnginesInput",
+    "LiveEnginesResult",
     "PromptsInput",
     "QueueState",
     "ResetInput",
@@ -68,6 +71,7 @@ class ActivityName(str, Enum):
     TRAIN_STEP = "train_step"
     RESTORE = "restore"
     DESCRIBE_QUEUES = "describe_queues"
+    LIVE_ENGINES = "live_engines"
 
 
 class _Message(BaseModel):
@@ -225,8 +229,34 @@ class Completion(_Message):
     finish_reason: FinishReason
 
 
+class EnginePressure(_Message):
+    """How loaded an engine is, as it reports with each generation: a few numbers, never per token.
+
+    `running` / `waiting`: requests in its scheduler; `kv_usage`: the share of its KV cache in use;
+    `preempted`: requests it has preempted since it started (KV cache ran out); `prefix_queries` /
+    `prefix_hits`: prompt tokens looked up in its prefix cache since it started, and found there.
+    An engine that reports nothing (the HF fallback) gives all zeros.
+    """
+
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    preempted: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        """Prompt tokens found in the prefix cache, as a share of those looked up (None before any lookup)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else None
+
+
 class GenerateResult(_Message):
-    """Compact result of a generation: the texts, the policy versions used, and where the tokens are."""
+    """Compact result of a generation: the texts, the policy versions used, where the tokens are, and the engine.
+
+    `queue` is the private queue of the worker that served it (`h800@<worker>`): a trajectory's next turn goes
+    there, where its prefix is cached (`engine.affinity`); "" when the worker has none.
+    """
 
     completions: list[Completion]
     prompt_tokens: int
@@ -234,6 +264,8 @@ class GenerateResult(_Message):
     policy_version_end: int
     data_key: str
     worker_id: str = ""
+    queue: str = ""
+    pressure: EnginePressure | None = None
 
 
 class TurnRecord(_Message):
@@ -366,6 +398,20 @@ class DescribeQueuesResult(_Message):
     """Every asked-for queue, in the order asked."""
 
     queues: list[QueueState] = Field(default_factory=list)
+
+
+class LiveEnginesInput(_Message):
+    """Which engines of a generation pool are alive now (a single-turn wave splits across them)."""
+
+    pool: str
+    queue_prefix: str = ""
+
+
+class LiveEnginesResult(_Message):
+    """The private queues of the pool's workers whose heartbeats are current, sorted; empty when the server keeps
+    no heartbeats (then nobody knows, and the wave goes to the shared queue whole)."""
+
+    queues: list[str] = Field(default_factory=list)
 
 
 def turn_key(job_id: str, trajectory_id: str, turn: int) -> str:

@@ -18,6 +18,7 @@ class ErrorType(str, Enum):
     UNKNOWN_COMPONENT = "UnknownComponent"  # an env or reward name neither registered nor importable
     ENV_BROKEN = "EnvBroken"  # an env raised mid-episode: its state is unknown
     REQUEST_REJECTED = "RequestRejected"  # the engine refused a request (too long a prompt, say)
+    ENGINE_BUSY = "EngineBusy"  # an engine refused a turn pinned to it (too many waiting): the caller goes elsewhere
     SESSION_LOST = "SessionLost"  # the worker answered but holds no such session (it restarted)
     REPLAY_MISMATCH = "ReplayMismatch"  # a lost session could not be rebuilt by replaying its actions
     TRAINER_RANK_FAILED = "TrainerRankFailed"  # a trainer rank died mid-step: retried on fresh ranks

@@ -6,8 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollart.contracts.activities import EnginePressure
 from rollart.contracts.ids import member_id
-from rollart.infra.config import TaskSpec
+from rollart.infra.config import AffinityConfig, TaskSpec
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
@@ -35,6 +36,9 @@ class TrajectoryInput(BaseModel):
     report_to: str | None = Field(None, description="workflow id to signal `trajectories_done` with the result")
     trajectory_id: str = Field("", description="set by the parent for a lockstep batch's members; else the workflow id")
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN, description="the job's task-queue prefix")
+    affinity: AffinityConfig = Field(
+        default_factory=AffinityConfig, description="which engine serves its turns (the job's engine.affinity)"
+    )
 
 
 class TrajectoryResult(BaseModel):
@@ -63,6 +67,9 @@ class TrajectoryResult(BaseModel):
     env_worker: str | None = None
     error: str | None = None
     restores: int = 0  # times the env session moved to another worker (its worker died): replayed, not lost
+    engine_worker: str | None = None  # the generation worker of its last turn
+    engine_moves: int = 0  # turns served by another engine than the turn before (gone, busy, or no affinity)
+    pressure: EnginePressure | None = None  # its last turn's engine, as it reported then (admission reads it)
 
 
 class GroupSeed(BaseModel):
@@ -92,6 +99,8 @@ class GroupRolloutInput(BaseModel):
     min_version: int = Field(0, ge=0)
     report_to: str | None = None
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)
+    """Which engine serves each group's turns, and whether a single-turn wave splits across engines."""
     lockstep: bool = False
     """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
     reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""

@@ -6,11 +6,21 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart.contracts.activities import SampleRef
-from rollart.infra.config import JobSpec, StopWhen, TaskSpec, TrainerConfig, TrainingConfig, WeightsConfig
+from rollart.contracts.activities import EnginePressure, SampleRef
+from rollart.infra.config import (
+    AffinityConfig,
+    JobSpec,
+    StopWhen,
+    TaskSpec,
+    TrainerConfig,
+    TrainingConfig,
+    WeightsConfig,
+)
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
+    "ENGINES_KEPT",
+    "AdmissionState",
     "EndedBy",
     "InFlight",
     "Stall",
@@ -27,6 +37,9 @@ __all__ = [
 
 HISTORY_KEPT = 50
 """How many step records the status query returns (older ones are in the run dir's metrics.jsonl)."""
+
+ENGINES_KEPT = 32
+"""How many engines' last reports the training state keeps (the most recent; workers come and go)."""
 
 
 class StepRecord(BaseModel):
@@ -51,6 +64,10 @@ class StepRecord(BaseModel):
     buffered: int = 0
     filtered: int = 0
     train: dict[str, float] = Field(default_factory=dict)
+    admission_cap: int | None = None  # trajectories allowed in flight by engine pressure (None: not adaptive)
+    kv_usage: float | None = None  # the fullest KV cache among the engines' last reports
+    preempted: int | None = None  # requests the engines preempted since they started (their last reports, summed)
+    prefix_hit_rate: float | None = None  # prompt tokens found in the engines' prefix caches since they started
 
     @property
     def played_success(self) -> float:
@@ -111,6 +128,17 @@ class StallWatch(BaseModel):
         return [x for x in self.open if x.reported]
 
 
+class AdmissionState(BaseModel):
+    """The adaptive admission cap's bookkeeping (workflows/training/pressure.py), carried across continue-as-new."""
+
+    cap: float | None = None  # trajectories that may be in flight (None: not moved yet, the async bound's cap)
+    round_done: int = 0  # trajectories finished in this round (a cap's worth ends it)
+    round_preempted: int = 0  # requests the engines preempted in this round
+    round_full: bool = False  # an engine reported its KV cache full with requests waiting in this round
+    cuts: int = 0  # times it was cut
+    engines: dict[str, EnginePressure] = Field(default_factory=dict)  # each engine's last report, by worker
+
+
 class InFlight(BaseModel):
     """A running trajectory: its GRPO group and the workflow that runs it (a lockstep batch runs many)."""
 
@@ -135,6 +163,8 @@ class TrainingState(BaseModel):
     failed: int = 0
     duplicates_ignored: int = 0
     restores: int = 0  # env sessions moved to another worker because theirs died (trajectories not lost)
+    engine_moves: int = 0  # turns served by another engine than the trajectory's turn before (see engine.affinity)
+    admission: AdmissionState = Field(default_factory=AdmissionState)
     in_flight: dict[str, InFlight] = Field(default_factory=dict)  # trajectory id → where it runs
     unfinished: dict[str, int] = Field(default_factory=dict)  # group id → members still running
     buffer: list[SampleRef] = Field(default_factory=list)
@@ -160,9 +190,9 @@ class TrainingState(BaseModel):
 class TrainingPlan(BaseModel):
     """What the training loop needs of a job: its tasks, the loop, the trainer, the model and its queues.
 
-    Not the engine, store, Temporal or Kubernetes sections: those are for workers and clients, and would
-    only swell every history the job writes. Taken from a validated job (`of`), so it holds the job's rules
-    (batches of whole groups, ...) without checking them again.
+    Not the engine (but its `affinity`, which the rollouts route by), store, Temporal or Kubernetes sections:
+    those are for workers and clients, and would only swell every history the job writes. Taken from a
+    validated job (`of`), so it holds the job's rules (batches of whole groups, ...) without checking them again.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -173,6 +203,8 @@ class TrainingPlan(BaseModel):
     model_dir: str
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)
+    """Which engine serves a trajectory's turns (the job's `engine.affinity`), for the rollouts it starts."""
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
@@ -185,6 +217,7 @@ class TrainingPlan(BaseModel):
             model_dir=str(job.model_dir),
             queue_prefix=job.temporal.task_queue_prefix,
             weights=job.weights.resolved(job.engine.dtype),
+            affinity=job.engine.affinity,
         )
 
 
@@ -237,6 +270,11 @@ class TrainingStatus(BaseModel):
     stop_when: StopWhen | None = None  # the job's stop rule (training.stop_when)
     stop_held: int = 0  # consecutive steps, the last included, that met it
     ended_by: EndedBy | None = None  # once the job ends or has decided to: why
+    in_flight_limit: int = 0  # the async bound's cap on in flight + buffered
+    admission_cap: int | None = None  # the adaptive cap on in flight by engine pressure (None: not adaptive)
+    admission_cuts: int = 0  # times engine pressure cut it
+    engine_moves: int = 0  # turns served by another engine than the trajectory's turn before
+    engines: dict[str, EnginePressure] = Field(default_factory=dict)  # each engine's last report, by worker
 
 
 class TrainingResult(BaseModel):

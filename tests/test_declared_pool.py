@@ -63,7 +63,7 @@ async def test_a_declared_generation_pool_serves_a_rollout(
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
         ready = _wait_for(proc, "ready: pool=l40s", 300)
-        assert "queues=[l40s]" in ready, ready[-2000:]
+        assert "queues=[l40s, l40s@l40s-" in ready, ready[-2000:]  # the pool's queue and its own (session affinity)
 
         job_id = f"l40s-{uuid.uuid4().hex[:6]}"
         outcomes = await run_rollout(client, plan_trajectories(job, 2, seed=5, job_id=job_id), job_id)
@@ -71,7 +71,8 @@ async def test_a_declared_generation_pool_serves_a_rollout(
         for o in outcomes:
             spans = activity_spans(await client.get_workflow_handle(o.workflow_id).fetch_history())
             generated = [a for a in spans if a.activity_type == "generate"]
-            assert generated and all(a.task_queue == "l40s" for a in generated), spans
+            assert generated and generated[0].task_queue == "l40s", spans  # later turns: on the first one's worker
+            assert all(a.task_queue == f"l40s@{generated[0].worker_identity}" for a in generated[1:]), spans
             assert all(a.worker_identity.startswith("l40s-") for a in generated), generated
             assert {a.pool for a in spans if a.activity_type == "reset"} == {"cpu"}  # the rest on the stack
     finally:

@@ -47,14 +47,17 @@ async def test_sixteen_trajectories_run_on_their_pools(client: Client, stack_job
         history = await client.get_workflow_handle(o.workflow_id).fetch_history()
         histories.append(history)
         runs = activity_spans(history)
-        session_queue = f"cpu@{r.env_worker}"
-        expected = [("reset", "cpu")] + [("generate", "h800"), ("step", session_queue)] * r.turns
+        session_queue, engine_queue = f"cpu@{r.env_worker}", f"h800@{r.engine_worker}"
+        expected = [("reset", "cpu"), ("generate", "h800"), ("step", session_queue)]  # later turns: on its engine
+        expected += [("generate", engine_queue), ("step", session_queue)] * (r.turns - 1)
         expected += [("reward", "serverless"), ("close", session_queue)]
         assert [(a.activity_type, a.task_queue) for a in runs] == expected
         for a in runs:  # each ran on a worker of its pool; steps on the very worker holding the session
-            pool = {"reset": "cpu", "generate": "h800", "reward": "serverless"}.get(a.activity_type)
+            pool = {"reset": "cpu", "reward": "serverless"}.get(a.activity_type)
             if pool:
                 assert a.worker_identity.startswith(f"{pool}-"), a
+            elif a.activity_type == "generate":  # every turn on the engine that served its first
+                assert a.worker_identity == r.engine_worker and r.engine_worker.startswith("h800-"), a
             else:
                 assert a.worker_identity == r.env_worker
         assert max(payload_sizes(history)) < threshold

@@ -28,6 +28,7 @@ from rollart.activities.engines.base import (
 )
 from rollart.activities.engines.factory import create_engine
 from rollart.client.local import publish_model
+from rollart.contracts.activities import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams, WeightsConfig
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weight_stream import WeightsTransferError
@@ -141,6 +142,30 @@ async def test_vllm_serves_concurrent_requests(vllm_engine: Engine) -> None:
     for out in outs:
         check_output(out, sampling, eos_id=0)
     assert vllm_engine.tokens_generated() - before == sum(len(c.token_ids) for o in outs for c in o.completions)
+
+
+@pytest.mark.integration
+async def test_vllm_reports_its_pressure_and_prefix_cache(vllm_engine: Engine, model_dir: Path) -> None:
+    """vLLM's stat loggers feed `pressure()`: a prompt of more than one 128-token block asked twice is found in the
+    prefix cache the second time; an idle engine has nothing running or waiting. The HF engine reports zeros."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    long = PROMPT
+    while len(tokenizer(long).input_ids) < 140:
+        long += "\n" + PROMPT
+    before = vllm_engine.pressure()
+    sampling = SamplingParams(max_tokens=2)
+    await vllm_engine.generate(long, sampling, "p1")
+    first = vllm_engine.pressure()
+    await vllm_engine.generate(long, sampling, "p2")
+    second = vllm_engine.pressure()
+    assert first.prefix_queries > before.prefix_queries and second.prefix_hits >= first.prefix_hits + 128
+    assert second.running == second.waiting == 0 and 0.0 <= second.kv_usage <= 1.0 and second.preempted == 0
+
+
+async def test_hf_reports_no_pressure(hf_engine: Engine) -> None:
+    assert hf_engine.pressure() == EnginePressure()
 
 
 @pytest.mark.integration

@@ -154,13 +154,14 @@ async def test_older_groups_name_their_members_as_the_parent_always_did() -> Non
 
 
 async def test_a_wave_of_single_turn_groups_is_one_generate_batch(envs: EnvActivities) -> None:
+    """In one process there is one engine: `live_engines` names no private queue, so the wave goes whole."""
     task = frozenlake_task(env="arithmetic", env_args={}, reward="exact_match", max_turns=1, group_size=3)
     c = calls(envs, ScriptedGenerator(text="0"))
     inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id=f"g{s}", seed=s) for s in range(5)])
     results = await play_single_turn(c, inp)
     assert [r.trajectory_id for r in results] == [f"g{s}-{m}" for s in range(5) for m in range(3)]
     assert all(r.status == "completed" for r in results)
-    assert dict(c.counts) == {"prompts": 1, "generate_batch": 1, "check": 1, "reward_batch": 1}
+    assert dict(c.counts) == {"prompts": 1, "live_engines": 1, "generate_batch": 1, "check": 1, "reward_batch": 1}
 
 
 async def test_a_failed_single_turn_generation_fails_only_its_group(envs: EnvActivities) -> None:
@@ -207,7 +208,8 @@ async def test_a_timed_out_or_cancelled_wave_generation_fails_every_group_of_the
     results = await play_single_turn(c, inp)
     assert [r.status for r in results] == ["failed"] * 4
     assert all(r.error == failure.message for r in results)
-    assert dict(c.counts) == {"prompts": 1, "generate_batch": 1}  # no per-group generate, nothing checked or scored
+    # no per-group generate, nothing checked or scored
+    assert dict(c.counts) == {"prompts": 1, "live_engines": 1, "generate_batch": 1}
 
 
 class _StuckUnit:

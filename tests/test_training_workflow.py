@@ -225,8 +225,9 @@ async def wave_activities(env: WorkflowEnvironment, job_id: str) -> list[tuple[i
 async def test_a_wave_of_single_turn_groups_makes_one_generate_call(
     bare_env: WorkflowEnvironment, queue_prefix: str
 ) -> None:
-    """A wave of N groups: one prompts, one generate_batch (N prompts, n = group size), one check, one
-    reward_batch, whatever N; a training step costs a handful of activities. Waves past the second, which
+    """A wave of N groups: one prompts, one live_engines (the wave could split: here one engine is alive), one
+    generate_batch (N prompts, n = group size), one check, one reward_batch, whatever N; a training step costs
+    a handful of activities. Waves past the second, which
     the 3 steps do not need, generate for a minute: in flight at the end, cancelled, they make no per-group calls
     (with generation merely slow, a loaded machine sometimes let them finish)."""
     w = world(queue_prefix, turn_delay_s=0.3, slow_batches_after=2)
@@ -236,14 +237,14 @@ async def test_a_wave_of_single_turn_groups_makes_one_generate_call(
     assert_ledger(result)
     waves = await wave_activities(bare_env, result.job_id)
     assert waves and max(n for n, _ in waves) >= 4  # the first wave: room for (bound + 1) batches of 4 groups
-    wave_calls = ["prompts", "generate_batch", "check", "reward_batch"]
-    for n, activities in waves:  # one cancelled at the job's end stops early: a prefix of the four
+    wave_calls = ["prompts", "live_engines", "generate_batch", "check", "reward_batch"]
+    for n, activities in waves:  # one cancelled at the job's end stops early: a prefix of the five
         assert list(activities) == wave_calls[: len(activities)] and set(activities.values()) == {1}, (n, activities)
-    assert sum(len(a) == 4 for _, a in waves) >= 2
+    assert sum(len(a) == 5 for _, a in waves) >= 2
     assert sorted(len(inp.prompts) for inp in w.inputs("generate_batch")) == sorted(n for n, _ in waves)
     assert not w.called("generate")
     rollout_calls = sum(sum(a.values()) for _, a in waves)
-    assert rollout_calls <= 4 * (result.version + 1)  # ~ one wave of 4 calls per step (the first serves two)
+    assert rollout_calls <= 5 * (result.version + 1)  # ~ one wave of 5 calls per step (the first serves two)
 
 
 async def test_a_refused_request_in_a_wave_fails_only_its_group(

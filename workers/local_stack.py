@@ -130,11 +130,34 @@ class LocalStack:
         self._wait_ready(timeout_s, [w])
         return w.proc.pid
 
-    def kill_worker(self, pid: int) -> None:
-        """SIGKILL one of this stack's worker processes (chaos): no drain, its in-flight work is simply lost."""
+    def worker_id(self, pid: int) -> str:
+        """The worker id of this stack's worker `pid` (its Temporal identity; `h800@<id>` is its private queue)."""
+        w = self._worker(pid)
+        if not w.ready_file.exists():
+            raise StackError(f"{w.pool} worker (pid {pid}) is not ready: it has no worker id yet")
+        return w.ready_file.read_text().strip()
+
+    def stop_worker(self, pid: int, timeout_s: float = 60.0) -> None:
+        """SIGTERM one of this stack's worker processes and wait for it: it drains what it holds, then exits."""
+        w = self._worker(pid)
+        w.proc.send_signal(signal.SIGTERM)
+        try:
+            w.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.warning("worker %s (pid %d) did not drain in time; killing it", w.pool, pid)
+            w.proc.kill()
+            w.proc.wait()
+        log.info("stopped %s worker (pid %d)", w.pool, pid)
+
+    def _worker(self, pid: int) -> _WorkerProc:
         w = next((w for w in self._workers if w.proc.pid == pid), None)
         if w is None:
             raise ValueError(f"pid {pid} is not a worker of this stack: {self.worker_pids()}")
+        return w
+
+    def kill_worker(self, pid: int) -> None:
+        """SIGKILL one of this stack's worker processes (chaos): no drain, its in-flight work is simply lost."""
+        w = self._worker(pid)
         w.proc.send_signal(signal.SIGKILL)
         w.proc.wait()
         log.info("killed %s worker (pid %d)", w.pool, pid)

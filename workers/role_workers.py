@@ -4,9 +4,10 @@
   restarting engine never stalls workflow progress)
 - env (`cpu`, or a pool a job declares, e.g. `sandbox`): `reset`, `restore` on the shared queue,
   `step`/`close` on this process's own queue
-- generation (`h20`, `h800`, or e.g. `l40s`): `generate` on one inference engine, batched continuously (and
-  `reward` too when the job colocates rewards with generation, and the env activities when a task's env
-  declares this pool: `@env(pool="h20")`)
+- generation (`h20`, `h800`, or e.g. `l40s`): `generate` on one inference engine, batched continuously, on the
+  pool's queue and on this process's own (`h800@<worker>`: the later turns of the trajectories it served,
+  session affinity); `reward` too when the job colocates rewards with generation, and the env activities
+  when a task's env declares this pool (`@env(pool="h20")`; their sessions' steps share the private queue)
 - reward (`serverless`): `reward`, a bounded number at a time so that excess work shows as
   backlog for the autoscaler
 - trainer (`trainer`): `train_step`, one at a time
@@ -142,9 +143,16 @@ def _shared_env(envs: EnvActivities) -> list[Callable[..., Any]]:
     return [envs.reset, envs.reset_group, envs.restore, envs.prompts, envs.check]
 
 
-def _session_worker(client: Client, envs: EnvActivities, common: dict[str, Any]) -> Worker:
-    """The worker polling this process's private queue: `step`/`close` of the sessions it holds."""
-    return Worker(client, task_queue=envs.queue, activities=[envs.step, envs.step_group, envs.close], **common)
+def _session_worker(
+    client: Client, envs: EnvActivities, common: dict[str, Any], also: list[Callable[..., Any]] | None = None
+) -> Worker:
+    """The worker polling this process's private queue: `step`/`close` of the sessions it holds (and `also`)."""
+    acts = [envs.step, envs.step_group, envs.close, *(also or [])]
+    return Worker(client, task_queue=envs.queue, activities=acts, **common)
+
+
+GENERATION_DRAIN = timedelta(seconds=60)
+"""How long a generation worker told to stop (SIGTERM) finishes the generations it holds, on either queue."""
 
 
 @contextlib.asynccontextmanager
@@ -157,29 +165,31 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
     common = {
         "identity": worker_id,
         "max_concurrent_activities": settings.max_concurrent_activities,
+        "graceful_shutdown_timeout": GENERATION_DRAIN,
         **activity_worker_options(settings.temporal.workers),
     }
+    private = session_queue(worker_id, prefix, pool)  # this engine's own queue: pinned turns (session affinity)
     async with _engine(settings) as engine:
-        gen = GenerateActivities(engine, open_store(settings.store), worker_id, settings.model_dir)
+        max_waiting = settings.engine.affinity.max_waiting
+        store = open_store(settings.store)
+        gen = GenerateActivities(engine, store, worker_id, settings.model_dir, queue=private, max_waiting=max_waiting)
         stats = asyncio.create_task(_log_engine_throughput(engine, pool))
-        activities: list[Callable[..., Any]] = [gen.generate, gen.generate_batch]
+        engine_acts: list[Callable[..., Any]] = [gen.generate, gen.generate_batch]
+        activities = list(engine_acts)
         if settings.serve_rewards:  # colocated: rewards compete with generation in this process
             from rollart.activities.reward import RewardActivities
 
             rewards = RewardActivities()
             activities += [rewards.reward, rewards.reward_batch]
         envs = _env_activities(worker_id, pool, prefix) if settings.serve_envs else None
-        workers = [] if envs is None else [_session_worker(client, envs, common)]
+        if envs is None:
+            workers = [Worker(client, task_queue=private, activities=engine_acts, **common)]
+        else:  # the env sessions' private queue is this same queue: one worker serves both there
+            workers = [_session_worker(client, envs, common, also=engine_acts)]
         activities += [] if envs is None else _shared_env(envs)
         try:
             yield [
-                Worker(
-                    client,
-                    task_queue=queue_name(pool, prefix),
-                    activities=activities,
-                    graceful_shutdown_timeout=timedelta(seconds=60),
-                    **common,
-                ),
+                Worker(client, task_queue=queue_name(pool, prefix), activities=activities, **common),
                 *workers,
             ]
         finally:

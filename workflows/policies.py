@@ -140,7 +140,8 @@ TRAIN_STEP = ActivityPolicy(
 
 DESCRIBE_QUEUES = ActivityPolicy(
     # The training workflow's stall check: a few DescribeTaskQueue calls on the control worker. A check that
-    # fails is skipped (the next one comes `check_every_s` later), never waited on.
+    # fails is skipped (the next one comes `check_every_s` later), never waited on. A single-turn wave's
+    # `live_engines` (one ListWorkers call) fails the same way: the wave then goes whole to the shared queue.
     start_to_close=timedelta(seconds=10),
     schedule_to_close=timedelta(seconds=20),
     retry=_retry(attempts=2, first_s=1.0),

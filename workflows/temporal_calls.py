@@ -28,6 +28,7 @@ POLICIES: dict[ActivityName, policies.ActivityPolicy] = {
     ActivityName.GENERATE_BATCH: policies.GENERATE,
     ActivityName.REWARD: policies.REWARD,
     ActivityName.REWARD_BATCH: policies.REWARD,
+    ActivityName.LIVE_ENGINES: policies.DESCRIBE_QUEUES,
 }
 """How each call may fail (workflows/policies.py); `train_step` is the training workflow's own call."""
 

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollart.contracts.activities import FinishReason
+from rollart.contracts.activities import EnginePressure, FinishReason
 from rollart.infra.config import SamplingParams
 from rollart.infra.store.weights import WeightsManifest, WeightsSource
 
@@ -145,6 +145,12 @@ class Engine(ABC):
     @abstractmethod
     def tokens_generated(self) -> int:
         """Running count of generated tokens (all completions), for tokens/s metrics."""
+
+    def pressure(self) -> EnginePressure:
+        """How loaded the engine is now, with its prefix-cache and preemption counts since it started: what
+        session affinity and admission read (returned with every generation). An engine that keeps no such
+        numbers (the HF fallback) reports zeros."""
+        return EnginePressure()
 
 
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 import uuid
@@ -32,6 +31,7 @@ from rollart.activities.engines.base import (
     EngineRequestError,
     check_source,
 )
+from rollart.contracts.activities import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
 
@@ -73,6 +73,7 @@ class VllmEngine(Engine):
         self.enable_prefix_caching = enable_prefix_caching
         self.policy_version = 0
         self._llm: Any = None
+        self._stats: Any = None  # vllm_stats.EngineStats, fed by vLLM's stat loggers once started
         self._tokens = 0
         self._dead = False
         self._swap_lock = asyncio.Lock()
@@ -96,7 +97,10 @@ class VllmEngine(Engine):
         """vLLM reads these when the engine is built; set them before it is."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         # Without it the CPU backend reserves most of the RAM for KV cache.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self.kv_cache_gib)))
+        if self.kv_cache_gib >= 1 and float(self.kv_cache_gib).is_integer():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(self.kv_cache_gib))
+        else:  # whole GiB only there: a fraction (a small cache, to see pressure) goes as bytes (`engine_args`)
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
         os.environ["HF_HUB_OFFLINE"] = "1"
 
     async def start(self) -> None:
@@ -117,8 +121,11 @@ class VllmEngine(Engine):
         t0 = time.perf_counter()
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rollart.activities.engines.vllm_stats import EngineStats
+
+        self._stats = EngineStats()
         try:
-            self._llm = AsyncLLM.from_engine_args(self.engine_args())
+            self._llm = AsyncLLM.from_engine_args(self.engine_args(), stat_loggers=[self._stats.factory])
         except Exception as e:
             raise EngineDeadError(f"vLLM failed to start on {self.model_dir}: {e}") from e
         t1 = time.perf_counter()
@@ -148,10 +155,19 @@ class VllmEngine(Engine):
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,  # GPUs per engine (CUDA builds)
             gpu_memory_utilization=self.gpu_memory_utilization,  # GPU memory share (CUDA builds; CPUs use kv_cache_gib)
+            kv_cache_memory_bytes=self._kv_cache_bytes(),
             enable_prefix_caching=self.enable_prefix_caching,
             disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight load (load_weights)
         )
+
+    def _kv_cache_bytes(self) -> int | None:
+        """The CPU KV cache in bytes when `kv_cache_gib` is not a whole number of GiB (the environment variable
+        takes whole GiB only); None otherwise, and on GPUs, where `gpu_memory_utilization` sizes it."""
+        import torch
+
+        whole = self.kv_cache_gib >= 1 and float(self.kv_cache_gib).is_integer()
+        return None if whole or torch.cuda.is_available() else int(self.kv_cache_gib * 2**30)
 
     def _vllm_params(self, sampling: SamplingParams) -> Any:
         from vllm import SamplingParams as VSamplingParams
@@ -321,3 +337,7 @@ class VllmEngine(Engine):
     def tokens_generated(self) -> int:
         """Tokens generated since warm-up, over all completions."""
         return self._tokens
+
+    def pressure(self) -> EnginePressure:
+        """The scheduler's last numbers and the counts since start (warm-up included), from vLLM's stat loggers."""
+        return self._stats.snapshot() if self._stats is not None else EnginePressure()

@@ -20,7 +20,7 @@ This package's names are its public API: import them from `rollart.infra.config`
 """
 
 from rollart.infra.config.base import DEFAULT_HOME
-from rollart.infra.config.engine import EngineConfig
+from rollart.infra.config.engine import AffinityConfig, EngineConfig
 from rollart.infra.config.env_servers import OPENENV, EnvServerSpec
 from rollart.infra.config.job import JobSpec
 from rollart.infra.config.load import JobSpecError, format_validation_error, load_job
@@ -38,6 +38,7 @@ from rollart.infra.config.task import (
 from rollart.infra.config.temporal import TemporalConfig, TemporalTLS, TracingConfig, WorkerTuning
 from rollart.infra.config.trainer import LossConfig, LRScheduleConfig, ParallelConfig, TrainerConfig
 from rollart.infra.config.training import (
+    AdmissionConfig,
     DynamicSamplingConfig,
     MetricsConfig,
     StallConfig,
@@ -50,6 +51,8 @@ from rollart.infra.config.weights import WeightsConfig
 __all__ = [
     "DEFAULT_HOME",
     "OPENENV",
+    "AdmissionConfig",
+    "AffinityConfig",
     "DynamicSamplingConfig",
     "EngineConfig",
     "EnvServerSpec",

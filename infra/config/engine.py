@@ -1,14 +1,48 @@
-"""The job's `engine` section: the inference engine every generation worker runs."""
+"""The job's `engine` section: the inference engine every generation worker runs, and how turns find their engine."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rollart.infra.config.base import Section
 
-__all__ = ["EngineConfig"]
+__all__ = ["AffinityConfig", "EngineConfig"]
+
+
+class AffinityConfig(Section):
+    """Which engine of a generation pool serves a trajectory's turns (`engine.affinity`; `session` / `none` is short
+    for `{mode: ...}`).
+
+    A pool may have many generation workers, one engine each. With `session` a trajectory's turns after the
+    first go to the private queue of the engine that served its previous turn, where its prompt's prefix is
+    cached; a turn waits at most `start_wait_s` there before it goes to the pool's shared queue (the engine's
+    worker is gone or swamped), and so does a turn the engine refuses because more than `max_waiting` requests
+    wait in its scheduler. Whichever engine then serves the turn is the trajectory's from then on. Single-turn
+    waves are split across the pool's live engines. `none`: every turn goes to the shared queue, any engine.
+    """
+
+    mode: Literal["session", "none"] = "session"
+    start_wait_s: float = Field(
+        2.0, gt=0.0, description="how long a pinned turn may wait on its engine's private queue before going elsewhere"
+    )
+    max_waiting: int | None = Field(
+        32,
+        ge=0,
+        description="an engine refuses pinned turns (they go to the shared queue) while more requests than this wait "
+        "in its scheduler; None: never",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_alone(cls, value: Any) -> Any:
+        return {"mode": value} if isinstance(value, str) else value
+
+    @property
+    def sticky(self) -> bool:
+        """Whether turns go to the engine that served the trajectory before."""
+        return self.mode == "session"
 
 
 class EngineConfig(Section):
@@ -30,3 +64,4 @@ class EngineConfig(Section):
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
     seed: int = 0
+    affinity: AffinityConfig = Field(default_factory=AffinityConfig)

@@ -10,7 +10,15 @@ from pydantic import Field, field_validator, model_validator
 
 from rollart.infra.config.base import Section
 
-__all__ = ["DynamicSamplingConfig", "MetricsConfig", "StallConfig", "StopWhen", "TrainingConfig", "WandbConfig"]
+__all__ = [
+    "AdmissionConfig",
+    "DynamicSamplingConfig",
+    "MetricsConfig",
+    "StallConfig",
+    "StopWhen",
+    "TrainingConfig",
+    "WandbConfig",
+]
 
 
 class StallConfig(Section):
@@ -116,6 +124,44 @@ class StopWhen(Section):
         return f"success ≥ {self.success:g} held for {self.steps} step{'s' if self.steps != 1 else ''}"
 
 
+class AdmissionConfig(Section):
+    """How many trajectories the job keeps in flight below the async bound's cap, by engine pressure
+    (`training.admission`; `true` / `false` is short for `{adaptive: ...}`).
+
+    The async bound caps trajectories in flight plus buffered at `(async_bound + 1) × batch_size`; that cap
+    always holds. With `adaptive`, trajectories in flight are also held under a cap of their own that starts
+    at the bound's and moves once per round (a cap's worth of finished trajectories) with what the engines
+    report with every generation (AIMD, as TCP's window): it is multiplied by `backoff` after a round in
+    which the engines preempted more than `max_preempted` requests per finished trajectory, or one reported
+    its KV cache at least `kv_high` full with requests waiting (or more than `max_waiting` waiting), and
+    grows by `increase` trajectories after a round without. It never goes below one launch (a group, or a
+    batch in batch mode) nor above the bound's cap. `rollart status` and the run report show it.
+    """
+
+    adaptive: bool = True
+    kv_high: float = Field(
+        0.9, gt=0.0, le=1.0, description="KV cache use (a share) at which an engine with requests waiting is full"
+    )
+    max_preempted: float = Field(
+        0.25, ge=0.0, description="preemptions per trajectory finished in a round above which the engines are pressed"
+    )
+    max_waiting: int | None = Field(
+        None, ge=0, description="requests waiting in an engine's scheduler above which it is pressed; None: not used"
+    )
+    backoff: float = Field(0.7, gt=0.0, lt=1.0, description="the cap's factor after a round under pressure")
+    increase: int | None = Field(
+        None,
+        ge=1,
+        description="trajectories the cap grows by after a round without pressure (None: a group or a sixteenth of "
+        "the bound's cap, whichever is more)",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_or_off(cls, value: Any) -> Any:
+        return {"adaptive": value} if isinstance(value, bool) else value
+
+
 class TrainingConfig(Section):
     """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
 
@@ -133,6 +179,7 @@ class TrainingConfig(Section):
     seed: int = 0
     stall: StallConfig = StallConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
+    admission: AdmissionConfig = AdmissionConfig()
     stop_when: StopWhen | None = Field(
         None,
         description="end the job early once each step's training success (what the progress bar shows: the "

@@ -17,7 +17,15 @@ from temporalio.api.workflowservice.v1 import ListWorkersRequest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-__all__ = ["HEARTBEATS_MISSED", "HEARTBEAT_GRACE_S", "QueueLiveness", "alive", "last_seen_s_ago", "queue_liveness"]
+__all__ = [
+    "HEARTBEATS_MISSED",
+    "HEARTBEAT_GRACE_S",
+    "QueueLiveness",
+    "alive",
+    "last_seen_s_ago",
+    "live_identities",
+    "queue_liveness",
+]
 
 HEARTBEATS_MISSED = 2
 """A worker that has missed this many of its heartbeats is taken for dead."""
@@ -30,10 +38,12 @@ _UNSUPPORTED = {RPCStatusCode.UNIMPLEMENTED, RPCStatusCode.PERMISSION_DENIED, RP
 
 @dataclass(frozen=True)
 class QueueLiveness:
-    """The heartbeating workers of one queue: how many are alive, and how long ago any was last heard of."""
+    """The heartbeating workers of one queue: how many are alive, and how long ago any was last heard of;
+    `identities`: the alive ones' worker identities (rollart's worker ids), sorted."""
 
     alive: int
     last_heartbeat_s_ago: float | None  # the newest heartbeat of a running worker; None: none ever heard
+    identities: tuple[str, ...] = ()
 
 
 def last_seen_s_ago(last_poll_s_ago: float | None, live: QueueLiveness | None) -> float | None:
@@ -69,7 +79,17 @@ async def queue_liveness(
     beats = [
         w.worker_heartbeat for w in resp.workers_info if w.worker_heartbeat.status == WorkerStatus.WORKER_STATUS_RUNNING
     ]
+    live = [hb for hb in beats if alive(hb, now, interval_s)]
     return QueueLiveness(
-        alive=sum(alive(hb, now, interval_s) for hb in beats),
+        alive=len(live),
         last_heartbeat_s_ago=min((now - hb.heartbeat_time.ToSeconds() for hb in beats), default=None),
+        identities=tuple(sorted({hb.worker_identity for hb in live})),
     )
+
+
+async def live_identities(client: Client, queue: str, interval_s: float) -> list[str] | None:
+    """The identities of the workers alive on `queue` (see `alive`), sorted; None where the server keeps no
+    heartbeats. A worker killed a moment ago may still be listed (for up to HEARTBEATS_MISSED intervals plus
+    the grace): callers route to it with a short schedule-to-start timeout and a fallback."""
+    live = await queue_liveness(client, queue, interval_s)
+    return None if live is None else list(live.identities)

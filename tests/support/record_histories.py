@@ -37,12 +37,15 @@ __all__ = ["FIXTURES", "HISTORIES", "main"]
 
 HISTORIES = Path(__file__).resolve().parent.parent / "histories"
 FIXTURES = {
-    "trajectory-completed": "a training job's TrajectoryWorkflow child: 3 turns, scored, outcome upserted",
+    "trajectory-completed": "a training job's TrajectoryWorkflow child: 3 turns (the later ones on the first's "
+    "engine), scored, outcome upserted",
     "trajectory-env-broken": "a TrajectoryWorkflow child whose step raises EnvBroken: failed, closed, never scored",
     "trajectory-unknown-env": "a TrajectoryWorkflow whose reset raises UnknownComponent: the workflow fails",
     "trajectory-invalid-input": "a TrajectoryWorkflow started with input that does not validate: it fails at once",
-    "group-multi-turn": "a GroupRolloutWorkflow of a `rollout_unit: group` task: each group plays on its own",
-    "group-single-turn": "a GroupRolloutWorkflow wave of single-turn groups: prompts, generate_batch, check, reward",
+    "group-multi-turn": "a GroupRolloutWorkflow of a `rollout_unit: group` task: each group plays on its own, "
+    "its later turns on its first turn's engine",
+    "group-single-turn": "a GroupRolloutWorkflow wave of single-turn groups: prompts, live_engines, generate_batch, "
+    "check, reward",
     "group-lockstep": "a batch-mode job's GroupRolloutWorkflow: its groups play phase by phase together",
     "batch": "a batch-mode job's BatchRolloutWorkflow, some episodes failed: each finishes on its own",
     "training-continued-as-new": "a mixed job's TrainingWorkflow (groups, waves), its first run up to continue-as-new",
@@ -133,7 +136,7 @@ async def _record_mixed_job(client: Client) -> dict[str, str]:
     spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
     job_id = f"rec-{uuid.uuid4().hex[:6]}"
     _, first_run_id = await _train(
-        client, spec, job_id, StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1})
+        client, spec, job_id, StandIns(stagger=1, score=full_marks, train_delay_s=0.05, fail_seeds={1}, engines=("e1",))
     )
     found = {"training-continued-as-new": await _history_json(client, job_id, first_run_id)}
     group = 'WorkflowType="GroupRolloutWorkflow" AND RollartTask='
@@ -151,7 +154,8 @@ async def _record_trajectory_job(client: Client) -> dict[str, str]:
     )
     spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
     job_id = f"rec-traj-{uuid.uuid4().hex[:6]}"
-    await _train(client, spec, job_id, StandIns(turns=3, train_delay_s=0.05, fail_seeds={1}))
+    # one named engine: later turns go to its private queue (session affinity), as they do on real workers
+    await _train(client, spec, job_id, StandIns(turns=3, train_delay_s=0.05, fail_seeds={1}, engines=("e1",)))
     trajectory = 'WorkflowType="TrajectoryWorkflow" AND RollartStatus='
     return {"training-trajectories": await _history_json(client, job_id)} | await _children(
         client,

@@ -8,7 +8,9 @@ the test with them when its block ends.
 
 The env is a counter: the observation is the number of steps a member has taken, and member i of a
 group is done after `turns + i * stagger` steps. The engine answers "R" with the policy version the
-last `train_step` published (or `versions[k]` for the k-th `generate`).
+last `train_step` published (or `versions[k]` for the k-th `generate`). With `engines` named, each is a
+generation worker of its own, polling the pool's shared queue and its private one (`h800@<engine>`) as a
+real one does, and `standin_workers` yields the `StandInPool` that stops one (a killed worker).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
     Completion,
+    EnginePressure,
     EnvHandle,
     GenerateBatchInput,
     GenerateInput,
@@ -55,19 +58,21 @@ from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 
-__all__ = ["Call", "StandIns", "full_marks", "reward_on_success", "reward_per_turn", "standin_workers"]
+__all__ = ["Call", "StandInPool", "StandIns", "full_marks", "reward_on_success", "reward_per_turn", "standin_workers"]
 
 DEAD_AFTER_S = 1.0  # the stand-in env worker's handles: a step left waiting 1 s on its queue means it is dead
 HELD_WAIT_S = 3.0  # how long a held group's first generation waits for another group to step
 
 
 class Call(NamedTuple):
-    """One stand-in call: the activity, the queue it ran on, a short key (ids, counts) and its input."""
+    """One stand-in call: the activity, the queue it ran on, a short key (ids, counts), its input, and the stand-in
+    engine that served it (named `engines` only)."""
 
     name: str
     queue: str
     what: str
     inp: Any
+    engine: str = ""
 
 
 def reward_on_success(t: Transcript) -> RewardResult:
@@ -117,6 +122,8 @@ class StandIns:
     score: Callable[[Transcript], RewardResult] = reward_on_success
     # the engine
     versions: list[int] | None = None
+    engines: tuple[str, ...] = ()  # generation workers of their own, each with a private queue (else one, anonymous)
+    busy_engines: set[str] = field(default_factory=set)  # refuse turns pinned to them (EngineBusy), as a swamped one
     # failures
     fail_seeds: set[int] = field(default_factory=set)  # sessions reset with these seeds raise EnvBroken at every step
     fail_step_at: int | None = None  # a session's n-th step raises EnvBroken
@@ -163,9 +170,13 @@ class StandIns:
         """Every trajectory id sent to train_step, in order (a repeat means one was trained twice)."""
         return [s.trajectory_id for inp in self.inputs("train_step") for s in inp.samples]
 
-    def _record(self, name: str, what: str, inp: Any) -> None:
+    def _record(self, name: str, what: str, inp: Any, engine: str = "") -> None:
         """Note a call with the queue it arrived on, for the test to assert on afterwards."""
-        self.calls.append(Call(name, activity.info().task_queue, what, inp))
+        self.calls.append(Call(name, activity.info().task_queue, what, inp, engine))
+
+    def engine_queue(self, engine: str) -> str:
+        """The private queue of the stand-in engine `engine` (`<prefix>h800@<engine>`)."""
+        return session_queue(engine, self.prefix, "h800")
 
     def _check(self, ok: bool, message: str) -> None:
         """Keep a failed check for the test body: an assert here would only fail (and mask) one trajectory."""
@@ -262,7 +273,7 @@ class StandIns:
 
     # ------------------------------------------------------------------ engine
 
-    def _generation(self, data_key: str, n: int, min_version: int | None) -> GenerateResult:
+    def _generation(self, data_key: str, n: int, min_version: int | None, engine: str = "") -> GenerateResult:
         """n answers "R" with the version served, checking the caller asked for no version not yet published."""
         k = len(self.called("generate")) - 1
         v = self.version if self.versions is None else self.versions[min(max(k, 0), len(self.versions) - 1)]
@@ -276,6 +287,9 @@ class StandIns:
             policy_version=v,
             policy_version_end=v,
             data_key=data_key,
+            worker_id=engine,
+            queue=self.engine_queue(engine) if engine else "",
+            pressure=EnginePressure(running=1, kv_usage=0.1) if engine else None,
         )
 
     def _reject(self, data_keys: list[str]) -> None:
@@ -287,14 +301,28 @@ class StandIns:
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
-        self._record("generate", f"{inp.data_key} n={inp.sampling.n}", inp)
+        return await self._generate(inp)
+
+    async def _generate(self, inp: GenerateInput, engine: str = "") -> GenerateResult:
+        self._record("generate", f"{inp.data_key} n={inp.sampling.n}", inp, engine)
+        self._refuse_pinned(engine)
         self._reject([inp.data_key])
         await _busy(self.turn_delay_s)
-        return self._generation(inp.data_key, inp.sampling.n, inp.weights.min_version if inp.weights else None)
+        min_version = inp.weights.min_version if inp.weights else None
+        return self._generation(inp.data_key, inp.sampling.n, min_version, engine)
+
+    def _refuse_pinned(self, engine: str) -> None:
+        """A busy engine refuses what came through its private queue, as GenerateActivities does."""
+        if engine in self.busy_engines and activity.info().task_queue == self.engine_queue(engine):
+            raise ApplicationError(f"{engine} is busy", type=ErrorType.ENGINE_BUSY, non_retryable=True)
 
     @activity.defn(name="generate_batch")
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
-        self._record("generate_batch", str(len(inp.prompts)), inp)
+        return await self._generate_batch(inp)
+
+    async def _generate_batch(self, inp: GenerateBatchInput, engine: str = "") -> list[GenerateResult]:
+        self._record("generate_batch", str(len(inp.prompts)), inp, engine)
+        self._refuse_pinned(engine)
         if self.broken_engine_group and f"{self.broken_engine_group}-" in inp.data_keys[0]:
             raise ApplicationError("engine crashed", type="EngineError", non_retryable=True)
         self._reject(inp.data_keys)
@@ -305,7 +333,7 @@ class StandIns:
                 await asyncio.wait_for(self._other_group_stepped.wait(), HELD_WAIT_S)
             self.calls.append(Call("held", "", "released" if self._other_group_stepped.is_set() else "timed out", None))
         min_version = inp.weights.min_version if inp.weights else None
-        return [self._generation(key, inp.sampling.n, min_version) for key in inp.data_keys]
+        return [self._generation(key, inp.sampling.n, min_version, engine) for key in inp.data_keys]
 
     # ------------------------------------------------------------------ reward and trainer
 
@@ -328,6 +356,32 @@ class StandIns:
         return TrainStepResult(step=inp.step, version=inp.step + 1, weights_key="k", metrics=metrics)
 
 
+class _Engine:
+    """One named stand-in generation worker: the stand-ins' engine, recording which engine served a call."""
+
+    def __init__(self, s: StandIns, name: str) -> None:
+        self.s, self.name = s, name
+
+    @activity.defn(name="generate")
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        return await self.s._generate(inp, self.name)
+
+    @activity.defn(name="generate_batch")
+    async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
+        return await self.s._generate_batch(inp, self.name)
+
+
+@dataclass
+class StandInPool:
+    """The named stand-in engines' workers, each engine's on the pool's queue and on its private one."""
+
+    stacks: dict[str, contextlib.AsyncExitStack] = field(default_factory=dict)
+
+    async def stop_engine(self, name: str) -> None:
+        """Stop both workers of engine `name`, as a killed generation worker: its private queue goes unpolled."""
+        await self.stacks.pop(name).aclose()
+
+
 @contextlib.asynccontextmanager
 async def standin_workers(
     client: Client,
@@ -336,37 +390,62 @@ async def standin_workers(
     workflows: Sequence[type] = ALL_WORKFLOWS,
     reward_pools: Sequence[str] = ("serverless",),
     missing_pools: Sequence[str] = (),
-) -> AsyncIterator[None]:
+) -> AsyncIterator[StandInPool]:
     """A worker per queue the workflows route to, serving what a real worker of that pool serves.
 
     Rewards are served on `reward_pools` (a colocated reward goes to the generation pool); `missing_pools` get
-    no worker (their work waits, as after a lost node). The control worker serves the real `describe_queues`. When the
-    block ends without an error, any check a stand-in failed fails the test.
+    no worker (their work waits, as after a lost node). The control worker serves the real `describe_queues`
+    and `live_engines`. With `s.engines`, each named engine gets a worker on `h800` and one on its private
+    queue (`StandInPool.stop_engine` stops both). When the block ends without an error, any check a stand-in
+    failed fails the test.
     """
     p = s.prefix
     engine = [s.generate, s.generate_batch]
     queues: dict[str, list[Callable[..., Any]]] = {
         queue_name("cpu", p): [s.reset, s.reset_group, s.restore, s.prompts, s.check],
         s.session_queue: [s.step, s.step_group, s.close],
-        queue_name("h800", p): list(engine),
+        queue_name("h800", p): [] if s.engines else list(engine),
         queue_name("h20", p): list(engine),
         queue_name("trainer", p): [s.train_step],
     }
     for pool in dict.fromkeys(reward_pools):
         queues.setdefault(queue_name(pool, p), []).extend([s.reward, s.reward_batch])
+    pool = StandInPool()
     async with contextlib.AsyncExitStack() as stack:
         if "control" not in missing_pools:
+            live = QueueActivities(client)
             control = Worker(
                 client,
                 task_queue=queue_name("control", p),
                 workflows=list(workflows),
-                activities=[QueueActivities(client).describe_queues],
+                activities=[live.describe_queues, live.live_engines],
                 workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),  # the checks the sandbox makes
             )
             await stack.enter_async_context(control)
         for queue, acts in queues.items():
-            if any(queue == queue_name(pool, p) for pool in missing_pools):
+            if not acts or any(queue == queue_name(pool_, p) for pool_ in missing_pools):
                 continue
             await stack.enter_async_context(Worker(client, task_queue=queue, activities=acts))
-        yield
+        for name in s.engines:
+            pool.stacks[name] = own = contextlib.AsyncExitStack()
+            stack.push_async_callback(_close_if_open, pool, name)
+            e, own_client = _Engine(s, name), await _own_client(client)  # a process of its own: its own client
+            for queue in (queue_name("h800", p), s.engine_queue(name)):
+                await own.enter_async_context(
+                    Worker(own_client, task_queue=queue, activities=[e.generate, e.generate_batch], identity=name)
+                )
+        yield pool
     assert not s.violations, "the stand-ins saw calls they should not have:\n" + "\n".join(s.violations)
+
+
+async def _own_client(client: Client) -> Client:
+    """A new connection like `client`'s (one client may not run two workers of one queue, as two engines do)."""
+    config = client.service_client.config
+    return await Client.connect(
+        config.target_host, namespace=client.namespace, data_converter=client.data_converter, runtime=config.runtime
+    )
+
+
+async def _close_if_open(pool: StandInPool, name: str) -> None:
+    if name in pool.stacks:
+        await pool.stop_engine(name)

@@ -24,6 +24,7 @@ from rollart.contracts.activities import (
 )
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.pools import queue_name
+from rollart.workflows.driver.affinity import Pin, generate_on
 from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.session import call_sticky, close_session
 
@@ -44,6 +45,7 @@ class Episode:
     done: bool = False
     restores: int = 0
     error: str | None = None  # why the episode failed, once it has
+    pin: Pin = field(default_factory=Pin)  # the engine serving its turns (session affinity)
     _pending: GenerateResult | None = None  # this turn's generation, until it is stepped
 
     @property
@@ -87,10 +89,14 @@ class Episode:
         self.observation = self.handle.observation
 
     async def generate(self) -> None:
-        """Sample this turn's action from the current observation (kept for `step`)."""
+        """Sample this turn's action from the current observation (kept for `step`), on the engine of its previous
+        turn when it can (workflows/driver/affinity.py)."""
         task, inp = self.inp.task, self.inp
         weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
-        self._pending = await self.calls.call(
+        self._pending = await generate_on(
+            self.calls,
+            inp.affinity,
+            self.pin,
             ActivityName.GENERATE,
             GenerateInput(
                 prompt=self.observation,
@@ -99,7 +105,7 @@ class Episode:
                 prompt_format=task.prompt,
                 data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns)),
             ),
-            queue=self.queue(task.generate_pool),
+            shared=self.queue(task.generate_pool),
             result_type=GenerateResult,
         )
 
@@ -187,5 +193,8 @@ class Episode:
             turn_keys=[g.data_key for g in self.gens],
             env_worker=self.handle.worker_id if self.handle else None,
             restores=self.restores,
+            engine_worker=self.pin.worker or None,
+            engine_moves=self.pin.moves,
+            pressure=self.pin.pressure,
             **outcome,
         )

@@ -24,6 +24,7 @@ from rollart.contracts.activities import (
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.infra.pools import queue_name
+from rollart.workflows.driver.affinity import Pin, generate_on
 from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.session import call_sticky
@@ -47,8 +48,10 @@ class GroupEpisode:
             group_id=group.group_id,
             min_version=inp.min_version,
             queue_prefix=inp.queue_prefix,
+            affinity=inp.affinity,
         )
-        self.members = [Episode(calls, self.inp, tid) for tid in group.members(inp.task.group_size)]
+        self.pin = Pin()  # one engine serves every member's turn (one generate_batch): they share its pin
+        self.members = [Episode(calls, self.inp, tid, pin=self.pin) for tid in group.members(inp.task.group_size)]
 
     @property
     def owner_id(self) -> str:
@@ -95,11 +98,15 @@ class GroupEpisode:
             )
 
     async def generate(self) -> None:
-        """One `generate_batch` for the members still playing (kept for `step`)."""
+        """One `generate_batch` for the members still playing (kept for `step`), on the engine of the group's
+        previous turn when it can (workflows/driver/affinity.py)."""
         task, inp = self.inp.task, self.inp
         playing = [ep for ep in self.members if not ep.over]
         weights = WeightsRef(job_id=inp.job_id, min_version=inp.min_version) if inp.job_id else None
-        gens: list[GenerateResult] = await self.calls.call(
+        gens: list[GenerateResult] = await generate_on(
+            self.calls,
+            inp.affinity,
+            self.pin,
             ActivityName.GENERATE_BATCH,
             GenerateBatchInput(
                 prompts=[ep.observation for ep in playing],
@@ -108,7 +115,7 @@ class GroupEpisode:
                 prompt_format=task.prompt,
                 data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing],
             ),
-            queue=self.queue(task.generate_pool),
+            shared=self.queue(task.generate_pool),
             result_type=list[GenerateResult],
         )
         self._generated = dict(zip((ep.trajectory_id for ep in playing), gens))

@@ -1,10 +1,13 @@
-"""Single-turn GRPO groups: an episode needs no env session, so a wave of groups takes four calls.
+"""Single-turn GRPO groups: an episode needs no env session, so a wave of groups takes a few calls.
 
-One `prompts` for every group's seed, one `generate_batch` for every group's prompt with n = group size (the
-engine batches them and shares each prompt's prefix), then one `check` and one `reward_batch` for every
-answer. A group whose generation fails ends `failed` on its own; the others are checked and scored: when
-the wave's `generate_batch` raises (rather than timing out or being cancelled), each group is generated on
-its own so that the failure lands on the groups it concerns.
+One `prompts` for every group's seed, one `generate_batch` per live engine of the pool for its share of the
+groups' prompts with n = group size (each engine batches its share and shares each prompt's prefix), then
+one `check` and one `reward_batch` for every answer. Which engines are alive comes from one `live_engines`
+call on the control queue (worker heartbeats, see `activities/queues.py`); with affinity off, one engine or
+none known, or a wave of one group, the wave goes whole to the shared queue and there is no such call. A
+group whose generation fails ends `failed` on its own; the others are checked and scored: when a share's
+`generate_batch` raises (rather than timing out or being cancelled), each of its groups is generated on its
+own so that the failure lands on the groups it concerns.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from rollart.contracts.activities import (
     GenerateBatchInput,
     GenerateInput,
     GenerateResult,
+    LiveEnginesInput,
+    LiveEnginesResult,
     PromptsInput,
     RewardBatchInput,
     RewardResult,
@@ -28,7 +33,8 @@ from rollart.contracts.activities import (
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
 from rollart.infra.config import SamplingParams
-from rollart.infra.pools import queue_name
+from rollart.infra.pools import Pool, queue_name
+from rollart.workflows.driver.affinity import Pin, generate_on, split_wave
 from rollart.workflows.driver.calls import CallFailed, Calls
 
 __all__ = ["play_single_turn"]
@@ -74,45 +80,81 @@ async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
 
 
 async def _generate_wave(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
-    """Every group's generation in one `generate_batch`; if the engine raised, per group.
+    """Every group's generation: a share of the wave per live engine (`split_wave`), the shares at once."""
+    engines = await _live_engines(calls, inp)
+    shares = split_wave(len(inp.groups), engines, offset=inp.groups[0].seed)
+    outcomes = await asyncio.gather(*(_generate_share(calls, inp, prompts, list(idx), queue) for queue, idx in shares))
+    return [gen for share in outcomes for gen in share]
+
+
+async def _live_engines(calls: Calls, inp: GroupRolloutInput) -> list[str]:
+    """The private queues of the pool's live engines, when the wave could split (else, or if unknown: none)."""
+    if not inp.affinity.sticky or len(inp.groups) <= 1:
+        return []
+    try:
+        live: LiveEnginesResult = await calls.call(
+            ActivityName.LIVE_ENGINES,
+            LiveEnginesInput(pool=inp.task.generate_pool, queue_prefix=inp.queue_prefix),
+            queue=queue_name(Pool.CONTROL, inp.queue_prefix),
+            result_type=LiveEnginesResult,
+        )
+    except CallFailed as err:  # not knowing costs only the split
+        calls.logger.info("live engines of %s unknown (%s): the wave goes whole", inp.task.generate_pool, err.message)
+        return []
+    return live.queues
+
+
+async def _generate_share(
+    calls: Calls, inp: GroupRolloutInput, prompts: list[str], idx: list[int], engine: str | None
+) -> list[GenerateResult | CallFailed]:
+    """The groups `idx` in one `generate_batch` on `engine` (else the shared queue); if the engine raised, per group.
 
     An error the activity raised may be one group's (a prompt the engine rejects): generating each group on
     its own then fails only the groups it concerns. A timeout concerns the engine, which every group's call
     would wait on again, and a cancellation the whole wave: all of its groups end failed. A bad input raises.
     """
+    groups = [inp.groups[i] for i in idx]
     try:
-        return list(await _generate_batch(calls, inp, prompts))
+        return list(await _generate_batch(calls, inp, groups, [prompts[i] for i in idx], engine))
     except CallFailed as err:
         if err.error_type is not None and not err.bad_input:  # raised by the activity: maybe one request's
             calls.logger.info(
-                "wave generate_batch failed (%s): generating its %d groups one by one", err.message, len(inp.groups)
+                "wave generate_batch failed (%s): generating its %d groups one by one", err.message, len(groups)
             )
-            return await _generate_each(calls, inp, prompts)
-        err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in inp.groups))
-        return [err] * len(inp.groups)
+            return await _generate_each(calls, inp, groups, [prompts[i] for i in idx])
+        err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in groups))
+        return [err] * len(groups)
 
 
-async def _generate_batch(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult]:
-    """One call for the wave: prompt i with n = group size, its tokens under group i's turn key."""
-    return await calls.call(
+async def _generate_batch(
+    calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], prompts: list[str], engine: str | None
+) -> list[GenerateResult]:
+    """One call for a share of the wave: prompt i with n = group size, its tokens under group i's turn key; on
+    `engine`'s private queue if given (the shared queue if it fails there for the engine's sake)."""
+    return await generate_on(
+        calls,
+        inp.affinity,
+        Pin(queue=engine or ""),
         ActivityName.GENERATE_BATCH,
         GenerateBatchInput(
             prompts=prompts,
             sampling=_sampling(inp),
             weights=_weights(inp),
             prompt_format=inp.task.prompt,
-            data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in inp.groups],
+            data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in groups],
         ),
-        queue=queue_name(inp.task.generate_pool, inp.queue_prefix),
+        shared=queue_name(inp.task.generate_pool, inp.queue_prefix),
         result_type=list[GenerateResult],
     )
 
 
-async def _generate_each(calls: Calls, inp: GroupRolloutInput, prompts: list[str]) -> list[GenerateResult | CallFailed]:
-    """Every group's generation at once, each its own `generate`: a failure stays its group's."""
-    work = [_generate(calls, inp, g, p) for g, p in zip(inp.groups, prompts)]
+async def _generate_each(
+    calls: Calls, inp: GroupRolloutInput, groups: list[GroupSeed], prompts: list[str]
+) -> list[GenerateResult | CallFailed]:
+    """Each group's generation at once, each its own `generate` on the shared queue: a failure stays its group's."""
+    work = [_generate(calls, inp, g, p) for g, p in zip(groups, prompts)]
     outcomes = await asyncio.gather(*work, return_exceptions=True)
-    for group, out in zip(inp.groups, outcomes):
+    for group, out in zip(groups, outcomes):
         if isinstance(out, CallFailed):
             out.mask(calls, f"single-turn group {group.group_id}")
         elif isinstance(out, BaseException):
@@ -198,6 +240,8 @@ def _completed(
                     completion_tokens=c.num_tokens,
                     turn_keys=[gen.data_key],
                     completion_index=m,
+                    engine_worker=gen.worker_id or None,
+                    pressure=gen.pressure,
                 )
             )
             k += 1

@@ -1,8 +1,9 @@
 """Admission: how much may be in flight, which task group g draws, and what one launch starts.
 
 At most `training.in_flight_limit` ((bound + 1) × batch, more with dynamic sampling's oversample) trajectories
-are in flight or buffered. A launch draws groups while the next one fits and says which child workflow plays
-each (infra/routing.py decides the unit); the training workflow only starts them. Pure and deterministic:
+are in flight or buffered, and with `training.admission.adaptive` at most the engine-pressure cap of
+workflows/training/pressure.py in flight. A launch draws groups while the next one fits and says which child
+workflow plays each (infra/routing.py decides the unit); the training workflow only starts them. Pure and deterministic:
 it updates the `TrainingState` it is given (the ids drawn, the members tracked as in flight) and returns what
 to start, in the order the workflow starts it.
 """
@@ -17,6 +18,7 @@ from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, Gro
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
 from rollart.infra.config import TaskSpec
 from rollart.infra.routing import Unit, unit_of
+from rollart.workflows.training import pressure
 
 __all__ = [
     "ChildInput",
@@ -85,11 +87,15 @@ def next_launch_size(plan: TrainingPlan, state: TrainingState) -> int:
 
 
 def can_launch(plan: TrainingPlan, state: TrainingState) -> bool:
-    """Not paused or stopping, and the next launch fits under the capacity."""
+    """Not paused or stopping, and the next launch fits under the capacity (in flight plus buffered) and under the
+    engine-pressure cap (in flight), when admission is adaptive."""
     if state.paused or state.stop_requested:
         return False
-    occupied = len(state.in_flight) + len(state.buffer)
-    return occupied + next_launch_size(plan, state) <= capacity(plan)
+    size = next_launch_size(plan, state)
+    if len(state.in_flight) + len(state.buffer) + size > capacity(plan):
+        return False
+    cap = pressure.current_cap(plan, state)
+    return cap is None or len(state.in_flight) + size <= cap
 
 
 def draw_group(plan: TrainingPlan, state: TrainingState, job_id: str) -> Group:
@@ -154,6 +160,7 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
             min_version=step,
             report_to=report_to,
             queue_prefix=plan.queue_prefix,
+            affinity=plan.affinity,
         )
 
     if launch.unit is Unit.TRAJECTORY:
@@ -175,5 +182,6 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
             for g in launch.groups
         ],
         queue_prefix=plan.queue_prefix,
+        affinity=plan.affinity,
         lockstep=plan.training.rollout_mode == "batch",
     )

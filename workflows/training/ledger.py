@@ -48,6 +48,7 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
         accepted += 1
         group = running.group
         state.restores += r.restores
+        state.engine_moves += r.engine_moves
         if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
             state.buffer.append(sample_of(r))
         else:

@@ -22,19 +22,27 @@ from rollart.contracts.training import (
 )
 from rollart.infra.config import TrainerConfig
 from rollart.workflows import entropy_control, stopping
+from rollart.workflows.training import pressure
 
 __all__ = ["apply_step", "ended_by", "learned", "result", "status", "step_record"]
 
 
 def step_record(
-    state: TrainingState, step: int, batch: list[SampleRef], res: TrainStepResult, now: float
+    state: TrainingState,
+    step: int,
+    batch: list[SampleRef],
+    res: TrainStepResult,
+    now: float,
+    admission_cap: int | None = None,
 ) -> StepRecord:
-    """The record of step `step`, trained on `batch`, with the ledger as it stands after it."""
+    """The record of step `step`, trained on `batch`, with the ledger as it stands after it and the engines as
+    they last reported (and `admission_cap`, the engine-pressure cap then, when admission is adaptive)."""
     by_task: dict[str, list[bool]] = {}
     for x in batch:
         by_task.setdefault(x.task, []).append(x.success)
     staleness = [step - x.policy_version_min for x in batch]
     sampled = len(batch) + state.filtered_since_step  # what the policy played for this step, filtered or not
+    engines = pressure.summary(state.admission)
     return StepRecord(
         step=step,
         version=res.version,
@@ -55,11 +63,20 @@ def step_record(
         buffered=len(state.buffer),
         filtered=state.filtered,
         train=res.metrics,
+        admission_cap=admission_cap,
+        kv_usage=engines.kv_usage if engines else None,
+        preempted=engines.preempted if engines else None,
+        prefix_hit_rate=engines.prefix_hit_rate if engines else None,
     )
 
 
 def apply_step(
-    state: TrainingState, trainer: TrainerConfig, batch: list[SampleRef], res: TrainStepResult, now: float
+    state: TrainingState,
+    trainer: TrainerConfig,
+    batch: list[SampleRef],
+    res: TrainStepResult,
+    now: float,
+    admission_cap: int | None = None,
 ) -> StepRecord:
     """The state after a step that trained `batch` with `trainer` (its entropy weight included) and returned `res`:
     the new version, the trained count, the next entropy weight, the step's record in the history; the count
@@ -70,7 +87,7 @@ def apply_step(
     if trainer.loss.entropy_target is not None:
         entropy = res.metrics.get(entropy_control.measured(trainer.loss))
         state.entropy_coef = entropy_control.next_coef(trainer.loss, trainer.loss.entropy_coef, entropy)
-    record = step_record(state, step, batch, res, now)
+    record = step_record(state, step, batch, res, now, admission_cap)
     state.history = [*state.history, record][-HISTORY_KEPT:]
     state.filtered_since_step = state.filtered_successes_since_step = 0
     return record
@@ -125,6 +142,11 @@ def status(job_id: str, plan: TrainingPlan, state: TrainingState, *, done: bool)
         stop_when=t.stop_when,
         stop_held=state.stop_held,
         ended_by=state.ended_by,
+        in_flight_limit=t.in_flight_limit,
+        admission_cap=pressure.current_cap(plan, state),
+        admission_cuts=state.admission.cuts,
+        engine_moves=state.engine_moves,
+        engines=state.admission.engines,
     )
 
 

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
-    from rollart.workflows.training import admission, ledger, records, staleness
+    from rollart.workflows.training import admission, ledger, pressure, records, staleness
     from rollart.workflows.training.admission import Launch
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
@@ -75,6 +75,7 @@ class TrainingWorkflow:
         """
         if self.finishing:
             return
+        pressure.observe(self.plan, self.s, results)  # before the ledger: it tells repeats by what is in flight
         if ledger.accept(self.plan, self.s, results) and self.plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
 
@@ -217,7 +218,7 @@ class TrainingWorkflow:
         now = workflow.now().timestamp()
         if plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, now, finished=False)
-        record = records.apply_step(self.s, trainer, batch, result, now)
+        record = records.apply_step(self.s, trainer, batch, result, now, pressure.current_cap(plan, self.s))
         if records.learned(plan, self.s, record):
             workflow.logger.info(
                 "job %s learned: %s, ending at step %d of %d",

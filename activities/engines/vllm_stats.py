@@ -1,0 +1,72 @@
+"""vLLM's scheduler numbers, read in process: a stat logger that keeps the last snapshot and the running counts.
+
+`AsyncLLM` has no call that returns its metrics; it hands them to its stat loggers instead, once per engine
+step (`record`): the scheduler's running and waiting requests, its KV cache use and this step's prefix-cache
+lookups, and the requests preempted in this step. `EngineStats.factory` is what `AsyncLLM.from_engine_args(...,
+stat_loggers=[...])` takes; vLLM then records stats even with `disable_log_stats=True`. Our logger keeps no
+Prometheus state (vLLM adds its own Prometheus logger beside it, whose registry is process-wide).
+
+Imports vLLM: only the vLLM engine imports this module, when it starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+from rollart.contracts.activities import EnginePressure
+
+__all__ = ["EngineStats"]
+
+
+class EngineStats:
+    """The running counts of one engine, fed by its stat loggers (one per vLLM engine core)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.preempted = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+
+    def snapshot(self) -> EnginePressure:
+        return EnginePressure(
+            running=self.running,
+            waiting=self.waiting,
+            kv_usage=round(self.kv_usage, 4),
+            preempted=self.preempted,
+            prefix_queries=self.prefix_queries,
+            prefix_hits=self.prefix_hits,
+        )
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        """One engine step's numbers: the scheduler's state replaces the last, the counts add up."""
+        if scheduler_stats is not None:
+            self.running = scheduler_stats.num_running_reqs
+            self.waiting = scheduler_stats.num_waiting_reqs
+            self.kv_usage = float(scheduler_stats.kv_cache_usage)
+            prefix = scheduler_stats.prefix_cache_stats
+            if prefix is not None:
+                self.prefix_queries += prefix.queries
+                self.prefix_hits += prefix.hits
+        if iteration_stats is not None:
+            self.preempted += iteration_stats.num_preempted_reqs
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
+        """vLLM's per-engine stat logger factory: a logger that feeds these counts."""
+        return _Logger(self, vllm_config, engine_index)
+
+
+class _Logger(StatLoggerBase):
+    def __init__(self, stats: EngineStats, vllm_config: Any, engine_index: int = 0) -> None:
+        self.stats = stats
+
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
+        self.stats.record(scheduler_stats, iteration_stats)
+
+    def log_engine_initialized(self) -> None:
+        pass

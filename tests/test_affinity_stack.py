@@ -1,0 +1,144 @@
+"""Two real vLLM generation workers on one pool: session affinity read from the workflows' histories, and (chaos)
+one of them SIGKILLed mid-training with nothing lost.
+
+Which worker ran each activity, on which queue, is in each trajectory's history (`activity_spans`): a
+trajectory's first turn goes to the pool's shared queue, its later turns to the private queue of the worker
+that served the first, and that worker runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from rollart.client.rollout import plan_trajectories, run_rollout
+from rollart.client.train import start_training
+from rollart.contracts.training import TrainingResult, TrainingStatus
+from rollart.infra.config import AffinityConfig, EngineConfig, JobSpec, StoreConfig, TrainingConfig
+from rollart.infra.local.devserver import free_port
+from rollart.infra.pools import Pool
+from rollart.infra.temporal.connection import connect
+from rollart.infra.temporal.history import activity_spans
+from rollart.workers.local_stack import LocalStack
+from tests.support.tasks import frozenlake_task
+
+STEPS = 6
+LONG_GAME = {"maps": "standard", "invalid_action": "noop"}  # no move ends nothing: episodes last their turns
+
+
+def check_affinity(turns: list[tuple[str, str]], prefix: str = "") -> None:
+    """(queue, worker) of one trajectory's generate calls: the first on the shared queue, the rest on the private
+    queue of the worker that ran the first, run by it."""
+    (queue, first), later = turns[0], turns[1:]
+    assert queue == f"{prefix}h800" and first, turns
+    assert later == [(f"{prefix}h800@{first}", first)] * len(later), turns
+
+
+async def generate_turns(client: Client, workflow_id: str) -> list[tuple[str, str]]:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return [(s.task_queue, s.worker_identity) for s in activity_spans(history) if s.activity_type == "generate"]
+
+
+@pytest.mark.integration
+async def test_a_second_engine_on_the_pool_serves_its_trajectories_later_turns(
+    stack: LocalStack, client: Client, stack_job: JobSpec
+) -> None:
+    """The session stack gets a second h800 worker for this test (stopped after it): every trajectory's later
+    turns stay on the engine of its first, whichever of the two that was, and each reports that engine."""
+    pid = stack.add_worker(Pool.H800)
+    try:
+        second = stack.worker_id(pid)
+        job = stack_job.model_copy(update={"tasks": [frozenlake_task(max_turns=4, env_args=LONG_GAME)]})
+        job_id = f"aff-{uuid.uuid4().hex[:6]}"
+        outcomes = await run_rollout(client, plan_trajectories(job, 12, seed=5, job_id=job_id), job_id)
+        assert [o.status for o in outcomes] == ["completed"] * 12
+        served = set()
+        for o in outcomes:
+            turns = await generate_turns(client, o.workflow_id)
+            check_affinity(turns)
+            served.add(turns[0][1])
+            assert o.result is not None and o.result.engine_worker == turns[0][1] and o.result.engine_moves == 0
+            p = o.result.pressure
+            assert p is not None and p.prefix_queries > 0 and 0.0 <= p.kv_usage <= 1.0
+        assert served <= set(await _h800_ids(stack)) | {second}
+    finally:
+        stack.stop_worker(pid)
+
+
+async def pins(client: Client, job_id: str) -> Counter[str]:
+    """The running trajectories of the job by the engine that served their last turn (so far)."""
+    query = f'RollartJobId = "{job_id}" AND WorkflowType = "TrajectoryWorkflow" AND ExecutionStatus = "Running"'
+    held: Counter[str] = Counter()
+    async for wf in client.list_workflows(query):
+        spans = activity_spans(await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
+        served = [s.worker_identity for s in spans if s.activity_type == "generate" and s.succeeded]
+        if served:
+            held[served[-1]] += 1
+    return held
+
+
+async def _h800_ids(stack: LocalStack) -> list[str]:
+    return [stack.worker_id(pid) for pid in stack.live_workers(Pool.H800)]
+
+
+@pytest.fixture(scope="module")
+def two_engines(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[LocalStack]:
+    home = tmp_path_factory.mktemp("affinity")
+    job = JobSpec(
+        name="aff",
+        model_dir=tiny_model,
+        tasks=[frozenlake_task(group_size=4, max_turns=6, env_args=LONG_GAME)],
+        engine=EngineConfig(kind="vllm", max_model_len=256, affinity=AffinityConfig(start_wait_s=2.0)),
+        store=StoreConfig(path=home / "store"),
+        training=TrainingConfig(steps=STEPS, batch_size=8, async_bound=1),
+    )
+    pools = [Pool.CONTROL, Pool.CPU, Pool.H800, Pool.H800, Pool.SERVERLESS, Pool.TRAINER]
+    stack = LocalStack(job=job, pools=pools, home=home, port=free_port(), ui_port=None, autoscale=False)
+    stack.start(timeout_s=300)
+    yield stack
+    stack.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.chaos
+async def test_an_engine_sigkilled_mid_training_loses_no_trajectory(two_engines: LocalStack, tmp_path: Path) -> None:
+    """Once an engine holds a few trajectories in flight, it is SIGKILLed: the turns pinned to it wait out
+    their start wait (or their heartbeat, if it was running them) and go to the shared queue, where the other
+    engine takes them and the trajectories from then on. The job trains every step, none failed, the ledger
+    balances; the histories show the turns that went elsewhere."""
+    stack = two_engines
+    client = await connect(stack.temporal, stack.job.store)
+    job_id = f"aff-{uuid.uuid4().hex[:6]}"
+    handle = await start_training(client, stack.job, job_id, tmp_path)
+    deadline, pinned = time.monotonic() + 240, Counter[str]()
+    while not pinned or pinned.most_common(1)[0][1] < 3:
+        assert time.monotonic() < deadline, f"no engine holds 3 running trajectories: {pinned}"
+        await asyncio.sleep(0.5)
+        if (await handle.query("status", result_type=TrainingStatus)).step >= 1:
+            pinned = await pins(client, job_id)
+    victim = pinned.most_common(1)[0][0]  # the engine holding the most trajectories in flight
+    by_id = {stack.worker_id(pid): pid for pid in stack.live_workers(Pool.H800)}
+    stack.kill_worker(by_id[victim])
+    result = await asyncio.wait_for(handle.result(), 300)
+    status = await handle.query("status", result_type=TrainingStatus)
+    assert isinstance(result, TrainingResult) and result.version == STEPS and result.failed == 0
+    assert status.ledger_balanced
+    moved = []  # trajectories with a turn pinned to the victim that it never answered, served elsewhere after
+    seen: Counter[tuple[str, str, bool]] = Counter()
+    async for wf in client.list_workflows(f'RollartJobId = "{job_id}" AND WorkflowType = "TrajectoryWorkflow"'):
+        spans = activity_spans(await client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history())
+        gens = [s for s in spans if s.activity_type == "generate"]
+        seen.update((s.task_queue, s.worker_identity, s.succeeded) for s in gens)
+        for lost, after in itertools.pairwise(gens):
+            if lost.task_queue == f"h800@{victim}" and not lost.succeeded:
+                assert after.task_queue == "h800" and after.worker_identity not in ("", victim), wf.id
+                moved.append(wf.id)
+    assert moved, f"no turn was pinned to {victim} when it died (moves: {status.engine_moves}): {seen}"
