@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from rollart.contracts.activities import Completion, GenerateBatchInput, Generat
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredCompletion, StoredTurn
 from rollart.infra.config import PromptFormat, SamplingParams
+from rollart.infra.store.adapters import fetch_adapter, latest_adapter
 from rollart.infra.store.payload import Store, key_word
 from rollart.infra.store.weights import fetch_latest
 
@@ -40,6 +42,8 @@ class GenerateActivities:
     lock, whatever the number of waiting requests), so no one has to know which
     generation workers exist. Observations become prompts through the model's chat template per the
     task's `prompt` format (`renderer`; by default the model directory's, next to `base_weights`).
+    A job that publishes LoRA adapters (`trainer.lora`) is served each version as an adapter on the
+    base weights, which are then never reloaded (`_ensure_adapter`).
     """
 
     def __init__(
@@ -58,6 +62,7 @@ class GenerateActivities:
         self.weights_dir = weights_dir
         self.base_weights = base_weights  # version 0 of any job: the model dir's own weights
         self._job: str | None = None  # whose weights the engine holds (None: the model dir's)
+        self._base_version = 0  # the full weights' version the engine holds (0: the model dir's)
         self._loading = asyncio.Lock()
 
     @activity.defn(name="generate")
@@ -134,6 +139,8 @@ class GenerateActivities:
         async with self._loading:
             if self._current(want):
                 return
+            if await self._ensure_adapter(want):
+                return
             switching = self._job != want.job_id
             t0 = time.monotonic()
             incoming = self.weights_dir / f"{key_word(want.job_id)}-incoming.safetensors"
@@ -151,7 +158,7 @@ class GenerateActivities:
                 incoming.replace(path)
             t1 = time.monotonic()
             await self.engine.load_weights(path, version, force=switching)
-            self._job = want.job_id
+            self._job, self._base_version = want.job_id, version
             log.info(
                 "loaded policy v%d of %s in %.2fs (pull %.2fs, engine reload %.2fs)",
                 version,
@@ -163,6 +170,44 @@ class GenerateActivities:
             for old in self.weights_dir.glob("*.safetensors"):
                 if old != path:
                     old.unlink(missing_ok=True)
+
+    async def _ensure_adapter(self, want: WeightsRef) -> bool:
+        """Serve the job's newest adapter if it publishes adapters (`trainer.lora`); False if it publishes none.
+
+        The base weights stay as they are, unless another job's full weights are there (then the model dir's are
+        loaded once first). An engine built without LoRA cannot serve the job at all: that fails the request,
+        not retried, saying how to start the workers.
+        """
+        if await asyncio.to_thread(latest_adapter, self.store, want.job_id) is None:
+            return False
+        if not self.engine.serves_adapters:
+            raise ApplicationError(
+                f"job {want.job_id!r} publishes LoRA adapters (trainer.lora) but this generation worker's engine was "
+                "built without LoRA: start the job's generation workers with its spec (`rollart worker --job`), "
+                "whose trainer.lora sets engine.max_lora_rank",
+                type="AdaptersNotServed",
+                non_retryable=True,
+            )
+        t0 = time.monotonic()
+        fetched = await asyncio.to_thread(fetch_adapter, self.store, want.job_id, self.weights_dir / "adapters")
+        if fetched is None or fetched[0].version < want.min_version:
+            if fetched is not None:
+                shutil.rmtree(fetched[1], ignore_errors=True)
+            raise ApplicationError(
+                f"job {want.job_id!r} needs policy v{want.min_version} but its newest adapter in {self.store!r} is "
+                f"{'gone' if fetched is None else f'v{fetched[0].version}'} (an adapter lost with a Mooncake master "
+                "is gone unless store.fallback is local)",
+                type="WeightsNotPublished",
+            )
+        ref, path = fetched
+        switching = self._job != want.job_id
+        if self._base_version != 0:  # another job's trained weights: adapters fit only the model dir's
+            await self.engine.load_weights(self.base_weights, 0, force=True)
+            self._base_version = 0
+        await self.engine.load_adapter(path, ref.version, force=switching, owned=True)
+        self._job = want.job_id
+        log.info("serving adapter v%d of %s (%.2fs)", ref.version, want.job_id, time.monotonic() - t0)
+        return True
 
 
 def _request_id() -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.config import TrainerConfig
+from rollart.infra.config import LoraConfig, TrainerConfig
 from rollart.infra.store.payload import Store
 
 if TYPE_CHECKING:
@@ -34,20 +34,28 @@ def weights_blob(model: torch.nn.Module) -> bytes:
 
 
 def trainer_logprobs(
-    model_dir: Path, weights: bytes | None, sequences: list[tuple[list[int], list[int]]], device: str = "cpu"
+    model_dir: Path,
+    weights: bytes | None,
+    sequences: list[tuple[list[int], list[int]]],
+    device: str = "cpu",
+    lora: LoraConfig | None = None,
 ) -> list[list[float]]:
     """The torch trainer's logprob of each completion token after its prompt, under `weights` (None: the model dir's).
 
     `sequences` are (prompt ids, completion ids) pairs; compare the result with an engine's logprobs
-    to check that generation and training agree on the policy.
+    to check that generation and training agree on the policy. With `lora`, `weights` is a published
+    adapter (`adapter_model.safetensors`) on the model dir's weights.
     """
     import torch
 
     from rollart.activities.rl.batch import TrainSequence, collate
     from rollart.activities.training.torch_policy import TorchPolicy
 
-    policy = TorchPolicy(model_dir, TrainerConfig(), torch.device(device))
-    if weights is not None:
+    policy = TorchPolicy(model_dir, TrainerConfig(lora=lora), torch.device(device))
+    policy.model.eval()  # no adapter dropout: the policy as engines serve it
+    if weights is not None and lora is not None:
+        policy.load_adapter_blob(weights)
+    elif weights is not None:
         policy.load_weights_blob(weights)
     seqs = [TrainSequence(list(p), list(c), [0.0] * len(c), 0.0) for p, c in sequences]
     with torch.no_grad():

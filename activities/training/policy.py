@@ -8,7 +8,8 @@
 - take one optimizer step over the gradients its micro-batches accumulated (syncing them over
   data-parallel ranks first, clipping by the *global* norm);
 - hand out and take in the weights as a Hugging Face safetensors blob (what generators load), and
-  write and read its own checkpoints (sharded or not).
+  write and read its own checkpoints (sharded or not);
+- with `trainer.lora` (the torch backend only), hand out and take in its LoRA adapter instead.
 """
 
 from __future__ import annotations
@@ -91,6 +92,14 @@ class Policy(ABC):
     @abstractmethod
     def load_weights_blob(self, blob: bytes) -> None:
         """Overwrite the weights with an HF safetensors blob (as `weights_blob` writes), keeping the optimizer."""
+
+    def adapter_files(self) -> dict[str, bytes]:
+        """The LoRA adapter as peft's `save_pretrained` files by name (a `trainer.lora` job's published version)."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
+
+    def load_adapter_blob(self, blob: bytes) -> None:
+        """Overwrite the adapters with an `adapter_model.safetensors` blob, keeping the optimizer."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
 
     @abstractmethod
     def save_checkpoint(self, root: Path, step: int) -> None:

@@ -5,8 +5,9 @@ and broadcasts the sequences; each data-parallel rank takes its share (balanced 
 rank accumulates the loss of its micro-batches — each token's loss divided by the token count of the
 *whole* batch, so shares add up to the batch's token mean on any split — then the policy syncs
 gradients and steps (or, with `trainer.mini_batches`/`ppo_epochs`, makes several PPO updates:
-`updates.py`). The leader publishes the new weights as HF safetensors and writes the step's
-record last (the commit point: `train_step` is idempotent because of it).
+`updates.py`). The leader publishes the new weights as HF safetensors (with `trainer.lora`: only the
+adapter, `infra/store/adapters.py`) and writes the step's record last (the commit point: `train_step`
+is idempotent because of it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rollart.activities.training.records import (
 from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
+from rollart.infra.store.adapters import is_adapter_key, publish_adapter
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weights import publish
 
@@ -78,7 +80,10 @@ def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str
     plan = ranks.broadcast(plan)
     if plan is not None:
         recorded, key = plan
-        policy.load_weights_blob(store.get(key))
+        if is_adapter_key(key):  # a LoRA job's versions are its adapter
+            policy.load_adapter_blob(store.get(key))
+        else:
+            policy.load_weights_blob(store.get(key))
         if ranks.is_leader:
             log.warning(
                 "job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
@@ -182,20 +187,25 @@ def train_step(
             len(outcomes),
         )
     t_pub = time.perf_counter()
-    blob = state.policy.weights_blob()  # a collective: the shards gathered and converted to one HF blob
+    key = ""
+    if cfg.lora is not None:  # only the adapter: the base, which every engine holds, never changes (torch: one rank)
+        key = publish_adapter(store, inp.job_id, inp.step + 1, state.policy.adapter_files(), keep_weight_versions).key
+        metrics["publish_s"] = time.perf_counter() - t_pub
+    else:
+        blob = state.policy.weights_blob()  # a collective: the shards gathered and converted to one HF blob
+        if ranks.is_leader:
+            if blob is None:
+                raise RuntimeError(f"{type(state.policy).__name__}.weights_blob() gave the leader rank no weights")
+            key = publish(store, inp.job_id, inp.step + 1, blob, keep_weight_versions).key
+            metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + serialise + store
     result = None
-    if ranks.is_leader:
-        if blob is None:
-            raise RuntimeError(f"{type(state.policy).__name__}.weights_blob() gave the leader rank no weights")
-        ref = publish(store, inp.job_id, inp.step + 1, blob, keep_weight_versions)
-        metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + serialise + store
     if (inp.step + 1) % cfg.checkpoint_every == 0:
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:
         result = TrainStepResult(
             step=inp.step,
             version=inp.step + 1,
-            weights_key=ref.key,
+            weights_key=key,
             metrics=_step_metrics(inp, batch, metrics, outcomes, t0),
         )
         write_record(inp.run_dir, result)
