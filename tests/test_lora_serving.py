@@ -21,7 +21,7 @@ from rollart.activities.engines.factory import create_engine
 from rollart.activities.generate import GenerateActivities
 from rollart.client.local import LocalTrainer, trainer_logprobs
 from rollart.contracts.activities import GenerateBatchInput, SampleRef, TrainStepInput, WeightsRef, turn_key
-from rollart.infra.config import EngineConfig, LoraConfig, SamplingParams, TrainerConfig
+from rollart.infra.config import EngineConfig, JobSpec, LoraConfig, SamplingParams, TrainerConfig
 from rollart.infra.store.adapters import adapter_key
 from rollart.infra.store.payload import LocalStore
 from tests.support.batches import JOB, PROMPTS, frozenlake_batch, load_model
@@ -138,3 +138,34 @@ async def test_a_published_adapter_is_served_on_the_base_with_the_trainers_logpr
         assert time.monotonic() < deadline, f"adapters still in vLLM: {live}; copies: {list(copies.iterdir())}"
         await asyncio.sleep(0.05)
     assert len(live) == 1 and len(list(copies.iterdir())) == 1
+
+
+async def test_a_merged_export_serves_as_its_adapter_did(engine: Engine, tiny_model: Path, tmp_path: Path) -> None:
+    """`rollart export --merge` writes plain weights: loaded into vLLM as a full version (which also retires any
+    adapter the engine served), they give the adapter's logprobs."""
+    from rollart.client.snapshots import export, from_store
+
+    store = LocalStore(tmp_path / "store")
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    await LocalTrainer(store).step(step_input(tiny_model, tmp_path / "run", 0, samples))
+    merged = export(tiny_model, from_store(store, JOB), tmp_path / "merged", merge=True)
+    await engine.load_weights(merged / "model.safetensors", 100, force=True)
+    out = await engine.generate(PROMPTS[1], SAMPLING, "merged")
+    assert (out.policy_version, out.policy_version_end) == (100, 100)
+    got = [(out.prompt_ids, c.token_ids, c.logprobs) for c in out.completions]
+    seqs = [(p, c) for p, c, _ in got]
+    assert max_error(got, trainer_logprobs(tiny_model, store.get(adapter_key(JOB, 1)), seqs, lora=LORA)) < 1e-4
+
+
+def test_a_lora_jobs_generation_workers_build_vllm_with_lora(tiny_model: Path) -> None:
+    """From the job's spec to vLLM's arguments: the rank rounded up to one vLLM takes; no LoRA layers without it."""
+    from rollart.workers.settings import WorkerSettings
+
+    tasks = [{"name": "a", "env": "frozenlake", "reward": "success"}]
+    job = JobSpec(model_dir=tiny_model, tasks=tasks, trainer={"lora": {"rank": 12}})
+    settings = WorkerSettings.from_job(job, "h800")
+    args = create_engine(settings.model_dir, settings.engine).engine_args()
+    assert (args.enable_lora, args.max_loras, args.max_lora_rank) == (True, 2, 16)
+    plain = create_engine(tiny_model, JobSpec(model_dir=tiny_model, tasks=tasks).engine).engine_args()
+    assert not plain.enable_lora
