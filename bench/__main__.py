@@ -24,6 +24,7 @@ BENCHMARKS = {
     "peer_trl": "bench.peer_trl",
     "scale": "bench.scale",
     "learning": "bench.learning",
+    "lora_swap": "bench.lora_swap",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from rollart.activities.trainer import RankLauncher
 
-__all__ = ["LocalTrainer", "trainer_logprobs", "weights_blob"]
+__all__ = ["LocalTrainer", "adapter_files", "lora_model", "trainer_logprobs", "weights_blob"]
 
 
 def weights_blob(model: torch.nn.Module) -> bytes:
@@ -31,6 +31,20 @@ def weights_blob(model: torch.nn.Module) -> bytes:
     from rollart.activities.rl.weights_io import state_dict_blob
 
     return state_dict_blob(model)
+
+
+def lora_model(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """A transformers model wrapped with fresh LoRA adapters (B = 0), as a `trainer.lora` trainer wraps it."""
+    from rollart.activities.rl.adapter_io import with_lora
+
+    return with_lora(model, lora)
+
+
+def adapter_files(model: torch.nn.Module) -> dict[str, bytes]:
+    """A `lora_model`'s adapter as a `trainer.lora` trainer publishes it: peft's files by name."""
+    from rollart.activities.rl.adapter_io import adapter_files as files
+
+    return files(model)
 
 
 def trainer_logprobs(

@@ -85,7 +85,7 @@ class VllmEngine(Engine):
         self._dead = False
         self._swap_lock = asyncio.Lock()
         self._adapters = None if max_lora_rank is None else VllmAdapters(lambda: self._llm, max_lora_rank)
-        self._full_loads = 0  # full-weight swaps so far: a request spanning one mixes two policies
+        self._full_loads = 0  # full-weight swaps begun: an adapter request spanning one mixes two policies
 
     @classmethod
     def from_config(cls, model_dir: Path, cfg: EngineConfig) -> VllmEngine:
@@ -238,8 +238,8 @@ class VllmEngine(Engine):
             prompt_ids=list(final.prompt_token_ids or []),
             completions=completions,
             policy_version=version,
-            # the version it started with unless a full-weight swap came in between (an adapter never changes)
-            policy_version_end=version if loads == self._full_loads else self.policy_version,
+            # an adapter never changes under its requests: only a full-weight swap makes one span two versions
+            policy_version_end=version if adapter is not None and loads == self._full_loads else self.policy_version,
         )
 
     async def load_weights(self, path: Path, version: int, *, force: bool = False) -> None:
@@ -283,6 +283,7 @@ class VllmEngine(Engine):
                 return
             await asyncio.to_thread(check_weights_blob, path, self.model_dir)
             t0 = time.perf_counter()
+            self._before_full_load()
             # Shielded: a caller cancelled mid-swap must not leave vLLM paused or half-loaded; the swap
             # finishes (and keeps the lock) before the cancellation propagates.
             task = asyncio.ensure_future(self._swap(path, version))
@@ -291,8 +292,6 @@ class VllmEngine(Engine):
             except asyncio.CancelledError:
                 await asyncio.wait([task])
                 raise
-            finally:
-                self._after_full_load(task)
             log.info("vLLM engine now at policy v%d (swap %.3f s, %s)", version, time.perf_counter() - t0, path)
 
     async def _swap(self, path: Path, version: int) -> None:
@@ -328,11 +327,10 @@ class VllmEngine(Engine):
             version,
         )
 
-    def _after_full_load(self, task: asyncio.Future) -> None:
-        """After a swap of the full weights: requests spanning it are stamped with both versions, and no adapter
-        is served any more (vLLM's reload drops them all; one trained on other base weights would not fit)."""
-        if task.cancelled() or task.exception() is not None:
-            return
+    def _before_full_load(self) -> None:
+        """Before a swap of the full weights: an adapter request spanning it is stamped with both versions, and
+        no adapter is served from now on (vLLM's reload drops them all; one trained on other base weights would
+        not fit the new ones)."""
         self._full_loads += 1
         if self._adapters is not None:
             self._adapters.serve(None)
