@@ -429,3 +429,23 @@ def test_a_blob_that_is_not_an_adapter_is_refused(tmp_path: Path) -> None:
     (bad / ADAPTER_CONFIG).write_text(json.dumps({"peft_type": "LORA", "r": 32}))
     with pytest.raises(WeightsBlobError, match="rank 32 over the engine's max_lora_rank 16"):
         check_adapter_dir(bad, max_rank=16)
+
+
+def test_export_of_a_full_weights_checkpoint_is_the_model_dir_with_its_weights(
+    tiny_model: Path, tok, tmp_path: Path
+) -> None:
+    from rollart.activities.rl.weights_io import state_dict_blob
+    from rollart.client.snapshots import export, from_checkpoint
+
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    inp = step_input(tiny_model, tmp_path / "run", 0, samples, lora=None, lr=1e-3, checkpoint_every=1)
+    result = asyncio.run(ENV.run(TrainerActivities(store).train_step, inp))
+    snapshot = from_checkpoint(tmp_path / "run")
+    assert (snapshot.version, snapshot.is_adapter) == (1, False)
+    out = export(tiny_model, snapshot, tmp_path / "out", merge=True)  # --merge means nothing without an adapter
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in tiny_model.iterdir())
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert state_dict_blob(model) == store.get(result.weights_key)  # the published version, tied head re-tied
+    with pytest.raises(ValueError, match="no checkpoint of step 7; it has: step-000000"):
+        from_checkpoint(tmp_path / "run", step=7)
