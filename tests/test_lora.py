@@ -435,7 +435,7 @@ def test_export_of_a_full_weights_checkpoint_is_the_model_dir_with_its_weights(
     tiny_model: Path, tok, tmp_path: Path
 ) -> None:
     from rollart.activities.rl.weights_io import state_dict_blob
-    from rollart.client.snapshots import export, from_checkpoint
+    from rollart.client.snapshots import export, from_checkpoint, load_into
 
     store = LocalStore(tmp_path / "store")
     samples = frozenlake_batch(store, load_model(tiny_model), tok)
@@ -447,5 +447,16 @@ def test_export_of_a_full_weights_checkpoint_is_the_model_dir_with_its_weights(
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in tiny_model.iterdir())
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert state_dict_blob(model) == store.get(result.weights_key)  # the published version, tied head re-tied
+
+    async def served() -> int:  # what `rollart eval --run-dir` serves
+        engine = HfEngine(tiny_model, max_model_len=128)
+        await engine.start()
+        try:
+            await load_into(engine, snapshot)
+            return engine.policy_version
+        finally:
+            await engine.shutdown()
+
+    assert asyncio.run(served()) == 1
     with pytest.raises(ValueError, match="no checkpoint of step 7; it has: step-000000"):
         from_checkpoint(tmp_path / "run", step=7)
