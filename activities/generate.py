@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,7 +24,8 @@ from rollart.contracts.activities import Completion, GenerateBatchInput, Generat
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredCompletion, StoredTurn
 from rollart.infra.config import PromptFormat, SamplingParams
-from rollart.infra.store.payload import Store, StoreKeyError
+from rollart.infra.store.adapters import fetch_adapter, latest_adapter
+from rollart.infra.store.payload import Store, StoreKeyError, key_word
 from rollart.infra.store.weights import WeightsSource, latest_weights, read_manifest
 
 __all__ = ["GenerateActivities", "stored_turn"]
@@ -44,6 +47,8 @@ class GenerateActivities:
     `queue` is this worker's private queue, named in every result so that a trajectory's next turn comes
     back here (session affinity); a turn that arrives there while more than `max_waiting` requests wait in
     the engine's scheduler is refused (`EngineBusy`) and goes to the shared queue instead.
+    A job that publishes LoRA adapters (`trainer.lora`) is served each version as an adapter on the
+    base weights, which are then never reloaded (`_ensure_adapter`).
     """
 
     def __init__(
@@ -62,7 +67,9 @@ class GenerateActivities:
         self.worker_id = worker_id
         self.model_dir = model_dir  # version 0 of any job: the model dir's own weights
         self._job: str | None = None  # whose weights the engine holds (None: the model dir's)
+        self._base_version = 0  # the full weights' version the engine holds (0: the model dir's)
         self._loading = asyncio.Lock()
+        self._adapters: Path | None = None  # where fetched adapters wait for the engine (made on first use)
         self.queue = queue
         self.max_waiting = max_waiting
 
@@ -157,6 +164,8 @@ class GenerateActivities:
         async with self._loading:
             if self._current(want):
                 return
+            if await self._ensure_adapter(want):
+                return
             switching = self._job != want.job_id
             t0 = time.monotonic()
             source = await asyncio.to_thread(self._latest_source, want.job_id, switching)
@@ -169,7 +178,7 @@ class GenerateActivities:
                 )
             t1 = time.monotonic()
             await self.engine.load_weights(source, version, force=switching)  # None: the model dir's own
-            self._job = want.job_id
+            self._job, self._base_version = want.job_id, version
             log.info(
                 "loaded policy v%d of %s in %.3fs (manifest %.3fs, stream and load %.3fs%s)",
                 version,
@@ -193,6 +202,50 @@ class GenerateActivities:
             except StoreKeyError:
                 log.info("delta of %s is gone; loading the full version", manifest.describe())
         return WeightsSource(store=self.store.config, manifest=manifest)
+
+    def _adapters_dir(self) -> Path:
+        """A directory of this worker's for the adapters it fetches (the engine deletes each once drained)."""
+        if self._adapters is None:
+            self._adapters = Path(tempfile.mkdtemp(prefix=f"rollart-adapters-{key_word(self.worker_id)}-"))
+        return self._adapters
+
+    async def _ensure_adapter(self, want: WeightsRef) -> bool:
+        """Serve the job's newest adapter if it publishes adapters (`trainer.lora`); False if it publishes none.
+
+        The base weights stay as they are, unless another job's full weights are there (then the model dir's are
+        loaded once first). An engine built without LoRA cannot serve the job at all: that fails the request,
+        not retried, saying how to start the workers.
+        """
+        if await asyncio.to_thread(latest_adapter, self.store, want.job_id) is None:
+            return False
+        if not self.engine.serves_adapters:
+            raise ApplicationError(
+                f"job {want.job_id!r} publishes LoRA adapters (trainer.lora) but this generation worker's engine was "
+                "built without LoRA: start the job's generation workers with its spec (`rollart worker --job`), "
+                "whose trainer.lora sets engine.max_lora_rank",
+                type="AdaptersNotServed",
+                non_retryable=True,
+            )
+        t0 = time.monotonic()
+        fetched = await asyncio.to_thread(fetch_adapter, self.store, want.job_id, self._adapters_dir())
+        if fetched is None or fetched[0].version < want.min_version:
+            if fetched is not None:
+                shutil.rmtree(fetched[1], ignore_errors=True)
+            raise ApplicationError(
+                f"job {want.job_id!r} needs policy v{want.min_version} but its newest adapter in {self.store!r} is "
+                f"{'gone' if fetched is None else f'v{fetched[0].version}'} (an adapter lost with a Mooncake master "
+                "is gone unless store.fallback is local)",
+                type="WeightsNotPublished",
+            )
+        ref, path = fetched
+        switching = self._job != want.job_id
+        if self._base_version != 0:  # another job's trained weights: adapters fit only the model dir's
+            await self.engine.load_weights(None, 0, force=True)
+            self._base_version = 0
+        await self.engine.load_adapter(path, ref.version, force=switching, owned=True)
+        self._job = want.job_id
+        log.info("serving adapter v%d of %s (%.2fs)", ref.version, want.job_id, time.monotonic() - t0)
+        return True
 
 
 def _request_id() -> str:

@@ -147,8 +147,11 @@ class TrainerActivities:
         except DeviceUnavailable as e:
             raise bad_input(f"job {inp.job_id!r}: {e}") from e
         torch.manual_seed(cfg.seed)
-        policy = TorchPolicy(inp.model_dir, cfg, device)
-        last = resume(policy, OneProcess(), self.store, inp.job_id, inp.run_dir)
+        try:
+            policy = TorchPolicy(inp.model_dir, cfg, device)
+            last = resume(policy, OneProcess(), self.store, inp.job_id, inp.run_dir)
+        except ValueError as e:  # a checkpoint or published version that does not fit this trainer section
+            raise bad_input(f"job {inp.job_id!r}: {e}") from e
         log.info("job %s: torch trainer ready at step %d on %s (model %s)", inp.job_id, last, device, inp.model_dir)
         return TrainerState(policy=policy, last_completed=last)
 

@@ -26,6 +26,7 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "learning": "bench.learning",
     "size": "bench.size",
+    "lora_swap": "bench.lora_swap",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

@@ -36,6 +36,7 @@ from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import played_success
 from rollart.infra.config import JobSpec
 from rollart.infra.temporal.connection import connect
+from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
 from rollart.workers.local_stack import pools_for_job
 
 __all__ = ["main", "measure"]
@@ -52,7 +53,7 @@ def bench_job(example: str, sets: list[str], steps: int | None) -> JobSpec:
     'training.stop_when={success: 0.95, steps: 20}'` puts a rule back)."""
     raw = yaml.safe_load((REPO / "examples" / f"{example}.yaml").read_text())
     sets = [
-        f"model_dir={HOME / 'model'}",
+        f"model_dir={_model_dir(raw.get('model_dir'))}",
         "store.kind=local",
         f"store.path={HOME / 'store'}",
         "training.stop_when=null",
@@ -68,6 +69,15 @@ def bench_job(example: str, sets: list[str], steps: int | None) -> JobSpec:
             node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
     return JobSpec.model_validate(raw)
+
+
+def _model_dir(example_model: str | None) -> Path:
+    """Where the bench keeps the example's tiny model: `model`, or `model-x4` for one of another output scale
+    (`tiny-lora`), built there once."""
+    scale = first_use_scale(Path(example_model)) if example_model else None
+    if scale is None or scale == 1.0:
+        return HOME / "model"
+    return ensure_tiny_model(HOME / f"model-x{scale:g}", output_scale=scale)
 
 
 def for_run(job: JobSpec, bound: int, seed: int) -> JobSpec:

@@ -166,6 +166,19 @@ _SIZE_TRAIN = (
     Col("publish peak MB (leader)", "publish_peak_mb", ".0f"),
     Col("tokens", "tokens", ".0f"),
 )
+_LORA_SWAP = (
+    Col("model", "model", align="l"),
+    Col("published", "kind", align="l"),
+    Col("trained params", "trained", thousands),
+    Col("MB", lambda r: r["bytes"] / 1e6, ".2f"),
+    Col("publish s", "publish_s", ".4f"),
+    Col("pull s", "pull_s", ".4f"),
+    Col("swap s", "swap_s", ".4f"),
+    Col("first request s", "first_request_s", ".4f"),
+    Col("total s", "total_s", ".4f"),
+    Col("vs full", "speedup_vs_baseline", fixed(1, "x")),
+    Col("tokens/s after", "tokens_per_s", thousands),
+)
 _RESETS = (
     Col("reset_pool_size", "reset_pool_size"),
     Col("resets", "resets", thousands),
@@ -370,6 +383,7 @@ _LEARNING = (
 VIEWS: dict[str, View] = {
     "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
     "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
+    "lora_swap": View(("lora_swap",), _modes, _LORA_SWAP),
     "resets": View(("resets",), _key("rows"), _RESETS),
     "size.swap": View(("size",), _key("swap"), _SIZE_SWAP),
     "size.fixed": View(("size",), _key("fixed"), _SIZE_FIXED),
@@ -401,6 +415,7 @@ VIEWS: dict[str, View] = {
         _LEARNING,
     ),
     "learning.frozenlake-b10": View(("learning-frozenlake-b10-s012",), _learning, _LEARNING),
+    "learning.frozenlake-lora": View(("learning-frozenlake-lora",), _learning, _LEARNING),
     "learning.arithmetic-coverage": View(
         ("learning-arithmetic-coverage-b1", "learning-arithmetic-coverage-b0"), _learning, _LEARNING
     ),

@@ -15,6 +15,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--out", type=Path, required=True, help="directory to write the model to")
     s.add_argument("--seed", type=int, default=0, help="init seed (same seed, same weights)")
     s.add_argument("--force", action="store_true", help="rebuild even if DIR already holds a model")
+    s.add_argument(
+        "--output-scale",
+        type=float,
+        default=1.0,
+        help="the final norm's weight (default 1): how far apart logits can be; 4 lets LoRA, which leaves the "
+        "norm and output head alone, learn a confident policy (the tiny-lora model)",
+    )
     s.set_defaults(func=run)
 
 
@@ -26,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.out} already holds a model (use --force to rebuild)")
         return 0
     t0 = time.monotonic()
-    path = build_tiny_model(args.out, seed=args.seed)
+    if args.output_scale <= 0:
+        from rollart.cli.errors import UserError
+
+        raise UserError(f"--output-scale must be positive, got {args.output_scale}")
+    path = build_tiny_model(args.out, seed=args.seed, output_scale=args.output_scale)
     print(f"built tiny model in {path} ({time.monotonic() - t0:.1f}s)")
     return 0

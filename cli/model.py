@@ -1,4 +1,5 @@
-"""The model a job names must be there: only the embedded default tiny model is ever built on the fly."""
+"""The model a job names must be there: only the embedded tiny models (`.rollart/models/tiny`, `tiny-lora`) are ever
+built on the fly."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ __all__ = ["check_model_dir", "ensure_model", "is_default_model"]
 
 
 def is_default_model(model_dir: Path) -> bool:
-    """Whether `model_dir` is the embedded default (`.rollart/models/tiny`), the one path built on first use."""
-    from rollart.infra.config import JobSpec
+    """Whether `model_dir` is an embedded tiny model (`.rollart/models/tiny` or `tiny-lora`), built on first use."""
+    from rollart.infra.tiny_model import first_use_scale
 
-    return Path(model_dir) == JobSpec.model_fields["model_dir"].default
+    return first_use_scale(model_dir) is not None
 
 
 def check_model_dir(model_dir: Path, source: str) -> None:
@@ -35,7 +36,7 @@ def ensure_model(job: JobSpec, source: str) -> None:
     """The job's model is there before anything loads it: the default is built (once, here), any other checked."""
     check_model_dir(job.model_dir, source)
     if is_default_model(job.model_dir) and not (job.model_dir / "config.json").exists():
-        from rollart.infra.tiny_model import ensure_tiny_model
+        from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
 
         print(f"building the tiny model in {job.model_dir} (first use) ...")
-        ensure_tiny_model(job.model_dir)
+        ensure_tiny_model(job.model_dir, output_scale=first_use_scale(job.model_dir) or 1.0)

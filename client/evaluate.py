@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from rollart.activities.engines.hf_engine import HfEngine
 from rollart.client.in_process import in_process_activities, play_unit
 from rollart.client.rollout import rollout_units
+from rollart.client.snapshots import from_checkpoint, from_store, load_into
 from rollart.contracts.ids import EVAL_SEED_BASE
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.config import JobSpec, TaskSpec
-from rollart.infra.store.payload import StoreKeyError, open_store
-from rollart.infra.store.weights import WeightsSource, latest_weights, manifest_key, read_manifest
+from rollart.infra.store.payload import open_store
 
 __all__ = ["EvalReport", "evaluate"]
 
@@ -38,9 +39,19 @@ class EvalReport:
 
 
 async def evaluate(
-    job: JobSpec, task: TaskSpec, job_id: str | None, version: int | None, episodes: int, temperature: float = 0.0
+    job: JobSpec,
+    task: TaskSpec,
+    job_id: str | None,
+    version: int | None,
+    episodes: int,
+    temperature: float = 0.0,
+    *,
+    checkpoint: Path | None = None,
+    step: int | None = None,
 ) -> EvalReport:
-    """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0).
+    """Play `episodes` held-out episodes of `task` with the job's policy `version` (None: latest; no job id: v0),
+    or the one `checkpoint` holds (a run dir's newest, or step `step`'s; a checkpoint dir). A LoRA job's
+    versions are its adapters, served on the model dir's weights.
 
     The episodes run through the rollout driver with the activity code in this process (one at a time), each in
     the unit training plays the task in (infra/routing.py), as a group of one: the same env, generation and
@@ -52,7 +63,7 @@ async def evaluate(
     greedy = task.model_copy(update={"sampling": sampling, "group_size": 1})
     inputs = [TrajectoryInput(task=greedy, seed=EVAL_SEED_BASE + i) for i in range(episodes)]
     try:
-        version = await _load_version(engine, job, job_id, version)
+        version = await _load_version(engine, job, job_id, version, checkpoint, step)
         async with in_process_activities(engine, job.model_dir) as calls:
             results = []
             for first, members in rollout_units(inputs):
@@ -73,20 +84,16 @@ async def evaluate(
     )
 
 
-async def _load_version(engine: HfEngine, job: JobSpec, job_id: str | None, version: int | None) -> int:
-    if job_id is None:
+async def _load_version(
+    engine: HfEngine, job: JobSpec, job_id: str | None, version: int | None, checkpoint: Path | None, step: int | None
+) -> int:
+    if checkpoint is not None:
+        snapshot = from_checkpoint(checkpoint, step)
+    elif job_id is None:
         return 0
-    store = open_store(job.store)
-    if version is None:
-        latest = latest_weights(store, job_id)
-        if latest is None:
-            raise ValueError(f"job {job_id!r} has published no weights in {store!r}")
-        version = latest.version
-    if version == 0:
-        return 0
-    try:
-        manifest = read_manifest(store, manifest_key(job_id, version))
-    except StoreKeyError as e:
-        raise ValueError(f"job {job_id!r} has no published v{version} in {store!r}: {e}") from e
-    await engine.load_weights(WeightsSource(store=store.config, manifest=manifest), version)
-    return version
+    else:
+        snapshot = from_store(open_store(job.store), job_id, version)
+        if snapshot is None:
+            return 0
+    await load_into(engine, snapshot)
+    return snapshot.version

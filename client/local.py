@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.config import TrainerConfig, WeightsConfig
+from rollart.infra.config import LoraConfig, TrainerConfig, WeightsConfig
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weights import WeightsSource
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rollart.activities.trainer import RankLauncher
     from rollart.activities.training.publish import Publisher
 
-__all__ = ["LocalTrainer", "publish_model", "published_tensors", "trainer_logprobs"]
+__all__ = ["LocalTrainer", "adapter_files", "lora_model", "publish_model", "published_tensors", "trainer_logprobs"]
 
 
 def publish_model(
@@ -58,24 +58,43 @@ def published_tensors(store: Store, key: str) -> dict[str, torch.Tensor]:
     return read_all(store, read_manifest(store, key))
 
 
+def lora_model(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
+    """A transformers model wrapped with fresh LoRA adapters (B = 0), as a `trainer.lora` trainer wraps it."""
+    from rollart.activities.rl.adapter_io import with_lora
+
+    return with_lora(model, lora)
+
+
+def adapter_files(model: torch.nn.Module) -> dict[str, bytes]:
+    """A `lora_model`'s adapter as a `trainer.lora` trainer publishes it: peft's files by name."""
+    from rollart.activities.rl.adapter_io import adapter_files as files
+
+    return files(model)
+
+
 def trainer_logprobs(
     model_dir: Path,
-    weights: Mapping[str, torch.Tensor] | None,
+    weights: Mapping[str, torch.Tensor] | bytes | None,
     sequences: list[tuple[list[int], list[int]]],
     device: str = "cpu",
+    lora: LoraConfig | None = None,
 ) -> list[list[float]]:
     """The torch trainer's logprob of each completion token after its prompt, under `weights` (None: the model dir's).
 
     `sequences` are (prompt ids, completion ids) pairs; compare the result with an engine's logprobs
-    to check that generation and training agree on the policy.
+    to check that generation and training agree on the policy. With `lora`, `weights` is a published
+    adapter (`adapter_model.safetensors`) on the model dir's weights.
     """
     import torch
 
     from rollart.activities.rl.batch import TrainSequence, collate
     from rollart.activities.training.torch_policy import TorchPolicy
 
-    policy = TorchPolicy(model_dir, TrainerConfig(), torch.device(device))
-    if weights is not None:
+    policy = TorchPolicy(model_dir, TrainerConfig(lora=lora), torch.device(device))
+    policy.model.eval()  # no adapter dropout: the policy as engines serve it
+    if isinstance(weights, bytes) and lora is not None:
+        policy.load_adapter_blob(weights)
+    elif weights is not None and not isinstance(weights, bytes):
         policy.load_hf_tensors(weights)
     seqs = [TrainSequence(list(p), list(c), [0.0] * len(c), 0.0) for p, c in sequences]
     with torch.no_grad():

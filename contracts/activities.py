@@ -368,6 +368,8 @@ class TrainStepResult(_Message):
     step: int
     version: int
     weights_key: str
+    """Where the version was published: full weights (`weights/<job>/v….safetensors`), or with `trainer.lora` the
+    adapter's weights file (`adapters/<job>/v…/adapter_model.safetensors`, beside its config)."""
     metrics: dict[str, float] = Field(default_factory=dict)
     replayed: bool = False
 

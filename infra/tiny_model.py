@@ -13,6 +13,13 @@ Builds are deterministic for a seed (same weight bytes) and atomic: the model
 is written into a temporary directory next to the target and renamed into
 place, so a reader never sees half a model and racing builders cannot corrupt
 it. `ensure_tiny_model` adds a file lock so only one process builds.
+
+`output_scale` sets the final norm's weight (1 by default), which bounds how far apart the logits can
+be: with embedding rows of norm ~0.23 and a hidden state normalised to norm √128, no token's logit can
+exceed ~2.6, so the most confident policy gives a token ~4 %. Full fine-tuning grows the embeddings past
+that; LoRA, which trains neither the norm nor the (tied) output head, cannot, and never learns a task on
+the default model. `tiny-lora` (output scale 4, as a pretrained model's wide logit range) is the one it
+learns on (docs/learning.md).
 """
 
 from __future__ import annotations
@@ -29,11 +36,13 @@ from pathlib import Path
 
 __all__ = [
     "EOS_TOKEN",
+    "FIRST_USE_MODELS",
     "TINY_ARCH",
     "VOCAB_SIZE",
     "build_tiny_model",
     "corpus",
     "ensure_tiny_model",
+    "first_use_scale",
 ]
 
 log = logging.getLogger(__name__)
@@ -59,6 +68,12 @@ TINY_ARCH: dict[str, int | float | bool | str] = {
     "hidden_act": "silu",
 }
 """The architecture measured in LEARNING-NOTES (learns FrozenLake in ~1 min on 2 cores)."""
+
+FIRST_USE_MODELS: dict[str, float] = {"tiny": 1.0, "tiny-lora": 4.0}
+"""The tiny models built where a job names them, under the local stack's models dir (`.rollart/models/NAME`):
+their output scales. Any other model dir must hold a model."""
+
+_MODELS_HOME = Path(".rollart") / "models"
 
 _STANDARD_MAP = ("SFFF", "FHFH", "FFFH", "HFFG")
 _ACTIONS = "LDRU"
@@ -139,7 +154,16 @@ def _train_tokenizer():  # -> PreTrainedTokenizerFast (imported lazily)
     )
 
 
-def _write_model(dst: Path, seed: int) -> None:
+def first_use_scale(model_dir: Path) -> float | None:
+    """The output scale of the tiny model built on first use at `model_dir`; None for a model dir that is not
+    one of `FIRST_USE_MODELS` (it must hold a model: a typo must not train a fresh random one)."""
+    model_dir = Path(model_dir)
+    if model_dir.parent != _MODELS_HOME:
+        return None
+    return FIRST_USE_MODELS.get(model_dir.name)
+
+
+def _write_model(dst: Path, seed: int, output_scale: float = 1.0) -> None:
     """Write tokenizer + random-init float32 Qwen2 weights into `dst` (an empty dir)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -163,6 +187,9 @@ def _write_model(dst: Path, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+    if output_scale != 1.0:
+        with torch.no_grad():
+            model.model.norm.weight.fill_(output_scale)
     model.generation_config.do_sample = True
     model.generation_config.top_k = 0  # full vocabulary, like vLLM (HF's default is 50)
     model.generation_config.top_p = 1.0
@@ -188,7 +215,7 @@ def _replace_dir(src: Path, dst: Path) -> None:
     raise RuntimeError(f"could not move the built model into {dst}: another process keeps replacing it")
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
+def build_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0) -> Path:
     """Build the tiny policy into `out_dir` (replacing what is there) and return `out_dir`.
 
     Why: the local stack needs a policy without any download; this one is
@@ -199,7 +226,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        _write_model(tmp, seed)
+        _write_model(tmp, seed, output_scale)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -208,7 +235,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
     return out_dir
 
 
-def ensure_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
+def ensure_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0) -> Path:
     """Return `out_dir`, building the tiny model there first if it has no `config.json`.
 
     Why: every worker may start at once on a fresh machine; a file lock next
@@ -224,7 +251,7 @@ def ensure_tiny_model(out_dir: Path, *, seed: int = 0) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not (out_dir / "config.json").is_file():
-                build_tiny_model(out_dir, seed=seed)
+                build_tiny_model(out_dir, seed=seed, output_scale=output_scale)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return out_dir

@@ -38,6 +38,7 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
         ["k8s", "render"],
         ["k8s", "apply"],
         ["eval"],
+        ["export"],
         ["attach"],
         ["env-server"],
         ["show"],

@@ -7,11 +7,9 @@ the name: the worker learns its role from the job's declaration.
 
 from __future__ import annotations
 
-import selectors
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
@@ -23,30 +21,13 @@ from rollart.infra.config import JobSpec
 from rollart.infra.temporal.history import activity_spans
 from rollart.workers.local_stack import LocalStack
 from tests.support.paths import REPO
+from tests.support.processes import wait_for_output
 from tests.support.tasks import frozenlake_task
 
 pytestmark = pytest.mark.integration
 
 ROLLART = [sys.executable, "-m", "rollart.cli"]
 L40S = {"l40s": {"role": "generation", "gpu": {"product": "NVIDIA-L40S", "count": 1}}}
-
-
-def _wait_for(proc: subprocess.Popen[str], needle: str, timeout_s: float) -> str:
-    """The process's output up to the line holding `needle`; fails with that output if it exits or times out."""
-    assert proc.stdout is not None
-    seen: list[str] = []
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if sel.select(timeout=1.0):
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            seen.append(line)
-            if needle in line:
-                return "".join(seen)
-    raise AssertionError(f"no {needle!r} within {timeout_s:g}s (exit {proc.poll()}):\n" + "".join(seen[-40:]))
 
 
 async def test_a_declared_generation_pool_serves_a_rollout(
@@ -62,7 +43,7 @@ async def test_a_declared_generation_pool_serves_a_rollout(
     cmd += ["--engine", "hf"]  # a second vLLM engine beside the stack's would only cost start-up time here
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
-        ready = _wait_for(proc, "ready: pool=l40s", 300)
+        ready = wait_for_output(proc, "ready: pool=l40s", 300)
         assert "queues=[l40s, l40s@l40s-" in ready, ready[-2000:]  # the pool's queue and its own (session affinity)
 
         job_id = f"l40s-{uuid.uuid4().hex[:6]}"

@@ -100,3 +100,18 @@ def test_ensure_is_idempotent_and_safe_concurrently(tmp_path: Path) -> None:
     assert ensure_tiny_model(out) == out.absolute()
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == ["m"]
+
+
+def test_the_lora_variant_differs_only_in_its_output_scale(model_dir: Path, tmp_path: Path) -> None:
+    """`tiny-lora`: the final norm's weight 4 (what lets LoRA learn a confident policy), every other tensor equal."""
+    from safetensors.torch import load_file
+
+    from rollart.infra.tiny_model import first_use_scale
+
+    scaled = build_tiny_model(tmp_path / "lora", seed=0, output_scale=4.0)
+    a, b = load_file(model_dir / "model.safetensors"), load_file(scaled / "model.safetensors")
+    assert [k for k in a if not a[k].equal(b[k])] == ["model.norm.weight"] and b["model.norm.weight"].eq(4.0).all()
+    assert first_use_scale(Path(".rollart/models/tiny")) == 1.0
+    assert first_use_scale(Path(".rollart/models/tiny-lora")) == 4.0
+    assert first_use_scale(Path(".rollart/models/tiny-lroa")) is None  # a typo is not built on first use
+    assert first_use_scale(tmp_path / "tiny") is None

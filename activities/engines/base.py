@@ -12,7 +12,9 @@ trainer publishes each version as a manifest and buckets of tensors in the
 store (`infra/store/weights.py`, without `lm_head.weight` when the embeddings
 are tied), and the engine streams them in. `check_weights` validates a
 manifest against the model directory from its tensor list alone, before an
-engine touches its live weights.
+engine touches its live weights. A LoRA job
+(`trainer.lora`) publishes only its adapter: `load_adapter(path, version)`
+serves it on the unchanged base weights (`check_adapter_dir` first).
 
 This module is light (no torch, no vLLM) so it can be imported anywhere.
 """
@@ -38,6 +40,7 @@ __all__ = [
     "EngineOutput",
     "EngineRequestError",
     "WeightsBlobError",
+    "check_adapter_dir",
     "check_source",
     "check_weights",
     "safetensors_header",
@@ -138,6 +141,23 @@ class Engine(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot swap weights; use the vllm or hf engine")
 
+    @property
+    def serves_adapters(self) -> bool:
+        """Whether `load_adapter` works (the vLLM engine: when built with `engine.max_lora_rank`)."""
+        return False
+
+    async def load_adapter(self, path: Path | None, version: int, *, force: bool = False, owned: bool = False) -> None:
+        """Serve the LoRA adapter in the directory `path` (peft's layout) on the base weights as policy `version`;
+        None: the base alone.
+
+        New requests use it; requests in flight keep the adapter they started with (they are stamped with its
+        version at both ends). The base weights are not touched. A `version` not newer than `policy_version` is
+        a no-op unless `force` (another job's adapter). `owned`: `path` is a private copy the engine deletes once
+        no request needs it (or at once, if it is not loaded). Raises `WeightsBlobError` (engine unchanged) for an
+        adapter it cannot serve.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot serve LoRA adapters")
+
     @abstractmethod
     async def shutdown(self) -> None:
         """Release the model and any background processes; safe to call twice."""
@@ -173,6 +193,40 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
         for name, meta in header.items()
         if name != "__metadata__"
     }
+
+
+def check_adapter_dir(path: Path, max_rank: int | None = None) -> dict:
+    """The adapter config in `path`, or `WeightsBlobError` unless it is a LoRA adapter an engine can serve.
+
+    What vLLM refuses (DoRA, trained biases, `modules_to_save`, a rank over the engine's) is refused here, by
+    name, before the engine is asked to load it.
+    """
+    from rollart.infra.store.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+
+    path = Path(path)
+    try:
+        config = json.loads((path / ADAPTER_CONFIG).read_text())
+    except (OSError, ValueError) as e:
+        raise WeightsBlobError(f"no readable {ADAPTER_CONFIG} in {path}: {e}") from e
+    if not (path / ADAPTER_WEIGHTS).is_file():
+        raise WeightsBlobError(f"no {ADAPTER_WEIGHTS} in {path}")
+    problems = [
+        what
+        for what, bad in (
+            ("it is not LoRA", config.get("peft_type", "LORA") != "LORA"),
+            ("DoRA", bool(config.get("use_dora"))),
+            (f"bias {config.get('bias')!r}", config.get("bias", "none") != "none"),
+            ("modules_to_save", bool(config.get("modules_to_save"))),
+            (
+                f"rank {config.get('r')} over the engine's max_lora_rank {max_rank}",
+                max_rank is not None and int(config.get("r", 0)) > max_rank,
+            ),
+        )
+        if bad
+    ]
+    if problems:
+        raise WeightsBlobError(f"the adapter in {path} cannot be served: {'; '.join(problems)}")
+    return config
 
 
 def check_weights(manifest: WeightsManifest, model_dir: Path) -> None:

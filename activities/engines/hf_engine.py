@@ -5,13 +5,16 @@ only need *an* engine with the same contract. It serves one request at a time
 (an asyncio lock) and runs the model in a thread so the event loop stays
 responsive. Sampling matches vLLM's: full vocabulary (HF's default top_k=50 is
 turned off), temperature and top-p; logprobs are vLLM's default
-`raw_logprobs` (log-softmax of the unscaled logits).
+`raw_logprobs` (log-softmax of the unscaled logits). LoRA adapters (a `trainer.lora`
+job's versions) are served through peft, on the base weights loaded at start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ from rollart.activities.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequestError,
+    check_adapter_dir,
     check_source,
 )
 from rollart.infra.config import EngineConfig, SamplingParams
@@ -49,6 +53,8 @@ class HfEngine(Engine):
         self._lock = asyncio.Lock()
         self._tokens = 0
         self._mirror: Any = None  # a DeltaMirror once weights are loaded (torch-side, imported then)
+        self._peft: Any = None  # the model wrapped by peft while an adapter is served (its layers carry it)
+        self._adapter_ids = itertools.count(1)
 
     @classmethod
     def from_config(cls, model_dir: Path, cfg: EngineConfig) -> HfEngine:
@@ -206,6 +212,7 @@ class HfEngine(Engine):
         if source is not None:
             check_source(source, self.model_dir, self.delta_base)
         self.delta_base = None
+        self._drop_adapter()  # full weights: the adapter's layers go (their names are not the base's)
         if source is None:
             self._mirror.drop()
             with hf_model_tensors(self.model_dir) as get, torch.no_grad():
@@ -233,10 +240,66 @@ class HfEngine(Engine):
         if bool(getattr(self._model.config, "tie_word_embeddings", False)):
             self._model.tie_weights()
 
+    @property
+    def serves_adapters(self) -> bool:
+        return True
+
+    async def load_adapter(self, path: Path | None, version: int, *, force: bool = False, owned: bool = False) -> None:
+        """Serve the adapter in `path` (read into memory at once, so an `owned` copy is deleted at once).
+
+        Under the request lock, like `load_weights`: no request spans it.
+        """
+        if self._model is None:
+            raise EngineDeadError("engine not started (or shut down): call `await engine.start()` first")
+        try:
+            async with self._lock:
+                if version <= self.policy_version and not force:
+                    log.info("adapter v%d not newer than v%d: nothing to load", version, self.policy_version)
+                    return
+                task = asyncio.ensure_future(asyncio.to_thread(self._load_adapter_sync, path, version))
+                try:
+                    await asyncio.shield(task)
+                except asyncio.CancelledError:
+                    await asyncio.wait([task])
+                    if task.exception() is None:
+                        self.policy_version = version
+                    raise
+                self.policy_version = version
+                log.info("HF engine now at policy v%d (adapter %s)", version, path)
+        finally:
+            if owned and path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _load_adapter_sync(self, path: Path | None, version: int) -> None:
+        from peft import PeftModel
+
+        if path is None:
+            self._drop_adapter()
+            return
+        check_adapter_dir(Path(path))
+        name = f"v{version}-{next(self._adapter_ids)}"
+        try:
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self._model, str(path), adapter_name=name).eval()
+            else:
+                old = self._peft.active_adapter
+                self._peft.load_adapter(str(path), adapter_name=name)
+                self._peft.set_adapter(name)
+                self._peft.delete_adapter(old)
+        except Exception as e:
+            self._model = None  # peft may have changed its layers half-way: never serve from it
+            raise EngineDeadError(f"loading the adapter in {path} failed ({type(e).__name__}: {e}); restart") from e
+
+    def _drop_adapter(self) -> None:
+        """Serve the base weights alone again: peft's layers removed, nothing merged."""
+        if self._peft is not None:
+            self._model = self._peft.unload()
+            self._peft = None
+
     async def shutdown(self) -> None:
         """Drop the model (after the current request); safe to call twice."""
         async with self._lock:
-            self._model = self._tok = None
+            self._model = self._tok = self._peft = None
 
     def tokens_generated(self) -> int:
         """Tokens generated since warm-up, over all completions."""

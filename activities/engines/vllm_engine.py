@@ -10,6 +10,10 @@ callers need an `if __name__ == "__main__"` guard.
 
 vLLM is imported inside `start()`, never at module import, so workflow code
 and light tools can import this package without pulling in vLLM.
+
+With `engine.max_lora_rank` (a `trainer.lora` job) the engine is built with vLLM's LoRA support and
+serves each published version as an adapter on the base weights it loaded once (`load_adapter`,
+`vllm_adapters.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -29,8 +34,10 @@ from rollart.activities.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequestError,
+    WeightsBlobError,
     check_source,
 )
+from rollart.activities.engines.vllm_adapters import MAX_LORAS, VllmAdapters, vllm_lora_rank
 from rollart.contracts.activities import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
@@ -61,6 +68,7 @@ class VllmEngine(Engine):
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool = True,
+        max_lora_rank: int | None = None,
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_model_len = max_model_len
@@ -71,12 +79,15 @@ class VllmEngine(Engine):
         self.tensor_parallel_size = tensor_parallel_size
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enable_prefix_caching = enable_prefix_caching
+        self.max_lora_rank = max_lora_rank
         self.policy_version = 0
         self._llm: Any = None
         self._stats: Any = None  # vllm_stats.EngineStats, fed by vLLM's stat loggers once started
         self._tokens = 0
         self._dead = False
         self._swap_lock = asyncio.Lock()
+        self._adapters = None if max_lora_rank is None else VllmAdapters(lambda: self._llm, max_lora_rank)
+        self._full_loads = 0  # full-weight swaps begun: an adapter request spanning one mixes two policies
 
     @classmethod
     def from_config(cls, model_dir: Path, cfg: EngineConfig) -> VllmEngine:
@@ -91,6 +102,7 @@ class VllmEngine(Engine):
             tensor_parallel_size=cfg.tensor_parallel_size,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            max_lora_rank=cfg.max_lora_rank,
         )
 
     def _set_env(self) -> None:
@@ -159,7 +171,14 @@ class VllmEngine(Engine):
             enable_prefix_caching=self.enable_prefix_caching,
             disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight load (load_weights)
+            **self._lora_args(),
         )
+
+    def _lora_args(self) -> dict[str, Any]:
+        """vLLM's LoRA settings when the engine serves adapters (none otherwise: LoRA layers cost every request)."""
+        if self.max_lora_rank is None:
+            return {}
+        return {"enable_lora": True, "max_loras": MAX_LORAS, "max_lora_rank": vllm_lora_rank(self.max_lora_rank)}
 
     def _kv_cache_bytes(self) -> int | None:
         """The CPU KV cache in bytes when `kv_cache_gib` is not a whole number of GiB (the environment variable
@@ -199,10 +218,12 @@ class VllmEngine(Engine):
         from vllm.v1.engine.exceptions import EngineDeadError as VllmDeadError
 
         rid = f"{request_id}-{uuid.uuid4().hex[:12]}"
-        version = self.policy_version
+        version, loads = self.policy_version, self._full_loads
+        adapter = None if self._adapters is None else self._adapters.begin()
+        lora = None if adapter is None else adapter.request
         final = None
         try:
-            async for out in self._llm.generate(prompt, self._vllm_params(sampling), rid):
+            async for out in self._llm.generate(prompt, self._vllm_params(sampling), rid, lora_request=lora):
                 final = out
         except asyncio.CancelledError:
             raise
@@ -216,6 +237,9 @@ class VllmEngine(Engine):
                 self._dead = True
                 raise EngineDeadError(f"the vLLM engine died during request {rid}: {e}") from e
             raise EngineError(f"request {rid} failed: {type(e).__name__}: {e}") from e
+        finally:
+            if self._adapters is not None:
+                self._adapters.end(adapter)
         if final is None or len(final.outputs) != sampling.n:
             got = 0 if final is None else len(final.outputs)
             raise EngineError(f"request {rid} returned {got} completions, expected {sampling.n}")
@@ -231,7 +255,8 @@ class VllmEngine(Engine):
             prompt_ids=list(final.prompt_token_ids or []),
             completions=completions,
             policy_version=version,
-            policy_version_end=self.policy_version,
+            # an adapter never changes under its requests: only a full-weight swap makes one span two versions
+            policy_version_end=version if adapter is not None and loads == self._full_loads else self.policy_version,
         )
 
     async def load_weights(self, source: WeightsSource | None, version: int, *, force: bool = False) -> None:
@@ -279,6 +304,7 @@ class VllmEngine(Engine):
             if source is not None:
                 await asyncio.to_thread(check_source, source, self.model_dir, self.delta_base)
             t0 = time.perf_counter()
+            self._before_full_load()
             # Shielded: a caller cancelled mid-swap must not leave vLLM paused or half-loaded; the swap
             # finishes (and keeps the lock) before the cancellation propagates.
             task = asyncio.ensure_future(self._swap(source, version))
@@ -327,12 +353,59 @@ class VllmEngine(Engine):
             version,
         )
 
+    def _before_full_load(self) -> None:
+        """Before a swap of the full weights: an adapter request spanning it is stamped with both versions, and
+        no adapter is served from now on (vLLM's reload drops them all; one trained on other base weights would
+        not fit the new ones)."""
+        self._full_loads += 1
+        if self._adapters is not None:
+            self._adapters.serve(None)
+
+    @property
+    def serves_adapters(self) -> bool:
+        return self._adapters is not None
+
+    async def load_adapter(self, path: Path | None, version: int, *, force: bool = False, owned: bool = False) -> None:
+        """Serve the adapter in `path` as policy `version`: vLLM's `add_lora`, then new requests carry it.
+
+        No pause, no reload: the base weights stay, requests in flight finish on the adapter they started with,
+        and the replaced adapter leaves vLLM (its directory the disk, when `owned`) after the last of them.
+        """
+        if self._adapters is None:
+            raise WeightsBlobError(
+                f"this vLLM engine was built without LoRA (engine.max_lora_rank unset), so it cannot serve the adapter "
+                f"v{version} in {path}; start the generation workers with the job's spec (trainer.lora sets it)"
+            )
+        if self._llm is None:
+            raise EngineDeadError("engine not started: call `await engine.start()` before load_adapter")
+        if self._dead or self._llm.errored:
+            self._dead = True
+            raise EngineDeadError("the vLLM engine has died; restart the generation worker")
+        async with self._swap_lock:
+            if version <= self.policy_version and not force:
+                log.info("adapter v%d not newer than v%d: nothing to load", version, self.policy_version)
+                if owned and path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
+                return
+            t0 = time.perf_counter()
+            try:
+                adapter = None if path is None else await self._adapters.add(Path(path).absolute(), version, owned)
+            except BaseException:
+                if owned and path is not None:
+                    shutil.rmtree(path, ignore_errors=True)
+                raise
+            self._adapters.serve(adapter)
+            self.policy_version = version
+            log.info("vLLM engine now at policy v%d (adapter %s, %.3f s)", version, path, time.perf_counter() - t0)
+
     async def shutdown(self) -> None:
         """Stop the engine (in-flight requests fail) and drop it; safe to call twice."""
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
         self._dead = True
+        if self._adapters is not None:
+            self._adapters.close()
 
     def tokens_generated(self) -> int:
         """Tokens generated since warm-up, over all completions."""

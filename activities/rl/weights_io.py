@@ -4,6 +4,8 @@ Each tensor once, without the tied `lm_head.weight` (safetensors refuses tensors
 vLLM and transformers re-tie the head to the embeddings on load). A checkpoint holds the float32
 weights as one safetensors file, the optimizer state and the step, written atomically (temp dir +
 rename) so a crash never leaves a half checkpoint that resume would pick up.
+A LoRA model's (`trainer.lora`) checkpoint holds its adapter in peft's layout instead of `model.safetensors`:
+the base is the model dir's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from rollart.activities.rl.adapter_io import adapter_files, is_lora, load_adapter_blob_into
+from rollart.infra.store.adapters import ADAPTER_WEIGHTS
+
 __all__ = [
     "CHECKPOINT_FILES",
     "hf_model_tensors",
@@ -40,7 +45,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "meta.json")
-"""What a checkpoint directory holds."""
+"""What a checkpoint directory holds (a LoRA model's: `ADAPTER_FILES` in place of `model.safetensors`)."""
 
 _CKPT_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -155,9 +160,13 @@ def save_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState, st
     final = root / f"step-{step:06d}"
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
     try:
-        (tmp / "model.safetensors").write_bytes(state_dict_blob(model))
+        lora = is_lora(model)
+        files = adapter_files(model) if lora else {"model.safetensors": state_dict_blob(model)}
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "meta.json").write_text(json.dumps({"step": step, "version": step + 1, "backend": "torch"}))
+        meta = {"step": step, "version": step + 1, "backend": "torch", **({"lora": True} if lora else {})}
+        (tmp / "meta.json").write_text(json.dumps(meta))
         if final.exists():  # re-checkpointing the same step: move the old one aside first
             old = root / f".old-{final.name}-{os.getpid()}"
             os.rename(final, old)
@@ -182,7 +191,17 @@ def load_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState | N
             f"checkpoint {path} was written by the {meta['backend']} backend; resume it with "
             f"trainer.backend: {meta['backend']}, or start a new run dir"
         )
-    load_blob_into(model, (path / "model.safetensors").read_bytes())
+    lora = bool(meta.get("lora", False))
+    if lora != is_lora(model):
+        raise ValueError(
+            f"checkpoint {path} was written {'with' if lora else 'without'} trainer.lora and this trainer is "
+            f"{'not ' if lora else ''}a LoRA one; resume it with the trainer section it was written with, or start a "
+            "new run dir"
+        )
+    if lora:
+        load_adapter_blob_into(model, (path / ADAPTER_WEIGHTS).read_bytes())
+    else:
+        load_blob_into(model, (path / "model.safetensors").read_bytes())
     if optimizer is not None:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     log.info("resumed from checkpoint %s (step %d)", path, meta["step"])

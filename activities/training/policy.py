@@ -9,7 +9,8 @@
   data-parallel ranks first, clipping by the *global* norm);
 - hand out its weights as Hugging Face tensors, one at a time from the ranks that hold them (what
   generators load, `activities.training.publish`), take them back in (resume), and write and read its
-  own checkpoints (sharded or not).
+  own checkpoints (sharded or not);
+- with `trainer.lora` (the torch backend only), hand out and take in its LoRA adapter instead.
 """
 
 from __future__ import annotations
@@ -94,6 +95,14 @@ class Policy(ABC):
     @abstractmethod
     def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         """Overwrite the weights with full HF tensors (as `hf_tensors` gives them), keeping the optimizer."""
+
+    def adapter_files(self) -> dict[str, bytes]:
+        """The LoRA adapter as peft's `save_pretrained` files by name (a `trainer.lora` job's published version)."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
+
+    def load_adapter_blob(self, blob: bytes) -> None:
+        """Overwrite the adapters with an `adapter_model.safetensors` blob, keeping the optimizer."""
+        raise NotImplementedError(f"{type(self).__name__} trains no LoRA adapter")
 
     @abstractmethod
     def save_checkpoint(self, root: Path, step: int) -> None:

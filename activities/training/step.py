@@ -6,8 +6,8 @@ rank accumulates the loss of its micro-batches — each token's loss divided by 
 *whole* batch, so shares add up to the batch's token mean on any split — then the policy syncs
 gradients and steps (or, with `trainer.mini_batches`/`ppo_epochs`, makes several PPO updates:
 `updates.py`). Every rank streams the HF tensors it holds into the store and the leader commits the new
-version (`publish.py`), then writes the step's record last (the commit point: `train_step` is idempotent
-because of it).
+version (`publish.py`; with `trainer.lora` only the adapter goes, `infra/store/adapters.py`), then writes
+the step's record last (the commit point: `train_step` is idempotent because of it).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from rollart.activities.training.updates import accumulate_gradients, data_shard
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
 from rollart.infra.memory import PeakRss
+from rollart.infra.store.adapters import is_adapter_key, publish_adapter
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weight_stream import read_all
 from rollart.infra.store.weights import read_manifest
@@ -83,8 +84,10 @@ def resume(policy: Policy, ranks: Ranks, store: Store, job_id: str, run_dir: str
     plan = ranks.broadcast(plan)
     if plan is not None:
         recorded, key = plan
-        manifest = read_manifest(store, key)
-        policy.load_hf_tensors(read_all(store, manifest))
+        if is_adapter_key(key):  # a LoRA job's versions are its adapter
+            policy.load_adapter_blob(store.get(key))
+        else:
+            policy.load_hf_tensors(read_all(store, read_manifest(store, key)))
         if ranks.is_leader:
             log.warning(
                 "job %s: resumed at step %d from published weights %s (optimizer state of step %d)",
@@ -188,32 +191,38 @@ def train_step(
             len(outcomes),
         )
     t_pub = time.perf_counter()
-    # a collective: every rank streams the tensors it assembles into buckets, the leader commits the manifest
-    weights = inp.weights.resolved("float32")
-    with PeakRss() as peak:
-        ref = publish_version(
-            state.policy.hf_tensors(),
-            ranks,
-            store,
-            inp.job_id,
-            inp.step + 1,
-            weights,
-            keep_weight_versions,
-            state.publisher,
-        )
+    key = ""
+    if cfg.lora is not None:  # only the adapter: the base, which every engine holds, never changes (torch: one rank)
+        key = publish_adapter(store, inp.job_id, inp.step + 1, state.policy.adapter_files(), keep_weight_versions).key
+        metrics["publish_s"] = time.perf_counter() - t_pub
+    else:
+        # a collective: every rank streams the tensors it assembles into buckets, the leader commits the manifest
+        weights = inp.weights.resolved("float32")
+        with PeakRss() as peak:
+            ref = publish_version(
+                state.policy.hf_tensors(),
+                ranks,
+                store,
+                inp.job_id,
+                inp.step + 1,
+                weights,
+                keep_weight_versions,
+                state.publisher,
+            )
+        if ranks.is_leader:
+            if ref is None:
+                raise RuntimeError(f"publishing weights v{inp.step + 1} gave the leader rank no manifest")
+            key = ref.key
+            metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + cast + store
+            metrics["publish_peak_mb"] = peak.extra_bytes / 1e6  # the leader's memory above its own before it
     result = None
-    if ranks.is_leader:
-        if ref is None:
-            raise RuntimeError(f"publishing weights v{inp.step + 1} gave the leader rank no manifest")
-        metrics["publish_s"] = time.perf_counter() - t_pub  # gather + convert + cast + store
-        metrics["publish_peak_mb"] = peak.extra_bytes / 1e6  # the leader's memory above its own before the publish
     if (inp.step + 1) % cfg.checkpoint_every == 0:
         state.policy.save_checkpoint(checkpoint_dir(inp.run_dir), inp.step)
     if ranks.is_leader:
         result = TrainStepResult(
             step=inp.step,
             version=inp.step + 1,
-            weights_key=ref.key,
+            weights_key=key,
             metrics=_step_metrics(inp, batch, metrics, outcomes, t0),
         )
         write_record(inp.run_dir, result)

@@ -2,7 +2,10 @@
 
 The model is loaded from the job's HF model dir as it is (any architecture transformers knows);
 weights go out as its state dict, tensor by tensor (`activities.training.publish`), checkpoints
-are one safetensors file plus the optimizer state (`rl.weights_io`).
+are one safetensors file plus the optimizer state (`rl.weights_io`). With `trainer.lora` the model
+is wrapped with peft's LoRA (`rl.adapter_io`): only the adapters train, sit in the optimizer, and go
+out (published and checkpointed) in peft's layout; the reference policy is the same model with its
+adapters switched off, so the KL term needs no second copy.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 
 from rollart.activities.errors import bad_input
 from rollart.activities.rl.action_entropy import ActionTerm, token_action_entropy
+from rollart.activities.rl.adapter_io import adapter_files, load_adapter_blob_into, with_lora
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entropy
 from rollart.activities.rl.weights_io import load_checkpoint, load_tensors_into, save_checkpoint, unique_tensors
@@ -50,6 +54,14 @@ class TorchPolicy(Policy):
         if cfg.activation_checkpointing:
             model.config.use_cache = False
             model.gradient_checkpointing_enable()
+            if cfg.lora is not None:  # frozen embeddings: recomputed layers still need an input that wants grads
+                model.enable_input_require_grads()
+        self.lora = cfg.lora is not None
+        if cfg.lora is not None:
+            try:
+                model = with_lora(model, cfg.lora, f"the model in {model_dir}")
+            except ValueError as e:
+                raise bad_input(str(e)) from e
         model.train()
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -73,6 +85,10 @@ class TorchPolicy(Policy):
         return logp, entropy if entropy_grad else entropy.detach()
 
     def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
+        if self.lora:  # the base model is the reference: the same weights with the adapters off
+            with torch.no_grad(), self.model.disable_adapter():
+                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+            return token_logprobs(logits, mb.input_ids)
         if self._ref is None:  # the frozen initial policy, loaded only when the KL term is on
             ref = load_hf_model(self.model_dir).to(device=self._device, dtype=self.dtype).eval()
             for p in ref.parameters():
@@ -101,6 +117,17 @@ class TorchPolicy(Policy):
 
     def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         load_tensors_into(self.model, tensors)
+        self.optimizer.sync_from_params()
+
+    def adapter_files(self) -> dict[str, bytes]:
+        if not self.lora:
+            return super().adapter_files()
+        return adapter_files(self.model)
+
+    def load_adapter_blob(self, blob: bytes) -> None:
+        if not self.lora:
+            super().load_adapter_blob(blob)
+        load_adapter_blob_into(self.model, blob)
         self.optimizer.sync_from_params()
 
     def save_checkpoint(self, root: Path, step: int) -> None:

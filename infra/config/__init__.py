@@ -36,7 +36,7 @@ from rollart.infra.config.task import (
     TaskSpec,
 )
 from rollart.infra.config.temporal import TemporalConfig, TemporalTLS, TracingConfig, WorkerTuning
-from rollart.infra.config.trainer import LossConfig, LRScheduleConfig, ParallelConfig, TrainerConfig
+from rollart.infra.config.trainer import LoraConfig, LossConfig, LRScheduleConfig, ParallelConfig, TrainerConfig
 from rollart.infra.config.training import (
     AdmissionConfig,
     DynamicSamplingConfig,
@@ -61,6 +61,7 @@ __all__ = [
     "JobSpecError",
     "LRScheduleConfig",
     "LatencyModel",
+    "LoraConfig",
     "LossConfig",
     "MetricsConfig",
     "MooncakeConfig",

@@ -52,7 +52,8 @@ class EngineConfig(Section):
     does (the share of each GPU's memory vLLM may take, weights included). `tensor_parallel_size`
     GPUs serve one engine (a generation worker then needs that many GPUs: `rollart k8s render`
     requests them). `dtype` is the engine's compute dtype; weights published in float32 are cast on
-    load.
+    load. `max_lora_rank` makes the engine serve LoRA adapters up to that rank (vLLM's `enable_lora`); a job
+    with `trainer.lora` fills it with the adapters' rank, so it is rarely set by hand.
     """
 
     kind: Literal["vllm", "hf"] = "vllm"
@@ -63,5 +64,6 @@ class EngineConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
     enable_prefix_caching: bool = True
+    max_lora_rank: int | None = Field(None, ge=1, le=512)
     seed: int = 0
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)

@@ -69,6 +69,34 @@ class JobSpec(Section):
         ]
         return self.model_copy(update={"env_servers": servers, "tasks": tasks})
 
+    @model_validator(mode="before")
+    @classmethod
+    def _engines_serve_the_adapters(cls, data: Any) -> Any:
+        """With `trainer.lora`, generation engines must serve adapters of its rank: `engine.max_lora_rank` is
+        filled with it when not given (a smaller one is refused below)."""
+        if not isinstance(data, dict) or data.get("trainer") is None:
+            return data
+        try:
+            lora = TrainerConfig.model_validate(data["trainer"]).lora
+        except ValueError:
+            return data  # the trainer section's own validation reports it
+        engine = data.get("engine") or {}
+        if lora is None or (engine.max_lora_rank if isinstance(engine, EngineConfig) else engine.get("max_lora_rank")):
+            return data
+        if isinstance(engine, EngineConfig):
+            return {**data, "engine": engine.model_copy(update={"max_lora_rank": lora.rank})}
+        return {**data, "engine": {**engine, "max_lora_rank": lora.rank}}
+
+    @model_validator(mode="after")
+    def _engines_fit_the_adapters(self) -> JobSpec:
+        lora, max_rank = self.trainer.lora, self.engine.max_lora_rank
+        if lora is not None and max_rank is not None and max_rank < lora.rank:
+            raise ValueError(
+                f"engine.max_lora_rank ({max_rank}) is below trainer.lora.rank ({lora.rank}): the generation engines "
+                "could not serve the adapters; raise it, or leave it out (it follows trainer.lora.rank)"
+            )
+        return self
+
     @field_validator("pools", mode="before")
     @classmethod
     def _over_the_defaults(cls, pools: Any) -> Any:

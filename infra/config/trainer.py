@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from rollart.infra.config.base import Section
 from rollart.infra.config.task import TaskEnv, TaskSpec
 
-__all__ = ["LRScheduleConfig", "LossConfig", "ParallelConfig", "TrainerConfig"]
+__all__ = ["LRScheduleConfig", "LoraConfig", "LossConfig", "ParallelConfig", "TrainerConfig"]
 
 
 class LossConfig(Section):
@@ -133,6 +133,44 @@ class LRScheduleConfig(Section):
     min_ratio: float = Field(0.0, ge=0.0, le=1.0)
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (peft's LoRA) instead of full fine-tuning: only the adapters train and are published.
+
+    Each targeted linear layer W gets W + (alpha / rank) · B·A, A of `rank` rows and B of `rank` columns, B
+    starting at zero (so version 0 is the base model). The base weights stay frozen: the optimizer holds only
+    the adapters (a small share of the parameters), checkpoints and published versions are the adapter alone, and
+    generation engines serve each version as a vLLM LoRA adapter on the base they loaded once. `target_modules`
+    are names of linear layers (`q_proj`, `down_proj`, ...; a model that lacks one is refused when it loads,
+    naming those it has), or `all-linear`.
+    """
+
+    rank: int = Field(8, ge=1, le=512)
+    alpha: float = Field(16.0, gt=0.0)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training. Above 0 the trainer's log-probs are those of a
+    thinned adapter, no longer the engine's (the `logprob_diff_*` metrics show it)."""
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """The linear layers that get adapters, by the last part of their names; `all-linear` (peft's shorthand):
+    every linear layer but the output head."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _module_names(cls, modules: list[str] | str) -> list[str] | str:
+        if isinstance(modules, str):
+            return modules
+        if not modules:
+            raise ValueError("give at least one module name (e.g. [q_proj, v_proj]), or all-linear")
+        bad = [m for m in modules if not m.isidentifier()]
+        if bad:
+            raise ValueError(
+                f"{bad} are not module names: give the last part of a linear layer's name (q_proj, not "
+                "model.layers.0.self_attn.q_proj)"
+            )
+        if len(set(modules)) != len(modules):
+            raise ValueError(f"module names repeat: {modules}")
+        return modules
+
+
 class TrainerConfig(Section):
     """The trainer: backend, parallel layout, device and precision, optimizer and checkpoints.
 
@@ -145,7 +183,8 @@ class TrainerConfig(Section):
     accumulation over micro-batches of `micro_batch_size` sequences (per data-parallel rank).
     `mini_batches` × `ppo_epochs` optimizer updates per train step (PPO): the batch is cut into
     `mini_batches` parts and passed over `ppo_epochs` times; the clip against the proximal policy (the
-    weights before the step's first update) engages from the second update on.
+    weights before the step's first update) engages from the second update on. `lora` trains low-rank
+    adapters instead of every weight (None: full fine-tuning).
     """
 
     backend: Literal["torch", "megatron"] = "torch"
@@ -165,6 +204,7 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(50, ge=1)
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
+    lora: LoraConfig | None = None
 
     task_envs: dict[str, TaskEnv] = Field(
         default_factory=dict,
@@ -195,5 +235,15 @@ class TrainerConfig(Section):
             raise ValueError(
                 f"parallel: tensor {self.parallel.tensor} x data {self.parallel.data} needs backend: megatron "
                 "(the torch backend trains in one process on one device)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _lora_needs_torch(self) -> TrainerConfig:
+        if self.lora is not None and self.backend == "megatron":
+            raise ValueError(
+                "lora needs backend: torch: the megatron backend's layers are megatron-core's fused, tensor-parallel "
+                "linears (linear_qkv, linear_fc1), which peft cannot wrap, and their adapters would have to be split "
+                "over the ranks and mapped back to the HF names vLLM loads; train LoRA with backend: torch"
             )
         return self

@@ -1,1 +1,1 @@
-"""The payload store: keys, the local and Mooncake stores, published weights."""
+"""The payload store: keys, the local and Mooncake stores, published weights and LoRA adapters."""
