@@ -133,7 +133,7 @@ async def test_a_published_adapter_is_served_on_the_base_with_the_trainers_logpr
 
     assert reloads == []  # the base weights were never reloaded
     # v1 leaves vLLM, and its copy the disk, once its requests are done (a removal the engine starts after them)
-    llm, copies = engine._llm, tmp_path / "w" / "adapters"  # type: ignore[attr-defined]
+    llm, copies = engine._llm, gen._adapters_dir()  # type: ignore[attr-defined]
     deadline = time.monotonic() + 60
     while (live := await llm.list_loras()) and (len(live) > 1 or len(list(copies.iterdir())) > 1):
         assert time.monotonic() < deadline, f"adapters still in vLLM: {live}; copies: {list(copies.iterdir())}"
