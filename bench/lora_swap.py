@@ -1,7 +1,8 @@
 """LoRA swap: publish → pull → serve → first request on a new policy version, the adapter against the full weights.
 
-For the tiny model and a ~40M random-init Qwen2 (weight_sync's), each version is published through the local
-store the way the trainer publishes it and taken up by a running vLLM engine the way a generation worker does:
+For the tiny model, a ~40M random-init Qwen2 (weight_sync's) and `--models 0.5B` (bench size's Qwen3), each
+version is published through the local store the way the trainer publishes it and taken up by a running vLLM engine
+the way a generation worker does:
 
 - full: the float32 weights in buckets and a manifest (the trainer's publish), the manifest read (`pull`), streamed
   into the plain engine in place (`swap`: pause, `reload_weights` from the store's buckets, prefix cache reset,
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench.report import RESULTS, format_table, write_results
+from bench.size import build_qwen3
 from bench.weight_sync import build_model
 
 __all__ = ["main", "swap_rows"]
@@ -126,14 +128,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=5, help="versions measured per row (default 5)")
     p.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
     p.add_argument("--quick", action="store_true", help="the tiny model only, 3 repeats")
+    p.add_argument("--models", default="tiny,40M", help="comma-separated: tiny, 40M, 0.5B (bench size's Qwen3)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rollart.infra.tiny_model import ensure_tiny_model
 
     tiny = ensure_tiny_model(RESULTS.parent.parent / ".rollart" / "models" / "tiny")
-    models = {"tiny": tiny}
-    if not args.quick:
-        models["40M"] = build_model(RESULTS / "models" / "qwen2-40m", tiny, hidden=512, layers=12, inter=1792)
+    wanted = ["tiny"] if args.quick else args.models.split(",")
+    builders = {
+        "tiny": lambda: tiny,
+        "40M": lambda: build_model(RESULTS / "models" / "qwen2-40m", tiny, hidden=512, layers=12, inter=1792),
+        "0.5B": lambda: build_qwen3("0.5B", "float32"),
+    }
+    models = {name: builders[name]() for name in wanted}
     home = Path(tempfile.mkdtemp(prefix="rollart-bench-lora-"))
     try:
         rows = asyncio.run(swap_rows(models, 3 if args.quick else args.repeats, args.rank, home))

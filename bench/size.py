@@ -131,8 +131,11 @@ def memcpy_s(model: Any, repeats: int = 3) -> tuple[float, int]:
     return statistics.median(times), nbytes
 
 
-async def swap_rows(size: str, dtype: str, repeats: int, home: Path, with_blob: bool) -> list[dict]:
-    """The streamed path (and, if asked, main's earlier blob path) against a memory copy, on one running engine."""
+async def swap_rows(
+    size: str, dtype: str, repeats: int, home: Path, with_blob: bool, store_dir: Path | None = None
+) -> list[dict]:
+    """The streamed path (and, if asked, main's earlier blob path) against a memory copy, on one running engine;
+    the store in `store_dir` (default: under `home`, on disk)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -149,9 +152,20 @@ async def swap_rows(size: str, dtype: str, repeats: int, home: Path, with_blob: 
     print(
         f"{size}: {params / 1e9:.2f}B parameters, {nbytes / 1e9:.2f} GB in {dtype}; memcpy {copy_s:.3f} s", flush=True
     )
-    store = LocalStore(home / "store")
+    store = LocalStore(store_dir or home / "store")
+    medium = _medium(store.root)
     sampling = SamplingParams(max_tokens=1)
-    rows = [{"size": size, "path": "memcpy", "dtype": dtype, "params": params, "bytes": nbytes, "total_s": copy_s}]
+    rows = [
+        {
+            "size": size,
+            "path": "memcpy",
+            "store": "",
+            "dtype": dtype,
+            "params": params,
+            "bytes": nbytes,
+            "total_s": copy_s,
+        }
+    ]
     engine_cfg = EngineConfig(dtype=dtype, max_model_len=256, max_num_seqs=8, kv_cache_gib=1)
     async with started_engine(model_dir, engine_cfg) as engine:
         version = 0
@@ -193,6 +207,7 @@ async def swap_rows(size: str, dtype: str, repeats: int, home: Path, with_blob: 
                 {
                     "size": size,
                     "path": path,
+                    "store": medium,
                     "dtype": dtype if path == "stream" else "float32",
                     "params": params,
                     "bytes": nbytes if path == "stream" else params * 4,
@@ -205,6 +220,17 @@ async def swap_rows(size: str, dtype: str, repeats: int, home: Path, with_blob: 
             )
     del trainer
     return rows
+
+
+def _medium(path: Path) -> str:
+    """`tmpfs` for a store in memory (/dev/shm), `disk` otherwise: the publish writes the store's files."""
+    import psutil
+
+    best = max(
+        (p for p in psutil.disk_partitions(all=True) if str(path).startswith(p.mountpoint)),
+        key=lambda p: len(p.mountpoint),
+    )
+    return "tmpfs" if best.fstype == "tmpfs" else "disk"
 
 
 def _publish_blob(store: Any, model: Any, version: int, home: Path) -> Path:
@@ -276,62 +302,41 @@ async def fixed_rows(repeats: int, home: Path) -> list[dict]:
 
 async def train_rows(size: str, steps: int, home: Path, modes: list[str]) -> list[dict]:
     """A train step of the `size` model: torch against megatron T=2 on a small batch; publish time and memory."""
-    from bench.trainer import MODES, frozenlake_batch
-    from rollart.client.local import LocalTrainer
-    from rollart.contracts.activities import TrainStepInput
-    from rollart.infra.config import StoreConfig, TrainerConfig, WeightsConfig
+    from bench.trainer import MODES, frozenlake_batch, run_mode
     from rollart.infra.store.payload import LocalStore
-    from rollart.workers.trainer_ranks import RankGroup
 
     model_dir = build_qwen3(size, "float32")
     store_dir = home / "train-store"
     samples = frozenlake_batch(LocalStore(store_dir), model_dir, groups=2, members=4)
     rows = []
     for mode in modes:
-        trainer = MODES[mode]
-        job = f"train-{mode.replace(' ', '-').replace('=', '')}"
-        group = RankGroup(store=StoreConfig(path=store_dir)) if trainer.get("backend") == "megatron" else None
-        local = LocalTrainer(LocalStore(store_dir), ranks=group)
-        walls, metrics = [], []
-        try:
-            for n in range(steps):
-                inp = TrainStepInput(
-                    job_id=job,
-                    step=n,
-                    samples=samples,
-                    model_dir=str(model_dir),
-                    run_dir=str(home / job),
-                    trainer=TrainerConfig(**trainer, checkpoint_every=10_000, micro_batch_size=8),
-                    weights=WeightsConfig(dtype="bfloat16"),
-                )
-                t0 = time.perf_counter()
-                result = await local.step(inp)
-                walls.append(time.perf_counter() - t0)
-                metrics.append(result.metrics)
-                print(f"  {size} {mode} step {n}: {walls[-1]:.2f} s", flush=True)
-        finally:
-            if group is not None:
-                group.close()
-        later = metrics[1:] or metrics
-        rows.append(
-            {
-                "size": size,
-                "mode": mode,
-                "step_s": statistics.median(walls[1:] or walls),
-                "first_step_s": walls[0],
-                "train_s": statistics.median(m["train_s"] for m in later),
-                "publish_s": statistics.median(m["publish_s"] for m in later),
-                "publish_peak_mb": max(m.get("publish_peak_mb", 0.0) for m in later),
-                "tokens": later[-1]["tokens"],
-                "steps": steps,
-            }
-        )
+        trainer = {**MODES[mode], "micro_batch_size": 8}
+        row = await run_mode(mode, trainer, model_dir, samples, steps, store_dir, home, {"dtype": "bfloat16"})
+        rows.append({"size": size, "mode": mode, "step_s": row["wall_s"], "steps": steps, **row})
     return rows
+
+
+def _merged(results: dict[str, list[dict]], previous: Path) -> dict[str, list[dict]]:
+    """This run's rows over the results file's: a part not run keeps its rows, a swap row replaces the one of the
+    same size, path and store (so `--parts` and `--sizes` add to a full run instead of erasing it)."""
+    if not previous.is_file():
+        return results
+    old = json.loads(previous.read_text())
+    out = {}
+    for part, rows in results.items():
+        if part != "swap":
+            out[part] = rows or old.get(part, [])
+            continue
+        key = lambda r: (r["size"], r["path"], r.get("store", "disk" if r["path"] != "memcpy" else ""))  # noqa: E731
+        fresh = {key(r) for r in rows}
+        out[part] = [r for r in old.get(part, []) if key(r) not in fresh] + rows
+    return out
 
 
 SWAP_COLUMNS = [
     ("size", "size", ""),
     ("path", "path", ""),
+    ("store", "store", ""),
     ("dtype", "dtype", ""),
     ("gb", "GB", ".2f"),
     ("publish_s", "publish s", ".3f"),
@@ -365,6 +370,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--quick", action="store_true", help="40M and the tiny model only, 2 repeats (a few minutes)")
     p.add_argument("--parts", default="swap,fixed,train", help="comma-separated: swap, fixed, train")
     p.add_argument("--repeats", type=int, help="swaps per path (default 3; --quick 2)")
+    p.add_argument("--sizes", help="swap sizes, comma-separated (default 0.5B,1.5B; --quick 40M)")
+    p.add_argument("--store-dir", type=Path, help="where the swap's local store lives (e.g. /dev/shm/x: in memory)")
     args = p.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     parts = set(args.parts.split(","))
@@ -374,9 +381,9 @@ def main(argv: list[str]) -> int:
     results: dict[str, list[dict]] = {"swap": [], "fixed": [], "train": []}
     try:
         if "swap" in parts:
-            plan = [("40M", True)] if args.quick else [("0.5B", True), ("1.5B", False)]
-            for size, with_blob in plan:
-                results["swap"] += asyncio.run(swap_rows(size, dtype, repeats, home, with_blob))
+            sizes = args.sizes.split(",") if args.sizes else (["40M"] if args.quick else ["0.5B", "1.5B"])
+            for size in sizes:  # main's blob path needs two float32 copies: not beside a 1.5B engine here
+                results["swap"] += asyncio.run(swap_rows(size, dtype, repeats, home, size != "1.5B", args.store_dir))
         if "fixed" in parts:
             results["fixed"] = asyncio.run(fixed_rows(10 if args.quick else 30, home))
         if "train" in parts:
@@ -398,6 +405,12 @@ def main(argv: list[str]) -> int:
     modes = [{"name": f"swap {r['size']} {r['path']}", "wall_s": r["total_s"]} for r in results["swap"]] + [
         {"name": f"train {r['size']} {r['mode']}", "wall_s": r["step_s"]} for r in results["train"]
     ]
+    results = _merged(results, RESULTS / "size.json")
+    modes = [
+        {"name": f"swap {r['size']} {r['path']} {r.get('store', '')}".strip(), "wall_s": r["total_s"]}
+        for r in results["swap"]
+    ]
+    modes += [{"name": f"train {r['size']} {r['mode']}", "wall_s": r["step_s"]} for r in results["train"]]
     out = write_results("size", modes, dtype=dtype, time=time.time(), quick=args.quick, **results)
     print(f"\nwrote {out}")
     return 0

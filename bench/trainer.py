@@ -113,18 +113,26 @@ def frozenlake_batch(store, model_dir: Path, seed: int = 0, groups: int = 8, mem
 
 
 async def run_mode(
-    name: str, trainer: dict, model_dir: Path, samples: list, steps: int, store_dir: Path, run_root: Path
+    name: str,
+    trainer: dict,
+    model_dir: Path,
+    samples: list,
+    steps: int,
+    store_dir: Path,
+    run_root: Path,
+    weights: dict | None = None,
 ) -> dict:
+    """`steps` train steps of one mode through the trainer worker's code; medians after the first step."""
     from rollart.client.local import LocalTrainer
     from rollart.contracts.activities import TrainStepInput
-    from rollart.infra.config import StoreConfig, TrainerConfig
+    from rollart.infra.config import StoreConfig, TrainerConfig, WeightsConfig
     from rollart.infra.store.payload import LocalStore
     from rollart.workers.trainer_ranks import RankGroup
 
     job = name.replace(" ", "-").replace("=", "")
     group = RankGroup(store=StoreConfig(path=store_dir)) if trainer.get("backend") == "megatron" else None
     local = LocalTrainer(LocalStore(store_dir), ranks=group)
-    walls, train, publish = [], [], []
+    walls, train, publish, peak = [], [], [], []
     try:
         for n in range(steps):
             inp = TrainStepInput(
@@ -134,12 +142,15 @@ async def run_mode(
                 model_dir=str(model_dir),
                 run_dir=str(run_root / job),
                 trainer=TrainerConfig(**trainer, checkpoint_every=10_000),
+                weights=WeightsConfig(**(weights or {})),
             )
             t0 = time.perf_counter()
             r = await local.step(inp)
             walls.append(time.perf_counter() - t0)
             train.append(r.metrics["train_s"])
             publish.append(r.metrics["publish_s"])
+            peak.append(r.metrics.get("publish_peak_mb", 0.0))
+            print(f"  {name} step {n}: {walls[-1]:.2f} s", flush=True)
     finally:
         if group is not None:
             group.close()
@@ -147,6 +158,7 @@ async def run_mode(
         "wall_s": statistics.median(walls[1:]),
         "train_s": statistics.median(train[1:]),
         "publish_s": statistics.median(publish[1:]),
+        "publish_peak_mb": max(peak[1:]),
         "first_step_s": walls[0],
         "sequences": float(r.metrics["sequences"]),
         "tokens": r.metrics["tokens"],
