@@ -30,7 +30,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.env_pool import ResetPool, close_quietly
-from rollart.activities.envs.base import EnvSessionLost
+from rollart.activities.envs.base import ChatEnv, EnvSessionLost, observation_text
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import (
@@ -48,6 +48,7 @@ from rollart.contracts.activities import (
     StepInput,
     StepResult,
 )
+from rollart.contracts.chat import ChatMessage, as_messages
 from rollart.contracts.errors import ErrorType
 from rollart.infra.config import FaultModel
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
@@ -182,23 +183,32 @@ class EnvActivities:
         entry, [(env, observation)] = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, 1)
         session_id = f"{inp.trajectory_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = _Session.of([env], entry, inp.trajectory_id)
+        chat = _is_chat(env)
         return EnvHandle(
             session_id=session_id,
             queue=self.queue,
             worker_id=self.worker_id,
-            observation=observation,
+            observation=observation_text(observation),
             step_timeout_s=entry.step_timeout_s,
             sticky_start_s=self.sticky_start_s,
+            messages=observation if chat else None,
+            tools=(_unwrapped(env).tool_schemas() or None) if chat else None,
         )
 
     @activity.defn(name="step")
     async def step(self, inp: StepInput) -> StepResult:
-        """Apply the model's text to the session's env; an env that raises ends the episode (EnvBroken)."""
-        return await self._step(self._session(inp.session_id), 0, inp.action)
+        """Apply the model's text (a chat env: its message) to the session's env; an env that raises ends the
+        episode (EnvBroken)."""
+        return await self._step(self._session(inp.session_id), 0, inp.message or inp.action)
 
     @activity.defn(name="reset_group")
     async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
         """Create `size` envs reset from the same seed, kept here as one session (a GRPO group)."""
+        if issubclass(_lookup(inp.env).cls, ChatEnv):
+            raise bad_input(
+                f"env {inp.env!r} is a chat env, which runs one trajectory per member: set the job's "
+                "rollout_unit: trajectory (a lockstep group session is for text envs)"
+            )
         entry, ready = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, inp.size)
         session_id = f"{inp.group_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = _Session.of([env for env, _ in ready], entry, inp.group_id)
@@ -223,8 +233,10 @@ class EnvActivities:
         entry, ready = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, len(inp.actions))
         session = _Session.of([env for env, _ in ready], entry, inp.owner_id)
         try:
-            for member, ((_, observation), actions, expected) in enumerate(zip(ready, inp.actions, inp.observations)):
-                for turn, action in enumerate(actions):
+            for member, ((_, opening), actions, expected) in enumerate(zip(ready, inp.actions, inp.observations)):
+                observation = observation_text(opening)
+                for turn, text in enumerate(actions):
+                    action = inp.messages[member][turn] if inp.messages else text  # a chat env replays its messages
                     try:
                         observation = (await self._replay_step(session, member, action)).observation
                     except ApplicationError as e:
@@ -259,7 +271,7 @@ class EnvActivities:
             sticky_start_s=self.sticky_start_s,
         )
 
-    async def _replay_step(self, session: _Session, member: int, action: str) -> StepResult:
+    async def _replay_step(self, session: _Session, member: int, action: str | ChatMessage) -> StepResult:
         for attempt in range(REPLAY_STEP_TRIES):
             try:
                 return await self._step(session, member, action)
@@ -292,10 +304,15 @@ class EnvActivities:
 
         return list(await asyncio.gather(*(step_once(i, a) for i, a in enumerate(inp.actions))))
 
-    async def _step(self, session: _Session, member: int, action: str) -> StepResult:
+    async def _step(self, session: _Session, member: int, action: str | ChatMessage) -> StepResult:
         if session.done[member]:
             raise bad_input(
                 f"session of {session.owner} (member {member}) already ended; a step after done is a caller bug"
+            )
+        if _is_chat(session.envs[member]) != isinstance(action, ChatMessage):
+            kind = "a chat env, which needs" if isinstance(action, str) else "a text env, which needs"
+            raise bad_input(
+                f"env {session.entry.name!r} is {kind} {'a message' if isinstance(action, str) else 'text'} to step"
             )
         try:
             outcome = await self._call(session.envs[member].step, action)
@@ -368,17 +385,33 @@ def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
         raise bad_input(f"env {name!r} rejected its env_args {env_args!r}: {e}") from e
 
 
-def _reset_now(entry: EnvEntry, env: Any, seed: int) -> str:
-    """env.reset(seed), on an env thread: a raising env is retryable (EnvResetError), a non-text answer is a bug."""
+def _reset_now(entry: EnvEntry, env: Any, seed: int) -> str | list[ChatMessage]:
+    """env.reset(seed), on an env thread: a raising env is retryable (EnvResetError), a wrong answer is a bug (text
+    from a text env, a list of chat messages from a chat env)."""
     try:
         observation = env.reset(seed)
     except Exception as e:
         raise ApplicationError(
             f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}", type="EnvResetError"
         ) from e
+    if _is_chat(env):
+        try:
+            return as_messages(observation, f"env {entry.name!r}.reset's answer")
+        except ValueError as e:
+            raise bad_input(str(e)) from e
     if not isinstance(observation, str):
         raise bad_input(f"env {entry.name!r}.reset must return the observation text, got {type(observation).__name__}")
     return observation
+
+
+def _unwrapped(env: Any) -> Any:
+    """The user's env inside a fault-injecting wrapper (`FaultyEnv`)."""
+    return env.inner if isinstance(env, FaultyEnv) else env
+
+
+def _is_chat(env: Any) -> bool:
+    """Whether `env` speaks chat messages (a `ChatEnv`), under any fault injection."""
+    return isinstance(_unwrapped(env), ChatEnv)
 
 
 def _close_now(entry: EnvEntry, env: Any, owner: str) -> None:
@@ -431,6 +464,13 @@ def _mismatch(inp: RestoreInput, member: int, why: str) -> ApplicationError:
 
 def _step_result(entry: EnvEntry, outcome: Any) -> StepResult:
     try:
-        return StepResult(observation=outcome.observation, reward=outcome.reward, done=outcome.done, info=outcome.info)
+        messages = outcome.observation if isinstance(outcome.observation, list) else None
+        return StepResult(
+            observation=observation_text(outcome.observation),
+            reward=outcome.reward,
+            done=outcome.done,
+            info=outcome.info,
+            messages=messages,
+        )
     except (AttributeError, ValueError) as e:
         raise env_broken(f"env {entry.name!r} step returned {outcome!r}, not a StepOutcome: {e}") from e

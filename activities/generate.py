@@ -12,6 +12,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 from temporalio import activity
@@ -19,10 +20,13 @@ from temporalio.exceptions import ApplicationError
 
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
+from rollart.activities.engines.conversation import ChatTokens, ConversationError
+from rollart.activities.engines.tool_parsing import ToolParsing, UnknownToolParser
 from rollart.activities.heartbeat import heartbeating
 from rollart.contracts.activities import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
+from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
-from rollart.contracts.store import StoredCompletion, StoredTurn
+from rollart.contracts.store import StoredCompletion, StoredTurn, whole_prompt
 from rollart.infra.config import PromptFormat, SamplingParams
 from rollart.infra.store.adapters import fetch_adapter, latest_adapter
 from rollart.infra.store.payload import Store, StoreKeyError, key_word
@@ -72,6 +76,9 @@ class GenerateActivities:
         self._adapters: Path | None = None  # where fetched adapters wait for the engine (made on first use)
         self.queue = queue
         self.max_waiting = max_waiting
+        self.chat = ChatTokens(Path(model_dir))  # chat turns: messages → token ids, incrementally
+        self._parsers: dict[str, ToolParsing] = {}
+        self._prompts: OrderedDict[str, list[int]] = OrderedDict()  # data_key → whole prompt ids (recent turns)
 
     @activity.defn(name="generate")
     async def generate(self, inp: GenerateInput) -> GenerateResult:
@@ -80,6 +87,8 @@ class GenerateActivities:
         async with heartbeating(HEARTBEAT_EVERY_S):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
+            if inp.messages is not None:
+                return await self._sample_chat(inp, _request_id())
             return await self._sample(inp.prompt, inp.prompt_format, inp.sampling, inp.data_key, _request_id())
 
     @activity.defn(name="generate_batch")
@@ -128,6 +137,86 @@ class GenerateActivities:
             queue=self.queue,
             pressure=self.engine.pressure(),
         )
+
+    async def _sample_chat(self, inp: GenerateInput, request_id: str) -> GenerateResult:
+        """One chat turn: the conversation's tokens so far plus the new messages' (never re-tokenized), sampled;
+        each completion is read as an assistant message (tool calls parsed). The record holds only the new tokens.
+        """
+        assert inp.messages is not None
+        try:
+            prefix, new_ids = await asyncio.to_thread(self._chat_prompt, inp)
+            parsing = self._tool_parsing(inp.tool_parser) if inp.tool_parser else None
+        except (ConversationError, UnknownToolParser) as e:
+            raise ApplicationError(str(e), type=ErrorType.INVALID_INPUT, non_retryable=True) from e
+        except StoreKeyError as e:  # the previous turn's record is gone: this trajectory cannot go on
+            raise ApplicationError(
+                f"chat turn {inp.data_key!r}: the previous turn's record is gone ({e})",
+                type=ErrorType.INVALID_INPUT,
+                non_retryable=True,
+            ) from e
+        prompt_ids = prefix + new_ids
+        try:
+            out = await self.engine.generate(prompt_ids, inp.sampling, request_id)
+        except EngineRequestError as e:  # e.g. a conversation grown past max_model_len
+            raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
+        record = StoredTurn(
+            prompt=self.chat.tokenizer.decode(new_ids),
+            prompt_ids=new_ids,
+            policy_version=out.policy_version,
+            policy_version_end=out.policy_version_end,
+            completions=stored_turn("", out).completions,
+            prefix_key=inp.prefix_key,
+            format=2 if inp.prefix_key else 1,
+        )
+        await asyncio.to_thread(self.store.put, inp.data_key, record.to_bytes())
+        self._remember(inp.data_key, prompt_ids)
+        completions = []
+        for i, c in enumerate(out.completions):
+            message = (
+                parsing.message(c.text, call_id_prefix=f"{key_word(inp.data_key)}-{i}")
+                if parsing
+                else ChatMessage(role="assistant", content=c.text)
+            )
+            completions.append(
+                Completion(text=c.text, num_tokens=len(c.token_ids), finish_reason=c.finish_reason, message=message)
+            )
+        return GenerateResult(
+            completions=completions,
+            prompt_tokens=len(prompt_ids),
+            policy_version=out.policy_version,
+            policy_version_end=out.policy_version_end,
+            data_key=inp.data_key,
+            worker_id=self.worker_id,
+            queue=self.queue,
+            pressure=self.engine.pressure(),
+        )
+
+    def _chat_prompt(self, inp: GenerateInput) -> tuple[list[int], list[int]]:
+        """(the conversation's ids before this turn's new messages, their ids with the next reply's start)."""
+        assert inp.messages is not None
+        if inp.prefix_key is None:
+            return [], self.chat.opening(inp.messages, inp.tools)
+        previous = StoredTurn.from_bytes(self.store.get(inp.prefix_key))
+        if not previous.completions:
+            raise ConversationError(f"chat turn {inp.data_key!r}: the previous turn {inp.prefix_key!r} sampled nothing")
+        sampled = previous.completions[0].token_ids
+        before = self._prompts.get(inp.prefix_key)
+        if before is None:
+            before = whole_prompt(lambda k: StoredTurn.from_bytes(self.store.get(k)), previous)
+        after = bool(sampled) and sampled[-1] == self.chat.tokenizer.eos_token_id
+        return before + sampled, self.chat.continuation(inp.messages, after)
+
+    def _remember(self, key: str, prompt_ids: list[int], keep: int = 512) -> None:
+        """Keep a turn's whole prompt for its next turn (usually served here: session affinity)."""
+        self._prompts[key] = prompt_ids
+        self._prompts.move_to_end(key)
+        while len(self._prompts) > keep:
+            self._prompts.popitem(last=False)
+
+    def _tool_parsing(self, name: str) -> ToolParsing:
+        if name not in self._parsers:
+            self._parsers[name] = ToolParsing(name, self.chat.tokenizer)
+        return self._parsers[name]
 
     def _refuse_when_busy(self) -> None:
         """A turn pinned here (it came through the private queue) goes elsewhere while the engine is swamped; the

@@ -22,6 +22,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="the final norm's weight (default 1): how far apart logits can be; 4 lets LoRA, which leaves the "
         "norm and output head alone, learn a confident policy (the tiny-lora model)",
     )
+    s.add_argument(
+        "--chat",
+        action="store_true",
+        help="with a ChatML chat template in Qwen's tool-call format (<tool_call>, <tool_response>), its markers "
+        "as tokens, and <|im_end|> ending a turn: for chat envs, native tool calls and `rollart sft` (the "
+        "tiny-chat model)",
+    )
     s.set_defaults(func=run)
 
 
@@ -37,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
         from rollart.cli.errors import UserError
 
         raise UserError(f"--output-scale must be positive, got {args.output_scale}")
-    path = build_tiny_model(args.out, seed=args.seed, output_scale=args.output_scale)
-    print(f"built tiny model in {path} ({time.monotonic() - t0:.1f}s)")
+    path = build_tiny_model(args.out, seed=args.seed, output_scale=args.output_scale, chat=args.chat)
+    print(f"built tiny {'chat ' if args.chat else ''}model in {path} ({time.monotonic() - t0:.1f}s)")
     return 0

@@ -15,7 +15,8 @@ __all__ = ["check_model_dir", "ensure_model", "is_default_model"]
 
 
 def is_default_model(model_dir: Path) -> bool:
-    """Whether `model_dir` is an embedded tiny model (`.rollart/models/tiny` or `tiny-lora`), built on first use."""
+    """Whether `model_dir` is an embedded tiny model (`.rollart/models/tiny`, `tiny-lora`, `tiny-chat`), built on
+    first use."""
     from rollart.infra.tiny_model import first_use_scale
 
     return first_use_scale(model_dir) is not None
@@ -36,7 +37,7 @@ def ensure_model(job: JobSpec, source: str) -> None:
     """The job's model is there before anything loads it: the default is built (once, here), any other checked."""
     check_model_dir(job.model_dir, source)
     if is_default_model(job.model_dir) and not (job.model_dir / "config.json").exists():
-        from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
+        from rollart.infra.tiny_model import ensure_tiny_model, first_use_options
 
         print(f"building the tiny model in {job.model_dir} (first use) ...")
-        ensure_tiny_model(job.model_dir, output_scale=first_use_scale(job.model_dir) or 1.0)
+        ensure_tiny_model(job.model_dir, **(first_use_options(job.model_dir) or {}))

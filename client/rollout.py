@@ -14,7 +14,7 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from rollart.activities.envs.base import declares_actions
+from rollart.activities.envs.base import ChatEnv, declares_actions
 from rollart.client.connection import Outage, retry_unreachable
 from rollart.contracts import ids
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
@@ -77,6 +77,12 @@ def check_job_components(job: JobSpec) -> None:
                 problems.append(
                     f"tasks.{i} ({task.name}): trainer.loss.entropy_over: actions needs an env that "
                     f"declares its actions (Env.action_of); env {task.env!r} does not"
+                )
+            if issubclass(entry.cls, ChatEnv) and (task.max_turns == 1 or task.rollout_unit != "trajectory"):
+                problems.append(
+                    f"tasks.{i} ({task.name}): env {task.env!r} is a chat env, which plays each episode as its own "
+                    "trajectory: set rollout_unit: trajectory and max_turns above 1 (a one-turn chat task ends "
+                    "on its first step)"
                 )
         try:
             entry = lookup_reward(task.reward)

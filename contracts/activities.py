@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollart.contracts.chat import ChatMessage
 from rollart.infra.config import FaultModel, PromptFormat, SamplingParams, TaskSpec, TrainerConfig, WeightsConfig
 from rollart.infra.store.keys import key_word
 
@@ -118,6 +119,8 @@ class RestoreInput(_Message):
     actions: list[list[str]] = Field(min_length=1)
     observations: list[str] = Field(min_length=1)
     options: EnvOptions | None = None
+    messages: list[list[ChatMessage]] | None = None
+    """A chat env's actions as the assistant messages it was given (`messages[i][k]` for `actions[i][k]`)."""
 
 
 STICKY_START_S = 10.0
@@ -134,22 +137,32 @@ class EnvHandle(_Message):
     observation: str
     step_timeout_s: float = 30.0
     sticky_start_s: float = Field(STICKY_START_S, gt=0.0)
+    messages: list[ChatMessage] | None = None
+    """A chat env's opening messages (`observation` is then their text); None for a text env."""
+    tools: list[dict[str, Any]] | None = None
+    """A chat env's tools, as JSON schemas (OpenAI's function-tool shape)."""
 
 
 class StepInput(_Message):
-    """Apply one action (the model's raw text) to a session."""
+    """Apply one action to a session: the model's raw text, and for a chat env the assistant message it parsed to."""
 
     session_id: str
     action: str
+    message: ChatMessage | None = None
 
 
 class StepResult(_Message):
-    """What the env answered: the next observation (= next prompt), its reward, whether the episode ended."""
+    """What the env answered: the next observation (= next prompt), its reward, whether the episode ended.
+
+    A chat env answers with new `messages` (tool outputs, a user's reply) that continue the conversation;
+    `observation` is then their text.
+    """
 
     observation: str
     reward: float
     done: bool
     info: dict[str, Any] = Field(default_factory=dict)
+    messages: list[ChatMessage] | None = None
 
 
 class CloseInput(_Message):
@@ -203,6 +216,16 @@ class GenerateInput(_Message):
     weights: WeightsRef | None = None
     prompt_format: PromptFormat | None = None
     """How `prompt` (an observation) reaches the model: through its chat template or raw (None: raw)."""
+    messages: list[ChatMessage] | None = None
+    """A chat turn: the messages new since the previous turn (every message on the first), rendered by the
+    model's chat template and appended to the conversation's tokens (`prompt` is their text, for display)."""
+    tools: list[dict[str, Any]] | None = None
+    """A chat turn's tools (JSON schemas), rendered into the first turn's prompt."""
+    prefix_key: str | None = None
+    """A chat turn after the first: the previous turn's record. This turn's prompt is that turn's prompt, then its
+    sampled ids, then the new messages' tokens: the conversation is never re-tokenized."""
+    tool_parser: str | None = None
+    """The vLLM tool parser that reads tool calls in a chat turn's completions (`hermes` for Qwen); None: none."""
 
 
 class GenerateBatchInput(_Message):
@@ -227,6 +250,8 @@ class Completion(_Message):
     text: str
     num_tokens: int
     finish_reason: FinishReason
+    message: ChatMessage | None = None
+    """A chat turn's completion as an assistant message, its tool calls parsed (`GenerateInput.tool_parser`)."""
 
 
 class EnginePressure(_Message):
@@ -276,6 +301,8 @@ class TurnRecord(_Message):
     env_reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
+    message: ChatMessage | None = None
+    """A chat env's turn: the assistant message the env was given (tool calls parsed); None for a text env."""
 
 
 class Transcript(_Message):

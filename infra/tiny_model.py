@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
+    "CHAT_TEMPLATE",
     "EOS_TOKEN",
     "FIRST_USE_MODELS",
     "TINY_ARCH",
@@ -42,6 +43,7 @@ __all__ = [
     "build_tiny_model",
     "corpus",
     "ensure_tiny_model",
+    "first_use_options",
     "first_use_scale",
 ]
 
@@ -69,9 +71,49 @@ TINY_ARCH: dict[str, int | float | bool | str] = {
 }
 """The architecture measured in LEARNING-NOTES (learns FrozenLake in ~1 min on 2 cores)."""
 
-FIRST_USE_MODELS: dict[str, float] = {"tiny": 1.0, "tiny-lora": 4.0}
+FIRST_USE_MODELS: dict[str, float] = {"tiny": 1.0, "tiny-lora": 4.0, "tiny-chat": 1.0}
 """The tiny models built where a job names them, under the local stack's models dir (`.rollart/models/NAME`):
 their output scales. Any other model dir must hold a model."""
+
+_CHAT_VOCAB_SIZE = 512
+"""The chat model's vocabulary: room for its markup and merges of chat text."""
+
+_CHAT_MODELS = frozenset({"tiny-chat"})
+"""Which of them are built with a chat template (`build_tiny_model(chat=True)`)."""
+
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+_TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+"""Qwen's tool markup, single tokens as in Qwen's vocabulary and kept in decoded text (not special), which vLLM's
+`hermes` tool parser requires."""
+
+CHAT_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n' }}{%- endif %}"
+    "{{- '<tools>' }}{%- for tool in tools %}{{- tool | tojson }}{%- endfor %}{{- '</tools><|im_end|>\\n' }}"
+    "{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'assistant' and not message.tool_calls) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for tool_call in message.tool_calls %}{%- set call = tool_call.function or tool_call %}"
+    '{{- \'\\n<tool_call>{"name": "\' + call.name + \'", "arguments": \' }}'
+    "{{- (call.arguments | tojson) + '}</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>' + message.content + '</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+"""ChatML with Qwen's tool format (a compact tools preamble, so the tiny model's prompts stay short): tools as JSON
+in `<tools>` in the system message, calls as `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, outputs as
+`<tool_response>` blocks in a user turn."""
+
+_CHAT_ARCH = {"max_position_embeddings": 8192}
+"""The chat model's context is longer: a 128-turn conversation must fit (`bench turns`)."""
 
 _MODELS_HOME = Path(".rollart") / "models"
 
@@ -109,7 +151,23 @@ def corpus() -> Iterator[str]:
     yield "L D R U move: action: answer:\n"
 
 
-def _train_tokenizer():  # -> PreTrainedTokenizerFast (imported lazily)
+def _chat_corpus() -> Iterator[str]:
+    """More training text for the chat model: its markup and the tool calls of the tool tasks, so that they
+    take few tokens."""
+    rng = random.Random(4321)
+    for _ in range(40):
+        a, b = rng.randrange(100), rng.randrange(100)
+        yield (
+            f'{IM_START}system\n<tools>{{"type": "function", "function": {{"name": "calc", '
+            f'"parameters": {{"expression": "string"}}}}}}</tools>{IM_END}\n'
+            f"{IM_START}user\nWhat is {a}+{b}? Use the calc tool, then answer with the number.{IM_END}\n"
+            f'{IM_START}assistant\n<tool_call>{{"name": "calc", "arguments": {{"expression": '
+            f'"{a}+{b}"}}}}</tool_call>{IM_END}\n{IM_START}user\n<tool_response>{a + b}</tool_response>{IM_END}\n'
+            f"{IM_START}assistant\nThe answer is {a + b}.{IM_END}\n"
+        )
+
+
+def _train_tokenizer(chat: bool = False):  # -> PreTrainedTokenizerFast (imported lazily)
     """A byte-level BPE tokenizer wrapped for transformers and vLLM.
 
     Its pipeline is exactly the one `Qwen2Tokenizer` rebuilds on load (NFC,
@@ -121,6 +179,9 @@ def _train_tokenizer():  # -> PreTrainedTokenizerFast (imported lazily)
     single tokens. The full 256-byte alphabet is seeded so any input encodes
     (without it the Rust encoder crashes on an unseen byte); byte-level (not
     WordLevel) because vLLM's streaming detokenizer needs it.
+
+    `chat`: ChatML's markers and Qwen's tool tags are single tokens too, the corpus has chat text, the
+    vocabulary is `_CHAT_VOCAB_SIZE`, and `<|im_end|>` ends a turn (the eos token).
     """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -135,22 +196,28 @@ def _train_tokenizer():  # -> PreTrainedTokenizerFast (imported lazily)
         ]
     )
     tok.decoder = decoders.ByteLevel()
+    extra = [IM_START, IM_END, *_TOOL_TOKENS] if chat else []
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(_NUMBER_TOKENS),
+        vocab_size=(_CHAT_VOCAB_SIZE if chat else VOCAB_SIZE) - len(_NUMBER_TOKENS) - len(extra),
         min_frequency=2,
         special_tokens=[EOS_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(), trainer=trainer)
+    text = list(corpus()) + (list(_chat_corpus()) if chat else [])
+    tok.train_from_iterator(text, trainer=trainer)
     tok.add_tokens([AddedToken(n, normalized=False, special=False) for n in _NUMBER_TOKENS])
+    if chat:
+        tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in (IM_START, IM_END)])
+        tok.add_tokens([AddedToken(t, normalized=False, special=False) for t in _TOOL_TOKENS])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        eos_token=EOS_TOKEN,
+        eos_token=IM_END if chat else EOS_TOKEN,
         pad_token=EOS_TOKEN,
         unk_token=EOS_TOKEN,
         clean_up_tokenization_spaces=False,
-        model_max_length=int(TINY_ARCH["max_position_embeddings"]),
+        model_max_length=int((_CHAT_ARCH if chat else TINY_ARCH)["max_position_embeddings"]),
+        **({"chat_template": CHAT_TEMPLATE} if chat else {}),
     )
 
 
@@ -163,21 +230,30 @@ def first_use_scale(model_dir: Path) -> float | None:
     return FIRST_USE_MODELS.get(model_dir.name)
 
 
-def _write_model(dst: Path, seed: int, output_scale: float = 1.0) -> None:
+def first_use_options(model_dir: Path) -> dict[str, float | bool] | None:
+    """`build_tiny_model`'s options for a first-use model dir (see `first_use_scale`), else None."""
+    scale = first_use_scale(model_dir)
+    if scale is None:
+        return None
+    return {"output_scale": scale, "chat": Path(model_dir).name in _CHAT_MODELS}
+
+
+def _write_model(dst: Path, seed: int, output_scale: float = 1.0, chat: bool = False) -> None:
     """Write tokenizer + random-init float32 Qwen2 weights into `dst` (an empty dir)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    tokenizer = _train_tokenizer()
+    tokenizer = _train_tokenizer(chat)
     tokenizer.save_pretrained(dst)
-    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
-    arch = dict(TINY_ARCH)
+    pad_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    eos_id = tokenizer.eos_token_id
+    arch = dict(TINY_ARCH) | (_CHAT_ARCH if chat else {})
     rope_theta = arch.pop("rope_theta")
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        bos_token_id=eos_id,
+        bos_token_id=pad_id,
         eos_token_id=eos_id,
-        pad_token_id=eos_id,
+        pad_token_id=pad_id,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         dtype="float32",
         **arch,
@@ -194,6 +270,9 @@ def _write_model(dst: Path, seed: int, output_scale: float = 1.0) -> None:
     model.generation_config.top_k = 0  # full vocabulary, like vLLM (HF's default is 50)
     model.generation_config.top_p = 1.0
     model.generation_config.temperature = 1.0
+    if chat:  # a turn ends at <|im_end|>; the end of text still ends generation
+        model.generation_config.eos_token_id = [eos_id, pad_id]
+        model.generation_config.pad_token_id = pad_id
     model.save_pretrained(dst, safe_serialization=True)
 
 
@@ -215,18 +294,19 @@ def _replace_dir(src: Path, dst: Path) -> None:
     raise RuntimeError(f"could not move the built model into {dst}: another process keeps replacing it")
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0) -> Path:
+def build_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0, chat: bool = False) -> Path:
     """Build the tiny policy into `out_dir` (replacing what is there) and return `out_dir`.
 
     Why: the local stack needs a policy without any download; this one is
     small enough to train by RL on CPUs in minutes. Same seed → same bytes,
-    so runs are reproducible. The write is atomic (temp dir + rename).
+    so runs are reproducible. The write is atomic (temp dir + rename). `chat`: with a ChatML template in
+    Qwen's tool format and its markers as tokens (`CHAT_TEMPLATE`), for chat envs and tool calls.
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        _write_model(tmp, seed, output_scale)
+        _write_model(tmp, seed, output_scale, chat)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -235,7 +315,7 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0)
     return out_dir
 
 
-def ensure_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0) -> Path:
+def ensure_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0, chat: bool = False) -> Path:
     """Return `out_dir`, building the tiny model there first if it has no `config.json`.
 
     Why: every worker may start at once on a fresh machine; a file lock next
@@ -251,7 +331,7 @@ def ensure_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not (out_dir / "config.json").is_file():
-                build_tiny_model(out_dir, seed=seed, output_scale=output_scale)
+                build_tiny_model(out_dir, seed=seed, output_scale=output_scale, chat=chat)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return out_dir

@@ -215,10 +215,10 @@ def trainer_rank_group(settings: WorkerSettings) -> RankGroup:
 @contextlib.asynccontextmanager
 async def _engine(settings: WorkerSettings) -> AsyncIterator[Engine]:
     from rollart.activities.engines.factory import create_engine
-    from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
+    from rollart.infra.tiny_model import ensure_tiny_model, first_use_options
 
-    if (scale := first_use_scale(settings.model_dir)) is not None:
-        ensure_tiny_model(settings.model_dir, output_scale=scale)  # the embedded tiny models are built on first use
+    if (options := first_use_options(settings.model_dir)) is not None:
+        ensure_tiny_model(settings.model_dir, **options)  # the embedded tiny models are built on first use
     _reclaim_leftover_engines(settings.pool, settings.model_dir)
     lifeline.children_die_with_me()  # the EngineCore child dies with this process, even a SIGKILLed one
     if settings.engine.kind == "vllm" and (problem := lifeline.plugin_problem()):

@@ -86,7 +86,7 @@ class HfEngine(Engine):
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
         return tok, model
 
-    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
         """Sample `sampling.n` completions; requests queue behind each other.
 
         Cancelling stops the generation at the next token (the thread checks a flag).
@@ -111,7 +111,7 @@ class HfEngine(Engine):
         return EngineOutput(prompt_ids, completions, version, self.policy_version)
 
     def _generate_sync(
-        self, prompt: str, sampling: SamplingParams, cancel: threading.Event
+        self, prompt: str | list[int], sampling: SamplingParams, cancel: threading.Event
     ) -> tuple[list[int], list[Completion]]:
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
@@ -121,7 +121,8 @@ class HfEngine(Engine):
                 return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool)
 
         tok, model = self._tok, self._model
-        prompt_ids: list[int] = tok(prompt, add_special_tokens=False)["input_ids"]
+        text_ids = tok(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str) else None
+        prompt_ids: list[int] = list(prompt) if text_ids is None else text_ids  # token ids are taken as they are
         if len(prompt_ids) + sampling.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds "

@@ -203,8 +203,9 @@ class VllmEngine(Engine):
             output_kind=RequestOutputKind.FINAL_ONLY,  # with n>1 the last streamed delta can lack a completion
         )
 
-    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str) -> EngineOutput:
-        """Sample `sampling.n` completions; batched with every other in-flight call.
+    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+        """Sample `sampling.n` completions; batched with every other in-flight call. A prompt of token ids goes
+        to vLLM as they are (no tokenization).
 
         `request_id` gets a uuid suffix so retries of the same activity never
         collide in vLLM. Cancelling the caller aborts the vLLM request.
@@ -223,7 +224,7 @@ class VllmEngine(Engine):
         lora = None if adapter is None else adapter.request
         final = None
         try:
-            async for out in self._llm.generate(prompt, self._vllm_params(sampling), rid, lora_request=lora):
+            async for out in self._llm.generate(_prompt(prompt), self._vllm_params(sampling), rid, lora_request=lora):
                 final = out
         except asyncio.CancelledError:
             raise
@@ -414,3 +415,12 @@ class VllmEngine(Engine):
     def pressure(self) -> EnginePressure:
         """The scheduler's last numbers and the counts since start (warm-up included), from vLLM's stat loggers."""
         return self._stats.snapshot() if self._stats is not None else EnginePressure()
+
+
+def _prompt(prompt: str | list[int]) -> object:
+    """A prompt as vLLM takes it: text, or token ids that it must not tokenize again."""
+    if isinstance(prompt, str):
+        return prompt
+    from vllm.inputs import TokensPrompt
+
+    return TokensPrompt(prompt_token_ids=list(prompt))

@@ -15,6 +15,12 @@ between calls. Three rules keep every env usable by the same rollout loop:
   as a low reward. An env whose state lives elsewhere (a server's session)
   raises `EnvSessionLost` from `step` when that state is gone: the episode
   is then rebuilt on a fresh env (same seed, its actions replayed), not failed.
+
+A `ChatEnv` speaks chat messages instead: `reset` returns the opening messages (system, user), `step`
+receives the assistant message the model wrote (its native tool calls parsed by the task's tool parser)
+and returns the messages that follow it (tool outputs, a user's reply). The conversation is the prompt:
+the generation worker appends each turn's new messages to the conversation's tokens, so a chat env returns
+only what is new, never the history.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-__all__ = ["Env", "EnvSessionLost", "StepOutcome", "declares_actions"]
+from rollart.contracts.chat import ChatMessage, as_messages, messages_text
+
+__all__ = ["ChatEnv", "Env", "EnvSessionLost", "StepOutcome", "declares_actions", "observation_text"]
 
 
 class EnvSessionLost(ConnectionError):
@@ -44,13 +52,18 @@ class StepOutcome:
     in metrics unchanged.
     """
 
-    observation: str
+    observation: str | list[ChatMessage]
     reward: float
     done: bool
     info: dict[str, Any]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.observation, str):
+        if isinstance(self.observation, list):  # a chat env's new messages (dicts in OpenAI's shape are taken too)
+            try:
+                object.__setattr__(self, "observation", as_messages(self.observation, "StepOutcome.observation"))
+            except ValueError as e:
+                raise TypeError(str(e)) from e
+        elif not isinstance(self.observation, str):
             raise TypeError(f"StepOutcome.observation must be str, got {type(self.observation).__name__}")
         if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
             raise TypeError(f"StepOutcome.reward must be a finite float, got {self.reward!r}")
@@ -97,6 +110,35 @@ class Env(ABC):
         mass over tokens the env reads as nothing. Envs that do not override this cannot be used that way.
         """
         raise NotImplementedError(f"{type(self).__name__} does not declare its actions (Env.action_of)")
+
+
+class ChatEnv(Env):
+    """An env that speaks chat messages: the opening messages from `reset`, the assistant's message to `step`.
+
+    `tools` are the function tools the model may call, as JSON schemas in OpenAI's shape
+    (`{"type": "function", "function": {"name", "description", "parameters"}}`); the model's chat template
+    renders them into the first prompt. A reply whose tool call did not parse arrives with no `tool_calls` and
+    `tool_error` set: an invalid action, judged by the env's own rule like any other.
+    """
+
+    tools: ClassVar[list[dict[str, Any]]] = []
+
+    @abstractmethod
+    def reset(self, seed: int) -> list[ChatMessage]:  # type: ignore[override]
+        """Start an episode determined by `seed`; return its opening messages."""
+
+    @abstractmethod
+    def step(self, action: ChatMessage) -> StepOutcome:  # type: ignore[override]
+        """Answer the assistant's message: `StepOutcome.observation` is the list of messages that follow it."""
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools of this env (its class's `tools` by default; override for tools that depend on env_args)."""
+        return list(self.tools)
+
+
+def observation_text(observation: str | list[ChatMessage]) -> str:
+    """An observation as text: a text env's as it is, a chat env's messages as lines of `role: content`."""
+    return observation if isinstance(observation, str) else messages_text(observation)
 
 
 def declares_actions(env_cls: type[Env]) -> bool:

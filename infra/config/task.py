@@ -106,6 +106,13 @@ class TaskSpec(Section):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     max_turns: int = Field(8, ge=1, le=1000)
+    tool_parser: str | None = Field(
+        None,
+        min_length=1,
+        description="a chat env's native tool calls: the vLLM tool parser that reads them in the model's replies "
+        "(`hermes` for Qwen and the tiny-chat model; any name `vllm serve --tool-call-parser` takes). None: replies "
+        "are plain assistant messages",
+    )
     group_size: int = Field(1, ge=1, le=256)
     weight: float = Field(1.0, gt=0.0)
     rollout_unit: Literal["trajectory", "group"] = Field(

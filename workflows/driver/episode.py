@@ -22,6 +22,7 @@ from rollart.contracts.activities import (
     WeightsRef,
     turn_key,
 )
+from rollart.contracts.chat import ChatMessage
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on
@@ -46,6 +47,7 @@ class Episode:
     restores: int = 0
     error: str | None = None  # why the episode failed, once it has
     pin: Pin = field(default_factory=Pin)  # the engine serving its turns (session affinity)
+    new_messages: list[ChatMessage] | None = None  # a chat env's messages not yet sent to the model (None: text env)
     _pending: GenerateResult | None = None  # this turn's generation, until it is stepped
 
     @property
@@ -87,6 +89,12 @@ class Episode:
             result_type=EnvHandle,
         )
         self.observation = self.handle.observation
+        self.new_messages = self.handle.messages
+
+    @property
+    def chat(self) -> bool:
+        """Whether the env speaks chat messages (its conversation grows token by token on the engine)."""
+        return self.handle is not None and self.handle.messages is not None
 
     async def generate(self) -> None:
         """Sample this turn's action from the current observation (kept for `step`), on the engine of its previous
@@ -104,27 +112,42 @@ class Episode:
                 weights=weights,
                 prompt_format=task.prompt,
                 data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns)),
+                **self._chat_turn(),
             ),
             shared=self.queue(task.generate_pool),
             result_type=GenerateResult,
         )
 
+    def _chat_turn(self) -> dict[str, Any]:
+        """A chat turn's part of its GenerateInput: the new messages, the tools (first turn), the turn it continues."""
+        if not self.chat:
+            return {}
+        assert self.handle is not None
+        return {
+            "messages": self.new_messages or [],
+            "tools": None if self.gens else self.handle.tools,
+            "prefix_key": self.gens[-1].data_key if self.gens else None,
+            "tool_parser": self.inp.task.tool_parser,
+        }
+
     async def step(self) -> None:
         """Play the generated text as this turn's action, on the worker holding the session (restored if gone)."""
         gen, self._pending = self._pending, None
         assert gen is not None and self.handle is not None
+        message = gen.completions[0].message if self.chat else None
         step = await call_sticky(
             self.calls,
             self,
             ActivityName.STEP,
-            lambda h: StepInput(session_id=h.session_id, action=gen.completions[0].text),
+            lambda h: StepInput(session_id=h.session_id, action=gen.completions[0].text, message=message),
             result_type=StepResult,
             timeout_s=self.handle.step_timeout_s,
         )
         self.record(gen, step)
 
     def rehome(self, handle: GroupHandle) -> None:
-        """The session now lives on another worker (restored)."""
+        """The session now lives on another worker (restored); a chat env's opening and tools stay as they were."""
+        old = self.handle
         self.handle = EnvHandle(
             session_id=handle.session_id,
             queue=handle.queue,
@@ -132,6 +155,8 @@ class Episode:
             observation=self.observation,
             step_timeout_s=handle.step_timeout_s,
             sticky_start_s=handle.sticky_start_s,
+            messages=old.messages if old else None,
+            tools=old.tools if old else None,
         )
 
     def record(self, gen: GenerateResult, step: StepResult) -> None:
@@ -144,9 +169,11 @@ class Episode:
                 env_reward=step.reward,
                 done=step.done,
                 info=step.info,
+                message=gen.completions[0].message,
             )
         )
         self.observation = step.observation
+        self.new_messages = step.messages if self.chat else None
         self.done = step.done
 
     def transcript(self) -> Transcript:

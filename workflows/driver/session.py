@@ -16,6 +16,7 @@ from rollart.contracts.activities import (
     RestoreInput,
     TurnRecord,
 )
+from rollart.contracts.chat import ChatMessage
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.calls import CallFailed, Calls
@@ -76,10 +77,18 @@ async def restore(calls: Calls, inp: TrajectoryInput, owner_id: str, members: li
             actions=[[t.action for t in m.turns] for m in members],
             observations=[m.observation for m in members],
             options=EnvOptions.of(task),
+            messages=_messages(members),
         ),
         queue=queue_name(task.env_queue, inp.queue_prefix),
         result_type=GroupHandle,
     )
+
+
+def _messages(members: list[Player]) -> list[list[ChatMessage]] | None:
+    """A chat env's actions as the messages it was given, to replay them (None: a text env's, replayed as text)."""
+    if not any(t.message is not None for m in members for t in m.turns):
+        return None
+    return [[t.message or ChatMessage(role="assistant", content=t.action) for t in m.turns] for m in members]
 
 
 async def close_session(calls: Calls, handle: EnvHandle | GroupHandle) -> None:
