@@ -77,9 +77,9 @@ class ChatMessage(BaseModel):
         return out
 
 
-def as_messages(value: Any, where: str) -> list[ChatMessage]:
+def as_messages(value: Any, where: str, allow_empty: bool = False) -> list[ChatMessage]:
     """`value` (a list of ChatMessage or OpenAI-shaped dicts) as messages; ValueError naming `where` otherwise."""
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, list) or not (value or allow_empty):
         raise ValueError(f"{where} must be a non-empty list of chat messages, got {type(value).__name__}")
     out = []
     for i, item in enumerate(value):

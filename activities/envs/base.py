@@ -60,7 +60,9 @@ class StepOutcome:
     def __post_init__(self) -> None:
         if isinstance(self.observation, list):  # a chat env's new messages (dicts in OpenAI's shape are taken too)
             try:
-                object.__setattr__(self, "observation", as_messages(self.observation, "StepOutcome.observation"))
+                object.__setattr__(
+                    self, "observation", as_messages(self.observation, "StepOutcome.observation", allow_empty=True)
+                )
             except ValueError as e:
                 raise TypeError(str(e)) from e
         elif not isinstance(self.observation, str):
