@@ -95,6 +95,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a chat template in Qwen's tool format (`rollart init-model --chat`)."""
+    from rollart.infra.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-chat", chat=True)
+
+
+@pytest.fixture(scope="session")
 def stack_job(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> JobSpec:
     home = tmp_path_factory.mktemp("stack")
     return JobSpec(
