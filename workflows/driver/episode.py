@@ -123,8 +123,12 @@ class Episode:
         if not self.chat:
             return {}
         assert self.handle is not None
+        messages = self.new_messages or []
+        system = self.inp.task.prompt.system
+        if not self.gens and system and (not messages or messages[0].role != "system"):
+            messages = [ChatMessage(role="system", content=system), *messages]  # the task's, unless the env's own
         return {
-            "messages": self.new_messages or [],
+            "messages": messages,
             "tools": None if self.gens else self.handle.tools,
             "prefix_key": self.gens[-1].data_key if self.gens else None,
             "tool_parser": self.inp.task.tool_parser,
