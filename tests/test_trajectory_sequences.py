@@ -306,7 +306,7 @@ def test_the_engine_got_one_growing_sequence_and_turns_ended_both_ways(played: P
         assert conv.given[k] == conv.given[k - 1] + conv.sampled[k - 1] + cont[k]
     ends = [s[-1] == played.eos_id for s in conv.sampled]
     assert any(ends) and not all(ends), f"turns ending by eos: {ends}"  # the cut ones got the template's close
-    assert [len(s) < 8 for s in conv.sampled] == ends
+    assert all(len(s) == 8 for s, eos in zip(conv.sampled, ends, strict=True) if not eos)  # cut at max_tokens
 
 
 def test_across_8_turns_the_trainer_trains_on_what_the_engine_sampled_plus_the_envs_tokens(played: Played) -> None:
@@ -371,27 +371,48 @@ def test_trajectory_and_turn_sequences_give_the_same_loss_token_logprobs(played:
     assert token_mean_loss(policy, per_trajectory) == pytest.approx(token_mean_loss(policy, per_turn), abs=1e-6)
 
 
-def test_a_train_step_in_either_mode_makes_the_same_update(played: Played, tmp_path: Path) -> None:
-    """`trainer.sequence` reaches `load_sequences` through the step: same tokens and loss, fewer sequences."""
-    from rollart.activities.training.step import _load_batch
+async def test_a_train_step_in_either_mode_makes_the_same_update(played: Played, tmp_path: Path) -> None:
+    """`trainer.sequence` reaches `load_sequences` through the step: the same loss tokens, loss and gradient
+    from 2 sequences as from 11."""
+    from temporalio.testing import ActivityEnvironment
+
+    from rollart.activities.trainer import TrainerActivities
     from rollart.contracts.activities import TrainStepInput
 
-    def batch(mode: str):
+    metrics = {}
+    for mode in ("turn", "trajectory"):
         inp = TrainStepInput(
-            job_id=JOB,
+            job_id=f"{JOB}-{mode}",
             step=0,
             samples=played.samples(),
             model_dir=str(played.model),
             run_dir=str(tmp_path / mode),
-            trainer=TrainerConfig(sequence=mode),
+            trainer=TrainerConfig(sequence=mode, micro_batch_size=4),
         )
-        out = _load_batch(played.store, inp)
-        assert not isinstance(out, str), out
-        return out
+        metrics[mode] = (await ActivityEnvironment().run(TrainerActivities(played.store).train_step, inp)).metrics
+    turn, whole = metrics["turn"], metrics["trajectory"]
+    tokens = sum(len(s) for c in played.conversations for s in c.sampled)
+    assert (whole["sequences"], turn["sequences"]) == (2, TURNS + 3)
+    assert whole["tokens"] == turn["tokens"] == tokens
+    assert whole["loss"] == pytest.approx(turn["loss"], abs=1e-6)
+    assert whole["grad_norm"] == pytest.approx(turn["grad_norm"], rel=1e-5)
 
-    turn, whole = batch("turn"), batch("trajectory")
-    assert whole.total_tokens == turn.total_tokens == sum(len(s) for c in played.conversations for s in c.sampled)
-    assert (whole.total_sequences, turn.total_sequences) == (2, TURNS + 3)
+
+def test_proximal_logprobs_of_a_trajectory_sequence_are_its_turns(played: Played) -> None:
+    """Several updates per step: the proximal log-probs, over the whole completion, line up with the mask."""
+    from rollart.activities.training.torch_policy import TorchPolicy
+    from rollart.activities.training.updates import with_proximal_logprobs
+
+    policy = TorchPolicy(played.model, TrainerConfig(), torch.device("cpu"))
+    policy.model.eval()
+    samples = played.samples()
+    whole = with_proximal_logprobs(policy, load_sequences(played.store, samples, [1.0, -1.0], mode="trajectory"), 4)
+    turns = with_proximal_logprobs(policy, load_sequences(played.store, samples, [1.0, -1.0]), 4)
+    a = [p for s in whole for p, m in zip(s.prox_logprobs or [], s.loss_mask or [], strict=True) if m]
+    b = [p for s in turns for p in s.prox_logprobs or []]
+    assert len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-5
+    mb = collate(whole)
+    assert mb.prox_logprobs is not None and bool((mb.prox_logprobs[mb.completion_mask == 0] == 0).all())
 
 
 def megatron_against_torch(model_dir: str, whole: list[TrainSequence], turns: list[TrainSequence]) -> dict:

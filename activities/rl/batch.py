@@ -235,6 +235,7 @@ def load_sequences(
     samples: Sequence[SampleRef],
     advantages: Sequence[float],
     bonus: Sequence[float] | None = None,
+    *,
     mode: SequenceMode = "turn",
 ) -> list[TrainSequence]:
     """The `TrainSequence`s of every sample (per `mode`, see the module), each with its sample's advantage.

@@ -147,7 +147,7 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
         unsolved = in_unsolved_group([s.success for s in inp.samples], [s.group_id for s in inp.samples])
         bonus = [1.0 if u else 0.0 for u in unsolved]
     try:
-        seqs = load_sequences(store, inp.samples, advantages, bonus, inp.trainer.sequence)
+        seqs = load_sequences(store, inp.samples, advantages, bonus, mode=inp.trainer.sequence)
     except InvalidSample as e:
         return f"train step {inp.step} of job {inp.job_id!r}: {e}"
     total = sum(s.loss_tokens for s in seqs)
