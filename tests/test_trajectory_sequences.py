@@ -371,6 +371,26 @@ def test_trajectory_and_turn_sequences_give_the_same_loss_token_logprobs(played:
     assert token_mean_loss(policy, per_trajectory) == pytest.approx(token_mean_loss(policy, per_turn), abs=1e-6)
 
 
+def test_entropy_over_actions_reads_the_same_tokens_in_either_mode(played: Played) -> None:
+    """Why `entropy_over: actions` needs no refusal with `sequence: trajectory`: the action entropy is taken at
+    every position and the loss mask picks the sampled tokens, so the env's tokens in between count for nothing."""
+    from rollart.activities.rl.action_entropy import ActionSpace, ActionTerm
+    from rollart.activities.training.torch_policy import TorchPolicy
+
+    policy = TorchPolicy(played.model, TrainerConfig(), torch.device("cpu"))
+    policy.model.eval()
+    term = ActionTerm({"chat": ActionSpace(("a", "b", "c"), torch.arange(policy.model.config.vocab_size) % 4)})
+
+    def entropies(mode: str) -> torch.Tensor:
+        mb = collate(load_sequences(played.store, played.samples(), [1.0, -1.0], mode=mode), policy.pad_id)
+        with torch.no_grad():
+            _, entropy = policy.logprobs(mb, entropy_grad=False, actions=term)
+        return entropy[mb.completion_mask.bool()]
+
+    a, b = entropies("trajectory"), entropies("turn")
+    assert a.shape == b.shape and float((a - b).abs().max()) < 1e-5
+
+
 async def test_a_train_step_in_either_mode_makes_the_same_update(played: Played, tmp_path: Path) -> None:
     """`trainer.sequence` reaches `load_sequences` through the step: the same loss tokens, loss and gradient
     from 2 sequences as from 11."""

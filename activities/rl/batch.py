@@ -198,10 +198,10 @@ def _turn_sequences(
         ids, lps = _completion(read(key), key, sample.completion_index)
         if not ids:
             continue
-        prompt = _whole_prompt(read, key, prompts)
+        prompt = _whole_prompt(read, key, prompts)  # shared with the cache and never changed: not copied
         if not prompt:
             raise _empty_prompt(key)
-        out.append((list(prompt), list(ids), list(lps), None))
+        out.append((prompt, list(ids), list(lps), None))
     return out
 
 
