@@ -167,6 +167,15 @@ def test_a_missing_record_is_named_in_both_modes(tmp_path: Path) -> None:
         load_sequences(store, [sample(keys[2:])], [1.0])
 
 
+def test_a_chain_that_loops_is_an_invalid_sample_not_a_hang(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    a, b = turn_key(JOB, "loop", 0), turn_key(JOB, "loop", 1)
+    store.put(a, record([1], [2], prefix=b))
+    store.put(b, record([3], [4], prefix=a))
+    with pytest.raises(InvalidSample, match="loops"):
+        load_sequences(store, [sample([a, b])], [1.0], mode="trajectory")
+
+
 def test_a_turn_that_sampled_nothing_is_skipped_in_both_modes(tmp_path: Path) -> None:
     store = LocalStore(tmp_path)
     keys = chain(store, "a", 2)
