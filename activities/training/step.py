@@ -147,13 +147,13 @@ def _load_batch(store: Store, inp: TrainStepInput) -> _Batch | str:
         unsolved = in_unsolved_group([s.success for s in inp.samples], [s.group_id for s in inp.samples])
         bonus = [1.0 if u else 0.0 for u in unsolved]
     try:
-        seqs = load_sequences(store, inp.samples, advantages, bonus)
+        seqs = load_sequences(store, inp.samples, advantages, bonus, mode=inp.trainer.sequence)
     except InvalidSample as e:
         return f"train step {inp.step} of job {inp.job_id!r}: {e}"
-    total = sum(len(s.completion_ids) for s in seqs)
+    total = sum(s.loss_tokens for s in seqs)
     if total == 0:
         return f"train step {inp.step} of job {inp.job_id!r}: the samples hold no completion tokens"
-    return _Batch(seqs, advantages, total, sum(1 for s in seqs if s.completion_ids))
+    return _Batch(seqs, advantages, total, sum(1 for s in seqs if s.loss_tokens))
 
 
 def train_step(

@@ -108,7 +108,8 @@ def accumulate_gradients(
 
 
 def with_proximal_logprobs(policy: Policy, seqs: Sequence[TrainSequence], micro_batch_size: int) -> list[TrainSequence]:
-    """`seqs` with `prox_logprobs` set: the current policy's log-probs of their completions (no grad)."""
+    """`seqs` with `prox_logprobs` set: the current policy's log-probs of their completions (no grad), over the
+    whole completion like `behav_logprobs` (`collate` zeroes them off the loss mask)."""
     out = list(seqs)
     order = sorted(range(len(seqs)), key=lambda i: seqs[i].length)  # little padding, as micro_batches does
     with torch.no_grad():
@@ -161,8 +162,8 @@ def ppo_updates(
         parts = mini_batch_parts([len(s) for s in shares], cfg.mini_batches, epoch_seed(cfg, step, epoch))
         for j in range(len(parts[0])):
             chosen = [[share[i] for i in parts[r][j]] for r, share in enumerate(shares)]
-            tokens = sum(len(s.completion_ids) for part in chosen for s in part)
-            sequences = sum(1 for part in chosen for s in part if s.completion_ids)
+            tokens = sum(s.loss_tokens for part in chosen for s in part)
+            sequences = sum(1 for part in chosen for s in part if s.loss_tokens)
             own = [mine[i] for i in parts[ranks.data_rank][j]]
             metrics = ranks.sum_over_data(
                 accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1), actions)

@@ -36,7 +36,14 @@ from rollart.infra.config.task import (
     TaskSpec,
 )
 from rollart.infra.config.temporal import TemporalConfig, TemporalTLS, TracingConfig, WorkerTuning
-from rollart.infra.config.trainer import LoraConfig, LossConfig, LRScheduleConfig, ParallelConfig, TrainerConfig
+from rollart.infra.config.trainer import (
+    LoraConfig,
+    LossConfig,
+    LRScheduleConfig,
+    ParallelConfig,
+    SequenceMode,
+    TrainerConfig,
+)
 from rollart.infra.config.training import (
     AdmissionConfig,
     DynamicSamplingConfig,
@@ -69,6 +76,7 @@ __all__ = [
     "PromptFormat",
     "RewardPlacement",
     "SamplingParams",
+    "SequenceMode",
     "StallConfig",
     "StopWhen",
     "StoreConfig",

@@ -10,7 +10,10 @@ from pydantic import Field, field_validator, model_validator
 from rollart.infra.config.base import Section
 from rollart.infra.config.task import TaskEnv, TaskSpec
 
-__all__ = ["LRScheduleConfig", "LoraConfig", "LossConfig", "ParallelConfig", "TrainerConfig"]
+__all__ = ["LRScheduleConfig", "LoraConfig", "LossConfig", "ParallelConfig", "SequenceMode", "TrainerConfig"]
+
+SequenceMode = Literal["turn", "trajectory"]
+"""`trainer.sequence`: what one training sequence is, a turn or a whole (chat) trajectory."""
 
 
 class LossConfig(Section):
@@ -205,6 +208,15 @@ class TrainerConfig(Section):
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
     lora: LoraConfig | None = None
+    sequence: SequenceMode = "turn"
+    """What one training sequence is. `turn`: every turn of a trajectory is its own sequence, its whole prompt
+    then its sampled ids (a chat trajectory of k turns is k sequences whose prompts repeat the conversation so
+    far). `trajectory`: a chat trajectory is ONE sequence, its first prompt then every turn's sampled ids (the
+    loss tokens, with the engine's logprobs), each followed by the tokens of the env's next messages (in the
+    sequence, masked out of the loss). Every sampled token sees the prefix the engine sampled it after, so both
+    train the same log-probabilities; `trajectory` runs each token through the model once instead of once per
+    later turn. Text envs' trajectories (each turn a prompt of its own) are trained per turn either way. With
+    `loss.aggregation: seq_mean` or `constant` a sequence is the unit, so there the two weigh turns differently."""
 
     task_envs: dict[str, TaskEnv] = Field(
         default_factory=dict,
