@@ -6,6 +6,7 @@ text as token ids, and keeps the prompts it was given, so the test sees the conv
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import sys
@@ -18,7 +19,7 @@ import openai
 import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
 from rollart.activities.agent_program import AgentActivities
 from rollart.activities.engines.base import Completion, Engine, EngineOutput
@@ -76,6 +77,29 @@ async def silent_agent(base_url: str, seed: int) -> None:
     """An async agent that leaves its score to the task's reward (returns None)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
+
+
+def rewriting_agent(base_url: str, seed: int) -> None:
+    """An agent that rewrites its history (a summary instead of the conversation): a new segment."""
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is 2+3?"}])
+    summary = [{"role": "system", "content": "Summary: asked for 2+3."}, {"role": "user", "content": "Go on."}]
+    client.chat.completions.create(model="any", messages=summary)
+
+
+def raising_agent(base_url: str, seed: int) -> float:
+    openai.OpenAI(base_url=base_url, api_key="x").chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hi"}]
+    )
+    raise RuntimeError("the agent's own bug")
+
+
+async def hanging_agent(base_url: str, seed: int) -> float:
+    await openai.AsyncOpenAI(base_url=base_url, api_key="x").chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hi"}]
+    )
+    await asyncio.sleep(3600)
+    return 1.0
 
 
 KILLED_AGENT = """
@@ -154,15 +178,27 @@ def agent_task(env_args: dict, **overrides: object) -> TaskSpec:
     return TaskSpec.model_validate({**base, **overrides})
 
 
-async def run(env: WorkflowEnvironment, task: TaskSpec, prefix: str, engine: Engine, store: Store, model: Path):
+async def run(
+    env: WorkflowEnvironment, task: TaskSpec, prefix: str, engine: Engine, store: Store, model: Path
+) -> TrajectoryResult:
+    """One agent trajectory of seed 3, to its end; its history must replay (the turns came as updates)."""
+    workflow_id = f"agent-{uuid.uuid4().hex[:8]}"
     async with workers(env.client, prefix, engine, store, model):
-        return await env.client.execute_workflow(
+        result = await env.client.execute_workflow(
             "TrajectoryWorkflow",
             TrajectoryInput(task=task, seed=3, job_id="agent-test", queue_prefix=prefix),
-            id=f"agent-{uuid.uuid4().hex[:8]}",
+            id=workflow_id,
             task_queue=queue_name("control", prefix),
             result_type=TrajectoryResult,
         )
+    history = await env.client.get_workflow_handle(workflow_id).fetch_history()
+    replayer = Replayer(
+        workflows=[TrajectoryWorkflow],
+        data_converter=env.client.data_converter,
+        workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+    )
+    await replayer.replay_workflow(history)
+    return result
 
 
 async def test_an_openai_agent_with_a_tool_call_plays_its_turns_token_by_token(
@@ -201,15 +237,38 @@ async def test_an_agent_that_returns_none_is_scored_by_the_tasks_reward(
     assert result.status == "completed" and result.reward == 0.0 and result.turns == 1, result
 
 
-async def test_a_killed_agent_subprocess_fails_its_trajectory_unscored(
+async def test_an_agent_that_rewrites_its_history_starts_a_new_segment(
     bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(chat_model), ["5"])
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task({"entry": "tests.test_agent_program:rewriting_agent"})
+    result = await run(bare_env, task, queue_prefix, engine, store, chat_model)
+    assert result.status == "completed" and result.turns == 2, result
+    second = StoredTurn.from_bytes(store.get(result.turn_keys[1]))
+    assert second.prefix_key is None and second.format == 1 and "Summary" in second.prompt
+    assert engine.prompts[1][: len(engine.prompts[0])] != engine.prompts[0]
+
+
+@pytest.mark.parametrize(
+    ("env_args", "why"),
+    [
+        ({"command": [sys.executable, "-c", KILLED_AGENT]}, "killed by signal 9"),
+        ({"entry": "tests.test_agent_program:raising_agent"}, "raised RuntimeError: the agent's own bug"),
+        ({"entry": "tests.test_agent_program:hanging_agent", "timeout_s": 2}, "ran past its timeout_s (2 s)"),
+    ],
+    ids=["killed", "raised", "timed-out"],
+)
+async def test_a_crashed_or_hung_agent_fails_its_trajectory_unscored(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path, env_args: dict, why: str
 ) -> None:
     from transformers import AutoTokenizer
 
     engine = ScriptedEngine(AutoTokenizer.from_pretrained(chat_model), ["4"])
     store = open_store(StoreConfig(path=tmp_path / "store"))
-    task = agent_task({"command": [sys.executable, "-c", KILLED_AGENT]})
-    result = await run(bare_env, task, queue_prefix, engine, store, chat_model)
+    result = await run(bare_env, agent_task(env_args), queue_prefix, engine, store, chat_model)
     assert result.status == "failed" and result.reward is None and result.success is None, result
-    assert "AgentFailed" in (result.error or "") and "killed by signal 9" in (result.error or ""), result.error
+    assert "AgentFailed" in (result.error or "") and why in (result.error or ""), result.error
     assert result.turns == 1 and len(engine.prompts) == 1  # its one turn was played (and is not trained on)
