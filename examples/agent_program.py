@@ -1,9 +1,10 @@
 """An agent program written against the plain `openai` client, trained by rollart (examples/agent_program.yaml).
 
 The task: a sum of two numbers, with a calculator tool. The agent asks the model; while the model calls the
-tool it runs it and sends the result back; the model's first reply without a tool call is its answer, rewarded
-1.0 when its first number is the sum. rollart calls `run(base_url, seed)` (`env_args.entry`), or runs this
-file as a command (`env_args.command`: ROLLART_BASE_URL and ROLLART_SEED set, the reward printed last).
+tool it runs it and sends the result back (a model that answers without it is asked once to use it); its
+reply without a tool call is its answer, rewarded 1.0 when its first number is the sum. rollart calls
+`run(base_url, seed)` (`env_args.entry`), or runs this file as a command (`env_args.command`: ROLLART_BASE_URL
+and ROLLART_SEED set, the reward printed last).
 Nothing here knows about rollart beyond the base URL: every request is a turn of the trajectory being trained.
 """
 
@@ -61,18 +62,25 @@ def run(base_url: str, seed: int, max_rounds: int = 3) -> float:
         {"role": "system", "content": "Use the calc tool, then answer with the number."},
         {"role": "user", "content": f"{a}+{b}=?"},
     ]
+    used_tool = nudged = False
     for _ in range(max_rounds):
         reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS).choices[0].message
         messages.append(reply.model_dump(exclude_none=True))
-        if not reply.tool_calls:
-            numbers = re.findall(r"-?\d+", reply.content or "")
-            return 1.0 if numbers and int(numbers[0]) == a + b else 0.0
-        for call in reply.tool_calls:
-            try:
-                expr = str(json.loads(call.function.arguments).get("expr", ""))
-            except (ValueError, AttributeError):
-                expr = ""
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(expr)})
+        if reply.tool_calls:
+            used_tool = True
+            for call in reply.tool_calls:
+                try:
+                    expr = str(json.loads(call.function.arguments).get("expr", ""))
+                except (ValueError, AttributeError):
+                    expr = ""
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": calc(expr)})
+            continue
+        if not used_tool and not nudged:  # an answer without the tool: asked once to use it
+            messages.append({"role": "user", "content": "Use the calc tool first."})
+            nudged = True
+            continue
+        numbers = re.findall(r"-?\d+", reply.content or "")
+        return 1.0 if numbers and int(numbers[0]) == a + b else 0.0
     return 0.0  # no answer within max_rounds
 
 

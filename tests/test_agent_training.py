@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rollart.contracts.store import StoredTurn
 from rollart.infra.config import EngineConfig, load_job
 from rollart.infra.local.devserver import free_port
 from rollart.infra.tiny_model import build_tiny_model
@@ -46,3 +47,6 @@ def test_the_agent_program_example_trains_three_steps(
     assert steps == 3 and version == 3 and trained >= 24, done.stdout[-2000:]
     assert started == trained + dropped + filtered + failed + cancelled + buffered
     assert failed == 0, done.stdout[-3000:]
+    # an answer without the tool is asked again: the second request continued the first token by token
+    seconds = [StoredTurn.from_bytes(p.read_bytes()) for p in (tmp_path / "store").glob("trajectories/*/*/turn-001")]
+    assert seconds and all(t.format == 2 and (t.prefix_key or "").endswith("/turn-000") for t in seconds)

@@ -147,3 +147,15 @@ def test_endpoint_config_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("ROLLART_AGENT_PORT", "8765")
     monkeypatch.setenv("ROLLART_AGENT_ADVERTISE", "node-3")
     assert EndpointConfig.from_env() == EndpointConfig(host="0.0.0.0", port=8765, advertise="node-3")
+
+
+def test_eval_refuses_an_agent_task_saying_what_plays_it() -> None:
+    import asyncio
+
+    from rollart.client.evaluate import evaluate
+    from rollart.infra.config import load_job
+    from tests.support.paths import REPO
+
+    job = load_job(REPO / "examples" / "agent_program.yaml")
+    with pytest.raises(ValueError, match="rollart rollout"):
+        asyncio.run(evaluate(job, job.tasks[0], None, None, 1))
