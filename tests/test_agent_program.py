@@ -25,6 +25,7 @@ from rollart.activities.agent_program import AgentActivities
 from rollart.activities.engines.base import Completion, Engine, EngineOutput
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
+from rollart.client.trajectory_loader import load_trajectory
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.store import StoredTurn
 from rollart.infra.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
@@ -181,7 +182,8 @@ def agent_task(env_args: dict, **overrides: object) -> TaskSpec:
 async def run(
     env: WorkflowEnvironment, task: TaskSpec, prefix: str, engine: Engine, store: Store, model: Path
 ) -> TrajectoryResult:
-    """One agent trajectory of seed 3, to its end; its history must replay (the turns came as updates)."""
+    """One agent trajectory of seed 3, to its end; its history must replay (the turns came as updates), and the
+    trajectory loader must find each turn in it."""
     workflow_id = f"agent-{uuid.uuid4().hex[:8]}"
     async with workers(env.client, prefix, engine, store, model):
         result = await env.client.execute_workflow(
@@ -198,6 +200,8 @@ async def run(
         workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
     )
     await replayer.replay_workflow(history)
+    view = await load_trajectory(env.client, workflow_id, store)  # `rollart trajectories show` sees its turns
+    assert [t.data_key for t in view.turns] == result.turn_keys and all(t.prompt_tokens for t in view.turns)
     return result
 
 
