@@ -200,6 +200,8 @@ async def run(
         workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
     )
     await replayer.replay_workflow(history)
+    accepted = [e for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")]
+    assert len(accepted) == result.turns  # a refused request (past max_turns) left nothing in the history
     view = await load_trajectory(env.client, workflow_id, store)  # `rollart trajectories show` sees its turns
     assert [t.data_key for t in view.turns] == result.turn_keys and all(t.prompt_tokens for t in view.turns)
     return result

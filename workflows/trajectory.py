@@ -52,6 +52,18 @@ class TrajectoryWorkflow:
             )
         return await self._agent.chat(req)
 
+    @chat.validator
+    def _admit_chat(self, req: ChatInput) -> None:
+        """Refuse a request that cannot be played (not an agent's trajectory, over, past max_turns) before it is
+        accepted: a refused request leaves nothing in the history (the handler checks again, under its lock)."""
+        if self._agent is None:
+            raise ApplicationError(
+                "this trajectory is not played by an agent program (its task's env is not `agent`)",
+                type=TurnRefused.NOT_AN_AGENT,
+                non_retryable=True,
+            )
+        self._agent.refuse_if_done()
+
     @workflow.run
     async def run(self, inp: TrajectoryInput) -> TrajectoryResult:
         self._episode = Episode(TemporalCalls(), inp, inp.trajectory_id or workflow.info().workflow_id)

@@ -57,7 +57,7 @@ class AgentEpisode:
     async def chat(self, req: ChatInput) -> ChatReply:
         """One turn: the request's messages (new ones, or all of a new segment) → one sampled assistant message."""
         async with self._lock:
-            self._refuse_if_done()
+            self.refuse_if_done()
             ep = self.episode
             task, inp = ep.inp.task, ep.inp
             plan = plan_turn(self.history, self.tools, req.messages, req.tools)
@@ -101,7 +101,8 @@ class AgentEpisode:
                 turn=len(ep.turns) - 1,
             )
 
-    def _refuse_if_done(self) -> None:
+    def refuse_if_done(self) -> None:
+        """Raise the ApplicationError a request gets once the episode is over, failed, or at max_turns."""
         ep = self.episode
         if self.over:
             raise ApplicationError("this agent episode is over", type=TurnRefused.AGENT_DONE, non_retryable=True)
