@@ -87,7 +87,7 @@ def _env_problems(job: JobSpec, task: TaskSpec) -> list[str]:
     """What is wrong with a task's env: not found, refusing its args, or unfit for the task."""
     if task.is_agent:
         try:
-            AgentArgs.model_validate(task.env_args)
+            AgentArgs.parse(task.env_args)
         except ValueError as e:
             return [f"env_args: {e}"]
         return []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rollart.contracts.chat import ChatMessage, ToolCall
 from rollart.contracts.errors import ErrorType
@@ -52,6 +52,15 @@ class AgentArgs(_Message):
     )
     timeout_s: float = Field(300.0, gt=0.0, description="the episode's wall-clock limit: past it, it fails (masked)")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of a `command`")
+
+    @classmethod
+    def parse(cls, env_args: dict[str, Any]) -> AgentArgs:
+        """A task's env_args as an agent program's, or a ValueError with one line per problem."""
+        try:
+            return cls.model_validate(env_args)
+        except ValidationError as e:
+            problems = [f"{'.'.join(map(str, err['loc'])) or 'env_args'}: {err['msg']}" for err in e.errors()]
+            raise ValueError("; ".join(problems)) from None
 
     @model_validator(mode="after")
     def _one_program(self) -> AgentArgs:

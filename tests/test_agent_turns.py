@@ -159,3 +159,15 @@ def test_eval_refuses_an_agent_task_saying_what_plays_it() -> None:
     job = load_job(REPO / "examples" / "agent_program.yaml")
     with pytest.raises(ValueError, match="rollart rollout"):
         asyncio.run(evaluate(job, job.tasks[0], None, None, 1))
+
+
+def test_a_job_checks_an_agent_tasks_args_as_such() -> None:
+    from rollart.client.rollout import JobCheckError, check_job_components
+    from rollart.infra.config import JobSpec
+
+    def job(env_args: dict) -> JobSpec:
+        return JobSpec(name="j", tasks=[TaskSpec(name="a", env="agent", reward="success", env_args=env_args)])
+
+    check_job_components(job({"command": ["python", "agent.py"]}))  # no env class is looked up
+    with pytest.raises(JobCheckError, match=r"tasks.0 \(a\): env_args: .*exactly one of"):
+        check_job_components(job({"entry": "m:run", "command": ["x"]}))

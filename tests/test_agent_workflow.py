@@ -8,6 +8,7 @@ import asyncio
 import uuid
 
 import pytest
+from temporalio.client import WorkflowFailureError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import GenerateInput
@@ -78,3 +79,18 @@ async def test_a_request_past_max_turns_is_refused_and_never_generated(
     # the stand-in program does not catch the refusal of its third request: it fails, as a program that crashed
     assert result.status == "failed" and "WorkflowUpdateFailedError" in (result.error or ""), result
     assert result.turns == 2 and len(s.inputs("generate")) == 2 and result.reward is None
+
+
+async def test_bad_agent_args_fail_the_workflow_saying_why(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
+    s = StandIns(prefix=queue_prefix)
+    inp = TrajectoryInput(task=agent_task(env_args={"entry": "no-colon"}), seed=5, queue_prefix=queue_prefix)
+    async with standin_workers(bare_env.client, s):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await bare_env.client.execute_workflow(
+                "TrajectoryWorkflow",
+                inp,
+                id=f"ag-{uuid.uuid4().hex[:8]}",
+                task_queue=queue_name(Pool.CONTROL, queue_prefix),
+                result_type=TrajectoryResult,
+            )
+    assert "must be 'module:function'" in str(failed.value.cause) and not s.called("run_agent")

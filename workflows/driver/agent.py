@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
 from rollart.contracts.activities import ActivityName, GenerateInput, GenerateResult, TurnRecord, WeightsRef, turn_key
@@ -130,8 +129,8 @@ class AgentEpisode:
         ep = self.episode
         task = ep.inp.task
         try:
-            args = AgentArgs.model_validate(task.env_args)
-        except ValidationError as e:
+            args = AgentArgs.parse(task.env_args)
+        except ValueError as e:
             why = f"task {task.name!r}: env_args of an agent program: {e}"
             raise ApplicationError(why, type=ErrorType.INVALID_INPUT, non_retryable=True) from e
         out: RunAgentResult | None = None
