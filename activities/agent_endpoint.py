@@ -3,7 +3,10 @@
 `POST /t/<workflow id>/v1/chat/completions` becomes the `chat` update of that trajectory's workflow, which plays the
 request as a turn and answers with the sampled assistant message; `GET /t/<workflow id>/v1/models` lists the one
 model. So `openai.OpenAI(base_url=".../t/<id>/v1", api_key="x")` works unmodified, and every turn stays inside the
-trajectory's workflow (durable, in its history, its tokens recorded) — the server itself keeps no state.
+trajectory's workflow (durable, in its history, its tokens recorded). The server keeps only what each trajectory's
+workflow holds of its conversation, to send a request that continues it as its new messages (the workflow checks
+the digest of the rest; a request it refuses so is sent whole): an agent resends its whole history every time, and
+the history would hold it once per turn.
 
 The server binds `ROLLART_AGENT_HOST` (127.0.0.1 by default) on `ROLLART_AGENT_PORT` (0: a free port), and base URLs
 name `ROLLART_AGENT_ADVERTISE` (by default the bound host): set it, and the host to 0.0.0.0, when agent programs run
@@ -25,8 +28,9 @@ from temporalio.client import Client, WorkflowUpdateFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
-from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply
+from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, TurnRefused
 from rollart.contracts.chat import ChatMessage
+from rollart.contracts.conversation import history_digest, plan_turn
 
 __all__ = ["AgentEndpoint", "EndpointConfig", "chat_input", "completion_body", "stream_chunks"]
 
@@ -138,6 +142,8 @@ class AgentEndpoint:
         self._runner: web.AppRunner | None = None
         self._port = 0
         self._starting = asyncio.Lock()
+        self._held: dict[str, tuple[list[ChatMessage], list[dict[str, Any]] | None]] = {}
+        """Per trajectory, the conversation its workflow holds after the last reply (what a next request continues)."""
 
     @property
     def address(self) -> str:
@@ -171,6 +177,34 @@ class AgentEndpoint:
             await self._runner.cleanup()
             self._runner = None
 
+    def forget(self, workflow_id: str) -> None:
+        """Drop what is known of a trajectory's conversation (its program has ended)."""
+        self._held.pop(workflow_id, None)
+
+    async def _play(self, workflow_id: str, inp: ChatInput) -> ChatReply:
+        """The `chat` update for `inp`: only its new messages when it continues what the workflow holds (as far as
+        this endpoint knows; the workflow checks the digest, and a request it refuses so is sent again whole)."""
+        handle = self.client.get_workflow_handle(workflow_id)
+        send = inp
+        held = self._held.get(workflow_id)
+        if held is not None:
+            plan = plan_turn(held[0], held[1], inp.messages, inp.tools)
+            if plan.continues:
+                digest = history_digest(held[0], held[1])
+                send = ChatInput(messages=plan.messages, history_len=len(held[0]), history_digest=digest)
+        try:
+            reply = await handle.execute_update(CHAT_UPDATE, send, result_type=ChatReply)
+        except WorkflowUpdateFailedError as e:
+            cause = e.cause
+            mismatch = isinstance(cause, ApplicationError) and cause.type == TurnRefused.HISTORY_MISMATCH
+            if send is inp or not mismatch:
+                raise
+            self._held.pop(workflow_id, None)
+            reply = await handle.execute_update(CHAT_UPDATE, inp, result_type=ChatReply)
+        said = ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)
+        self._held[workflow_id] = ([*inp.messages, said], inp.tools)
+        return reply
+
     async def _models(self, request: web.Request) -> web.Response:
         model = {"id": MODEL_NAME, "object": "model", "owned_by": "rollart"}
         return web.json_response({"object": "list", "data": [model]})
@@ -183,8 +217,7 @@ class AgentEndpoint:
         except ValueError as e:  # json.JSONDecodeError is one
             return _error(400, f"bad chat request: {e}", "invalid_request_error")
         try:
-            handle = self.client.get_workflow_handle(workflow_id)
-            reply = await handle.execute_update(CHAT_UPDATE, inp, result_type=ChatReply)
+            reply = await self._play(workflow_id, inp)
         except WorkflowUpdateFailedError as e:
             cause = e.cause
             kind = cause.type if isinstance(cause, ApplicationError) and cause.type else "turn_refused"

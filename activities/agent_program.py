@@ -89,7 +89,8 @@ class AgentActivities:
     async def run_agent(self, inp: RunAgentInput) -> RunAgentResult:
         """Run the program to its end (heartbeating), its base URL naming the calling trajectory's workflow."""
         await self.endpoint.start()
-        base_url = self.endpoint.base_url(activity.info().workflow_id)
+        workflow_id = activity.info().workflow_id
+        base_url = self.endpoint.base_url(workflow_id)
         args = inp.args
         async with heartbeating(HEARTBEAT_EVERY_S, first_now=True):
             try:
@@ -98,6 +99,8 @@ class AgentActivities:
                 return await self._command(args, base_url, inp.seed)
             except TimeoutError as e:
                 raise _failed(f"the agent program ran past its timeout_s ({args.timeout_s:g} s)") from e
+            finally:
+                self.endpoint.forget(workflow_id)
 
     async def _call(self, args: AgentArgs, base_url: str, seed: int) -> RunAgentResult:
         assert args.entry is not None

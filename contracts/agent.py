@@ -35,6 +35,7 @@ class TurnRefused:
     NOT_AN_AGENT = "NotAnAgentTrajectory"
     AGENT_DONE = "AgentDone"
     REJECTED = ErrorType.REQUEST_REJECTED.value
+    HISTORY_MISMATCH = "HistoryMismatch"  # a request sent as a continuation of what the workflow does not hold
 
 
 class _Message(BaseModel):
@@ -76,10 +77,16 @@ class AgentArgs(_Message):
 
 class ChatInput(_Message):
     """One chat-completions request of an agent program: its messages (the whole history, as OpenAI's API takes
-    it) and tools. Sampling is the task's (`sampling`): the policy being trained decides how it samples."""
+    it, or only its new messages after `history_len` held ones) and tools. Sampling is the task's (`sampling`):
+    the policy being trained decides how it samples."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
+    history_len: int = Field(0, ge=0)
+    """When the request continues what the trajectory holds: how many of its messages that is (left out here:
+    `messages` are the new ones only, and `tools` are the held ones); 0: `messages` is the whole request."""
+    history_digest: str = ""
+    """With `history_len`: the held conversation's digest (contracts/conversation.py), checked by the workflow."""
 
 
 class ChatReply(_Message):

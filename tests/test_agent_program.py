@@ -26,6 +26,7 @@ from rollart.activities.engines.base import Completion, Engine, EngineOutput
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.trajectory_loader import load_trajectory
+from rollart.contracts.agent import ChatInput
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.store import StoredTurn
 from rollart.infra.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
@@ -179,6 +180,10 @@ def agent_task(env_args: dict, **overrides: object) -> TaskSpec:
     return TaskSpec.model_validate({**base, **overrides})
 
 
+UPDATES: dict[str, list[ChatInput]] = {}
+"""Each trajectory's chat updates as its history holds them, by workflow id (what `run` read)."""
+
+
 async def run(
     env: WorkflowEnvironment, task: TaskSpec, prefix: str, engine: Engine, store: Store, model: Path
 ) -> TrajectoryResult:
@@ -202,6 +207,10 @@ async def run(
     await replayer.replay_workflow(history)
     accepted = [e for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")]
     assert len(accepted) == result.turns  # a refused request (past max_turns) left nothing in the history
+    UPDATES[result.trajectory_id] = [
+        (await env.client.data_converter.decode(a.accepted_request.input.args.payloads, [ChatInput]))[0]
+        for a in (e.workflow_execution_update_accepted_event_attributes for e in accepted)
+    ]
     view = await load_trajectory(env.client, workflow_id, store)  # `rollart trajectories show` sees its turns
     assert [t.data_key for t in view.turns] == result.turn_keys and all(t.prompt_tokens for t in view.turns)
     return result
@@ -229,6 +238,10 @@ async def test_an_openai_agent_with_a_tool_call_plays_its_turns_token_by_token(
     assert two[len(one) : len(one) + len(first.completions[0].token_ids)] == first.completions[0].token_ids
     assert tokenizer.decode(second.prompt_ids).count("<tool_response>5</tool_response>") == 1
     assert "What is 2+3" not in tokenizer.decode(second.prompt_ids)
+    # the endpoint sent the second request as its one new message after the two the workflow held
+    updates = UPDATES[result.trajectory_id]
+    assert [(u.history_len, len(u.messages)) for u in updates] == [(0, 1), (2, 1)]
+    assert updates[1].messages[0].role == "tool" and updates[1].history_digest
 
 
 async def test_an_agent_that_returns_none_is_scored_by_the_tasks_reward(

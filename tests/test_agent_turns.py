@@ -9,9 +9,9 @@ from rollart.activities.agent_endpoint import EndpointConfig, chat_input, comple
 from rollart.activities.agent_program import _last_line_result, as_result
 from rollart.contracts.agent import AgentArgs, ChatReply, RunAgentResult
 from rollart.contracts.chat import ChatMessage, ToolCall, ToolFunction
+from rollart.contracts.conversation import canonical, history_digest, plan_turn
 from rollart.infra.config import TaskSpec
 from rollart.infra.routing import Unit, unit_of
-from rollart.workflows.driver.agent_turns import canonical, plan_turn
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 
@@ -56,6 +56,15 @@ def test_a_request_that_rewrote_history_starts_a_new_segment(
 def test_the_first_request_starts_a_segment() -> None:
     plan = plan_turn([], None, [msg("user", "hi")], None)
     assert not plan.continues and plan.messages == [msg("user", "hi")]
+
+
+def test_a_history_digest_is_that_of_the_conversation_as_compared() -> None:
+    history = [msg("user", "2+3?"), msg("assistant", None, tool_calls=[call('{"expr": "2+3"}')])]
+    echoed = [msg("user", "2+3? "), msg("assistant", "", tool_calls=[call('{"expr":"2+3"}', id_="x")])]
+    assert history_digest(history, TOOLS) == history_digest(echoed, TOOLS)
+    assert history_digest(history, TOOLS) != history_digest(history, None)
+    assert history_digest(history, TOOLS) != history_digest([*history, msg("tool", "5")], TOOLS)
+    assert history_digest(history, TOOLS) != history_digest(history[::-1], TOOLS)
 
 
 def test_tool_call_arguments_compare_as_json_values() -> None:

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import dataclass, field
 
 import pytest
-from temporalio.client import WorkflowFailureError
+from temporalio import activity
+from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import GenerateInput
+from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
+from rollart.contracts.chat import ChatMessage
+from rollart.contracts.conversation import history_digest
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TaskSpec, TrainingConfig, resolve_task
@@ -94,3 +99,45 @@ async def test_bad_agent_args_fail_the_workflow_saying_why(bare_env: WorkflowEnv
                 result_type=TrajectoryResult,
             )
     assert "must be 'module:function'" in str(failed.value.cause) and not s.called("run_agent")
+
+
+@dataclass
+class DigestProbe(StandIns):
+    """A program as the endpoint relays it, sending its second request as new messages after a held history: once
+    with a digest the workflow does not hold (refused), then with the right one."""
+
+    refusals: list[str] = field(default_factory=list)
+
+    @activity.defn(name="run_agent")
+    async def run_agent(self, inp: RunAgentInput) -> RunAgentResult:
+        handle = activity.client().get_workflow_handle(activity.info().workflow_id)
+        first = ChatMessage(role="user", content="hi")
+        reply = await handle.execute_update(CHAT_UPDATE, ChatInput(messages=[first]), result_type=ChatReply)
+        held = [first, ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)]
+        more = [ChatMessage(role="user", content="more")]
+        try:
+            stale = ChatInput(messages=more, history_len=2, history_digest="0" * 64)
+            await handle.execute_update(CHAT_UPDATE, stale, result_type=ChatReply)
+        except WorkflowUpdateFailedError as e:
+            self.refusals.append(getattr(e.cause, "type", ""))
+        right = ChatInput(messages=more, history_len=2, history_digest=history_digest(held, None))
+        await handle.execute_update(CHAT_UPDATE, right, result_type=ChatReply)
+        return RunAgentResult(reward=1.0)
+
+
+async def test_a_request_continuing_a_history_the_workflow_does_not_hold_is_refused(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    s = DigestProbe(prefix=queue_prefix)
+    inp = TrajectoryInput(task=agent_task(), seed=5, job_id="agent-digest", queue_prefix=queue_prefix)
+    async with standin_workers(bare_env.client, s):
+        result = await bare_env.client.execute_workflow(
+            "TrajectoryWorkflow",
+            inp,
+            id=f"ag-{uuid.uuid4().hex[:8]}",
+            task_queue=queue_name(Pool.CONTROL, queue_prefix),
+            result_type=TrajectoryResult,
+        )
+    assert s.refusals == [TurnRefused.HISTORY_MISMATCH] and result.status == "completed" and result.turns == 2
+    second = s.inputs("generate")[1]
+    assert second.prefix_key and [m.content for m in second.messages or []] == ["more"]

@@ -54,15 +54,16 @@ class TrajectoryWorkflow:
 
     @chat.validator
     def _admit_chat(self, req: ChatInput) -> None:
-        """Refuse a request that cannot be played (not an agent's trajectory, over, past max_turns) before it is
-        accepted: a refused request leaves nothing in the history (the handler checks again, under its lock)."""
+        """Refuse a request that cannot be played (not an agent's trajectory, over, past max_turns, continuing a
+        history it does not hold) before it is accepted: a refused request leaves nothing in the history (the
+        handler checks again, under its lock)."""
         if self._agent is None:
             raise ApplicationError(
                 "this trajectory is not played by an agent program (its task's env is not `agent`)",
                 type=TurnRefused.NOT_AN_AGENT,
                 non_retryable=True,
             )
-        self._agent.refuse_if_done()
+        self._agent.check(req)
 
     @workflow.run
     async def run(self, inp: TrajectoryInput) -> TrajectoryResult:

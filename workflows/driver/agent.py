@@ -3,8 +3,9 @@ a turn played here, inside the trajectory's workflow (the `chat` update), so tha
 the UI and recorded — tokens and all — like a turn of an env's episode.
 
 A request that extends the conversation so far goes on token by token (`prefix_key`: the engine appends only the
-new messages to the tokens it sampled); one that rewrote history starts a new segment (workflows/driver/
-agent_turns.py). Turns are played one at a time (a lock): a conversation is one sequence. The program's crash,
+new messages to the tokens it sampled); one that rewrote history starts a new segment (contracts/conversation.py).
+The endpoint sends a continuing request as its new messages only, with the digest of the history it continues,
+which is checked here. Turns are played one at a time (a lock): a conversation is one sequence. The program's crash,
 non-zero exit, kill or timeout fails the trajectory (masked, never scored); what it returns is its reward, or
 the task's reward scores the transcript when it returns None.
 """
@@ -21,10 +22,10 @@ from temporalio.exceptions import ApplicationError
 from rollart.contracts.activities import ActivityName, GenerateInput, GenerateResult, TurnRecord, WeightsRef, turn_key
 from rollart.contracts.agent import AgentArgs, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
 from rollart.contracts.chat import ChatMessage, messages_text
+from rollart.contracts.conversation import TurnPlan, history_digest, plan_turn
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.workflows.driver.affinity import generate_on
-from rollart.workflows.driver.agent_turns import plan_turn
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.lockstep import guarded
@@ -56,10 +57,13 @@ class AgentEpisode:
     async def chat(self, req: ChatInput) -> ChatReply:
         """One turn: the request's messages (new ones, or all of a new segment) → one sampled assistant message."""
         async with self._lock:
-            self.refuse_if_done()
+            self.check(req)
             ep = self.episode
             task, inp = ep.inp.task, ep.inp
-            plan = plan_turn(self.history, self.tools, req.messages, req.tools)
+            if req.history_len:  # the endpoint sent the new messages only: checked by `check`
+                plan = TurnPlan(continues=True, messages=list(req.messages))
+            else:
+                plan = plan_turn(self.history, self.tools, req.messages, req.tools)
             gen_input = GenerateInput(
                 prompt=messages_text(plan.messages),
                 sampling=task.sampling,
@@ -98,6 +102,21 @@ class AgentEpisode:
                 completion_tokens=completion.num_tokens,
                 policy_version=gen.policy_version_end,
                 turn=len(ep.turns) - 1,
+            )
+
+    def check(self, req: ChatInput) -> None:
+        """Raise the ApplicationError a request gets when it cannot be played: the episode is over, failed or at
+        max_turns, or the request continues a history this trajectory does not hold (the endpoint resends it whole).
+        Pure: the update's validator calls it too."""
+        self.refuse_if_done()
+        if req.history_len and (
+            req.history_len != len(self.history) or req.history_digest != history_digest(self.history, self.tools)
+        ):
+            raise ApplicationError(
+                f"the request continues a conversation of {req.history_len} messages that this trajectory does not "
+                f"hold (it holds {len(self.history)}): send the whole conversation",
+                type=TurnRefused.HISTORY_MISMATCH,
+                non_retryable=True,
             )
 
     def refuse_if_done(self) -> None:

@@ -1,5 +1,9 @@
 """Whether an agent program's chat request continues its conversation so far, compared canonically; pure.
 
+Both sides of the agent endpoint use it: the trajectory workflow decides how a request is played, and the
+endpoint sends a request that continues what the workflow already holds as only its new messages and the held
+history's digest (`history_digest`), so that a long conversation is not written into the history once per turn.
+
 An OpenAI-style agent sends the whole history with every request. rollart keeps each conversation as one growing
 token sequence (activities/engines/conversation.py): a request that repeats the messages seen so far and the
 replies returned, and adds some, continues it — only the new messages are rendered and appended to the tokens the
@@ -14,13 +18,14 @@ message's name; ids are left out (the templates do not render them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from rollart.contracts.chat import ChatMessage
 
-__all__ = ["TurnPlan", "canonical", "canonical_tools", "plan_turn"]
+__all__ = ["TurnPlan", "canonical", "canonical_tools", "history_digest", "plan_turn"]
 
 
 def _arguments(text: str) -> Any:
@@ -45,6 +50,14 @@ def canonical(message: ChatMessage) -> str:
 def canonical_tools(tools: list[dict[str, Any]] | None) -> str:
     """The tools as compared: their JSON with sorted keys ("" for none)."""
     return json.dumps(tools, sort_keys=True, ensure_ascii=False) if tools else ""
+
+
+def history_digest(history: list[ChatMessage], tools: list[dict[str, Any]] | None) -> str:
+    """A digest of a conversation and its tools as compared (equal for histories `plan_turn` finds equal)."""
+    h = hashlib.sha256(canonical_tools(tools).encode())
+    for message in history:
+        h.update(b"\x00" + canonical(message).encode())
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)
