@@ -57,6 +57,11 @@ async def evaluate(
     the unit training plays the task in (infra/routing.py), as a group of one: the same env, generation and
     reward calls as in training, only greedy and on seeds training never draws (`EVAL_SEED_BASE`).
     """
+    if task.is_agent:  # its turns are updates of a trajectory workflow, served by an env worker's endpoint
+        raise ValueError(
+            f"task {task.name!r} is played by an agent program, whose chat requests need a Temporal server and the "
+            "env workers' endpoint: `rollart rollout` plays it (rollart eval plays episodes in this process)"
+        )
     engine = HfEngine.from_config(job.model_dir, job.engine)
     await engine.start()
     sampling = task.sampling.model_copy(update={"temperature": temperature, "n": 1})

@@ -73,6 +73,7 @@ class ActivityName(str, Enum):
     RESTORE = "restore"
     DESCRIBE_QUEUES = "describe_queues"
     LIVE_ENGINES = "live_engines"
+    RUN_AGENT = "run_agent"
 
 
 class _Message(BaseModel):

@@ -22,6 +22,7 @@ class ErrorType(str, Enum):
     SESSION_LOST = "SessionLost"  # the worker answered but holds no such session (it restarted)
     REPLAY_MISMATCH = "ReplayMismatch"  # a lost session could not be rebuilt by replaying its actions
     TRAINER_RANK_FAILED = "TrainerRankFailed"  # a trainer rank died mid-step: retried on fresh ranks
+    AGENT_FAILED = "AgentFailed"  # an agent program crashed, exited non-zero, was killed or ran past its time
     TRAIN_STEP_FAILED = "TrainStepFailed"  # the step's own code raised (a shape error, a bad value): it would again
 
     def __str__(self) -> str:

@@ -60,8 +60,11 @@ def unit_of(task: TaskSpec, mode: RolloutMode = "trajectory") -> Unit:
 
     A single-turn episode needs no env session, so its groups always play as waves; a multi-turn task plays as
     its `rollout_unit` says, its groups phase by phase with the others in batch mode (`GroupRolloutInput.lockstep`),
-    its episodes in one lockstep batch.
+    its episodes in one lockstep batch. An agent program's episode (`env: agent`) is always a trajectory of its own:
+    the program, not a phase barrier, decides when each of its turns comes.
     """
+    if task.is_agent:
+        return Unit.TRAJECTORY
     if task.max_turns == 1:
         return Unit.SINGLE_TURN_WAVE
     if task.rollout_unit == "group":

@@ -3,7 +3,7 @@
 - control (`control`): the workflows (orchestration only; kept apart from engines so a
   restarting engine never stalls workflow progress)
 - env (`cpu`, or a pool a job declares, e.g. `sandbox`): `reset`, `restore` on the shared queue,
-  `step`/`close` on this process's own queue
+  `step`/`close` on this process's own queue; `run_agent` (agent programs, served by this process's endpoint)
 - generation (`h20`, `h800`, or e.g. `l40s`): `generate` on one inference engine, batched continuously, on the
   pool's queue and on this process's own (`h800@<worker>`: the later turns of the trajectories it served,
   session affinity); `reward` too when the job colocates rewards with generation, and the env activities
@@ -73,14 +73,18 @@ async def pool_workers(settings: WorkerSettings, client: Client, worker_id: str)
             )
         ]
     elif settings.role == "env":
+        from rollart.activities.agent_program import AgentActivities
+
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
+        agents = AgentActivities(client)  # agent programs (`env: agent`), their endpoint started on first use
         try:
             yield [
-                Worker(client, task_queue=queue, activities=_shared_env(envs), **common),
+                Worker(client, task_queue=queue, activities=[*_shared_env(envs), agents.run_agent], **common),
                 _session_worker(client, envs, common),
             ]
         finally:
             envs.shutdown()
+            await agents.shutdown()
     elif settings.role == "generation":
         async with _generation_workers(settings, client, worker_id) as workers:
             yield workers

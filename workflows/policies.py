@@ -19,6 +19,7 @@ __all__ = [
     "RESET",
     "RESTORE",
     "REWARD",
+    "RUN_AGENT",
     "STEP",
     "TRAIN_STEP",
     "ActivityPolicy",
@@ -136,6 +137,15 @@ TRAIN_STEP = ActivityPolicy(
         maximum_interval=timedelta(seconds=10),
         non_retryable_error_types=[ErrorType.INVALID_INPUT.value, ErrorType.TRAIN_STEP_FAILED.value],
     ),
+)
+
+RUN_AGENT = ActivityPolicy(
+    # A user's agent program, run once: a second run would replay its chat turns into a conversation that has moved
+    # on, so it is never retried; the activity enforces the program's own timeout (the caller's `timeout_s` is a
+    # backstop above it), and heartbeats notice a worker that died under it. Either way the trajectory fails (masked).
+    start_to_close=timedelta(minutes=10),
+    heartbeat=timedelta(seconds=30),
+    retry=RetryPolicy(maximum_attempts=1),
 )
 
 DESCRIBE_QUEUES = ActivityPolicy(

@@ -29,6 +29,7 @@ POLICIES: dict[ActivityName, policies.ActivityPolicy] = {
     ActivityName.REWARD: policies.REWARD,
     ActivityName.REWARD_BATCH: policies.REWARD,
     ActivityName.LIVE_ENGINES: policies.DESCRIBE_QUEUES,
+    ActivityName.RUN_AGENT: policies.RUN_AGENT,
 }
 """How each call may fail (workflows/policies.py); `train_step` is the training workflow's own call."""
 

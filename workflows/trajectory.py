@@ -3,6 +3,9 @@
 Each activity goes to its pool's queue: reset to the env pool ("cpu"), generate to the task's generation
 pool, step/close to the private queue of the env worker holding the session (sticky), reward to
 "serverless". The calls and their failure handling are the rollout driver's (workflows/driver).
+
+An agent program's episode (`env: agent`) runs the program instead (`run_agent` on the env pool) and plays each
+of its chat requests as a turn: the `chat` update (workflows/driver/agent.py).
 """
 
 from __future__ import annotations
@@ -11,8 +14,11 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
+    from temporalio.exceptions import ApplicationError
 
+    from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, TurnRefused
     from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+    from rollart.workflows.driver.agent import AgentEpisode
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.reporting import TRAJECTORIES_DONE, report, reporter
@@ -28,15 +34,45 @@ class TrajectoryWorkflow:
 
     def __init__(self) -> None:
         self._episode: Episode | None = None
+        self._agent: AgentEpisode | None = None
 
     @workflow.query(name="turns")
     def turns(self) -> int:
         """How many turns have been played so far."""
         return len(self._episode.turns) if self._episode else 0
 
+    @workflow.update(name=CHAT_UPDATE)
+    async def chat(self, req: ChatInput) -> ChatReply:
+        """One chat request of the agent program playing this trajectory: a turn, sampled and recorded."""
+        if self._agent is None:
+            raise ApplicationError(
+                "this trajectory is not played by an agent program (its task's env is not `agent`)",
+                type=TurnRefused.NOT_AN_AGENT,
+                non_retryable=True,
+            )
+        return await self._agent.chat(req)
+
+    @chat.validator
+    def _admit_chat(self, req: ChatInput) -> None:
+        """Refuse a request that cannot be played (not an agent's trajectory, over, past max_turns, continuing a
+        history it does not hold) before it is accepted: a refused request leaves nothing in the history (the
+        handler checks again, under its lock)."""
+        if self._agent is None:
+            raise ApplicationError(
+                "this trajectory is not played by an agent program (its task's env is not `agent`)",
+                type=TurnRefused.NOT_AN_AGENT,
+                non_retryable=True,
+            )
+        self._agent.check(req)
+
     @workflow.run
     async def run(self, inp: TrajectoryInput) -> TrajectoryResult:
         self._episode = Episode(TemporalCalls(), inp, inp.trajectory_id or workflow.info().workflow_id)
-        [result] = await play([self._episode], reporter(inp.report_to))
+        if inp.task.is_agent:
+            self._agent = AgentEpisode(self._episode)
+            result = await self._agent.play(reporter(inp.report_to))
+            await workflow.wait_condition(workflow.all_handlers_finished)
+        else:
+            [result] = await play([self._episode], reporter(inp.report_to))
         show_outcome([result])
         return result

@@ -27,6 +27,7 @@ from rollart.infra.config.load import JobSpecError, format_validation_error, loa
 from rollart.infra.config.resolve import resolve, resolve_task
 from rollart.infra.config.store import MooncakeConfig, StoreConfig
 from rollart.infra.config.task import (
+    AGENT_ENV,
     FaultModel,
     LatencyModel,
     PromptFormat,
@@ -56,6 +57,7 @@ from rollart.infra.config.training import (
 from rollart.infra.config.weights import WeightsConfig
 
 __all__ = [
+    "AGENT_ENV",
     "DEFAULT_HOME",
     "OPENENV",
     "AdmissionConfig",

@@ -12,7 +12,20 @@ from pydantic import Field, model_validator
 from rollart.infra.config.base import Section
 from rollart.infra.pools import Pool, PoolName
 
-__all__ = ["FaultModel", "LatencyModel", "PromptFormat", "RewardPlacement", "SamplingParams", "TaskEnv", "TaskSpec"]
+__all__ = [
+    "AGENT_ENV",
+    "FaultModel",
+    "LatencyModel",
+    "PromptFormat",
+    "RewardPlacement",
+    "SamplingParams",
+    "TaskEnv",
+    "TaskSpec",
+]
+
+AGENT_ENV = "agent"
+"""The env name of a task played by an agent program (`env_args: {entry: ...}` or `{command: [...]}`): no env class,
+the program talks to the policy through rollart's OpenAI-compatible endpoint (docs/envs.md, "Agent programs")."""
 
 RewardPlacement = Literal["serverless", "colocated"]
 """Where a task's reward runs: on the elastic "serverless" pool, or on the worker of its generation pool."""
@@ -150,6 +163,11 @@ class TaskSpec(Section):
     )
 
     @property
+    def is_agent(self) -> bool:
+        """Whether an agent program plays this task (`env: agent`): its trajectory serves chat turns, no env steps."""
+        return self.env == AGENT_ENV
+
+    @property
     def env_queue(self) -> str:
         """The pool whose workers hold this task's env sessions (reset, restore, prompts, check go there)."""
         return self.env_pool or Pool.CPU.value
@@ -160,6 +178,15 @@ class TaskSpec(Section):
         when colocated or when the reward is declared `serverless=False`."""
         beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
         return self.generate_pool if beside_generation else self.reward_pool
+
+    @model_validator(mode="after")
+    def _agent_plays_trajectories(self) -> TaskSpec:
+        if self.is_agent and self.rollout_unit != "trajectory":
+            raise ValueError(
+                "env: agent runs each episode as its own trajectory (the program drives it): set rollout_unit: "
+                "trajectory (use group_size for GRPO groups)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_sample_per_turn(self) -> TaskSpec:

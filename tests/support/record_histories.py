@@ -42,6 +42,8 @@ FIXTURES = {
     "trajectory-env-broken": "a TrajectoryWorkflow child whose step raises EnvBroken: failed, closed, never scored",
     "trajectory-unknown-env": "a TrajectoryWorkflow whose reset raises UnknownComponent: the workflow fails",
     "trajectory-invalid-input": "a TrajectoryWorkflow started with input that does not validate: it fails at once",
+    "trajectory-agent": "a TrajectoryWorkflow of an agent program (`env: agent`): run_agent, its two chat requests as "
+    "updates (the second continuing the first), its own reward",
     "group-multi-turn": "a GroupRolloutWorkflow of a `rollout_unit: group` task: each group plays on its own, "
     "its later turns on its first turn's engine",
     "group-single-turn": "a GroupRolloutWorkflow wave of single-turn groups: prompts, live_engines, generate_batch, "
@@ -68,6 +70,7 @@ async def main() -> None:
         found |= await _record_batch_job(client)
         found["training-dynamic-sampling"] = await _record_filtering(client)
         found |= await _record_failed_starts(client)
+        found["trajectory-agent"] = await _record_agent(client)
     finally:
         await env.shutdown()
     missing = sorted(set(FIXTURES) - set(found))
@@ -209,6 +212,19 @@ async def _record_filtering(client: Client) -> str:
     )
     assert result.filtered > 0, "the recorded job filtered no group"
     return await _history_json(client, job_id)
+
+
+async def _record_agent(client: Client) -> str:
+    """An agent program's trajectory (a stand-in program making two chat requests), started as `rollart rollout`
+    starts one."""
+    task = frozenlake_task(name="agent", env="agent", env_args={"entry": "m:run"}, max_turns=3)
+    inp = TrajectoryInput(task=task, seed=2, job_id="rec-agent")
+    wid = f"rec-agent-{uuid.uuid4().hex[:6]}"
+    async with standin_workers(client, StandIns(agent_turns=2)):
+        await client.execute_workflow(
+            "TrajectoryWorkflow", inp, id=wid, task_queue="control", result_type=TrajectoryResult
+        )
+    return await _history_json(client, wid)
 
 
 async def _record_failed_starts(client: Client) -> dict[str, str]:

@@ -52,6 +52,8 @@ from rollart.contracts.activities import (
     TrainStepResult,
     Transcript,
 )
+from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult
+from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
 from rollart.infra.config import WorkerTuning
 from rollart.infra.pools import queue_name, session_queue
@@ -132,6 +134,7 @@ class StandIns:
     rejected_key: str | None = None  # generate / generate_batch refuse (RequestRejected) a data key containing this
     lose_after: int | None = None  # a session made by reset answers SessionLost once it has taken this many steps
     dead_resets: bool = False  # resets hand out sessions on a queue nobody polls (the worker is gone)
+    agent_turns: int = 2  # chat requests of each stand-in agent program (`run_agent`)
     # latencies
     turn_delay_s: float = 0.0  # each generate / generate_batch
     slow_batches_after: int | None = None  # generate_batch calls after this many take 60 s (still running at the end)
@@ -271,6 +274,24 @@ class StandIns:
             for answers in inp.answers
         ]
 
+    # ------------------------------------------------------------------ agent programs
+
+    @activity.defn(name="run_agent")
+    async def run_agent(self, inp: RunAgentInput) -> RunAgentResult:
+        """An agent program (`env: agent`) as the endpoint would relay it: `agent_turns` chat requests, each the
+        whole history so far plus a user message, as updates of the calling trajectory; fails for `fail_seeds`
+        (after its first turn), as a program that crashed."""
+        self._record("run_agent", f"seed={inp.seed}", inp)
+        handle = activity.client().get_workflow_handle(activity.info().workflow_id)
+        messages = [ChatMessage(role="user", content=f"seed {inp.seed}")]
+        for k in range(self.agent_turns):
+            reply = await handle.execute_update(CHAT_UPDATE, ChatInput(messages=messages), result_type=ChatReply)
+            if inp.seed in self.fail_seeds:
+                raise ApplicationError("the agent program exited 1", type=ErrorType.AGENT_FAILED, non_retryable=True)
+            said = ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)
+            messages = [*messages, said, ChatMessage(role="user", content=f"after turn {k}")]
+        return RunAgentResult(reward=float(self.agent_turns), success=True)
+
     # ------------------------------------------------------------------ engine
 
     def _generation(self, data_key: str, n: int, min_version: int | None, engine: str = "") -> GenerateResult:
@@ -402,7 +423,7 @@ async def standin_workers(
     p = s.prefix
     engine = [s.generate, s.generate_batch]
     queues: dict[str, list[Callable[..., Any]]] = {
-        queue_name("cpu", p): [s.reset, s.reset_group, s.restore, s.prompts, s.check],
+        queue_name("cpu", p): [s.reset, s.reset_group, s.restore, s.prompts, s.check, s.run_agent],
         s.session_queue: [s.step, s.step_group, s.close],
         queue_name("h800", p): [] if s.engines else list(engine),
         queue_name("h20", p): list(engine),

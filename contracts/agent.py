@@ -1,0 +1,116 @@
+"""What crosses the agent endpoint: an agent program's chat request as the trajectory's `chat` update takes it, the
+reply, the `run_agent` activity's input and result, and the task's `env_args` for an agent program.
+
+An agent program (`env: agent`) is a user's program written against the OpenAI chat API; rollart runs it on an env
+worker (`run_agent`) and serves its chat requests as turns of its trajectory's workflow (docs/envs.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from rollart.contracts.chat import ChatMessage, ToolCall
+from rollart.contracts.errors import ErrorType
+
+__all__ = [
+    "CHAT_UPDATE",
+    "AgentArgs",
+    "ChatInput",
+    "ChatReply",
+    "RunAgentInput",
+    "RunAgentResult",
+    "TurnRefused",
+]
+
+CHAT_UPDATE = "chat"
+"""The TrajectoryWorkflow update an agent program's chat request becomes (one turn each)."""
+
+
+class TurnRefused:
+    """The ApplicationError types a refused `chat` update carries: the endpoint answers them with HTTP 400."""
+
+    MAX_TURNS = "MaxTurnsReached"
+    NOT_AN_AGENT = "NotAnAgentTrajectory"
+    AGENT_DONE = "AgentDone"
+    REJECTED = ErrorType.REQUEST_REJECTED.value
+    HISTORY_MISMATCH = "HistoryMismatch"  # a request sent as a continuation of what the workflow does not hold
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class AgentArgs(_Message):
+    """A task's `env_args` when `env: agent`: the program to run, one of `entry` or `command`, and its time limit."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    entry: str | None = Field(None, min_length=1, description="`module:function` called as run(base_url, seed)")
+    command: list[str] | None = Field(
+        None, min_length=1, description="a subprocess given ROLLART_BASE_URL and ROLLART_SEED in its environment"
+    )
+    timeout_s: float = Field(300.0, gt=0.0, description="the episode's wall-clock limit: past it, it fails (masked)")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of a `command`")
+
+    @classmethod
+    def parse(cls, env_args: dict[str, Any]) -> AgentArgs:
+        """A task's env_args as an agent program's, or a ValueError with one line per problem."""
+        try:
+            return cls.model_validate(env_args)
+        except ValidationError as e:
+            problems = [f"{'.'.join(map(str, err['loc'])) or 'env_args'}: {err['msg']}" for err in e.errors()]
+            raise ValueError("; ".join(problems)) from None
+
+    @model_validator(mode="after")
+    def _one_program(self) -> AgentArgs:
+        if (self.entry is None) == (self.command is None):
+            raise ValueError(
+                "env: agent needs exactly one of env_args.entry ('mypkg.agent:run', called as run(base_url, seed)) "
+                "or env_args.command (a program run with ROLLART_BASE_URL and ROLLART_SEED set)"
+            )
+        if self.entry is not None and ":" not in self.entry:
+            raise ValueError(f"env_args.entry {self.entry!r} must be 'module:function'")
+        return self
+
+
+class ChatInput(_Message):
+    """One chat-completions request of an agent program: its messages (the whole history, as OpenAI's API takes
+    it, or only its new messages after `history_len` held ones) and tools. Sampling is the task's (`sampling`):
+    the policy being trained decides how it samples."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    history_len: int = Field(0, ge=0)
+    """When the request continues what the trajectory holds: how many of its messages that is (left out here:
+    `messages` are the new ones only, and `tools` are the held ones); 0: `messages` is the whole request."""
+    history_digest: str = ""
+    """With `history_len`: the held conversation's digest (contracts/conversation.py), checked by the workflow."""
+
+
+class ChatReply(_Message):
+    """The reply to one request: the assistant message and what the endpoint reports of it."""
+
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    policy_version: int = 0
+    turn: int = 0
+    """This turn's index in the trajectory (0 first)."""
+
+
+class RunAgentInput(_Message):
+    """Run one episode of an agent program; its chat requests become updates of the workflow that called."""
+
+    args: AgentArgs
+    seed: int
+
+
+class RunAgentResult(_Message):
+    """What the program returned: its reward (None: the task's reward scores the transcript) and success."""
+
+    reward: float | None = None
+    success: bool | None = None

@@ -1,0 +1,293 @@
+"""Agent programs (`env: agent`) through the endpoint, on a real Temporal server with in-process workers: the real
+`openai` client, the real endpoint, `run_agent` and `generate` activities and the tiny-chat model's tokenizer and
+template. The engine is scripted (a random tiny model never writes a tool call): it answers each turn with a fixed
+text as token ids, and keeps the prompts it was given, so the test sees the conversation grow token by token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer, Worker
+
+from rollart.activities.agent_program import AgentActivities
+from rollart.activities.engines.base import Completion, Engine, EngineOutput
+from rollart.activities.generate import GenerateActivities
+from rollart.activities.reward import RewardActivities
+from rollart.client.trajectory_loader import load_trajectory
+from rollart.contracts.agent import ChatInput
+from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+from rollart.contracts.store import StoredTurn
+from rollart.infra.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
+from rollart.infra.pools import queue_name
+from rollart.infra.store.payload import Store, open_store
+from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.workflows.trajectory import TrajectoryWorkflow
+
+pytestmark = pytest.mark.integration
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "evaluate an arithmetic expression",
+            "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+        },
+    }
+]
+TOOL_CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "2+3"}}</tool_call>'
+
+
+def calculator_agent(base_url: str, seed: int) -> dict:
+    """An agent as users write them: ask, run the tool the model calls, send its output, read the answer."""
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    assert [m.id for m in client.models.list()] == ["rollart-policy"]
+    messages: list[dict] = [{"role": "user", "content": f"What is 2+3? (seed {seed})"}]
+    first = client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+    reply = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls" and reply.tool_calls, first
+    messages.append(reply.model_dump(exclude_none=True))  # the SDK's own echo of the reply
+    for call in reply.tool_calls:
+        expr = json.loads(call.function.arguments)["expr"]
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": str(eval(expr))})
+    second = client.chat.completions.create(model="any", messages=messages, tools=TOOLS, stream=True)
+    answer = "".join(chunk.choices[0].delta.content or "" for chunk in second)
+    messages.append({"role": "assistant", "content": answer})
+    messages.append({"role": "user", "content": "Sure?"})
+    try:
+        client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
+    except openai.BadRequestError as e:
+        assert "max_turns (2) reached" in str(e), e
+    else:
+        raise AssertionError("a third turn past max_turns 2 was served")
+    return {"value": 1.0 if "5" in answer else 0.0, "success": "5" in answer}
+
+
+async def silent_agent(base_url: str, seed: int) -> None:
+    """An async agent that leaves its score to the task's reward (returns None)."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
+
+
+def rewriting_agent(base_url: str, seed: int) -> None:
+    """An agent that rewrites its history (a summary instead of the conversation): a new segment."""
+    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is 2+3?"}])
+    summary = [{"role": "system", "content": "Summary: asked for 2+3."}, {"role": "user", "content": "Go on."}]
+    client.chat.completions.create(model="any", messages=summary)
+
+
+def raising_agent(base_url: str, seed: int) -> float:
+    openai.OpenAI(base_url=base_url, api_key="x").chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hi"}]
+    )
+    raise RuntimeError("the agent's own bug")
+
+
+async def hanging_agent(base_url: str, seed: int) -> float:
+    await openai.AsyncOpenAI(base_url=base_url, api_key="x").chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "hi"}]
+    )
+    await asyncio.sleep(3600)
+    return 1.0
+
+
+KILLED_AGENT = """
+import os, signal, openai
+client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY are set for it
+client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is 2+3?"}])
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@dataclass
+class ScriptedEngine(Engine):
+    """Answers turn k with `replies[k]` (then eos), as token ids of the model's tokenizer; keeps each prompt."""
+
+    tokenizer: object
+    replies: list[str]
+    prompts: list[list[int]] = field(default_factory=list)
+
+    async def start(self) -> None:
+        pass
+
+    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+        assert isinstance(prompt, list), "chat turns reach the engine as token ids"
+        self.prompts.append(prompt)
+        text = self.replies[min(len(self.prompts), len(self.replies)) - 1]
+        ids = [*self.tokenizer(text, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id]
+        return EngineOutput(prompt, [Completion(ids, [-1.0] * len(ids), text, "stop")], 0, 0)
+
+    async def shutdown(self) -> None:
+        pass
+
+    def tokens_generated(self) -> int:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rollart.infra.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny-chat", chat=True)
+
+
+@contextlib.asynccontextmanager
+async def workers(client: Client, prefix: str, engine: Engine, store: Store, model: Path) -> AsyncIterator[None]:
+    """The workers an agent trajectory needs: workflows, run_agent (cpu), generate (h800), reward (serverless)."""
+    gen = GenerateActivities(engine, store, "scripted", model, queue="")
+    agents = AgentActivities(client)
+    rewards = RewardActivities()
+    async with (
+        Worker(
+            client,
+            task_queue=queue_name("control", prefix),
+            workflows=[TrajectoryWorkflow],
+            workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+        ),
+        Worker(client, task_queue=queue_name("cpu", prefix), activities=[agents.run_agent]),
+        Worker(client, task_queue=queue_name("h800", prefix), activities=[gen.generate]),
+        Worker(client, task_queue=queue_name("serverless", prefix), activities=[rewards.reward]),
+    ):
+        try:
+            yield
+        finally:
+            await agents.shutdown()
+
+
+def agent_task(env_args: dict, **overrides: object) -> TaskSpec:
+    base = {
+        "name": "calc-agent",
+        "env": "agent",
+        "env_args": env_args,
+        "reward": "env_return",
+        "tool_parser": "hermes",
+        "max_turns": 2,
+        "sampling": {"max_tokens": 64},
+    }
+    return TaskSpec.model_validate({**base, **overrides})
+
+
+UPDATES: dict[str, list[ChatInput]] = {}
+"""Each trajectory's chat updates as its history holds them, by workflow id (what `run` read)."""
+
+
+async def run(
+    env: WorkflowEnvironment, task: TaskSpec, prefix: str, engine: Engine, store: Store, model: Path
+) -> TrajectoryResult:
+    """One agent trajectory of seed 3, to its end; its history must replay (the turns came as updates), and the
+    trajectory loader must find each turn in it."""
+    workflow_id = f"agent-{uuid.uuid4().hex[:8]}"
+    async with workers(env.client, prefix, engine, store, model):
+        result = await env.client.execute_workflow(
+            "TrajectoryWorkflow",
+            TrajectoryInput(task=task, seed=3, job_id="agent-test", queue_prefix=prefix),
+            id=workflow_id,
+            task_queue=queue_name("control", prefix),
+            result_type=TrajectoryResult,
+        )
+    history = await env.client.get_workflow_handle(workflow_id).fetch_history()
+    replayer = Replayer(
+        workflows=[TrajectoryWorkflow],
+        data_converter=env.client.data_converter,
+        workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+    )
+    await replayer.replay_workflow(history)
+    accepted = [e for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")]
+    assert len(accepted) == result.turns  # a refused request (past max_turns) left nothing in the history
+    UPDATES[result.trajectory_id] = [
+        (await env.client.data_converter.decode(a.accepted_request.input.args.payloads, [ChatInput]))[0]
+        for a in (e.workflow_execution_update_accepted_event_attributes for e in accepted)
+    ]
+    view = await load_trajectory(env.client, workflow_id, store)  # `rollart trajectories show` sees its turns
+    assert [t.data_key for t in view.turns] == result.turn_keys and all(t.prompt_tokens for t in view.turns)
+    return result
+
+
+async def test_an_openai_agent_with_a_tool_call_plays_its_turns_token_by_token(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model)
+    engine = ScriptedEngine(tokenizer, [TOOL_CALL, "It is 5."])
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task({"entry": "tests.test_agent_program:calculator_agent"})
+    result = await run(bare_env, task, queue_prefix, engine, store, chat_model)
+
+    assert result.status == "completed" and result.reward == 1.0 and result.success, result
+    assert result.turns == 2 and len(result.turn_keys) == 2 and result.completion_tokens > 0
+    first, second = (StoredTurn.from_bytes(store.get(k)) for k in result.turn_keys)
+    assert first.prefix_key is None and second.prefix_key == result.turn_keys[0] and second.format == 2
+    assert first.completions[0].token_ids and second.completions[0].text == "It is 5."
+    # the second prompt is the first, the ids sampled then, and only the tool output's tokens
+    one, two = engine.prompts
+    assert two[: len(one)] == one
+    assert two[len(one) : len(one) + len(first.completions[0].token_ids)] == first.completions[0].token_ids
+    assert tokenizer.decode(second.prompt_ids).count("<tool_response>5</tool_response>") == 1
+    assert "What is 2+3" not in tokenizer.decode(second.prompt_ids)
+    # the endpoint sent the second request as its one new message after the two the workflow held
+    updates = UPDATES[result.trajectory_id]
+    assert [(u.history_len, len(u.messages)) for u in updates] == [(0, 1), (2, 1)]
+    assert updates[1].messages[0].role == "tool" and updates[1].history_digest
+
+
+async def test_an_agent_that_returns_none_is_scored_by_the_tasks_reward(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(chat_model), ["hello"])
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task({"entry": "tests.test_agent_program:silent_agent"})
+    result = await run(bare_env, task, queue_prefix, engine, store, chat_model)
+    assert result.status == "completed" and result.reward == 0.0 and result.turns == 1, result
+
+
+async def test_an_agent_that_rewrites_its_history_starts_a_new_segment(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(chat_model), ["5"])
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task({"entry": "tests.test_agent_program:rewriting_agent"})
+    result = await run(bare_env, task, queue_prefix, engine, store, chat_model)
+    assert result.status == "completed" and result.turns == 2, result
+    second = StoredTurn.from_bytes(store.get(result.turn_keys[1]))
+    assert second.prefix_key is None and second.format == 1 and "Summary" in second.prompt
+    assert engine.prompts[1][: len(engine.prompts[0])] != engine.prompts[0]
+
+
+@pytest.mark.parametrize(
+    ("env_args", "why"),
+    [
+        ({"command": [sys.executable, "-c", KILLED_AGENT]}, "killed by signal 9"),
+        ({"entry": "tests.test_agent_program:raising_agent"}, "raised RuntimeError: the agent's own bug"),
+        ({"entry": "tests.test_agent_program:hanging_agent", "timeout_s": 2}, "ran past its timeout_s (2 s)"),
+    ],
+    ids=["killed", "raised", "timed-out"],
+)
+async def test_a_crashed_or_hung_agent_fails_its_trajectory_unscored(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path, env_args: dict, why: str
+) -> None:
+    from transformers import AutoTokenizer
+
+    engine = ScriptedEngine(AutoTokenizer.from_pretrained(chat_model), ["4"])
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    result = await run(bare_env, agent_task(env_args), queue_prefix, engine, store, chat_model)
+    assert result.status == "failed" and result.reward is None and result.success is None, result
+    assert "AgentFailed" in (result.error or "") and why in (result.error or ""), result.error
+    assert result.turns == 1 and len(engine.prompts) == 1  # its one turn was played (and is not trained on)
