@@ -25,50 +25,10 @@ from pathlib import Path
 from bench.report import RESULTS, format_table, write_results
 
 LENGTHS = (8, 32, 128)
-TOOL_OUTPUT = "result: 4821 (exit 0, 0.01 s)"
-
-
-async def _conversation(engine: object, chat: object, turns: int, mode: str, tag: str) -> dict:
-    """One conversation of `turns` turns built per `mode`; its per-turn times and mismatches."""
-    from rollart.activities.envs.tool_calls import CALC_TOOL, question
-    from rollart.contracts.chat import ChatMessage
-    from rollart.infra.config import SamplingParams
-
-    sampling = SamplingParams(temperature=1.0, top_k=0, max_tokens=12)
-    tools = [CALC_TOOL]
-    messages = [ChatMessage(role="user", content=question("47+85"))]
-    ids = chat.opening(messages, tools)
-    eos = chat.tokenizer.eos_token_id
-    build_s, turn_s, mismatches, sampled_so_far = 0.0, 0.0, 0, None
-    for k in range(turns):
-        t0 = time.perf_counter()
-        prompt = ids if mode == "tito" else chat.render_all(messages, tools)
-        t1 = time.perf_counter()
-        out = await engine.generate(prompt, sampling, f"{tag}-{k}")
-        t2 = time.perf_counter()
-        c = out.completions[0]
-        if mode == "rerender" and sampled_so_far is not None:  # untimed: did re-tokenizing change the history?
-            mismatches += out.prompt_ids[: len(sampled_so_far)] != sampled_so_far
-        sampled_so_far = list(out.prompt_ids) + list(c.token_ids)
-        tool = ChatMessage(role="tool", content=TOOL_OUTPUT)
-        messages += [ChatMessage(role="assistant", content=c.text), tool]
-        t3 = time.perf_counter()
-        if mode == "tito":
-            ended = bool(c.token_ids) and c.token_ids[-1] == eos
-            ids = list(out.prompt_ids) + list(c.token_ids) + chat.continuation([tool], ended)
-        t4 = time.perf_counter()
-        build_s += (t1 - t0) + (t4 - t3)
-        turn_s += (t2 - t0) + (t4 - t3)
-    return {
-        "turn_s": turn_s / turns,
-        "build_s": build_s / turns,
-        "mismatches": mismatches,
-        "tokens": len(sampled_so_far or []),
-    }
 
 
 async def _run(lengths: list[int], repeats: int, home: Path) -> list[dict]:
-    from rollart.activities.engines.conversation import ChatTokens
+    from rollart.client.chat_turns import ChatTokens, play_conversation
     from rollart.client.in_process import started_engine
     from rollart.infra.config import EngineConfig
     from rollart.infra.tiny_model import ensure_tiny_model
@@ -78,11 +38,11 @@ async def _run(lengths: list[int], repeats: int, home: Path) -> list[dict]:
     config = EngineConfig(kind="vllm", max_model_len=8192, kv_cache_gib=1)
     runs: dict[tuple[int, str], list[dict]] = {}
     async with started_engine(model_dir, config) as engine:
-        await _conversation(engine, chat, 4, "tito", "warmup")
+        await play_conversation(engine, chat, 4, "tito", "warmup")
         for r in range(repeats):
             for n in lengths:
                 for mode in ("tito", "rerender") if r % 2 == 0 else ("rerender", "tito"):  # alternate the order
-                    got = await _conversation(engine, chat, n, mode, f"{mode}-{n}-{r}")
+                    got = await play_conversation(engine, chat, n, mode, f"{mode}-{n}-{r}")
                     runs.setdefault((n, mode), []).append(got)
                     print(f"  {n:>4} turns {mode:<8} repeat {r}: {got['turn_s'] * 1e3:.1f} ms/turn", flush=True)
     rows = []
