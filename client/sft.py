@@ -1,0 +1,131 @@
+"""`rollart sft`'s work: a job's model fine-tuned on chat transcripts in this process, written as a model dir.
+
+The transcripts are tokenized as generation builds a conversation (`activities.training.sft_data`), trained with
+the job's trainer section on the torch backend (`activities.training.sft`), and the result is written like
+`rollart export` writes a version: the job's config, tokenizer (chat template included) and generation config
+with the trained weights — a model dir an RL job names as its `model_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rollart.activities.training.sft import SftOptions, SftProgress, SftResult
+from rollart.activities.training.sft_data import SftSequence
+from rollart.infra.config import JobSpec, TrainerConfig
+
+__all__ = ["SftPlan", "SftRun", "plan_sft", "run_sft"]
+
+
+@dataclass(frozen=True)
+class SftPlan:
+    """What a run will do, known before it trains: the tokenized transcripts and the step count."""
+
+    sequences: list[SftSequence]
+    options: SftOptions
+    trainer: TrainerConfig
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(s.ids) for s in self.sequences)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(s.trained_tokens for s in self.sequences)
+
+
+@dataclass(frozen=True)
+class SftRun:
+    """A finished run: the training's outcome and the model dir written."""
+
+    result: SftResult
+    out: Path
+
+
+def plan_sft(
+    job: JobSpec,
+    data: Path,
+    *,
+    steps: int | None = None,
+    epochs: float | None = None,
+    batch_size: int = 32,
+    lr: float | None = None,
+    seed: int = 0,
+    checkpoint_every: int = 0,
+) -> SftPlan:
+    """Read and tokenize `data` for `job`'s model; the steps are `steps`, or `epochs` passes (default 1).
+
+    ValueError (naming the line) for a bad transcript, a backend SFT does not run on, or a conversation longer
+    than the model's context.
+    """
+    from rollart.activities.engines.conversation import ChatTokens
+    from rollart.activities.training.sft_data import read_transcripts, tokenize_transcript
+
+    trainer = job.trainer
+    if trainer.backend != "torch":
+        raise ValueError(
+            f"rollart sft trains on the torch backend only (this job has trainer.backend: {trainer.backend}): the "
+            "megatron backend's ranks run in processes the trainer worker starts. SFT with backend: torch (one "
+            "device; the output is an HF model dir either backend loads), then RL with megatron"
+        )
+    if steps is not None and epochs is not None:
+        raise ValueError("give --steps or --epochs, not both")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    chat = ChatTokens(job.model_dir)
+    limit = _context_length(job.model_dir)
+    sequences = []
+    for n, transcript in enumerate(read_transcripts(data), start=1):
+        seq = tokenize_transcript(chat, transcript)
+        if limit is not None and len(seq.ids) > limit:
+            raise ValueError(f"{data}: transcript {n} is {len(seq.ids)} tokens, past the model's context of {limit}")
+        sequences.append(seq)
+    if steps is None:
+        steps = math.ceil((1.0 if epochs is None else epochs) * len(sequences) / batch_size)
+    if steps < 1:
+        raise ValueError(f"the run must make at least one step, got {steps} (--steps, or --epochs x transcripts)")
+    if lr is not None:
+        trainer = trainer.model_copy(update={"lr": lr})
+    options = SftOptions(steps=steps, batch_size=batch_size, seed=seed, checkpoint_every=checkpoint_every)
+    return SftPlan(sequences=sequences, options=options, trainer=TrainerConfig.model_validate(trainer.model_dump()))
+
+
+def run_sft(
+    job: JobSpec, plan: SftPlan, out: Path, run_dir: Path, on_step: Callable[[SftProgress], None] | None = None
+) -> SftRun:
+    """Train as `plan` says (resuming `run_dir`'s checkpoint if any), then write the model dir `out`."""
+    import torch
+
+    from rollart.activities.training.devices import resolve_device
+    from rollart.activities.training.sft import train_sft
+    from rollart.activities.training.torch_policy import TorchPolicy
+    from rollart.client.snapshots import PolicySnapshot, export
+
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f"{out} exists and is not an empty directory; choose another --out or remove it")
+    cfg = plan.trainer
+    torch.manual_seed(cfg.seed)
+    policy = TorchPolicy(job.model_dir, cfg, resolve_device(cfg.device))
+    result = train_sft(policy, cfg, plan.sequences, plan.options, Path(run_dir), on_step)
+    version = plan.options.steps
+    if policy.lora:  # merged into the base: RL starts from a plain model (and may train a LoRA of its own on it)
+        snapshot = PolicySnapshot(version, "sft", adapter=policy.adapter_files())
+        written = export(job.model_dir, snapshot, out, merge=True)
+    else:
+        weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.hf_tensors()}
+        written = export(job.model_dir, PolicySnapshot(version, "sft", weights=weights), out)
+    return SftRun(result=result, out=written)
+
+
+def _context_length(model_dir: Path) -> int | None:
+    """The model's context (config.json's max_position_embeddings), if it says."""
+    try:
+        value = json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
