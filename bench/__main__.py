@@ -27,6 +27,7 @@ BENCHMARKS = {
     "learning": "bench.learning",
     "size": "bench.size",
     "lora_swap": "bench.lora_swap",
+    "sft": "bench.sft",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

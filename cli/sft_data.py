@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rollart.cli.errors import UserError
@@ -35,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Write the file; say how many and where."""
-    from rollart.activities.training.sft_synthetic import GENERATORS
+    from rollart.client.sft import write_synthetic
 
     if args.num < 1:
         raise UserError(f"-n must be at least 1, got {args.num}")
@@ -43,10 +42,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--seed must be in 0..998, got {args.seed}")
     env_args = {"digits": args.digits, "num_terms": args.num_terms, "operators": args.operators, "system": args.system}
     try:
-        lines = [json.dumps(t) for t in GENERATORS[args.generator](args.num, args.seed, **env_args)]
+        n = write_synthetic(args.generator, args.num, args.seed, args.out, env_args)
     except ValueError as e:
         raise UserError(str(e)) from e
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(lines) + "\n")
-    print(f"wrote {len(lines)} {args.generator} transcripts to {args.out} (seed {args.seed})")
+    print(f"wrote {n} {args.generator} transcripts to {args.out} (seed {args.seed})")
     return 0

@@ -13,12 +13,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rollart.activities.training.sft import SftOptions, SftProgress, SftResult
 from rollart.activities.training.sft_data import SftSequence
 from rollart.infra.config import JobSpec, TrainerConfig
 
-__all__ = ["SftPlan", "SftRun", "plan_sft", "run_sft"]
+__all__ = ["SftPlan", "SftRun", "plan_sft", "run_sft", "write_synthetic"]
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,21 @@ def run_sft(
         weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.hf_tensors()}
         written = export(job.model_dir, PolicySnapshot(version, "sft", weights=weights), out)
     return SftRun(result=result, out=written)
+
+
+def write_synthetic(generator: str, n: int, seed: int, out: Path, env_args: dict[str, Any]) -> int:
+    """Write `n` synthetic transcripts of `generator` (`rollart sft-data`) to `out`, one a line; how many.
+
+    ValueError for an unknown generator or env_args it refuses.
+    """
+    from rollart.activities.training.sft_synthetic import GENERATORS
+
+    if generator not in GENERATORS:
+        raise ValueError(f"no transcript generator {generator!r}; there are: {', '.join(sorted(GENERATORS))}")
+    lines = [json.dumps(t) for t in GENERATORS[generator](n, seed, **env_args)]
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text("\n".join(lines) + "\n")
+    return len(lines)
 
 
 def _context_length(model_dir: Path) -> int | None:
