@@ -233,3 +233,19 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     ):
         assert flag in ran.stdout
     assert "-n NUM" in rollart(capsys, "sft-data", "--help").stdout
+
+
+def test_a_lora_job_writes_its_adapter_merged_into_a_plain_model(chat_model: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from rollart.client.sft import plan_sft, run_sft, write_synthetic
+    from rollart.infra.config import LoraConfig
+
+    data = tmp_path / "data.jsonl"
+    write_synthetic("tool_calls", 4, 0, data, {})
+    job = _job(chat_model, lr=5e-3, lora=LoraConfig(rank=4, alpha=8))
+    done = run_sft(job, plan_sft(job, data, steps=2, batch_size=4), tmp_path / "out", tmp_path / "run")
+    assert not (done.out / "adapter_config.json").exists()
+    before = load_file(str(chat_model / "model.safetensors"))
+    after = load_file(str(done.out / "model.safetensors"))
+    assert before.keys() == after.keys() and any(not before[k].equal(after[k]) for k in before)
