@@ -47,7 +47,7 @@ def example_job() -> Any:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench sft", description=__doc__.splitlines()[0])
     p.add_argument("--transcripts", type=int, default=2000, help="synthetic transcripts (default 2000)")
-    p.add_argument("--steps", type=int, default=120, help="SFT optimizer steps (default 120)")
+    p.add_argument("--steps", type=int, default=600, help="SFT optimizer steps (default 600)")
     p.add_argument("--batch-size", type=int, default=16, help="transcripts per step (default 16)")
     p.add_argument("--lr", type=float, default=3e-3, help="SFT learning rate (default 3e-3)")
     p.add_argument("--episodes", type=int, default=64, help="held-out episodes per model (default 64)")
