@@ -17,9 +17,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s = sub.add_parser(
         "sft",
         help="supervised fine-tuning on chat transcripts (JSONL): a warm start an RL job then trains from",
-        description="Fine-tune the job's model_dir on chat transcripts with its trainer section (torch backend; lr, "
-        "betas, grad_clip, lr_schedule, micro_batch_size, dtype, device, lora), loss = mean NLL of the assistant "
-        "replies' tokens (their end-of-turn token included; system, user, tool and template tokens masked). Each "
+        description="Fine-tune the job's model_dir on chat transcripts with its trainer section (backend: torch, or "
+        "megatron on one rank; lr, betas, grad_clip, lr_schedule, micro_batch_size, dtype, device, lora), loss = "
+        "mean NLL of the assistant replies' tokens (their end-of-turn token included; system, user, tool and "
+        "template tokens masked). Each "
         "conversation is one token sequence built as generation builds it, so SFT trains the layout RL samples. "
         "Writes a model dir (weights, config, tokenizer with its chat template, generation config) that an RL job "
         "names as its model_dir. Transcripts: one JSON object a line, {'messages': [OpenAI chat messages, with "
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"sft {job.model_dir}: {len(plan.sequences)} transcripts, {plan.tokens} tokens ({plan.trained_tokens} in "
         f"replies, trained on); {o.steps} steps of {o.batch_size} ({epochs:.2f} epochs), lr {cfg.lr:g}, "
-        f"betas {tuple(cfg.betas)}, grad_clip {cfg.grad_clip:g}, backend torch{', lora' if cfg.lora else ''}"
+        f"betas {tuple(cfg.betas)}, grad_clip {cfg.grad_clip:g}, backend {cfg.backend}{', lora' if cfg.lora else ''}"
     )
     columns = [
         TextColumn("{task.description}"),

@@ -1,7 +1,7 @@
 """`rollart sft`'s work: a job's model fine-tuned on chat transcripts in this process, written as a model dir.
 
 The transcripts are tokenized as generation builds a conversation (`activities.training.sft_data`), trained with
-the job's trainer section on the torch backend (`activities.training.sft`), and the result is written like
+the job's trainer section and backend (`activities.training.sft`; megatron on one rank), and the result is written like
 `rollart export` writes a version: the job's config, tokenizer (chat template included) and generation config
 with the trained weights — a model dir an RL job names as its `model_dir`.
 """
@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollart.activities.training.sft import SftOptions, SftProgress, SftResult
 from rollart.activities.training.sft_data import SftSequence
 from rollart.infra.config import JobSpec, TrainerConfig
+
+if TYPE_CHECKING:
+    from rollart.activities.training.policy import Policy
 
 __all__ = ["SftPlan", "SftRun", "plan_sft", "run_sft", "write_synthetic"]
 
@@ -67,11 +71,11 @@ def plan_sft(
     from rollart.activities.training.sft_data import read_transcripts, tokenize_transcript
 
     trainer = job.trainer
-    if trainer.backend != "torch":
+    if trainer.backend == "megatron" and trainer.parallel.world_size > 1:
         raise ValueError(
-            f"rollart sft trains on the torch backend only (this job has trainer.backend: {trainer.backend}): the "
-            "megatron backend's ranks run in processes the trainer worker starts. SFT with backend: torch (one "
-            "device; the output is an HF model dir either backend loads), then RL with megatron"
+            f"rollart sft runs the megatron backend on one rank, in this process; this job's trainer.parallel is "
+            f"tensor {trainer.parallel.tensor} x data {trainer.parallel.data}. SFT with a copy of the job whose "
+            "trainer.parallel is 1 x 1 (or backend: torch): the output is an HF model dir either backend loads"
         )
     if steps is not None and epochs is not None:
         raise ValueError("give --steps or --epochs, not both")
@@ -99,9 +103,6 @@ def run_sft(
     job: JobSpec, plan: SftPlan, out: Path, run_dir: Path, on_step: Callable[[SftProgress], None] | None = None
 ) -> SftRun:
     """Train as `plan` says (resuming `run_dir`'s checkpoint if any), then write the model dir `out`."""
-    import torch
-
-    from rollart.activities.training.devices import resolve_device
     from rollart.activities.training.sft import train_sft
     from rollart.activities.training.torch_policy import TorchPolicy
     from rollart.client.snapshots import PolicySnapshot, export
@@ -110,17 +111,50 @@ def run_sft(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f"{out} exists and is not an empty directory; choose another --out or remove it")
     cfg = plan.trainer
-    torch.manual_seed(cfg.seed)
-    policy = TorchPolicy(job.model_dir, cfg, resolve_device(cfg.device))
-    result = train_sft(policy, cfg, plan.sequences, plan.options, Path(run_dir), on_step)
-    version = plan.options.steps
-    if policy.lora:  # merged into the base: RL starts from a plain model (and may train a LoRA of its own on it)
-        snapshot = PolicySnapshot(version, "sft", adapter=policy.adapter_files())
-        written = export(job.model_dir, snapshot, out, merge=True)
-    else:
-        weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.hf_tensors()}
-        written = export(job.model_dir, PolicySnapshot(version, "sft", weights=weights), out)
+    with _policy(job.model_dir, cfg) as policy:
+        result = train_sft(policy, cfg, plan.sequences, plan.options, Path(run_dir), on_step)
+        version = plan.options.steps
+        if isinstance(policy, TorchPolicy) and policy.lora:  # merged: RL starts from a plain model
+            snapshot = PolicySnapshot(version, "sft", adapter=policy.adapter_files())
+            written = export(job.model_dir, snapshot, out, merge=True)
+        else:
+            weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.hf_tensors()}
+            written = export(job.model_dir, PolicySnapshot(version, "sft", weights=weights), out)
     return SftRun(result=result, out=written)
+
+
+@contextmanager
+def _policy(model_dir: Path, cfg: TrainerConfig) -> Iterator[Policy]:
+    """The job's trainer backend in this process: the torch policy, or megatron's on a one-rank process group
+    (set up here and torn down after, so the caller's process is left as it was)."""
+    import torch
+
+    from rollart.activities.training.devices import resolve_device
+
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    if cfg.backend == "torch":
+        from rollart.activities.training.torch_policy import TorchPolicy
+
+        yield TorchPolicy(model_dir, cfg, device)
+        return
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from rollart.activities.training.megatron.model import init_model_parallel
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+
+    if dist.is_initialized():
+        raise ValueError("this process already has a torch.distributed group; run rollart sft in a process of its own")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        init_model_parallel(1, cfg.seed, device)
+        torch.manual_seed(cfg.seed)
+        yield MegatronPolicy(model_dir, cfg, device)
+    finally:
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        dist.destroy_process_group()
 
 
 def write_synthetic(generator: str, n: int, seed: int, out: Path, env_args: dict[str, Any]) -> int:

@@ -4,8 +4,8 @@ A model that never emits a task's format (a tool call, an answer tag) gives RL n
 few thousand correct transcripts first teaches the format, and RL then improves what the model does with it. The
 step is the RL trainer's own machinery (`Policy.logprobs`, its AdamW with the job's lr, betas, clipping and
 schedule, its checkpoints), only with the loss −mean log π(reply token) over the batch's reply tokens, so SFT and
-RL train the same weights the same way. Only the torch backend: the megatron backend's ranks run in processes
-the trainer worker starts, which this one-process loop does not have.
+RL train the same weights the same way. Any `Policy` serves: the torch backend, or megatron's on one rank (its
+tensor- and data-parallel ranks are processes the trainer worker starts, which this one-process loop lacks).
 """
 
 from __future__ import annotations
