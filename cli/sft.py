@@ -110,10 +110,15 @@ def run(args: argparse.Namespace) -> int:
     if r.steps_run:
         rate = r.tokens / max(r.wall_s, 1e-9)
         print(
-            f"trained {r.steps_run} steps in {r.wall_s / 60:.1f} min ({rate:,.0f} tokens/s): "
+            f"trained {r.steps_run} steps in {_duration(r.wall_s)} ({rate:,.0f} tokens/s): "
             f"loss {r.first_loss:.4f} -> {r.last_loss:.4f}"
         )
     print(f"wrote the SFT model to {done.out}")
-    print("RL starts from it: in the job spec, set")
+    print("RL starts from it: in the job spec, set (a relative path is read from where rollart runs)")
     print(f"  model_dir: {done.out}")
+    print(f"and measure it first with: rollart eval {args.job} --model-dir {done.out} --temperature 1")
     return 0
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 60 else f"{seconds / 60:.1f} min"
