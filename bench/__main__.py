@@ -28,6 +28,7 @@ BENCHMARKS = {
     "size": "bench.size",
     "lora_swap": "bench.lora_swap",
     "turns": "bench.turns",
+    "sft": "bench.sft",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

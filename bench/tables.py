@@ -166,6 +166,17 @@ _SIZE_TRAIN = (
     Col("publish peak MB (leader)", "publish_peak_mb", ".0f"),
     Col("tokens", "tokens", ".0f"),
 )
+_SFT = (
+    Col("model", "name", align="l"),
+    Col("episodes", "episodes"),
+    Col("success", "success_rate", ".3f", bold=True),
+    Col("first reply calls calc", "first_reply_call_share", ".3f"),
+    Col("replies with a parsed call", "tool_call_share", ".3f"),
+    Col("unparsed calls", "unparsed_calls"),
+    Col("turns", "mean_turns", ".2f"),
+    Col("SFT wall min", "sft_min", ".1f"),
+)
+
 _LORA_SWAP = (
     Col("model", "model", align="l"),
     Col("published", "kind", align="l"),
@@ -384,6 +395,7 @@ VIEWS: dict[str, View] = {
     "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
     "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
     "lora_swap": View(("lora_swap",), _modes, _LORA_SWAP),
+    "sft": View(("sft",), _modes, _SFT),
     "resets": View(("resets",), _key("rows"), _RESETS),
     "size.swap": View(("size",), _key("swap"), _SIZE_SWAP),
     "size.fixed": View(("size",), _key("fixed"), _SIZE_FIXED),

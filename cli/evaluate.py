@@ -25,6 +25,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="load a checkpoint instead: the run dir's newest (or --step's), or a checkpoint dir (full or LoRA)",
     )
     s.add_argument("--step", type=int, help="with --run-dir: the checkpoint of this train step")
+    s.add_argument(
+        "--model-dir", type=Path, help="evaluate this model dir instead of the job's model_dir (e.g. `rollart sft`'s)"
+    )
     s.add_argument("--task", action="append", help="task name(s) to evaluate (default: every task)")
     s.add_argument("-n", "--episodes", type=int, default=200, help="held-out episodes per task (default 200)")
     s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); the task's own to compare")

@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "EVAL_SEED_BASE",
     "SEED_STRIDE",
+    "SFT_SEED_BASE",
     "batch_id",
     "batch_member_id",
     "derive_seed",
@@ -24,6 +25,11 @@ SEED_STRIDE = 1_000_003
 
 EVAL_SEED_BASE = 2_000_000_000
 """`rollart eval`'s held-out seeds start here, far above any group seed training draws (`derive_seed`)."""
+
+SFT_SEED_BASE = 1_000_000_000
+"""Synthetic SFT transcripts (`rollart sft-data`) use seeds from here: above the group seeds of any job whose
+`training.seed` is below ~1000 (`derive_seed`), below `EVAL_SEED_BASE`, so SFT neither trains on RL's episodes
+nor on eval's."""
 
 
 def derive_seed(seed: int, index: int) -> int:

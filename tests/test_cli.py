@@ -44,6 +44,8 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
         ["show"],
         ["trajectories"],
         ["report"],
+        ["sft"],
+        ["sft-data"],
     ],
 )
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:

@@ -98,6 +98,30 @@ class ChatTokens:
             text = close + text
         return self.ids(text)
 
+    def reply(self, message: ChatMessage) -> list[int]:
+        """The ids a model samples for the assistant `message`: what the template renders for it after the
+        generation prompt, up to and including the end-of-turn (eos) token — the tokens SFT trains on.
+
+        Rendered after the stand-in conversation, as `continuation` is, so the ids line up with `opening` /
+        `continuation` (which supply the generation prompt before and the rest of the turn's end after).
+        """
+        if message.role != "assistant":
+            raise ConversationError(f"only an assistant message is a reply, got a {message.role} message")
+        close, eos = self._assistant_close()
+        if not eos or not close.startswith(eos):
+            raise ConversationError(
+                f"the chat template of {self.model_dir} does not end an assistant turn with the eos token "
+                f"({eos!r}), so a reply's end cannot be told from the template's"
+            )
+        head = self._template(_STAND_IN[:-1], None, True)
+        full = self._template([*_STAND_IN[:-1], message.template_dict()], None, False)
+        if not full.startswith(head) or not full.endswith(close):
+            raise ConversationError(
+                f"the chat template of {self.model_dir} renders an assistant message other than after its generation "
+                "prompt, so its tokens are not those a model samples"
+            )
+        return self.ids(full[len(head) : len(full) - len(close)] + eos)
+
     def _assistant_close(self) -> tuple[str, str]:
         """What the template writes after an assistant reply's text (`<|im_end|>\\n` in ChatML), and the eos text."""
         if self._close is None:
