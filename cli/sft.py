@@ -28,6 +28,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     s.add_argument("job", type=Path, help="job spec (YAML or JSON): its model_dir and trainer section")
     s.add_argument("--data", type=Path, required=True, help="transcripts, JSONL (one conversation a line)")
+    s.add_argument(
+        "--model-dir",
+        type=Path,
+        help="the model to fine-tune (default: the job's model_dir); an RL job whose model_dir is this SFT's --out "
+        "names its base here, e.g. .rollart/models/tiny-chat (built on first use)",
+    )
     s.add_argument("--out", type=Path, help="model dir to write; must not exist or be empty (default RUN_DIR/model)")
     s.add_argument("--run-dir", type=Path, help="where checkpoints go (default runs/JOB_NAME-sft)")
     s.add_argument("--steps", dest="sft_steps", metavar="N", type=int, help="optimizer steps (default: one epoch)")
@@ -55,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from rollart.client.sft import plan_sft, run_sft
 
     job = load_spec(args.job, args)
+    if args.model_dir is not None:
+        job = job.model_copy(update={"model_dir": args.model_dir})
     for flag, value in (("--log-every", args.log_every), ("--checkpoint-every", args.checkpoint_every)):
         if value < 0:
             raise UserError(f"{flag} must be 0 or more, got {value}")
