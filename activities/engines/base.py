@@ -272,7 +272,7 @@ def check_source(source: WeightsSource, model_dir: Path, delta_base: tuple[str, 
     `WeightsBlobError`), a delta is from the version the engine holds (`delta_base`), and every bucket is in the
     store (else `WeightsTransferError` naming the version and its publisher). Imports the store's tensor side, so
     engines call it, never light tools."""
-    from rollart.infra.store.payload import open_store
+    from rollart.infra.store.payload import open_store_to_read
     from rollart.infra.store.weight_stream import WeightsTransferError, check_present
 
     manifest = source.manifest
@@ -283,4 +283,4 @@ def check_source(source: WeightsSource, model_dir: Path, delta_base: tuple[str, 
             f"{manifest.describe()} needs this engine to hold v{manifest.base_version}, but it holds {held}: "
             "load the full version"
         )
-    check_present(open_store(source.store), manifest)
+    check_present(open_store_to_read(source.store), manifest)

@@ -205,7 +205,7 @@ class HfEngine(Engine):
         import torch
 
         from rollart.activities.rl.weights_io import hf_model_tensors
-        from rollart.infra.store.payload import open_store
+        from rollart.infra.store.payload import open_store_to_read
         from rollart.infra.store.weight_delta import DeltaMirror, engine_stream
 
         if self._mirror is None:
@@ -224,7 +224,7 @@ class HfEngine(Engine):
         params = dict(self._model.named_parameters())
         try:
             with torch.no_grad():
-                for name, t in engine_stream(open_store(source.store), manifest, self._mirror):
+                for name, t in engine_stream(open_store_to_read(source.store), manifest, self._mirror):
                     if name == TIED_HEAD and name not in params:
                         continue
                     params[name].copy_(t)

@@ -53,7 +53,7 @@ class WeightReloadExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-        from rollart.infra.store.payload import open_store
+        from rollart.infra.store.payload import open_store_to_read
         from rollart.infra.store.weight_delta import DeltaMirror, engine_stream
         from rollart.infra.store.weights import WeightsSource
 
@@ -70,7 +70,9 @@ class WeightReloadExtension:
 
         try:
             stream = (
-                None if source is None else counted(engine_stream(open_store(source.store), source.manifest, mirror))
+                None
+                if source is None
+                else counted(engine_stream(open_store_to_read(source.store), source.manifest, mirror))
             )
             if source is None:
                 mirror.drop()

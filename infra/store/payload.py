@@ -34,6 +34,7 @@ __all__ = [
     "check_key",
     "key_word",
     "open_store",
+    "open_store_to_read",
 ]
 
 log = logging.getLogger(__name__)
@@ -275,3 +276,17 @@ def open_store(cfg: StoreConfig) -> Store:
             store._config = cfg
             _OPEN[cfg] = store
         return store
+
+
+def open_store_to_read(cfg: StoreConfig) -> Store:
+    """`open_store`, or while the Mooncake master cannot be reached and the job has `fallback: local`, the local
+    copy (which holds everything a mirrored store wrote): for a process that only reads what was published (an
+    engine streaming weights in), whose first use may come while the master is down. Nothing is kept, so the
+    next call tries Mooncake again."""
+    try:
+        return open_store(cfg)
+    except StoreUnavailable as e:
+        if cfg.kind != "mooncake" or cfg.fallback != "local":
+            raise
+        log.warning("store: %s; reading the local fallback %s until it is back", e, cfg.path)
+        return LocalStore(cfg.path)
