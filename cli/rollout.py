@@ -43,8 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from rollart.cli.progress import progress_bar
     from rollart.client.connection import Outage
     from rollart.client.rollout import new_job_id, plan_trajectories, run_rollout
 
@@ -53,14 +52,7 @@ async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
     inputs = plan_trajectories(job, args.num, args.seed, job_id)
     print(f"job {job_id}: starting {len(inputs)} trajectories on queue 'control'")
     t0 = time.monotonic()
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[stats]}"),
-    ]
-    with Progress(*columns, transient=False) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("trajectories", total=len(inputs), stats="")
         wins = [0, 0]
 

@@ -55,9 +55,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     """Tokenize, train with a progress bar and a log line every --log-every steps, write the model, say how RL uses
     it."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rollart.activities.training.sft import SftProgress
+    from rollart.cli.progress import progress_bar
     from rollart.client.sft import plan_sft, run_sft
 
     job = load_spec(args.job, args)
@@ -91,14 +90,7 @@ def run(args: argparse.Namespace) -> int:
         f"replies, trained on); {o.steps} steps of {o.batch_size} ({epochs:.2f} epochs), lr {cfg.lr:g}, "
         f"betas {tuple(cfg.betas)}, grad_clip {cfg.grad_clip:g}, backend {cfg.backend}{', lora' if cfg.lora else ''}"
     )
-    columns = [
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[stats]}"),
-    ]
-    with Progress(*columns, transient=False) as bar:
+    with progress_bar() as bar:
         task = bar.add_task("steps", total=o.steps, stats="")
 
         def step_done(p: SftProgress) -> None:

@@ -222,22 +222,15 @@ def is_workflow_failure(e: BaseException) -> bool:
 
 async def _follow_with_bar(client: Client, handle: WorkflowHandle, writer: MetricsWriter, steps: int) -> TrainingResult:
     """Follow the job to its end: a progress bar on a terminal, one line per step in a log file."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import TextColumn
 
+    from rollart.cli.progress import progress_bar
     from rollart.client.connection import Outage
     from rollart.client.train import follow
     from rollart.contracts.training import TrainingStatus, played_success, stall_summary
 
-    columns = [
-        TextColumn("step"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[stats]}"),
-        TextColumn("[red]{task.fields[stall]}"),
-    ]
-    with Progress(*columns) as bar:
-        task = bar.add_task("train", total=steps, stats="rolling out ...", stall="")
+    with progress_bar(TextColumn("[red]{task.fields[stall]}")) as bar:
+        task = bar.add_task("step", total=steps, stats="rolling out ...", stall="")
 
         def on_step(row: dict) -> None:
             tasks = (
