@@ -29,10 +29,21 @@ from typing import Any, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rollart.activities.env_calls import (
+    build_env,
+    close_now,
+    first_observations,
+    is_chat,
+    lookup,
+    play_answers,
+    reset_now,
+    step_result,
+    unwrapped,
+)
 from rollart.activities.env_pool import ResetPool, close_quietly
 from rollart.activities.envs.base import ChatEnv, EnvSessionLost, observation_text
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
-from rollart.activities.errors import bad_input, env_broken, unknown_component
+from rollart.activities.errors import bad_input, env_broken
 from rollart.contracts.activities import (
     STICKY_START_S,
     CheckInput,
@@ -48,10 +59,10 @@ from rollart.contracts.activities import (
     StepInput,
     StepResult,
 )
-from rollart.contracts.chat import ChatMessage, as_messages
+from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
 from rollart.infra.config import FaultModel
-from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
+from rollart.infra.registry import EnvEntry
 
 __all__ = ["EnvActivities"]
 
@@ -114,7 +125,7 @@ class EnvActivities:
 
     async def _close(self, entry: EnvEntry, env: Any, owner: str) -> None:
         """`env.close()` on the env threads; a close that raises is logged, never raised (the env is done anyway)."""
-        await self._call(_close_now, entry, env, owner)
+        await self._call(close_now, entry, env, owner)
 
     async def _single_turn(self, name: str, fn: Callable[..., _T], *args: Any, resets: int = 1) -> _T:
         """`fn(*args)` in one hop to the env threads, under the env's reset timeout for each of its `resets`.
@@ -122,7 +133,7 @@ class EnvActivities:
         Single-turn calls build, reset, step and close many throwaway envs: one hop per seed instead of three
         per env (a step of the arithmetic example checks 256 answers: ~90 → ~10 ms).
         """
-        entry = _lookup(name)
+        entry = lookup(name)
         timeout_s = entry.reset_timeout_s * max(resets, 1)
         try:
             return await asyncio.wait_for(self._call(fn, *args), timeout_s)
@@ -132,7 +143,7 @@ class EnvActivities:
             ) from None
 
     def _build(self, name: str, env_args: dict[str, Any], options: EnvOptions | None) -> tuple[EnvEntry, Any]:
-        entry, env = _build(name, env_args)
+        entry, env = build_env(name, env_args)
         if options is not None and options.faults is not None:
             injector = self._injectors.get(options.faults)
             if injector is None:
@@ -144,7 +155,7 @@ class EnvActivities:
         self, name: str, env_args: dict[str, Any], options: EnvOptions | None, seed: int, n: int
     ) -> tuple[EnvEntry, list[tuple[Any, str]]]:
         """n envs reset from `seed`: through the pre-reset pool when the task has one, else n plain resets."""
-        entry = _lookup(name)  # an unknown name fails here, before any reset starts
+        entry = lookup(name)  # an unknown name fails here, before any reset starts
         timeout = (options.reset_timeout_s if options else None) or entry.reset_timeout_s
         size = options.reset_pool_size if options else 0
 
@@ -171,7 +182,7 @@ class EnvActivities:
         """env.reset(seed) in a thread under the reset timeout; a raising env is retryable (fresh env)."""
         timeout_s = timeout_s or entry.reset_timeout_s
         try:
-            return await asyncio.wait_for(self._call(_reset_now, entry, env, seed), timeout_s)
+            return await asyncio.wait_for(self._call(reset_now, entry, env, seed), timeout_s)
         except TimeoutError:
             raise ApplicationError(
                 f"env {entry.name!r} reset(seed={seed}) took over {timeout_s:g}s", type="EnvResetTimeout"
@@ -183,7 +194,7 @@ class EnvActivities:
         entry, [(env, observation)] = await self._reset_envs(inp.env, inp.env_args, inp.options, inp.seed, 1)
         session_id = f"{inp.trajectory_id}/{uuid.uuid4().hex[:8]}"
         self._sessions[session_id] = _Session.of([env], entry, inp.trajectory_id)
-        chat = _is_chat(env)
+        chat = is_chat(env)
         return EnvHandle(
             session_id=session_id,
             queue=self.queue,
@@ -192,7 +203,7 @@ class EnvActivities:
             step_timeout_s=entry.step_timeout_s,
             sticky_start_s=self.sticky_start_s,
             messages=observation if chat else None,
-            tools=(_unwrapped(env).tool_schemas() or None) if chat else None,
+            tools=(unwrapped(env).tool_schemas() or None) if chat else None,
         )
 
     @activity.defn(name="step")
@@ -204,7 +215,7 @@ class EnvActivities:
     @activity.defn(name="reset_group")
     async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
         """Create `size` envs reset from the same seed, kept here as one session (a GRPO group)."""
-        if issubclass(_lookup(inp.env).cls, ChatEnv):
+        if issubclass(lookup(inp.env).cls, ChatEnv):
             raise bad_input(
                 f"env {inp.env!r} is a chat env, which runs one trajectory per member: set the job's "
                 "rollout_unit: trajectory (a lockstep group session is for text envs)"
@@ -309,7 +320,7 @@ class EnvActivities:
             raise bad_input(
                 f"session of {session.owner} (member {member}) already ended; a step after done is a caller bug"
             )
-        if _is_chat(session.envs[member]) != isinstance(action, ChatMessage):
+        if is_chat(session.envs[member]) != isinstance(action, ChatMessage):
             kind = "a chat env, which needs" if isinstance(action, str) else "a text env, which needs"
             raise bad_input(
                 f"env {session.entry.name!r} is {kind} {'a message' if isinstance(action, str) else 'text'} to step"
@@ -330,7 +341,7 @@ class EnvActivities:
         except Exception as e:
             session.done[member] = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
-        result = _step_result(session.entry, outcome)
+        result = step_result(session.entry, outcome)
         session.done[member] = result.done
         return result
 
@@ -345,7 +356,7 @@ class EnvActivities:
     async def prompts(self, inp: PromptsInput) -> list[str]:
         """Single-turn tasks: each seed's first observation, from a throwaway env (no session kept)."""
         return await self._single_turn(
-            inp.env, _first_observations, inp.env, inp.env_args, inp.seeds, resets=len(inp.seeds)
+            inp.env, first_observations, inp.env, inp.env_args, inp.seeds, resets=len(inp.seeds)
         )
 
     @activity.defn(name="check")
@@ -354,7 +365,7 @@ class EnvActivities:
         if len(inp.seeds) != len(inp.answers):
             raise bad_input(f"check: {len(inp.seeds)} seeds but {len(inp.answers)} answer lists")
         return [
-            await self._single_turn(inp.env, _play_answers, inp.env, inp.env_args, seed, answers, resets=len(answers))
+            await self._single_turn(inp.env, play_answers, inp.env, inp.env_args, seed, answers, resets=len(answers))
             for seed, answers in zip(inp.seeds, inp.answers)
         ]
 
@@ -369,90 +380,6 @@ class EnvActivities:
             ) from None
 
 
-def _lookup(name: str) -> EnvEntry:
-    try:
-        return lookup_env(name)
-    except UnknownComponentError as e:
-        raise unknown_component(str(e)) from e
-
-
-def _build(name: str, env_args: dict[str, Any]) -> tuple[EnvEntry, Any]:
-    """Look the env up and construct it; unknown names and rejected args are bad input (not retried)."""
-    entry = _lookup(name)
-    try:
-        return entry, entry.cls(**env_args)
-    except (TypeError, ValueError) as e:
-        raise bad_input(f"env {name!r} rejected its env_args {env_args!r}: {e}") from e
-
-
-def _reset_now(entry: EnvEntry, env: Any, seed: int) -> str | list[ChatMessage]:
-    """env.reset(seed), on an env thread: a raising env is retryable (EnvResetError), a wrong answer is a bug (text
-    from a text env, a list of chat messages from a chat env)."""
-    try:
-        observation = env.reset(seed)
-    except Exception as e:
-        raise ApplicationError(
-            f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}", type="EnvResetError"
-        ) from e
-    if _is_chat(env):
-        try:
-            return as_messages(observation, f"env {entry.name!r}.reset's answer")
-        except ValueError as e:
-            raise bad_input(str(e)) from e
-    if not isinstance(observation, str):
-        raise bad_input(f"env {entry.name!r}.reset must return the observation text, got {type(observation).__name__}")
-    return observation
-
-
-def _unwrapped(env: Any) -> Any:
-    """The user's env inside a fault-injecting wrapper (`FaultyEnv`)."""
-    return env.inner if isinstance(env, FaultyEnv) else env
-
-
-def _is_chat(env: Any) -> bool:
-    """Whether `env` speaks chat messages (a `ChatEnv`), under any fault injection."""
-    return isinstance(_unwrapped(env), ChatEnv)
-
-
-def _close_now(entry: EnvEntry, env: Any, owner: str) -> None:
-    """env.close(), on an env thread; a close that raises is logged, never raised (the env is done anyway)."""
-    try:
-        env.close()
-    except Exception:
-        log.exception("env %s close failed (%s)", entry.name, owner)
-
-
-def _first_observations(name: str, env_args: dict[str, Any], seeds: list[int]) -> list[str]:
-    """On an env thread: each seed's first observation, from a throwaway env closed whatever happens."""
-    observations = []
-    for seed in seeds:
-        entry, env = _build(name, env_args)
-        try:
-            observations.append(_reset_now(entry, env, seed))
-        finally:
-            _close_now(entry, env, "a throwaway env")
-    return observations
-
-
-def _play_answers(name: str, env_args: dict[str, Any], seed: int, answers: list[str]) -> list[StepResult]:
-    """On an env thread: each answer as the only step of a fresh env reset from `seed`, closed whatever happens."""
-    results = []
-    for answer in answers:
-        entry, env = _build(name, env_args)
-        try:
-            _reset_now(entry, env, seed)
-            try:
-                outcome = env.step(answer)
-            except EnvSessionLost as e:  # a throwaway env's server went away: a retry builds fresh ones
-                raise ApplicationError(f"env {entry.name!r} lost its session: {e}", type="EnvSessionLost") from e
-            except Exception as e:
-                raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
-            results.append(_step_result(entry, outcome))
-        finally:
-            _close_now(entry, env, "a throwaway env")
-    return results
-
-
 def _mismatch(inp: RestoreInput, member: int, why: str) -> ApplicationError:
     return ApplicationError(
         f"cannot restore {inp.owner_id} (member {member}) from seed {inp.seed}: {why}; env {inp.env!r} is not "
@@ -460,17 +387,3 @@ def _mismatch(inp: RestoreInput, member: int, why: str) -> ApplicationError:
         type=ErrorType.REPLAY_MISMATCH,
         non_retryable=True,
     )
-
-
-def _step_result(entry: EnvEntry, outcome: Any) -> StepResult:
-    try:
-        messages = outcome.observation if isinstance(outcome.observation, list) else None
-        return StepResult(
-            observation=observation_text(outcome.observation),
-            reward=outcome.reward,
-            done=outcome.done,
-            info=outcome.info,
-            messages=messages,
-        )
-    except (AttributeError, ValueError) as e:
-        raise env_broken(f"env {entry.name!r} step returned {outcome!r}, not a StepOutcome: {e}") from e
