@@ -1,0 +1,408 @@
+"""The views of `python -m bench tables`: for each benchmark's results files, the rows and columns its tables show.
+
+A view reads results files in the shape their benchmark writes (bench/NAME.py's `main`), so a fresh
+`python -m bench NAME` run regenerates its tables; bench/tables.py finds the markers and renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["VIEWS", "Col", "Row", "View"]
+
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Col:
+    """One column of a view: its header, the row's key (or a function of the row), how to print the value."""
+
+    header: str
+    value: str | Callable[[Row], Any]
+    fmt: str | Callable[[Any], str] = ""
+    align: str = "r"
+    missing: str = "–"
+    bold: bool | Callable[[Row], bool] = False
+
+    def cell(self, row: Row) -> str:
+        v = self.value(row) if callable(self.value) else row.get(self.value)
+        if v is None or (isinstance(v, float) and v != v):
+            return self.missing
+        text = self.fmt(v) if callable(self.fmt) else (format(v, self.fmt) if self.fmt else str(v))
+        bold = self.bold(row) if callable(self.bold) else self.bold
+        return f"**{text}**" if bold and text else text
+
+
+@dataclass(frozen=True)
+class View:
+    """A table made from results files in a benchmark's own shape: `rows` picks the rows from the loaded files."""
+
+    files: tuple[str, ...]
+    rows: Callable[[list[dict[str, Any]]], list[Row]]
+    columns: tuple[Col, ...]
+
+
+# ---------------------------------------------------------------- formats
+
+
+def pct(v: float) -> str:
+    return f"{100 * v:.0f} %"
+
+
+def pct2(v: float) -> str:
+    return f"{100 * v:.2f} %"
+
+
+def thousands(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def fixed(digits: int, unit: str = "") -> Callable[[Any], str]:
+    return lambda v: f"{v:.{digits}f}{unit}"
+
+
+def pair(a: str, b: str, fmt: Callable[[Any], str], sep: str = " / ") -> Callable[[Row], str | None]:
+    """Two of a row's values in one cell, `a / b`."""
+
+    def cell(row: Row) -> str | None:
+        if row.get(a) is None or row.get(b) is None:
+            return None
+        return f"{fmt(row[a])}{sep}{fmt(row[b])}"
+
+    return cell
+
+
+def repeats(row: Row) -> str | None:
+    walls = row.get("walls_s")
+    return ", ".join(f"{w:.1f}" for w in walls) if walls else None
+
+
+def _modes(docs: list[dict[str, Any]]) -> list[Row]:
+    return [m for d in docs for m in d["modes"]]
+
+
+def _key(name: str) -> Callable[[list[dict[str, Any]]], list[Row]]:
+    return lambda docs: [r for d in docs for r in d[name]]
+
+
+# ---------------------------------------------------------------- views, by benchmark
+
+NAME = Col("mode", "name", align="l")
+
+_WEIGHT_TRANSFER = (
+    Col("size", "size", align="l"),
+    Col("MB", lambda r: r["bytes"] / 1e6, ".1f"),
+    Col("backend", "backend", align="l"),
+    Col("publish s", "publish_s", ".3f"),
+    Col("GB/s", "publish_gbps", ".2f"),
+    Col("pull s", "pull_s", ".3f"),
+    Col("GB/s", "pull_gbps", ".2f"),
+)
+_WEIGHT_SWAP = (
+    Col("model", "model", align="l"),
+    Col("params", lambda r: r["params"] / 1e6, fixed(1, "M")),
+    Col("store", "store", align="l"),
+    Col("publish s", "publish_s", ".3f"),
+    Col("stream + load s", "load_s", ".3f"),
+    Col("first request s", "first_request_s", ".3f"),
+    Col("total s", "total_s", ".3f"),
+)
+_SIZE_SWAP = (
+    Col("size", "size", align="l"),
+    Col("path", "path", align="l"),
+    Col("dtype", "dtype", align="l"),
+    Col("GB", lambda r: r["bytes"] / 1e9, ".2f"),
+    Col("publish s", "publish_s", ".3f"),
+    Col("stream + load s", "load_s", ".3f"),
+    Col("first request s", "request_s", ".3f"),
+    Col("total s", "total_s", ".3f", bold=True),
+    Col("× memcpy", "vs_memcpy", ".2f"),
+    Col("publisher peak MB", "publisher_peak_mb", ".0f"),
+)
+_SIZE_FIXED = (
+    Col("model", "model", align="l"),
+    Col("publish s", "publish_s", ".4f"),
+    Col("stream + load s", "load_s", ".4f"),
+    Col("first request s", "request_s", ".4f"),
+    Col("total s", "total_s", ".4f", bold=True),
+    Col("a request alone s", "request_alone_s", ".4f"),
+)
+_SIZE_TRAIN = (
+    Col("size", "size", align="l"),
+    Col("trainer", "mode", align="l"),
+    Col("step s", "step_s", ".2f", bold=True),
+    Col("train s", "train_s", ".2f"),
+    Col("publish s", "publish_s", ".2f"),
+    Col("publish peak MB (leader)", "publish_peak_mb", ".0f"),
+    Col("tokens", "tokens", ".0f"),
+)
+_SFT = (
+    Col("model", "name", align="l"),
+    Col("episodes", "episodes"),
+    Col("success", "success_rate", ".3f", bold=True),
+    Col("first reply calls calc", "first_reply_call_share", ".3f"),
+    Col("replies with a parsed call", "tool_call_share", ".3f"),
+    Col("unparsed calls", "unparsed_calls"),
+    Col("turns", "mean_turns", ".2f"),
+    Col("SFT wall min", "sft_min", ".1f"),
+)
+
+_LORA_SWAP = (
+    Col("model", "model", align="l"),
+    Col("published", "kind", align="l"),
+    Col("trained params", "trained", thousands),
+    Col("MB", lambda r: r["bytes"] / 1e6, ".2f"),
+    Col("publish s", "publish_s", ".4f"),
+    Col("pull s", "pull_s", ".4f"),
+    Col("swap s", "swap_s", ".4f"),
+    Col("first request s", "first_request_s", ".4f"),
+    Col("total s", "total_s", ".4f"),
+    Col("vs full", "speedup_vs_baseline", fixed(1, "x")),
+    Col("tokens/s after", "tokens_per_s", thousands),
+)
+_RESETS = (
+    Col("reset_pool_size", "reset_pool_size"),
+    Col("resets", "resets", thousands),
+    Col("failed", "failed", thousands),
+    Col("success", "success_rate", pct2, bold=True),
+    Col("activities retried", lambda r: f"{r['resets_retried']:,} ({pct2(r['resets_retried'] / r['resets'])})"),
+    Col("p50", "latency_p50_s", fixed(1, " s")),
+    Col("p99", "latency_p99_s", fixed(1, " s")),
+    Col("resets/s", "resets_per_s", ".0f"),
+)
+
+
+def _trainer(step: str, publish: str) -> tuple[Col, ...]:
+    return (
+        NAME,
+        Col("step s", "wall_s", step),
+        Col("vs torch", "speedup_vs_baseline", ".2f"),
+        Col("publish s", "publish_s", publish),
+        Col("publish vs torch", "publish_vs_baseline", ".2f"),
+        Col("first step s", "first_step_s", ".1f"),
+    )
+
+
+_SINGLE_TURN = (
+    Col("code", "label", align="l"),
+    Col("s/step", "s_per_step", ".2f"),
+    Col("activities/step", "activities_per_step", ".3g"),
+    Col("generate", "generate_per_step", ".3g"),
+    Col("generate_batch", "generate_batch_per_step", ".3g"),
+    Col("wave s", "wave_s", ".2f"),
+    Col("wave gen s", "wave_generation_s", ".2f"),
+    Col("train_step s", "train_step_s", ".2f"),
+    Col("server cpu s/step", "cpu_s_temporal-server", ".3f"),
+    Col("control cpu s/step", "cpu_s_control", ".3f"),
+    Col("h20 cpu s/step", "cpu_s_h20", ".3f"),
+)
+_REWARD_SERVICE = (
+    NAME,
+    Col("wall s", "wall_s", ".1f"),
+    Col("mean rollout s", "mean_rollout_s", ".1f"),
+    Col("traj/s", "trajectories_per_s", ".2f"),
+    Col("engine busy", "engine_busy_fraction", pct),
+    Col("tokens/s", "tokens_per_s", ".0f"),
+    Col("generate ms", "generate_work_ms", ".0f"),
+    Col("reward work ms", "reward_work_ms", ".0f"),
+    Col("reward wait ms", "reward_wait_ms", ".0f"),
+    Col("speedup", "speedup_vs_baseline", fixed(2, "x")),
+)
+_SCALE = (
+    Col("trajectories", "n", thousands),
+    Col("control procs", "controls"),
+    Col("peak running", "peak_in_flight", thousands),
+    Col("failed", "failed"),
+    Col("ledger", lambda r: "balanced" if r["ledger_balanced"] else "UNBALANCED", align="l"),
+    Col("wall s", "wall_s", ".1f"),
+    Col("activities/s", "activities_per_s", ".1f"),
+    Col("wait p50 / p99 ms", pair("wait_ms_p50", "wait_ms_p99", thousands)),
+    Col("wf task p50 / p99 ms", pair("wft_ms_p50", "wft_ms_p99", thousands)),
+    Col(
+        "events / bytes per traj",
+        lambda r: f"{r['events_per_trajectory']:.0f} / {r['bytes_per_trajectory'] / 1000:.1f} KB",
+    ),
+    Col(
+        "server / control / stand-in cores",
+        lambda r: f"{r['cores_server']:.2f} / {r['cores_control']:.2f} / {r['cores_standins']:.2f}",
+        align="l",
+    ),
+)
+
+
+def _paper(row: Row) -> str:
+    """end_to_end's paper column: the RollArt paper's end-to-end speedup, for the modes it measured."""
+    if row["name"].startswith("batch b0"):
+        return "1.00"
+    return "1.35–2.05" if row["name"].startswith("traj") else ""
+
+
+def _server_and_control(row: Row) -> float | None:
+    """CPU cores of the Temporal server and the control workers together (older runs recorded only the sum)."""
+    if row.get("cores_temporal-server") is not None and row.get("cores_control") is not None:
+        return row["cores_temporal-server"] + row["cores_control"]
+    return row.get("cores_server_and_control")
+
+
+_E2E_HEAD = (
+    NAME,
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs sync", "speedup_vs_baseline", ".2f", bold=True),
+)
+_END_TO_END = (
+    *_E2E_HEAD,
+    Col("paper", _paper, align="l"),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy", "busy_generation", pct),
+    Col("h800 / h20 busy", pair("busy_h800", "busy_h20", pct), align="l"),
+    Col("cpu (env) busy", "busy_cpu", pct),
+    Col("trainer busy", "busy_trainer", pct),
+    Col("dropped (stale)", "dropped", thousands),
+)
+_END_TO_END_TIME = (
+    NAME,
+    Col("activities", "activities", thousands),
+    Col("Temporal wait ms / act", "wait_ms_p50", ".0f"),
+    Col("return ms / act", "return_ms_p50", ".0f"),
+    Col("generate p50 s", "generate_p50_s", ".3f"),
+    Col("reset_group p50 / max s", pair("reset_p50_s", "reset_max_s", fixed(2)), align="l"),
+    Col("server cores", "cores_temporal-server", ".2f"),
+    Col("control cores", "cores_control", ".2f"),
+    Col("h800 cores", "cores_h800", ".2f"),
+)
+_END_TO_END_TRAJECTORY = (
+    *_E2E_HEAD,
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy", "busy_generation", pct),
+    Col("activities", "activities", thousands),
+    Col("wait ms / act", "wait_ms_p50", ".0f"),
+    Col("return ms / act", "return_ms_p50", ".0f"),
+    Col("server + control cores", _server_and_control, ".2f"),
+)
+_END_TO_END_SOKOBAN = (
+    *_E2E_HEAD,
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy", "busy_generation", pct),
+    Col("activities", "activities", thousands),
+    Col("return ms / act", "return_ms_p50", ".0f"),
+    Col("reset max s", "reset_max_s", ".2f"),
+)
+_AFFINITY = (
+    Col("layout", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs one pool", "speedup_vs_baseline", ".2f", bold=True),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("gen busy (any)", "busy_generation", pct),
+    Col("per-worker busy (min / max)", pair("gen_worker_busy_min", "gen_worker_busy_max", pct), align="l"),
+    Col("generate p50 s", "generate_p50_s", ".3f"),
+    Col("trainer busy", "busy_trainer", pct),
+)
+_ENGINES_AFFINITY = (
+    Col("mode", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("prefix-cache hits", "prefix_hit_rate", pct, bold=True),
+    Col("tokens/s", "tokens_per_s", thousands),
+    Col("traj/s", "trajectories_per_s", ".2f"),
+    Col("engine moves / traj", "moves_per_trajectory", ".2f"),
+    Col("failed", "failed", ".0f"),
+)
+_ENGINES_ADMISSION = (
+    Col("admission", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs fixed", "speedup_vs_baseline", ".2f", bold=True),
+    Col("traj/s", "trajectories_per_s", ".2f"),
+    Col("completion tok/s", "completion_tokens_per_s", ".0f"),
+    Col("preempted", "preempted", ".0f"),
+    Col("KV max", "kv_usage_max", pct),
+    Col("cap min / end", pair("cap_min", "cap_end", fixed(0)), align="l"),
+    Col("failed", "failed", ".0f"),
+)
+_OVERHEAD = (
+    Col("path, unit, env latency", "name", align="l"),
+    Col("wall s", "wall_s", ".2f"),
+    Col("vs asyncio", "speedup_vs_baseline", ".2f", bold=lambda r: not r["name"].startswith("asyncio")),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("trajectory s", "trajectory_s", ".2f"),
+    Col("activities / traj", "activities_per_trajectory", ".2g"),
+    *(
+        Col(header, key, fmt, missing="")
+        for header, key, fmt in (
+            ("work ms / act", "work_ms", ".0f"),
+            ("wait ms", "wait_ms", ".0f"),
+            ("return ms", "return_ms", ".0f"),
+            ("overhead ms / act (histories)", "overhead_ms_per_activity", ".0f"),
+            ("share", "overhead_share", pct),
+            ("extra ms / act", "extra_ms_per_activity", ".0f"),
+            ("extra share", "extra_share", pct),
+        )
+    ),
+)
+
+
+def _learning(docs: list[dict[str, Any]]) -> list[Row]:
+    """`bench learning` files: every run (as run: bound, then seed), then each file's medians per bound."""
+    runs = [r for d in docs for r in d["runs"]]
+    return [*runs, *(s for d in docs for s in d.get("summary", []))]
+
+
+_LEARNING = (
+    Col("bound", "bound"),
+    Col("seed", "seed", align="l", bold=lambda r: isinstance(r["seed"], str)),  # "median of 3": the summary
+    Col("steps to 0.8", lambda r: r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"),
+    Col("min to 0.8", "minutes_to_target", ".1f"),
+    Col("last 20 % ≥ 0.8", "stable_share", pct),
+    Col("last 50", "last50", ".2f"),
+    Col("last 100", "last100", ".2f"),
+    Col("greedy eval", "eval", ".3f"),
+    Col("run", "minutes", fixed(1, " min")),
+)
+
+VIEWS: dict[str, View] = {
+    "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
+    "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
+    "lora_swap": View(("lora_swap",), _modes, _LORA_SWAP),
+    "sft": View(("sft",), _modes, _SFT),
+    "resets": View(("resets",), _key("rows"), _RESETS),
+    "size.swap": View(("size",), _key("swap"), _SIZE_SWAP),
+    "size.fixed": View(("size",), _key("fixed"), _SIZE_FIXED),
+    "size.train": View(("size",), _key("train"), _SIZE_TRAIN),
+    "trainer": View(("trainer",), _modes, _trainer(".3f", ".4f")),
+    "trainer-h512-l8": View(("trainer-h512-l8",), _modes, _trainer(".2f", ".3f")),
+    "single_turn": View(("single_turn-before", "single_turn-after"), _modes, _SINGLE_TURN),
+    "reward_service": View(("reward_service",), _modes, _REWARD_SERVICE),
+    "reward_service-heavy": View(("reward_service-heavy",), _modes, _REWARD_SERVICE),
+    "scale": View(("scale",), _modes, _SCALE),
+    "end_to_end": View(("end_to_end",), _modes, _END_TO_END),
+    "end_to_end.time": View(("end_to_end",), _modes, _END_TO_END_TIME),
+    "end_to_end-trajectory": View(("end_to_end-trajectory",), _modes, _END_TO_END_TRAJECTORY),
+    "end_to_end-sokoban": View(("end_to_end-sokoban",), _modes, _END_TO_END_SOKOBAN),
+    "affinity": View(("affinity",), _modes, _AFFINITY),
+    "engines-affinity": View(("engines-affinity",), _modes, _ENGINES_AFFINITY),
+    "engines-admission": View(("engines-admission",), _modes, _ENGINES_ADMISSION),
+    "overhead": View(("overhead",), _modes, _OVERHEAD),
+    "learning.frozenlake-explore": View(
+        (
+            "learning-frozenlake-explore-b2-s01",
+            "learning-frozenlake-cov003-dr-unsolved-s2",
+            "learning-frozenlake-explore-b10-s0",
+            "learning-frozenlake-explore-b10-s1",
+        ),
+        lambda docs: sorted(
+            (r for d in docs for r in d["runs"]), key=lambda r: (-r["bound"], r["seed"])
+        ),  # bound 2 first, as the page reads
+        _LEARNING,
+    ),
+    "learning.frozenlake-b10": View(("learning-frozenlake-b10-s012",), _learning, _LEARNING),
+    "learning.frozenlake-lora": View(("learning-frozenlake-lora",), _learning, _LEARNING),
+    "learning.arithmetic-coverage": View(
+        ("learning-arithmetic-coverage-b1", "learning-arithmetic-coverage-b0"), _learning, _LEARNING
+    ),
+}
+"""Tables read from results files in the shape their benchmark writes (bench/NAME.py's `main`)."""
