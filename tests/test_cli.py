@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rollart.client.rollout import plan_trajectories
-from rollart.infra.config import load_job
+from rollart.infra.config import EngineConfig, load_job
 from rollart.infra.local.devserver import DevServer, free_port
 from tests.support.cli import rollart
 from tests.support.paths import REPO
@@ -259,9 +259,11 @@ def test_worker_joins_a_given_server_and_drains_on_sigterm(tmp_path: Path) -> No
 
 @pytest.mark.integration
 def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path, tiny_model: Path) -> None:
+    """The HF engine: what is under test is the command's interruption and the stack's exit, not vLLM (whose
+    engine processes the chaos tier's worker kills check for leftovers); it starts 15 s sooner."""
     base = load_job(REPO / "examples" / "frozenlake.yaml")
     store = base.store.model_copy(update={"path": tmp_path / "store"})
-    job = base.model_copy(update={"model_dir": tiny_model, "store": store})
+    job = base.model_copy(update={"model_dir": tiny_model, "store": store, "engine": EngineConfig(kind="hf")})
     spec = tmp_path / "job.json"
     spec.write_text(job.model_dump_json())
     cmd = [
@@ -283,13 +285,13 @@ def test_train_interrupted_terminates_its_job_and_stops_the_stack(tmp_path: Path
     ]  # every worker, the job and its children on it-* queues
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
     try:
-        _wait_for_line(proc, "step 2/50", 240)
+        _wait_for_line(proc, "step 1/50", 240)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
         assert "interrupted: terminated job frozenlake-" in out  # the job id, though the job is gone
         assert "the local stack stops with this command" in out
         assert proc.returncode != 0
-        assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 2
+        assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 1
         logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "home").rglob("*.log"))
         for pool in ("control", "cpu", "h800", "serverless", "trainer"):
             assert f"queues=[it-{pool}" in logs, pool
