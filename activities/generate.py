@@ -89,7 +89,9 @@ class GenerateActivities:
                 await self._ensure_version(inp.weights)
             if inp.messages is not None:
                 return await self._sample_chat(inp, _request_id())
-            return await self._sample(inp.prompt, inp.prompt_format, inp.sampling, inp.data_key, _request_id())
+            return await self._sample(
+                inp.prompt, inp.prompt_format, inp.sampling, inp.data_key, _request_id(), inp.priority
+            )
 
     @activity.defn(name="generate_batch")
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
@@ -108,19 +110,25 @@ class GenerateActivities:
             return list(
                 await asyncio.gather(
                     *(
-                        self._sample(prompt, inp.prompt_format, inp.sampling, key, f"{request_id}:{i}")
+                        self._sample(prompt, inp.prompt_format, inp.sampling, key, f"{request_id}:{i}", inp.priority)
                         for i, (prompt, key) in enumerate(zip(inp.prompts, inp.data_keys))
                     )
                 )
             )
 
     async def _sample(
-        self, observation: str, fmt: PromptFormat | None, sampling: SamplingParams, data_key: str, request_id: str
+        self,
+        observation: str,
+        fmt: PromptFormat | None,
+        sampling: SamplingParams,
+        data_key: str,
+        request_id: str,
+        priority: int = 0,
     ) -> GenerateResult:
         """One engine request for `observation` rendered per `fmt`; its tokens and logprobs go to the store."""
         prompt = await self._render(observation, fmt)
         try:
-            out = await self.engine.generate(prompt, sampling, request_id)
+            out = await self.engine.generate(prompt, sampling, request_id, priority)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
             raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
         await asyncio.to_thread(self.store.put, data_key, stored_turn(prompt, out).to_bytes())
@@ -156,7 +164,7 @@ class GenerateActivities:
             ) from e
         prompt_ids = prefix + new_ids
         try:
-            out = await self.engine.generate(prompt_ids, inp.sampling, request_id)
+            out = await self.engine.generate(prompt_ids, inp.sampling, request_id, inp.priority)
         except EngineRequestError as e:  # e.g. a conversation grown past max_model_len
             raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
         record = StoredTurn(

@@ -128,6 +128,7 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
                     job_id=job_id,
                     queue_prefix=job.temporal.task_queue_prefix,
                     affinity=job.engine.affinity,
+                    priority=job.engine.priority,
                 )
             )
         group += 1
@@ -236,6 +237,7 @@ def unit_input(
         min_version=inp.min_version,
         queue_prefix=inp.queue_prefix,
         affinity=inp.affinity,
+        priority=inp.priority,
     )
     return unit, workflow_id, group
 

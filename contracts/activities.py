@@ -227,6 +227,9 @@ class GenerateInput(_Message):
     sampled ids, then the new messages' tokens: the conversation is never re-tokenized."""
     tool_parser: str | None = None
     """The vLLM tool parser that reads tool calls in a chat turn's completions (`hermes` for Qwen); None: none."""
+    priority: int = 0
+    """Its rank among requests waiting on an engine that schedules by priority: lower first (workflows/driver/
+    priority.py); ignored by one serving in arrival order."""
 
 
 class GenerateBatchInput(_Message):
@@ -237,6 +240,8 @@ class GenerateBatchInput(_Message):
     data_keys: list[str] = Field(min_length=1)
     weights: WeightsRef | None = None
     prompt_format: PromptFormat | None = None
+    priority: int = 0
+    """Every prompt's rank among requests waiting on the engine (as GenerateInput's)."""
 
 
 FinishReason = Literal["stop", "length", "abort", "error", "repetition", "None"]

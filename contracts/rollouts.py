@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.contracts.activities import EnginePressure
 from rollart.contracts.ids import member_id
-from rollart.infra.config import AffinityConfig, TaskSpec
+from rollart.infra.config import AffinityConfig, PriorityPolicy, TaskSpec
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
@@ -39,6 +39,7 @@ class TrajectoryInput(BaseModel):
     affinity: AffinityConfig = Field(
         default_factory=AffinityConfig, description="which engine serves its turns (the job's engine.affinity)"
     )
+    priority: PriorityPolicy = Field("fifo", description="how its requests rank on the engine (engine.priority)")
 
 
 class TrajectoryResult(BaseModel):
@@ -101,6 +102,8 @@ class GroupRolloutInput(BaseModel):
     queue_prefix: str = Field("", pattern=QUEUE_PREFIX_PATTERN)
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)
     """Which engine serves each group's turns, and whether a single-turn wave splits across engines."""
+    priority: PriorityPolicy = "fifo"
+    """How the groups' requests rank among those waiting on an engine (the job's `engine.priority`)."""
     lockstep: bool = False
     """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
     reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""

@@ -10,6 +10,7 @@ from rollart.contracts.activities import EnginePressure, SampleRef
 from rollart.infra.config import (
     AffinityConfig,
     JobSpec,
+    PriorityPolicy,
     StopWhen,
     TaskSpec,
     TrainerConfig,
@@ -205,6 +206,8 @@ class TrainingPlan(BaseModel):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)
     """Which engine serves a trajectory's turns (the job's `engine.affinity`), for the rollouts it starts."""
+    priority: PriorityPolicy = "fifo"
+    """How the rollouts' requests rank among those waiting on an engine (the job's `engine.priority`)."""
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
@@ -218,6 +221,7 @@ class TrainingPlan(BaseModel):
             queue_prefix=job.temporal.task_queue_prefix,
             weights=job.weights.resolved(job.engine.dtype),
             affinity=job.engine.affinity,
+            priority=job.engine.priority,
         )
 
 

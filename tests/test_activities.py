@@ -209,7 +209,7 @@ class ScriptedEngine(Engine):
     async def start(self) -> None:
         pass
 
-    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str, priority: int = 0) -> EngineOutput:
         if self.reject:
             raise EngineRequestError("prompt too long")
         return EngineOutput([1, 2, 3], [EngineCompletion([7, 8], [-0.5, -1.5], "R", "length")], 3, 4)

@@ -123,7 +123,9 @@ class ScriptedEngine(Engine):
     async def start(self) -> None:
         pass
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
         assert isinstance(prompt, list), "chat turns reach the engine as token ids"
         self.prompts.append(prompt)
         text = self.replies[min(len(self.prompts), len(self.replies)) - 1]

@@ -56,7 +56,10 @@ async def hf_engine(model_dir: Path) -> AsyncIterator[Engine]:
 
 @pytest_asyncio.fixture(scope="module")
 async def vllm_engine(model_dir: Path) -> AsyncIterator[Engine]:
-    engine = create_engine(model_dir, EngineConfig(kind="vllm", max_model_len=256, max_num_seqs=64, kv_cache_gib=1))
+    """vLLM with its priority scheduler (`engine.priority: turns`): requests of equal priority, as every test here
+    but the priority one sends, are served in arrival order as by the default fcfs scheduler (the session stack's)."""
+    cfg = EngineConfig(kind="vllm", max_model_len=256, max_num_seqs=64, kv_cache_gib=1, priority="turns")
+    engine = create_engine(model_dir, cfg)
     await engine.start()
     yield engine
     await engine.shutdown()
@@ -111,6 +114,8 @@ def test_the_jobs_gpu_settings_reach_vllm(model_dir: Path) -> None:
     ) == ("bfloat16", 2, 0.6, False, 32)
     assert args.enforce_eager is not torch.cuda.is_available()  # CUDA graphs on GPUs, eager on CPUs
     assert create_engine(model_dir, EngineConfig()).engine_args().enable_prefix_caching is True
+    assert create_engine(model_dir, EngineConfig()).engine_args().scheduling_policy == "fcfs"
+    assert create_engine(model_dir, EngineConfig(priority="turns")).engine_args().scheduling_policy == "priority"
 
 
 async def test_hf_generates_n_completions(hf_engine: Engine) -> None:
@@ -142,6 +147,30 @@ async def test_vllm_serves_concurrent_requests(vllm_engine: Engine) -> None:
     for out in outs:
         check_output(out, sampling, eos_id=0)
     assert vllm_engine.tokens_generated() - before == sum(len(c.token_ids) for o in outs for c in o.completions)
+
+
+@pytest.mark.integration
+async def test_vllm_serves_waiting_requests_of_lower_priority_first(vllm_engine: Engine) -> None:
+    """A full engine (64 running, more waiting) gets 8 requests of priority -3, the rank `turns` gives a trajectory
+    3 turns in: they are scheduled ahead of the requests that were waiting before them, so they finish first."""
+    sampling = SamplingParams(temperature=1.0, max_tokens=24)
+    finished: list[str] = []
+
+    async def request(name: str, priority: int) -> None:
+        await vllm_engine.generate(PROMPT, sampling, name, priority)
+        finished.append(name)
+
+    early = [asyncio.create_task(request(f"early{i}", 0)) for i in range(64 + 32)]  # 32 wait for a slot
+    deadline = time.monotonic() + 60
+    while vllm_engine.pressure().waiting < 16:
+        assert time.monotonic() < deadline, vllm_engine.pressure()
+        await asyncio.sleep(0.01)
+    late = [asyncio.create_task(request(f"late{i}", -3)) for i in range(8)]
+    await asyncio.gather(*early, *late)
+    rank = {name: i for i, name in enumerate(finished)}
+    lates = sorted(rank[f"late{i}"] for i in range(8))
+    waited = sorted(rank[f"early{i}"] for i in range(64, 96))  # the last 32 in: waiting when the late ones came
+    assert lates[-1] < waited[len(waited) // 2], (lates, waited)  # all 8 before half of those that waited
 
 
 @pytest.mark.integration

@@ -305,7 +305,7 @@ class AdapterEngine(Engine):
     async def start(self) -> None:
         pass
 
-    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(self, prompt: str, sampling: SamplingParams, request_id: str, priority: int = 0) -> EngineOutput:
         return EngineOutput([1], [Completion([2], [-0.1], "R", "length")], self.policy_version, self.policy_version)
 
     async def shutdown(self) -> None:

@@ -264,8 +264,10 @@ async def play(model: Path, store: LocalStore, turns: list[int]) -> tuple[list[C
     current: list[Conversation] = []
     real = engine.generate
 
-    async def recording(prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
-        out = await real(prompt, sampling, request_id)
+    async def recording(
+        prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
+        out = await real(prompt, sampling, request_id, priority)
         assert isinstance(prompt, list)
         current[0].given.append(list(prompt))
         current[0].outputs.append(out)

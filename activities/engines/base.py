@@ -115,8 +115,11 @@ class Engine(ABC):
         """Load the model and warm up (including one logprobs request), so the first real call is fast."""
 
     @abstractmethod
-    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
-        """Sample `sampling.n` completions of `prompt` (text, or token ids taken as they are).
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
+        """Sample `sampling.n` completions of `prompt` (text, or token ids taken as they are). An engine that
+        schedules by priority serves waiting requests of lower `priority` first; others ignore it.
 
         Raises `EngineError` if this request failed, `EngineDeadError` if the
         engine is gone. Cancelling the awaiting task aborts the request.

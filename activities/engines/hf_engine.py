@@ -86,8 +86,11 @@ class HfEngine(Engine):
         model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype).eval()
         return tok, model
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
-        """Sample `sampling.n` completions; requests queue behind each other.
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
+        """Sample `sampling.n` completions; requests queue behind each other, in arrival order (`priority` is
+        ignored).
 
         Cancelling stops the generation at the next token (the thread checks a flag).
         """

@@ -69,6 +69,7 @@ class VllmEngine(Engine):
         gpu_memory_utilization: float = 0.9,
         enable_prefix_caching: bool = True,
         max_lora_rank: int | None = None,
+        priority: str = "fifo",
     ) -> None:
         self.model_dir = Path(model_dir)
         self.max_model_len = max_model_len
@@ -80,6 +81,7 @@ class VllmEngine(Engine):
         self.gpu_memory_utilization = gpu_memory_utilization
         self.enable_prefix_caching = enable_prefix_caching
         self.max_lora_rank = max_lora_rank
+        self.priority = priority  # "fifo": vLLM's fcfs scheduler; otherwise its priority scheduler
         self.policy_version = 0
         self._llm: Any = None
         self._stats: Any = None  # vllm_stats.EngineStats, fed by vLLM's stat loggers once started
@@ -103,6 +105,7 @@ class VllmEngine(Engine):
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enable_prefix_caching=cfg.enable_prefix_caching,
             max_lora_rank=cfg.max_lora_rank,
+            priority=cfg.priority,
         )
 
     def _set_env(self) -> None:
@@ -171,6 +174,7 @@ class VllmEngine(Engine):
             enable_prefix_caching=self.enable_prefix_caching,
             disable_log_stats=True,
             worker_extension_cls=WORKER_EXTENSION,  # adds the in-place weight load (load_weights)
+            scheduling_policy="fcfs" if self.priority == "fifo" else "priority",
             **self._lora_args(),
         )
 
@@ -203,9 +207,12 @@ class VllmEngine(Engine):
             output_kind=RequestOutputKind.FINAL_ONLY,  # with n>1 the last streamed delta can lack a completion
         )
 
-    async def generate(self, prompt: str | list[int], sampling: SamplingParams, request_id: str) -> EngineOutput:
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
         """Sample `sampling.n` completions; batched with every other in-flight call. A prompt of token ids goes
-        to vLLM as they are (no tokenization).
+        to vLLM as they are (no tokenization). With the priority scheduler, waiting requests of lower `priority`
+        run first (ties in arrival order); with `fifo` it is ignored.
 
         `request_id` gets a uuid suffix so retries of the same activity never
         collide in vLLM. Cancelling the caller aborts the vLLM request.
@@ -224,7 +231,10 @@ class VllmEngine(Engine):
         lora = None if adapter is None else adapter.request
         final = None
         try:
-            async for out in self._llm.generate(_prompt(prompt), self._vllm_params(sampling), rid, lora_request=lora):
+            rank = {} if self.priority == "fifo" else {"priority": priority}
+            async for out in self._llm.generate(
+                _prompt(prompt), self._vllm_params(sampling), rid, lora_request=lora, **rank
+            ):
                 final = out
         except asyncio.CancelledError:
             raise

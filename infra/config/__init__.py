@@ -20,7 +20,7 @@ This package's names are its public API: import them from `rollart.infra.config`
 """
 
 from rollart.infra.config.base import DEFAULT_HOME
-from rollart.infra.config.engine import AffinityConfig, EngineConfig
+from rollart.infra.config.engine import AffinityConfig, EngineConfig, PriorityPolicy
 from rollart.infra.config.env_servers import OPENENV, EnvServerSpec
 from rollart.infra.config.job import JobSpec
 from rollart.infra.config.load import JobSpecError, format_validation_error, load_job
@@ -75,6 +75,7 @@ __all__ = [
     "MetricsConfig",
     "MooncakeConfig",
     "ParallelConfig",
+    "PriorityPolicy",
     "PromptFormat",
     "RewardPlacement",
     "SamplingParams",

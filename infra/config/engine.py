@@ -45,6 +45,10 @@ class AffinityConfig(Section):
         return self.mode == "session"
 
 
+PriorityPolicy = Literal["fifo", "turns"]
+"""How a generation request ranks among those waiting on an engine (workflows/driver/priority.py)."""
+
+
 class EngineConfig(Section):
     """The inference engine of a generation worker.
 
@@ -67,3 +71,9 @@ class EngineConfig(Section):
     max_lora_rank: int | None = Field(None, ge=1, le=512)
     seed: int = 0
     affinity: AffinityConfig = Field(default_factory=AffinityConfig)
+    priority: PriorityPolicy = Field(
+        "fifo",
+        description="which waiting generation request the engine serves first: `fifo`, in arrival order; `turns`, "
+        "the trajectory with the most turns done (vLLM's priority scheduling: the long tail is not held back by "
+        "episodes just starting). The HF engine serves in arrival order",
+    )

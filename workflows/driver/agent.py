@@ -29,6 +29,7 @@ from rollart.workflows.driver.affinity import generate_on
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.lockstep import guarded
+from rollart.workflows.driver.priority import request_priority
 
 __all__ = ["RUN_AGENT_SLACK_S", "AgentEpisode"]
 
@@ -74,6 +75,7 @@ class AgentEpisode:
                 tools=None if plan.continues else req.tools,
                 prefix_key=ep.gens[-1].data_key if plan.continues else None,
                 tool_parser=task.tool_parser,
+                priority=request_priority(inp.priority, len(ep.turns)),
             )
             try:
                 gen: GenerateResult = await generate_on(

@@ -27,6 +27,7 @@ from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on
 from rollart.workflows.driver.calls import Calls
+from rollart.workflows.driver.priority import request_priority
 from rollart.workflows.driver.session import call_sticky, close_session
 
 __all__ = ["Episode"]
@@ -112,6 +113,7 @@ class Episode:
                 weights=weights,
                 prompt_format=task.prompt,
                 data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns)),
+                priority=request_priority(inp.priority, len(self.turns)),
                 **self._chat_turn(),
             ),
             shared=self.queue(task.generate_pool),

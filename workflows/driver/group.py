@@ -27,6 +27,7 @@ from rollart.infra.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on
 from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.episode import Episode
+from rollart.workflows.driver.priority import request_priority
 from rollart.workflows.driver.session import call_sticky
 
 __all__ = ["GroupEpisode"]
@@ -49,6 +50,7 @@ class GroupEpisode:
             min_version=inp.min_version,
             queue_prefix=inp.queue_prefix,
             affinity=inp.affinity,
+            priority=inp.priority,
         )
         self.pin = Pin()  # one engine serves every member's turn (one generate_batch): they share its pin
         self.members = [Episode(calls, self.inp, tid, pin=self.pin) for tid in group.members(inp.task.group_size)]
@@ -114,6 +116,7 @@ class GroupEpisode:
                 weights=weights,
                 prompt_format=task.prompt,
                 data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing],
+                priority=request_priority(inp.priority, max(len(ep.turns) for ep in playing)),
             ),
             shared=self.queue(task.generate_pool),
             result_type=list[GenerateResult],

@@ -161,6 +161,7 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
             report_to=report_to,
             queue_prefix=plan.queue_prefix,
             affinity=plan.affinity,
+            priority=plan.priority,
         )
 
     if launch.unit is Unit.TRAJECTORY:
@@ -183,5 +184,6 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
         ],
         queue_prefix=plan.queue_prefix,
         affinity=plan.affinity,
+        priority=plan.priority,
         lockstep=plan.training.rollout_mode == "batch",
     )
