@@ -29,6 +29,7 @@ BENCHMARKS = {
     "lora_swap": "bench.lora_swap",
     "turns": "bench.turns",
     "sft": "bench.sft",
+    "priority": "bench.priority",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

@@ -211,6 +211,17 @@ _REWARD_SERVICE = (
     Col("reward wait ms", "reward_wait_ms", ".0f"),
     Col("speedup", "speedup_vs_baseline", fixed(2, "x")),
 )
+_PRIORITY = (
+    Col("engine.priority", "name", align="l"),
+    Col("makespan s", "wall_s", ".2f"),
+    Col("makespan vs fifo", "speedup_vs_baseline", fixed(2, "x")),
+    Col("p50 s", "p50_s", ".2f"),
+    Col("p99 s", "p99_s", ".2f"),
+    Col("long episodes s", "long_s", ".2f"),
+    Col("short episodes s", "short_s", ".2f"),
+    Col("preempted", "preempted", ".0f"),
+    Col("repeats (makespan s)", repeats, align="l"),
+)
 _SCALE = (
     Col("trajectories", "n", thousands),
     Col("control procs", "controls"),
@@ -379,6 +390,7 @@ VIEWS: dict[str, View] = {
     "reward_service": View(("reward_service",), _modes, _REWARD_SERVICE),
     "reward_service-heavy": View(("reward_service-heavy",), _modes, _REWARD_SERVICE),
     "scale": View(("scale",), _modes, _SCALE),
+    "priority": View(("priority",), _modes, _PRIORITY),
     "end_to_end": View(("end_to_end",), _modes, _END_TO_END),
     "end_to_end.time": View(("end_to_end",), _modes, _END_TO_END_TIME),
     "end_to_end-trajectory": View(("end_to_end-trajectory",), _modes, _END_TO_END_TRAJECTORY),
