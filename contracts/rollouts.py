@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.contracts.activities import EnginePressure
 from rollart.contracts.ids import member_id
-from rollart.infra.config import AffinityConfig, PriorityPolicy, TaskSpec
+from rollart.infra.config import AffinityConfig, GroupPlay, PriorityPolicy, TaskSpec
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
@@ -107,6 +107,9 @@ class GroupRolloutInput(BaseModel):
     lockstep: bool = False
     """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
     reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""
+    group_play: GroupPlay = "lockstep"
+    """Multi-turn, not `lockstep`: the members' turns together in one env session, or each member on its own (the
+    task's `group_play`). Its default is what histories recorded before the field replay as."""
 
 
 class BatchRolloutInput(BaseModel):

@@ -9,8 +9,11 @@ playing, then one `reward_batch` (workflows/driver/group.py). Groups advance ind
 and each reports as soon is done — or, with `lockstep` (batch mode), all groups advance phase by
 phase together, the synchronous baseline's barrier. Per trajectory that is ~2.4 activities instead of
 ~19 for 8-turn episodes in groups of 8: the unit to pick when Temporal's per-activity cost, not the env,
-dominates a turn. A slow member holds its group back, so long-tail envs are better served by
-`rollout_unit: trajectory`.
+dominates a turn. A slow member holds its group back.
+
+Free members (`group_play: free`, not in batch mode): each member plays on its own with its own env session and
+calls, concurrently inside this workflow, and the group reports once (workflows/driver/free_members.py): the
+trajectory-level asynchrony of per-episode workflows without a child workflow and a signal per episode.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
 
     from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
     from rollart.infra.routing import Unit, unit_of
+    from rollart.workflows.driver.free_members import play_free
     from rollart.workflows.driver.group import GroupEpisode
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.driver.single_turn import play_single_turn
@@ -50,6 +54,9 @@ class GroupRolloutWorkflow:
             results = await play_single_turn(calls, inp)
             await report(inp.report_to, results)
             return results
+        if inp.group_play == "free" and not inp.lockstep:
+            per_free = await asyncio.gather(*(play_free(calls, inp, g, reporter(inp.report_to)) for g in inp.groups))
+            return [r for results in per_free for r in results]
         groups = [GroupEpisode(calls, inp, g) for g in inp.groups]
         if inp.lockstep:
             return await play(groups, reporter(inp.report_to))

@@ -29,6 +29,7 @@ from rollart.infra.config.store import MooncakeConfig, StoreConfig
 from rollart.infra.config.task import (
     AGENT_ENV,
     FaultModel,
+    GroupPlay,
     LatencyModel,
     PromptFormat,
     RewardPlacement,
@@ -66,6 +67,7 @@ __all__ = [
     "EngineConfig",
     "EnvServerSpec",
     "FaultModel",
+    "GroupPlay",
     "JobSpec",
     "JobSpecError",
     "LRScheduleConfig",

@@ -15,6 +15,7 @@ from rollart.infra.pools import Pool, PoolName
 __all__ = [
     "AGENT_ENV",
     "FaultModel",
+    "GroupPlay",
     "LatencyModel",
     "PromptFormat",
     "RewardPlacement",
@@ -28,6 +29,9 @@ AGENT_ENV = "agent"
 the program talks to the policy through rollart's OpenAI-compatible endpoint (docs/envs.md, "Agent programs")."""
 
 RewardPlacement = Literal["serverless", "colocated"]
+
+GroupPlay = Literal["lockstep", "free"]
+"""How a group's members play their turns (`rollout_unit: group`): together, a turn at a time, or each on its own."""
 """Where a task's reward runs: on the elastic "serverless" pool, or on the worker of its generation pool."""
 
 
@@ -133,6 +137,13 @@ class TaskSpec(Section):
         description="multi-turn tasks: `trajectory` runs every episode as its own workflow, advancing on its own; "
         "`group` plays a GRPO group in lockstep in one env session, one batched activity per turn (8x fewer "
         "activities for groups of 8; a slow member holds its group back). Single-turn tasks always run as groups.",
+    )
+    group_play: GroupPlay = Field(
+        "lockstep",
+        description="`rollout_unit: group`: `lockstep` plays the members' turns together in one env session (one "
+        "generate_batch and one step_group per turn: a turn waits for the slowest member); `free` lets each member "
+        "advance on its own, with its own env session and calls, inside the group's one workflow (no child workflow "
+        "or result signal per episode). In batch mode groups play in lockstep whatever this says.",
     )
 
     faults: FaultModel | None = Field(None, description="inject env latency and failures (see FaultModel)")

@@ -49,6 +49,8 @@ FIXTURES = {
     "group-single-turn": "a GroupRolloutWorkflow wave of single-turn groups: prompts, live_engines, generate_batch, "
     "check, reward",
     "group-lockstep": "a batch-mode job's GroupRolloutWorkflow: its groups play phase by phase together",
+    "group-free-members": "a GroupRolloutWorkflow of a `group_play: free` task: each member plays on its own "
+    "(reset, turns, reward, close), one member's turn refused (failed), the group reported once",
     "batch": "a batch-mode job's BatchRolloutWorkflow, some episodes failed: each finishes on its own",
     "training-continued-as-new": "a mixed job's TrainingWorkflow (groups, waves), its first run up to continue-as-new",
     "training-trajectories": "a trajectory-mode job's TrainingWorkflow: TrajectoryWorkflow children, some failed",
@@ -71,6 +73,7 @@ async def main() -> None:
         found["training-dynamic-sampling"] = await _record_filtering(client)
         found |= await _record_failed_starts(client)
         found["trajectory-agent"] = await _record_agent(client)
+        found["group-free-members"] = await _record_free_members(client)
     finally:
         await env.shutdown()
     missing = sorted(set(FIXTURES) - set(found))
@@ -146,6 +149,17 @@ async def _record_mixed_job(client: Client) -> dict[str, str]:
     return found | await _children(
         client, job_id, {"group-multi-turn": f'{group}"frozenlake"', "group-single-turn": f'{group}"math"'}
     )
+
+
+async def _record_free_members(client: Client) -> str:
+    """A `group_play: free` group of 3 members, the second refused at its second turn; later turns on one engine."""
+    lake = frozenlake_task(name="lakefree", group_size=3, max_turns=3, rollout_unit="group", group_play="free")
+    spec = resolve(JobSpec(name="rec-free", tasks=[lake], training=TrainingConfig(steps=1, batch_size=3)))
+    job_id = f"rec-free-{uuid.uuid4().hex[:6]}"
+    standins = StandIns(turns=3, train_delay_s=0.05, rejected_key="-1/turn-001", engines=("e1",))
+    await _train(client, spec, job_id, standins)
+    found = await _children(client, job_id, {"group": 'WorkflowType="GroupRolloutWorkflow"'})
+    return found["group"]
 
 
 async def _record_trajectory_job(client: Client) -> dict[str, str]:

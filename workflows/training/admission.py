@@ -186,4 +186,5 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
         affinity=plan.affinity,
         priority=plan.priority,
         lockstep=plan.training.rollout_mode == "batch",
+        group_play=launch.groups[0].task.group_play,
     )
