@@ -31,13 +31,11 @@ from rollart.client.rollout import unit_input
 from rollart.contracts.activities import ActivityName, LiveEnginesInput, LiveEnginesResult
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.config import EngineConfig, StoreConfig
-from rollart.infra.routing import Unit
 from rollart.infra.store.payload import open_store
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
-from rollart.workflows.driver.group import GroupEpisode
+from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play
-from rollart.workflows.driver.single_turn import play_single_turn
 
 __all__ = ["InProcessCalls", "in_process_activities", "play_unit", "started_engine"]
 
@@ -130,9 +128,7 @@ async def play_unit(
 ) -> list[TrajectoryResult]:
     """Play one unit of `rollout_units` in this process, as the workflow `rollart rollout` starts for it would
     (a single-turn group as a wave of one, a `rollout_unit: group` group in one session, else an episode)."""
-    unit, unit_id, inp = unit_input(first, members, job_id)
+    _, unit_id, inp = unit_input(first, members, job_id)
     if isinstance(inp, TrajectoryInput):
         return await play([Episode(calls, inp, unit_id)])
-    if unit is Unit.SINGLE_TURN_WAVE:
-        return await play_single_turn(calls, inp)
-    return await play([GroupEpisode(calls, inp, g) for g in inp.groups])
+    return await play_groups(calls, inp, None)

@@ -18,20 +18,14 @@ trajectory-level asynchrony of per-episode workflows without a child workflow an
 
 from __future__ import annotations
 
-import asyncio
-
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
-    from rollart.infra.routing import Unit, unit_of
-    from rollart.workflows.driver.free_members import play_free
-    from rollart.workflows.driver.group import GroupEpisode
-    from rollart.workflows.driver.lockstep import play
-    from rollart.workflows.driver.single_turn import play_single_turn
-    from rollart.workflows.reporting import report, reporter
+    from rollart.workflows.driver.grouped import play_groups
+    from rollart.workflows.reporting import reporter
     from rollart.workflows.temporal_calls import TemporalCalls
     from rollart.workflows.ui_summary import show_outcome
 
@@ -49,16 +43,4 @@ class GroupRolloutWorkflow:
         return results
 
     async def _play(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
-        calls = TemporalCalls()
-        if unit_of(inp.task) is Unit.SINGLE_TURN_WAVE:  # else multi-turn groups, whatever the task's rollout_unit
-            results = await play_single_turn(calls, inp)
-            await report(inp.report_to, results)
-            return results
-        if inp.group_play == "free" and not inp.lockstep:
-            per_free = await asyncio.gather(*(play_free(calls, inp, g, reporter(inp.report_to)) for g in inp.groups))
-            return [r for results in per_free for r in results]
-        groups = [GroupEpisode(calls, inp, g) for g in inp.groups]
-        if inp.lockstep:
-            return await play(groups, reporter(inp.report_to))
-        per_group = await asyncio.gather(*(play([g], reporter(inp.report_to)) for g in groups))
-        return [r for results in per_group for r in results]
+        return await play_groups(TemporalCalls(), inp, reporter(inp.report_to))
