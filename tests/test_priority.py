@@ -1,14 +1,17 @@
 """Trajectory-aware priority (`engine.priority`): the pure rank, and the rollout driver putting it on each request.
 
 The engine side (vLLM's priority scheduler serving lower ranks first) is test_engines.py's
-`test_vllm_serves_waiting_requests_of_lower_priority_first`.
+`test_vllm_serves_waiting_requests_of_lower_priority_first`; the task queue's, on a real dev server, is here.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from temporalio import activity
+from temporalio.worker import Worker
 
 from rollart.activities.env import EnvActivities
 from rollart.activities.reward import RewardActivities
@@ -21,7 +24,8 @@ from rollart.infra.config import EngineConfig, JobSpec
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play
-from rollart.workflows.driver.priority import MAX_TURNS_RANKED, request_priority
+from rollart.workflows.driver.priority import MAX_TURNS_RANKED, queue_priority_key, request_priority
+from tests.support.ranked_requests import RankedRequests
 from tests.support.tasks import frozenlake_task
 
 LONG_GAME = {"maps": "standard", "invalid_action": "noop"}  # no move ends the episode: it plays every turn
@@ -87,3 +91,34 @@ async def test_an_episodes_turns_and_a_groups_batches_carry_their_rank(
     group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g-1", seed=1)], priority=policy)
     results = await play([GroupEpisode(calls, group, group.groups[0])])
     assert [r.status for r in results] == ["completed"] * 2 and gen.priorities == expected
+
+
+def test_a_rank_becomes_a_task_queue_priority_key_and_fifo_sets_none() -> None:
+    assert [queue_priority_key(request_priority("fifo", t)) for t in (0, 3)] == [None, None]
+    assert [queue_priority_key(request_priority("turns", t)) for t in (0, 1, 2, 9)] == [None, 2, 1, 1]
+
+
+@pytest.mark.orchestration
+async def test_the_task_queue_serves_waiting_requests_of_lower_rank_first(bare_env, queue_prefix: str) -> None:
+    """One generation slot; while it is busy, 6 first-turn requests then 6 ranked -2 (a trajectory 2 turns in)
+    are queued. The dev server (one partition per queue, as every server rollart starts) hands the ranked ones
+    out first. Under fifo the order would be the order of scheduling."""
+    served: list[str] = []
+
+    @activity.defn(name="generate")
+    async def generate(inp: GenerateInput) -> GenerateResult:
+        served.append(inp.data_key)
+        await asyncio.sleep(1.0 if inp.data_key == "blocker" else 0.02)
+        return GenerateResult(
+            completions=[], prompt_tokens=0, policy_version=0, policy_version_end=0, data_key=inp.data_key
+        )
+
+    client, queue = bare_env.client, f"{queue_prefix}h800"
+    ranks = [0] * 6 + [-2] * 6
+    async with Worker(client, task_queue=f"{queue_prefix}control", workflows=[RankedRequests]):
+        async with Worker(client, task_queue=queue, activities=[generate], max_concurrent_activities=1):
+            await client.execute_workflow(
+                RankedRequests.run, args=[queue, ranks], id=f"{queue_prefix}ranked", task_queue=f"{queue_prefix}control"
+            )
+    assert served[0] == "blocker" and len(served) == 13
+    assert {k.split(":")[1] for k in served[1:7]} == {"-2"}, served

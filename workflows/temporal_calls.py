@@ -6,12 +6,14 @@ from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
+from temporalio.common import Priority
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from rollart.contracts.activities import ActivityName
 from rollart.workflows import policies
 from rollart.workflows.driver.calls import CallFailed
+from rollart.workflows.driver.priority import queue_priority_key
 
 __all__ = ["TemporalCalls", "call_failed"]
 
@@ -35,7 +37,8 @@ POLICIES: dict[ActivityName, policies.ActivityPolicy] = {
 
 
 class TemporalCalls:
-    """`Calls` inside a workflow: `workflow.execute_activity`, an ActivityError turned into `CallFailed`."""
+    """`Calls` inside a workflow: `workflow.execute_activity`, an ActivityError turned into `CallFailed`; a
+    generation request's rank (its input's `priority`) becomes its activity task's priority on the queue."""
 
     logger = workflow.logger
 
@@ -50,6 +53,9 @@ class TemporalCalls:
         start_wait_s: float | None = None,
     ) -> Any:
         kwargs = POLICIES[activity].kwargs(timeout_s=timeout_s, start_wait_s=start_wait_s)
+        key = queue_priority_key(getattr(arg, "priority", 0))  # a generation request's rank (driver/priority.py)
+        if key is not None:
+            kwargs["priority"] = Priority(priority_key=key)
         try:
             return await workflow.execute_activity(
                 activity.value, arg, task_queue=queue, result_type=result_type, **kwargs
