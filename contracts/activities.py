@@ -378,6 +378,8 @@ class SampleRef(_Message):
     policy_version_max: int
     completion_tokens: int = 0
     completion_index: int = 0  # which of each turn record's completions is this sample's (n > 1 groups)
+    prompt_tokens: int = 0
+    uncached_prompt_tokens: int | None = None  # what a prefix cache would not hold (None: recorded before it was)
 
 
 class TrainStepInput(_Message):

@@ -63,6 +63,7 @@ class TrajectoryResult(BaseModel):
     policy_version_max: int | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    uncached_prompt_tokens: int | None = None  # prompt tokens a prefix cache would not hold: new since the turn before
     turn_keys: list[str] = Field(default_factory=list)
     completion_index: int = 0  # single-turn groups: which completion of the group's generation is this one
     env_worker: str | None = None

@@ -27,6 +27,7 @@ __all__ = [
     "Stall",
     "StallWatch",
     "StepRecord",
+    "TaskTokens",
     "TrainingInput",
     "TrainingPlan",
     "TrainingResult",
@@ -43,6 +44,16 @@ ENGINES_KEPT = 32
 """How many engines' last reports the training state keeps (the most recent; workers come and go)."""
 
 
+class TaskTokens(BaseModel):
+    """One task's trajectories in a step's batch and their generation tokens: the profile automatic affinity
+    plans on (infra/placement.py). `uncached_prompt`: the prompt tokens a prefix cache would not hold."""
+
+    trajectories: int = 0
+    prompt: int = 0
+    uncached_prompt: int = 0
+    completion: int = 0
+
+
 class StepRecord(BaseModel):
     """One train step as the progress bar, metrics.jsonl and the plots see it."""
 
@@ -57,6 +68,7 @@ class StepRecord(BaseModel):
     staleness_mean: float = 0.0
     staleness_max: int = 0
     completion_tokens: int = 0
+    task_tokens: dict[str, TaskTokens] = Field(default_factory=dict)
     started: int = 0
     trained: int = 0
     dropped: int = 0

@@ -30,7 +30,18 @@ from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.priority import request_priority
 from rollart.workflows.driver.session import call_sticky, close_session
 
-__all__ = ["Episode"]
+__all__ = ["Episode", "uncached_prompt_tokens"]
+
+
+def uncached_prompt_tokens(gens: list[GenerateResult]) -> int:
+    """The prompt tokens of a trajectory's turns that a prefix cache would not hold: each turn's prompt past the
+    turn before's prompt and reply (its new observation), the first turn's whole. What a turn costs to prefill
+    on the engine that served the turn before (session affinity), and what automatic affinity plans on."""
+    total, context = 0, 0
+    for gen in gens:
+        total += max(0, gen.prompt_tokens - context)
+        context = gen.prompt_tokens + gen.completions[0].num_tokens
+    return total
 
 
 @dataclass
@@ -223,6 +234,7 @@ class Episode:
             policy_version_max=max(versions) if versions else None,
             prompt_tokens=sum(g.prompt_tokens for g in self.gens),
             completion_tokens=sum(c.num_tokens for g in self.gens for c in g.completions),
+            uncached_prompt_tokens=uncached_prompt_tokens(self.gens),
             turn_keys=[g.data_key for g in self.gens],
             env_worker=self.handle.worker_id if self.handle else None,
             restores=self.restores,

@@ -238,6 +238,7 @@ def _completed(
                     policy_version_max=gen.policy_version_end,
                     prompt_tokens=gen.prompt_tokens,
                     completion_tokens=c.num_tokens,
+                    uncached_prompt_tokens=gen.prompt_tokens if m == 0 else 0,  # the group's samples share one prompt
                     turn_keys=[gen.data_key],
                     completion_index=m,
                     engine_worker=gen.worker_id or None,

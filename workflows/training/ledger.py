@@ -30,6 +30,8 @@ def sample_of(r: TrajectoryResult) -> SampleRef:
         policy_version_max=r.policy_version_max or 0,
         completion_tokens=r.completion_tokens,
         completion_index=r.completion_index,
+        prompt_tokens=r.prompt_tokens,
+        uncached_prompt_tokens=r.uncached_prompt_tokens,
     )
 
 

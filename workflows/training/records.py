@@ -15,6 +15,7 @@ from rollart.contracts.training import (
     HISTORY_KEPT,
     EndedBy,
     StepRecord,
+    TaskTokens,
     TrainingPlan,
     TrainingResult,
     TrainingState,
@@ -24,7 +25,7 @@ from rollart.infra.config import TrainerConfig
 from rollart.workflows import entropy_control, stopping
 from rollart.workflows.training import pressure
 
-__all__ = ["apply_step", "ended_by", "learned", "result", "status", "step_record"]
+__all__ = ["apply_step", "ended_by", "learned", "result", "status", "step_record", "task_tokens"]
 
 
 def step_record(
@@ -55,6 +56,7 @@ def step_record(
         staleness_mean=statistics.fmean(staleness),
         staleness_max=max(staleness),
         completion_tokens=sum(x.completion_tokens for x in batch),
+        task_tokens=task_tokens(batch),
         started=state.started,
         trained=state.trained,
         dropped=state.dropped,
@@ -68,6 +70,19 @@ def step_record(
         preempted=engines.preempted if engines else None,
         prefix_hit_rate=engines.prefix_hit_rate if engines else None,
     )
+
+
+def task_tokens(batch: list[SampleRef]) -> dict[str, TaskTokens]:
+    """Each task's trajectories in `batch` and their tokens; a result without an uncached count (recorded before
+    there was one) counts its whole prompt."""
+    out: dict[str, TaskTokens] = {}
+    for x in batch:
+        t = out.setdefault(x.task, TaskTokens())
+        t.trajectories += 1
+        t.prompt += x.prompt_tokens
+        t.uncached_prompt += x.prompt_tokens if x.uncached_prompt_tokens is None else x.uncached_prompt_tokens
+        t.completion += x.completion_tokens
+    return out
 
 
 def apply_step(
