@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollart.cli import plan
 from rollart.cli.errors import UserError
 from rollart.cli.spec import load_spec
 
@@ -17,7 +18,7 @@ __all__ = ["add_parser", "apply", "render"]
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Register `k8s` with its two sub-commands, `render` and `apply`."""
+    """Register `k8s` with its sub-commands, `render`, `apply` and `plan`."""
     k8s = sub.add_parser(
         "k8s",
         help="render or apply Kubernetes manifests for a job (a Deployment per pool, a StatefulSet of trainer nodes)",
@@ -34,6 +35,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--context", help="kubeconfig context (default: the current one)")
     _add_k8s_args(s)
     s.set_defaults(func=apply)
+    s = k8s_sub.add_parser(
+        "plan", help="suggest each generation pool's replicas (and each task's pool) from a run's token profile"
+    )
+    plan.add_args(s)
+    s.set_defaults(func=plan.run_k8s)
 
 
 def _add_k8s_args(s: argparse.ArgumentParser) -> None:

@@ -4,11 +4,13 @@ the token profile a run records for it (uncached prompt tokens per trajectory, t
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
+from rollart.cli.main import run as cli_run
 from rollart.contracts.activities import Completion, GenerateResult, SampleRef
-from rollart.contracts.training import TaskTokens
+from rollart.contracts.training import StepRecord, TaskTokens
 from rollart.infra import placement
 from rollart.infra.hardware import engine_rates
 from rollart.infra.placement import PoolRates, TaskLoad, evaluate, plan, reasons, size_pools
@@ -129,3 +131,55 @@ def test_a_step_record_profiles_each_task_s_tokens() -> None:
     tokens = task_tokens([sample("lake", 300, 120, 8), sample("lake", 200, 90, 6), sample("math", 40, None, 3)])
     assert tokens["lake"] == TaskTokens(trajectories=2, prompt=500, uncached_prompt=210, completion=14)
     assert tokens["math"] == TaskTokens(trajectories=1, prompt=40, uncached_prompt=40, completion=3)  # None: all of it
+
+
+JOB = """
+name: placed
+tasks:
+  - {name: lake, env: frozenlake, reward: success, generate_pool: h20, max_turns: 8}
+  - {name: sums, env: arithmetic, reward: exact_match, generate_pool: h800, max_turns: 1}
+"""
+
+
+def _profiled_run(tmp_path: Path) -> tuple[Path, Path]:
+    """A job whose declared placement is backwards, and a run dir whose metrics say so: `lake` prefills long
+    prompts and decodes little, `sums` the opposite."""
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    tokens = {
+        "lake": TaskTokens(trajectories=32, prompt=32 * 9000, uncached_prompt=32 * 6000, completion=32 * 200),
+        "sums": TaskTokens(trajectories=64, prompt=64 * 100, uncached_prompt=64 * 100, completion=64 * 600),
+    }
+    rows = [StepRecord(step=s, version=s + 1, time=0.0, samples=96, reward_mean=0.0, success_rate=0.0) for s in (0, 1)]
+    lines = [r.model_copy(update={"task_tokens": tokens}).model_dump_json() for r in rows]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return job, run_dir
+
+
+def test_rollart_plan_moves_each_task_to_the_pool_its_tokens_suit(tmp_path: Path, capsys) -> None:
+    job, run_dir = _profiled_run(tmp_path)
+    assert cli_run(["plan", str(job), "--profile", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "lake -> h800" in out and "sums -> h20" in out
+    assert "in the job spec: lake: generate_pool: h800, sums: generate_pool: h20" in out
+    gain = float(out.split("this plan: ")[1].split("(")[1].split("x)")[0])
+    assert gain > 1.5  # the declared placement puts the prefill-heavy task on the slow-compute pool
+
+
+def test_rollart_k8s_plan_sizes_the_pools_for_a_step_time(tmp_path: Path, capsys) -> None:
+    job, run_dir = _profiled_run(tmp_path)
+    assert cli_run(["k8s", "plan", str(job), "--profile", str(run_dir), "--step-s", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "kubernetes:\n  pools:\n    h800: {replicas: " in out and "    h20: {replicas: " in out
+    assert cli_run(["k8s", "plan", str(job), "--profile", str(run_dir)]) != 0
+    assert "give --step-s" in capsys.readouterr().err
+
+
+def test_rollart_plan_says_what_is_wrong_with_a_run_dir_or_a_flag(tmp_path: Path, capsys) -> None:
+    job, _ = _profiled_run(tmp_path)
+    assert cli_run(["plan", str(job), "--profile", str(tmp_path)]) != 0
+    assert "metrics.jsonl" in capsys.readouterr().err
+    assert cli_run(["plan", str(job), "--profile", str(tmp_path / "run"), "--rates", "h800=fast"]) != 0
+    assert "expected POOL=VALUE" in capsys.readouterr().err
