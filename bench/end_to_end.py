@@ -14,7 +14,9 @@ session; batch mode: every group's phase before any group's next; trajectory
 mode: each group on its own), or `--unit trajectory` (an activity per episode
 and phase; batch mode: BatchRolloutWorkflow). Arithmetic (single-turn) runs as
 whole groups in every mode. `--sokoban` adds GEM's Sokoban (h800, 10 turns, its own slower latency
-profile, `SOKOBAN_LATENCY`) as a third task, and writes end_to_end-sokoban.json.
+profile, `SOKOBAN_LATENCY`) as a third task, and writes end_to_end-sokoban.json. `--units` compares rollout
+units at bound 1 against the sync baseline (UNIT_MODES: lockstep groups, free members, episodes) and writes
+end_to_end[-sokoban]-units.json.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ MODES: dict[str, tuple[str, int]] = {
     "traj b2": ("trajectory", 2),
 }
 BASELINE = "batch b0 (sync)"
+
+UNIT_MODES: dict[str, dict[str, object]] = {
+    BASELINE: {"rollout_mode": "batch", "async_bound": 0, "rollout_unit": "group"},
+    "lockstep groups b1": {"async_bound": 1, "rollout_unit": "group", "group_play": "lockstep"},
+    "free members b1": {"async_bound": 1, "rollout_unit": "group", "group_play": "free"},
+    "episodes b1": {"async_bound": 1, "rollout_unit": "trajectory"},
+}
+"""`--units`: the multi-turn tasks' rollout unit under trajectory-level asynchrony, against the sync baseline:
+lockstep groups, groups whose members play free of lockstep, and an episode per workflow."""
 HOME = RESULTS / ".stack-end_to_end"
 
 
@@ -53,42 +64,47 @@ def main(argv: list[str]) -> int:
         help="FrozenLake's rollout_unit in every mode (default group)",
     )
     parser.add_argument("--sokoban", action="store_true", help="add GEM's Sokoban to the mix (h800, slower env)")
+    parser.add_argument(
+        "--units",
+        action="store_true",
+        help="compare rollout units at bound 1 instead of modes: lockstep groups, free members, episodes (UNIT_MODES)",
+    )
     args = parser.parse_args(argv)
     steps, repeats = (6, 2) if args.quick else (args.steps, args.repeats)
-    job = multitask_job(HOME, steps, batch_size=args.batch_size, rollout_unit=args.unit, sokoban=args.sokoban)
+    modes = UNIT_MODES if args.units else {n: {"rollout_mode": m, "async_bound": b} for n, (m, b) in MODES.items()}
+    common = {"batch_size": args.batch_size, "sokoban": args.sokoban} | (
+        {} if args.units else {"rollout_unit": args.unit}
+    )
+    job = multitask_job(HOME, steps, **common)
     stack = stack_for(job, HOME, pools_for_job(job, training=True))
     print(
         f"end_to_end: {steps} steps x {repeats} repeats per mode, batch {args.batch_size}; starting the stack ...",
         flush=True,
     )
     with stack:
-        runs = asyncio.run(_run(stack, steps, repeats, args.batch_size, args.unit, args.sokoban))
+        runs = asyncio.run(_run(stack, steps, repeats, modes, common))
     rows = summarize(runs, BASELINE)
-    report(rows, steps, repeats, args.batch_size, args.unit, args.sokoban)
+    report(rows, steps, repeats, args.batch_size, "compared" if args.units else args.unit, args.sokoban)
     return 0
 
 
-async def _run(stack, steps: int, repeats: int, batch_size: int, unit: str, sokoban: bool) -> dict[str, list[dict]]:
+async def _run(
+    stack, steps: int, repeats: int, modes: dict[str, dict[str, object]], common: dict[str, object]
+) -> dict[str, list[dict]]:
+    """Every mode `repeats` times, interleaved; each mode's job is `common` with the mode's settings."""
     client = await connect(stack.temporal, stack.store)
-    warm = multitask_job(HOME, 2, batch_size=batch_size, rollout_unit=unit, sokoban=sokoban)
+    warm = multitask_job(HOME, 2, **common)
     await measure_job(client, warm, "warmup", HOME / "runs")  # first requests compile kernels, trainer warms up
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(repeats):
-        for name, (mode, bound) in MODES.items():
-            job = multitask_job(
-                HOME,
-                steps,
-                rollout_mode=mode,
-                async_bound=bound,
-                batch_size=batch_size,
-                rollout_unit=unit,
-                sokoban=sokoban,
-            )
-            m = await measure_job(client, job, f"{mode}-b{bound}-r{r}", HOME / "runs", stack=stack)
+        for i, (name, settings) in enumerate(modes.items()):
+            job = multitask_job(HOME, steps, **(common | settings))
+            m = await measure_job(client, job, f"m{i}-r{r}", HOME / "runs", stack=stack)
             runs[name].append(m)
             print(
-                f"  repeat {r + 1}/{repeats} {name:<16} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
-                f"gen busy {m['busy_generation']:.0%}",
+                f"  repeat {r + 1}/{repeats} {name:<20} {m['wall_s']:6.1f} s  {m['trajectories_per_s']:5.1f} traj/s  "
+                f"gen busy {m['busy_generation']:.0%}  unit p99 {m.get('unit_p99_s', 0):.2f} s  "
+                f"server {m.get('server_cpu_ms_per_traj', 0):.0f} ms/traj",
                 flush=True,
             )
     return runs
@@ -103,6 +119,7 @@ COLUMNS = [
     *[(f"busy_{p}", f"{p} busy", ".0%") for p in POOLS_REPORTED],
     ("dropped", "dropped", ".0f"),
     ("reset_max_s", "reset max s", ".2f"),
+    ("unit_p99_s", "unit p99 s", ".2f"),
 ]
 PROFILE = [
     ("name", "mode", ""),
@@ -111,6 +128,7 @@ PROFILE = [
     ("return_ms_p50", "return ms", ".0f"),
     ("generate_p50_s", "generate p50 s", ".3f"),
     ("cores_temporal-server", "server cores", ".2f"),
+    ("server_cpu_ms_per_traj", "server ms/traj", ".0f"),
     ("cores_control", "control cores", ".2f"),
     ("cores_cpu", "cpu cores", ".2f"),
     ("cores_h800", "h800 cores", ".2f"),
@@ -135,9 +153,11 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print("  activity, the median generate call, and CPU cores used by each process group (of 2, incl. children)")
     print(format_table(rows, PROFILE))
     print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
+    print("  unit p99 = the 99th percentile of a multi-turn episode's or group's workflow, start to close;")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
     # one file per workload, so that each docs table (python -m bench tables) has its own
-    name = "end_to_end" + ("-sokoban" if sokoban else "") + ("-trajectory" if unit == "trajectory" else "")
+    suffix = {"trajectory": "-trajectory", "compared": "-units"}.get(unit, "")
+    name = "end_to_end" + ("-sokoban" if sokoban else "") + suffix
     path = write_results(
         name,
         rows,
@@ -160,4 +180,4 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print(f"\n  written: {path}, {png}")
 
 
-__all__ = ["MODES", "main"]
+__all__ = ["MODES", "UNIT_MODES", "main"]

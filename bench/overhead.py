@@ -35,6 +35,7 @@ import statistics
 import time
 import uuid
 
+from bench import overhead_standins
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
 from bench.rollout import activity_timings, cpu_seconds
 from bench.training_run import stack_for
@@ -73,8 +74,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="16 trajectories x 2 repeats (< 5 min)")
     parser.add_argument("-n", type=int, default=64, help="trajectories per repeat (default 64)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--generate-s",
+        type=float,
+        default=None,
+        help="every generation takes this long (stand-in activities, bench/overhead_standins.py): Temporal's "
+        "overhead at a real model's turn time, for episodes, lockstep groups and free members",
+    )
     args = parser.parse_args(argv)
     n, repeats = (16, 2) if args.quick else (args.n, args.repeats)
+    if args.generate_s is not None:
+        return overhead_standins.run(n, repeats, args.generate_s)
     runs: dict[str, list[dict]] = {}
     job = overhead_job(LATENCY)
     print(

@@ -302,6 +302,25 @@ _END_TO_END_SOKOBAN = (
     Col("return ms / act", "return_ms_p50", ".0f"),
     Col("reset max s", "reset_max_s", ".2f"),
 )
+_END_TO_END_UNITS = (
+    Col("unit (bound 1)", "name", align="l"),
+    *_E2E_HEAD[1:],
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("unit p99 s", "unit_p99_s", ".2f"),
+    Col("activities", "activities", thousands),
+    Col("wait ms / act", "wait_ms_p50", ".0f"),
+    Col("server cores", "cores_temporal-server", ".2f"),
+    Col("server ms / traj", "server_cpu_ms_per_traj", ".0f"),
+    Col("gen busy", "busy_generation", pct),
+)
+_OVERHEAD_GENERATE = (
+    Col("path, unit", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".2f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs asyncio", "speedup_vs_baseline", ".2f", bold=lambda r: not r["name"].startswith("asyncio")),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("trajectory s", "trajectory_s", ".2f"),
+)
 _AFFINITY = (
     Col("layout", "name", align="l"),
     Col("wall s (median)", "wall_s", ".1f"),
@@ -395,10 +414,12 @@ VIEWS: dict[str, View] = {
     "end_to_end.time": View(("end_to_end",), _modes, _END_TO_END_TIME),
     "end_to_end-trajectory": View(("end_to_end-trajectory",), _modes, _END_TO_END_TRAJECTORY),
     "end_to_end-sokoban": View(("end_to_end-sokoban",), _modes, _END_TO_END_SOKOBAN),
+    "end_to_end-sokoban-units": View(("end_to_end-sokoban-units",), _modes, _END_TO_END_UNITS),
     "affinity": View(("affinity",), _modes, _AFFINITY),
     "engines-affinity": View(("engines-affinity",), _modes, _ENGINES_AFFINITY),
     "engines-admission": View(("engines-admission",), _modes, _ENGINES_ADMISSION),
     "overhead": View(("overhead",), _modes, _OVERHEAD),
+    "overhead-generate": View(("overhead-generate",), _modes, _OVERHEAD_GENERATE),
     "learning.frozenlake-explore": View(
         (
             "learning-frozenlake-explore-b2-s01",

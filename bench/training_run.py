@@ -24,11 +24,11 @@ from rollart.infra.config import JobSpec
 from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
 from rollart.infra.temporal.history import activity_spans, busy_seconds
-from rollart.infra.temporal.search_attributes import JOB_ID
+from rollart.infra.temporal.search_attributes import JOB_ID, TASK
 from rollart.infra.tiny_model import ensure_tiny_model
 from rollart.workers.local_stack import LocalStack
 
-__all__ = ["POOLS_REPORTED", "job_timeline", "measure_job", "stack_for"]
+__all__ = ["POOLS_REPORTED", "job_timeline", "measure_job", "stack_for", "unit_seconds"]
 
 POOLS_REPORTED = ("cpu", "h800", "h20", "serverless", "trainer")
 REPO = Path(__file__).resolve().parent.parent
@@ -96,11 +96,28 @@ async def measure_job(
         out[f"cores_{name.split('#')[0]}"] = (
             out.get(f"cores_{name.split('#')[0]}", 0.0) + (cpu1[name] - cpu0[name]) / wall
         )
+    multi_turn = {t.name for t in job.tasks if t.max_turns > 1}
+    unit_s = sorted(await unit_seconds(client, job_id, multi_turn))
+    if unit_s:  # a multi-turn trajectory's time to its report: its unit's (episode's, group's) start to close
+        out["unit_p50_s"] = unit_s[len(unit_s) // 2]
+        out["unit_p99_s"] = unit_s[min(len(unit_s) - 1, round(0.99 * (len(unit_s) - 1)))]
+    if "cores_temporal-server" in out and finished:
+        out["server_cpu_ms_per_traj"] = 1000 * out["cores_temporal-server"] * wall / finished
     resets = sorted(r["end"] - r["start"] for r in timeline if r["activity"] in ("reset", "reset_group"))
     if resets:
         out["reset_p50_s"] = resets[len(resets) // 2]
         out["reset_max_s"] = resets[-1]
     return out
+
+
+async def unit_seconds(client: Client, job_id: str, tasks: set[str]) -> list[float]:
+    """How long each of the job's rollout workflows of `tasks` ran, start to close (one per episode or group)."""
+    query = f'{JOB_ID.name} = "{job_id}" AND WorkflowType != "TrainingWorkflow" AND ExecutionStatus = "Completed"'
+    return [
+        (wf.close_time - wf.start_time).total_seconds()
+        async for wf in client.list_workflows(query)
+        if wf.close_time and wf.typed_search_attributes.get(TASK) in tasks
+    ]
 
 
 async def job_timeline(client: Client, job_id: str, concurrency: int = 16) -> list[dict]:

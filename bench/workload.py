@@ -55,6 +55,7 @@ def frozenlake_task(
     max_turns: int = 8,
     env_args: dict[str, Any] | None = None,
     rollout_unit: str = "trajectory",
+    group_play: str = "lockstep",
 ) -> TaskSpec:
     """FrozenLake (standard 4x4, groups of 8, one-token moves), env latency injected."""
     args = dict(FROZENLAKE_ARGS if env_args is None else env_args)
@@ -66,6 +67,7 @@ def frozenlake_task(
         "group_size": 8,
         "weight": 0.5,
         "rollout_unit": rollout_unit,
+        "group_play": group_play,
         "sampling": {"temperature": 1.0, "top_k": 0, "max_tokens": 1},
     }
     return TaskSpec(env="frozenlake", env_args=args, faults=_faults(latency), **common)
@@ -76,6 +78,7 @@ def sokoban_task(
     pool: Pool = Pool.H800,
     max_turns: int = 10,
     rollout_unit: str = "trajectory",
+    group_play: str = "lockstep",
 ) -> TaskSpec:
     """GEM's Sokoban as examples/sokoban.yaml plays it (one-token moves), groups of 8, its latency injected."""
     args = {
@@ -96,6 +99,7 @@ def sokoban_task(
         group_size=8,
         weight=0.5,
         rollout_unit=rollout_unit,
+        group_play=group_play,
         faults=_faults(latency),
         sampling={"temperature": 1.0, "top_k": 0, "max_tokens": 1},
     )
@@ -142,15 +146,17 @@ def multitask_job(
     single_pool: Pool | None = None,
     latency: dict[str, float] = LATENCY,
     rollout_unit: str = "group",
+    group_play: str = "lockstep",
     sokoban: bool = False,
 ) -> JobSpec:
     """examples/multitask.yaml's job on the tiny model, with env latency; `single_pool` routes every task there.
 
     `rollout_unit` is FrozenLake's (and Sokoban's): `group` (the default, as in examples/frozenlake.yaml: a group's
     members play in one env session, one generate_batch and one step_group per turn) or `trajectory` (an episode
-    each). `sokoban` adds GEM's Sokoban (`sokoban_task`, `SOKOBAN_LATENCY`, 10 turns): a third of the trajectories."""
+    each); `group_play` how a group's members play (`lockstep` or `free`). `sokoban` adds GEM's Sokoban
+    (`sokoban_task`, `SOKOBAN_LATENCY`, 10 turns): a third of the trajectories."""
     tasks = [
-        frozenlake_task(latency, pool=single_pool or Pool.H800, rollout_unit=rollout_unit),
+        frozenlake_task(latency, pool=single_pool or Pool.H800, rollout_unit=rollout_unit, group_play=group_play),
         arithmetic_task(pool=single_pool or Pool.H20),
     ]
     if sokoban:
@@ -159,6 +165,7 @@ def multitask_job(
                 SOKOBAN_LATENCY if latency is LATENCY else latency,
                 pool=single_pool or Pool.H800,
                 rollout_unit=rollout_unit,
+                group_play=group_play,
             )
         )
     training = TrainingConfig(
