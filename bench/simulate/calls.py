@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.simulate.cluster import Cluster
+from bench.simulate.engine import Finished
 from bench.simulate.models import Overheads, TaskProfile
 from rollart.contracts.activities import (
     ActivityName,
@@ -116,9 +117,11 @@ class SimCalls:
         if handler is None:
             raise CallFailed(activity.value, f"not simulated: {activity.value}", error_type=ErrorType.INVALID_INPUT)
         self.counts.add(activity)
-        if self.overheads.activity_s:
-            await asyncio.sleep(self.overheads.activity_s)
         return await handler(arg, queue)
+
+    async def _wait(self, latency: float) -> None:
+        """A call's own latency plus the orchestration's per-activity overhead, in one timer."""
+        await asyncio.sleep(self.overheads.activity_s + latency)
 
     # ------------------------------------------------------------ env sessions
 
@@ -143,7 +146,7 @@ class SimCalls:
         return turns
 
     async def _fail_maybe(self, activity: str, p: float, latency: float) -> None:
-        await asyncio.sleep(latency)
+        await self._wait(latency)
         if p and self.rng.random() < p:
             self.counts.failures += 1
             raise CallFailed(activity, f"{ErrorType.ENV_BROKEN.value}: injected", error_type=ErrorType.ENV_BROKEN)
@@ -152,14 +155,14 @@ class SimCalls:
         profile = self._profile(inp.env)
         await self._fail_maybe("reset", profile.reset_failure_p, profile.reset.draw(self.rng))
         sid, [obs] = self._open(profile, 1)
-        return EnvHandle(session_id=sid, queue=f"{queue}@env", worker_id="env", observation=obs)
+        return EnvHandle.model_construct(session_id=sid, queue=f"{queue}@env", worker_id="env", observation=obs)
 
     async def _reset_group(self, inp: GroupResetInput, queue: str) -> GroupHandle:
         profile = self._profile(inp.env)
         p_any = 1.0 - (1.0 - profile.reset_failure_p) ** inp.size
         await self._fail_maybe("reset_group", p_any, profile.reset.max_of(inp.size, self.rng))
         sid, obs = self._open(profile, inp.size)
-        return GroupHandle(session_id=sid, queue=f"{queue}@env", worker_id="env", observations=obs)
+        return GroupHandle.model_construct(session_id=sid, queue=f"{queue}@env", worker_id="env", observations=obs)
 
     def _advance(self, s: _Session, member: int, action: str) -> StepResult:
         """One turn of one member: the action's tokens and a new observation join its context."""
@@ -167,7 +170,9 @@ class SimCalls:
         added = int(action[1:]) + s.profile.obs_tokens
         s.context[member] += added
         done = s.turns[member] >= s.lengths[member]
-        return StepResult(observation=f"{s.profile.env}:{s.context[member]}:{added}", reward=0.0, done=done)
+        return StepResult.model_construct(
+            observation=f"{s.profile.env}:{s.context[member]}:{added}", reward=0.0, done=done
+        )
 
     async def _step(self, inp: StepInput, queue: str) -> StepResult:
         s = self.sessions[inp.session_id]
@@ -182,65 +187,79 @@ class SimCalls:
         return [None if a is None else self._advance(s, m, a) for m, a in enumerate(inp.actions)]
 
     async def _close(self, inp: CloseInput, queue: str) -> None:
-        await asyncio.sleep(self.overheads.close_s)
+        await self._wait(self.overheads.close_s)
         self.sessions.pop(inp.session_id, None)
 
     # ------------------------------------------------------------ generation
 
-    async def _one(self, prompt: str, queue: str, n: int, priority: int, key: str) -> GenerateResult:
+    def _submit(self, prompt: str, queue: str, n: int, priority: int) -> tuple[Any, int, int, Any]:
+        """One prompt on the engine `queue` names: (engine, prompt tokens, output tokens, its future)."""
         env, context, new = prompt.split(":")
-        profile = self.profiles[env]
         engine = self.cluster.route(queue)
-        pinned = "@" in queue
-        out = profile.output_tokens(self.rng)
-        fin = await engine.submit(
-            int(context), out, n=n, priority=priority, new_tokens=int(new) if pinned else int(context)
+        out = self.profiles[env].output_tokens(self.rng)
+        new_tokens = int(new) if "@" in queue else int(context)  # a pinned engine holds the rest in its prefix cache
+        return (
+            engine,
+            int(context),
+            out,
+            engine.submit(int(context), out, n=n, priority=priority, new_tokens=new_tokens),
         )
-        completion = Completion(text=f"a{out}", num_tokens=out, finish_reason="length")
-        return GenerateResult(
+
+    @staticmethod
+    def _result(engine: Any, prompt_tokens: int, out: int, n: int, fin: Finished, key: str) -> GenerateResult:
+        completion = Completion.model_construct(text=f"a{out}", num_tokens=out, finish_reason="length", message=None)
+        return GenerateResult.model_construct(
             completions=[completion] * n,
-            prompt_tokens=int(context),
+            prompt_tokens=prompt_tokens,
             policy_version=fin.version_start,
             policy_version_end=fin.version_end,
             data_key=key,
             worker_id=engine.name,
             queue=f"{engine.pool}@{engine.name}",
+            pressure=None,
         )
 
     async def _generate(self, inp: GenerateInput, queue: str) -> GenerateResult:
-        return await self._one(inp.prompt, queue, inp.sampling.n, inp.priority, inp.data_key)
+        n = inp.sampling.n
+        engine, tokens, out, future = self._submit(inp.prompt, queue, n, inp.priority)
+        fin = await future
+        await self._wait(0.0)
+        return self._result(engine, tokens, out, n, fin, inp.data_key)
 
     async def _generate_batch(self, inp: GenerateBatchInput, queue: str) -> list[GenerateResult]:
-        engine = self.cluster.route(queue)  # one call: every prompt on the one engine that took it
-        target = f"{engine.pool}@{engine.name}"
-        n, prio = inp.sampling.n, inp.priority
-        return list(
-            await asyncio.gather(*(self._one(p, target, n, prio, k) for p, k in zip(inp.prompts, inp.data_keys)))
-        )
+        """Every prompt on the one engine that took the call, each its own request (they batch there)."""
+        engine = self.cluster.route(queue)
+        target, n = f"{engine.pool}@{engine.name}", inp.sampling.n
+        submitted = [self._submit(p, target, n, inp.priority) for p in inp.prompts]
+        done = await asyncio.gather(*(f for *_, f in submitted))
+        await self._wait(0.0)
+        return [self._result(e, t, o, n, fin, k) for (e, t, o, _), fin, k in zip(submitted, done, inp.data_keys)]
 
     async def _live_engines(self, inp: LiveEnginesInput, queue: str) -> LiveEnginesResult:
+        await self._wait(0.0)
         return LiveEnginesResult(queues=self.cluster.private_queues(inp.pool))
 
     # ------------------------------------------------------------ single-turn and rewards
 
     async def _prompts(self, inp: PromptsInput, queue: str) -> list[str]:
         profile = self._profile(inp.env)
-        await asyncio.sleep(self.overheads.light.draw(self.rng))
+        await self._wait(self.overheads.light.draw(self.rng))
         return [f"{profile.env}:{profile.prompt_tokens}:{profile.prompt_tokens}"] * len(inp.seeds)
 
     async def _check(self, inp: CheckInput, queue: str) -> list[list[StepResult]]:
-        await asyncio.sleep(self.overheads.light.draw(self.rng))
-        return [[StepResult(observation="", reward=0.0, done=True) for _ in row] for row in inp.answers]
+        await self._wait(self.overheads.light.draw(self.rng))
+        done = StepResult.model_construct(observation="", reward=0.0, done=True, info={}, messages=None)
+        return [[done for _ in row] for row in inp.answers]
 
     async def _reward(self, inp: RewardInput, queue: str) -> RewardResult:
-        await asyncio.sleep(self.overheads.reward.draw(self.rng))
+        await self._wait(self.overheads.reward.draw(self.rng))
         return self._draw_reward()
 
     async def _reward_batch(self, inp: RewardBatchInput, queue: str) -> list[RewardResult]:
-        await asyncio.sleep(self.overheads.reward.draw(self.rng))
+        await self._wait(self.overheads.reward.draw(self.rng))
         return [self._draw_reward() for _ in inp.transcripts]
 
     def _draw_reward(self) -> RewardResult:
         """Success or not at even odds: the scheduling does not depend on it (no dynamic sampling here)."""
         ok = self.rng.random() < 0.5
-        return RewardResult(value=1.0 if ok else 0.0, success=ok)
+        return RewardResult.model_construct(value=1.0 if ok else 0.0, success=ok)

@@ -32,6 +32,7 @@ class Setup:
     overheads: Overheads = field(default_factory=Overheads)
     horizon_s: float | None = None
     seed: int = 0
+    exact: bool = False  # the wait condition from the ledger's own functions (slow at scale), not the index
 
 
 def simulate(setup: Setup) -> tuple[Outcome, dict[str, Any]]:
@@ -42,7 +43,7 @@ def simulate(setup: Setup) -> tuple[Outcome, dict[str, Any]]:
     holder: list[SimTraining] = []
     cluster = Cluster(setup.pools, setup.model, version=lambda: holder[0].version, seed=setup.seed)
     calls = SimCalls(cluster, setup.profiles, setup.overheads, random.Random(setup.seed))
-    training = SimTraining(setup.plan, calls, setup.trainer, setup.horizon_s)
+    training = SimTraining(setup.plan, calls, setup.trainer, setup.horizon_s, exact=setup.exact)
     holder.append(training)
     t0 = time.perf_counter()
     out = run_virtual(training.run())
@@ -79,7 +80,7 @@ def summarize(setup: Setup, out: Outcome, cluster: Cluster, calls: SimCalls, wal
         "busy_trainer": out.train_busy_s / elapsed,
         "calls": sum(calls.counts.calls.values()),
         "wall_s": wall_s,
-        "gpus": cluster.gpus,
+        "gpus": cluster.gpus + setup.trainer.gpus,
     }
     row.update({f"busy_{pool}": share for pool, share in cluster.utilisation(elapsed).items()})
     return row

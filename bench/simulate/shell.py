@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from bench.simulate.calls import SimCalls
 from bench.simulate.models import TrainerModel
+from bench.simulate.readiness import Exact, Indexed
 from rollart.contracts.activities import TrainStepResult
 from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingPlan, TrainingState
@@ -50,9 +51,15 @@ class SimTraining:
     """One job's loop on virtual time: `run()` until `training.steps` steps or `horizon_s` seconds."""
 
     def __init__(
-        self, plan: TrainingPlan, calls: SimCalls, trainer: TrainerModel, horizon_s: float | None = None
+        self,
+        plan: TrainingPlan,
+        calls: SimCalls,
+        trainer: TrainerModel,
+        horizon_s: float | None = None,
+        exact: bool = False,
     ) -> None:
         self.plan, self.calls, self.trainer, self.horizon_s = plan, calls, trainer, horizon_s
+        self.ready = Exact(plan) if exact else Indexed(plan)
         self.s = TrainingState()
         self.out = Outcome(0.0, self.s)
         self._wake = asyncio.Event()
@@ -73,18 +80,18 @@ class SimTraining:
         t, plan, s = self.plan.training, self.plan, self.s
         while s.step < t.steps and not self._over:
             self._launch()
+            ready = self.ready
             while not self._over and not (
-                ledger.batch_ready(plan, s)
-                or admission.can_launch(plan, s)
-                or ledger.train_partial(plan, s)
-                or staleness.stale_ready(s, t.async_bound)
+                ready.batch_ready(s) or admission.can_launch(plan, s) or ready.train_partial(s) or ready.stale_ready(s)
             ):
                 self._wake.clear()
                 await self._wake.wait()
             if self._over:
                 break
-            staleness.drop_stale(s, t.async_bound)
-            if ledger.batch_ready(plan, s) or ledger.train_partial(plan, s):
+            if ready.stale_ready(s):  # else drop_stale would find nothing (and scan the whole buffer to say so)
+                staleness.drop_stale(s, t.async_bound)
+                ready.settled(s)
+            if ready.batch_ready(s) or ready.train_partial(s):
                 await self._train_step()
         self.out.elapsed_s = loop.time()
         for task in self._children:  # what is still in flight is cancelled, as the workflow's _finish does
@@ -146,6 +153,7 @@ class SimTraining:
                 else:
                     self.out.failed += 1
         pressure.observe(self.plan, self.s, results)
+        self.ready.accepting(self.s, results)
         ledger.accept(self.plan, self.s, results)
         self._wake.set()
 
@@ -153,7 +161,8 @@ class SimTraining:
 
     async def _train_step(self) -> None:
         loop = asyncio.get_running_loop()
-        batch = ledger.take_batch(self.plan, self.s)
+        batch = self.ready.take_batch(self.s)
+        self.ready.settled(self.s)
         if not batch:  # only failed members in the ready groups: nothing to train on (see the report)
             return
         tokens = sum(self._tokens.pop(x.trajectory_id, 0) for x in batch)

@@ -1,0 +1,102 @@
+"""The training loop's wait condition at 10,000 trajectories in flight: the ledger's answers, kept incrementally.
+
+`ledger.batch_ready`, `ledger.train_partial` and `staleness.stale_ready` scan the whole buffer once per
+complete group (`staleness.is_stale`): O(groups × buffer) each time the loop wakes. The workflow wakes once
+per workflow task; the simulator would wake once per report, and at 10,000 in flight that alone costs hours.
+This index keeps, per complete group, its members in the buffer and their oldest policy version, updated as
+results are accepted, so the same three answers cost O(complete groups). It decides nothing of its own: the
+loop still calls the pure modules to act (launches, accept, drop_stale), but for `take_batch`, whose selection
+(whole ready groups, oldest first, until the batch is full) it redoes in one pass over the buffer instead of
+two per group. `Exact` answers with the modules themselves, and tests check that both give the same run.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rollart.contracts.activities import SampleRef
+from rollart.contracts.rollouts import TrajectoryResult
+from rollart.contracts.training import TrainingPlan, TrainingState
+from rollart.workflows.training import admission, ledger, staleness
+
+__all__ = ["Exact", "Indexed"]
+
+
+class Exact:
+    """The wait condition's terms straight from the pure modules (small runs, and the reference in tests)."""
+
+    def __init__(self, plan: TrainingPlan) -> None:
+        self.plan = plan
+
+    def accepting(self, state: TrainingState, results: list[TrajectoryResult]) -> None:
+        """Results about to go into the ledger (nothing to keep here)."""
+
+    def settled(self, state: TrainingState) -> None:
+        """Groups left the ready list (a batch taken, stale groups dropped)."""
+
+    def batch_ready(self, s: TrainingState) -> bool:
+        return ledger.batch_ready(self.plan, s)
+
+    def train_partial(self, s: TrainingState) -> bool:
+        return ledger.train_partial(self.plan, s)
+
+    def stale_ready(self, s: TrainingState) -> bool:
+        return staleness.stale_ready(s, self.plan.training.async_bound)
+
+    def take_batch(self, s: TrainingState) -> list[SampleRef]:
+        return ledger.take_batch(self.plan, s)
+
+
+class Indexed(Exact):
+    """The same answers from a per-group index: members buffered and the oldest version among them."""
+
+    def __init__(self, plan: TrainingPlan) -> None:
+        super().__init__(plan)
+        self._count: dict[str, int] = {}
+        self._oldest: dict[str, float] = {}
+
+    def accepting(self, state: TrainingState, results: list[TrajectoryResult]) -> None:
+        """Index what `ledger.accept` will buffer: completed results of trajectories in flight (its own test)."""
+        for r in results:
+            if r.trajectory_id not in state.in_flight:
+                continue
+            if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
+                g = r.group_id
+                self._count[g] = self._count.get(g, 0) + 1
+                self._oldest[g] = min(self._oldest.get(g, math.inf), r.policy_version_min)
+
+    def settled(self, state: TrainingState) -> None:
+        live = set(state.ready_groups) | set(state.unfinished)
+        for g in [g for g in self._count if g not in live]:
+            del self._count[g], self._oldest[g]
+
+    def _stale(self, s: TrainingState, g: str) -> bool:
+        return s.step - self._oldest.get(g, math.inf) > self.plan.training.async_bound
+
+    def batch_ready(self, s: TrainingState) -> bool:
+        fresh = sum(self._count.get(g, 0) for g in s.ready_groups if not self._stale(s, g))
+        return fresh >= self.plan.training.batch_size
+
+    def train_partial(self, s: TrainingState) -> bool:
+        if s.in_flight or s.paused or admission.can_launch(self.plan, s):
+            return False
+        return any(not self._stale(s, g) for g in s.ready_groups)
+
+    def stale_ready(self, s: TrainingState) -> bool:
+        return any(self._stale(s, g) for g in s.ready_groups)
+
+    def take_batch(self, s: TrainingState) -> list[SampleRef]:
+        """`ledger.take_batch` in one pass over the buffer: whole ready groups, oldest first, until the batch is
+        full; each group's members in buffer order (it scans the buffer twice per group)."""
+        taken: list[str] = []
+        size = 0
+        while size < self.plan.training.batch_size and s.ready_groups:
+            g = s.ready_groups.pop(0)
+            taken.append(g)
+            size += self._count.get(g, 0)
+        members: dict[str, list[SampleRef]] = {g: [] for g in taken}
+        rest: list[SampleRef] = []
+        for x in s.buffer:
+            members.get(x.group_id, rest).append(x)
+        s.buffer = rest
+        return [x for g in taken for x in members[g]]
