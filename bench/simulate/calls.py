@@ -155,14 +155,14 @@ class SimCalls:
         profile = self._profile(inp.env)
         await self._fail_maybe("reset", profile.reset_failure_p, profile.reset.draw(self.rng))
         sid, [obs] = self._open(profile, 1)
-        return EnvHandle.model_construct(session_id=sid, queue=f"{queue}@env", worker_id="env", observation=obs)
+        return EnvHandle(session_id=sid, queue=f"{queue}@env", worker_id="env", observation=obs)
 
     async def _reset_group(self, inp: GroupResetInput, queue: str) -> GroupHandle:
         profile = self._profile(inp.env)
         p_any = 1.0 - (1.0 - profile.reset_failure_p) ** inp.size
         await self._fail_maybe("reset_group", p_any, profile.reset.max_of(inp.size, self.rng))
         sid, obs = self._open(profile, inp.size)
-        return GroupHandle.model_construct(session_id=sid, queue=f"{queue}@env", worker_id="env", observations=obs)
+        return GroupHandle(session_id=sid, queue=f"{queue}@env", worker_id="env", observations=obs)
 
     def _advance(self, s: _Session, member: int, action: str) -> StepResult:
         """One turn of one member: the action's tokens and a new observation join its context."""
@@ -170,9 +170,7 @@ class SimCalls:
         added = int(action[1:]) + s.profile.obs_tokens
         s.context[member] += added
         done = s.turns[member] >= s.lengths[member]
-        return StepResult.model_construct(
-            observation=f"{s.profile.env}:{s.context[member]}:{added}", reward=0.0, done=done
-        )
+        return StepResult(observation=f"{s.profile.env}:{s.context[member]}:{added}", reward=0.0, done=done)
 
     async def _step(self, inp: StepInput, queue: str) -> StepResult:
         s = self.sessions[inp.session_id]
@@ -207,8 +205,8 @@ class SimCalls:
 
     @staticmethod
     def _result(engine: Any, prompt_tokens: int, out: int, n: int, fin: Finished, key: str) -> GenerateResult:
-        completion = Completion.model_construct(text=f"a{out}", num_tokens=out, finish_reason="length", message=None)
-        return GenerateResult.model_construct(
+        completion = Completion(text=f"a{out}", num_tokens=out, finish_reason="length", message=None)
+        return GenerateResult(
             completions=[completion] * n,
             prompt_tokens=prompt_tokens,
             policy_version=fin.version_start,
@@ -248,7 +246,7 @@ class SimCalls:
 
     async def _check(self, inp: CheckInput, queue: str) -> list[list[StepResult]]:
         await self._wait(self.overheads.light.draw(self.rng))
-        done = StepResult.model_construct(observation="", reward=0.0, done=True, info={}, messages=None)
+        done = StepResult(observation="", reward=0.0, done=True, info={}, messages=None)
         return [[done for _ in row] for row in inp.answers]
 
     async def _reward(self, inp: RewardInput, queue: str) -> RewardResult:
@@ -262,4 +260,4 @@ class SimCalls:
     def _draw_reward(self) -> RewardResult:
         """Success or not at even odds: the scheduling does not depend on it (no dynamic sampling here)."""
         ok = self.rng.random() < 0.5
-        return RewardResult.model_construct(value=1.0 if ok else 0.0, success=ok)
+        return RewardResult(value=1.0 if ok else 0.0, success=ok)

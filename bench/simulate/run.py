@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
 import time
@@ -35,8 +36,9 @@ class Setup:
     exact: bool = False  # the wait condition from the ledger's own functions (slow at scale), not the index
 
 
-def simulate(setup: Setup) -> tuple[Outcome, dict[str, Any]]:
-    """Play `setup` to its steps or its horizon; the outcome and its row of measurements."""
+def simulate(setup: Setup, progress_every_s: float | None = None) -> tuple[Outcome, dict[str, Any]]:
+    """Play `setup` to its steps or its horizon; the outcome and its row of measurements. With
+    `progress_every_s`, a line every that many simulated seconds: where the run is, and its wall time so far."""
     missing = {t.env for t in setup.plan.tasks} - set(setup.profiles)
     if missing:
         raise ValueError(f"no TaskProfile for env(s) {', '.join(sorted(missing))}: add one to the setup's profiles")
@@ -46,9 +48,24 @@ def simulate(setup: Setup) -> tuple[Outcome, dict[str, Any]]:
     training = SimTraining(setup.plan, calls, setup.trainer, setup.horizon_s, exact=setup.exact)
     holder.append(training)
     t0 = time.perf_counter()
+    if progress_every_s:
+        training.on_start = lambda: _progress(training, progress_every_s, t0)
     out = run_virtual(training.run())
     wall = time.perf_counter() - t0
     return out, summarize(setup, out, cluster, calls, wall)
+
+
+def _progress(training: SimTraining, every_s: float, t0: float) -> None:
+    """Print where the run is now, and again in `every_s` simulated seconds."""
+    loop = asyncio.get_running_loop()
+    s = training.s
+    if loop.time() > 0:
+        print(
+            f"    sim {loop.time() / 60:5.1f} min: step {s.step}, {len(s.in_flight):,} in flight, "
+            f"{s.trained:,} trained, wall {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
+    loop.call_later(every_s, _progress, training, every_s, t0)
 
 
 def summarize(setup: Setup, out: Outcome, cluster: Cluster, calls: SimCalls, wall_s: float) -> dict[str, Any]:

@@ -12,6 +12,7 @@ version from then on. Left out: signals, stalls, continue-as-new, child-workflow
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from bench.simulate.calls import SimCalls
@@ -67,6 +68,7 @@ class SimTraining:
         self._started_at: dict[str, float] = {}
         self._tokens: dict[str, int] = {}
         self._over = False
+        self.on_start: Callable[[], None] | None = None  # called on the loop as the run starts (progress lines)
 
     @property
     def version(self) -> int:
@@ -75,6 +77,8 @@ class SimTraining:
 
     async def run(self) -> Outcome:
         loop = asyncio.get_running_loop()
+        if self.on_start is not None:
+            self.on_start()
         if self.horizon_s is not None:
             loop.call_at(self.horizon_s, self._end)
         t, plan, s = self.plan.training, self.plan, self.s
@@ -149,7 +153,9 @@ class SimTraining:
                 self.out.trajectory_s.append(now - self._started_at.pop(r.trajectory_id, now))
                 if r.status == "completed":
                     self.out.completed += 1
-                    self._tokens[r.trajectory_id] = r.prompt_tokens + r.completion_tokens
+                    # its sequence as trained: every completion, and its prompts' mean context (the turns' prompt
+                    # tokens add up each turn's whole context; a single turn's is its prompt)
+                    self._tokens[r.trajectory_id] = r.completion_tokens + r.prompt_tokens // max(1, r.turns)
                 else:
                     self.out.failed += 1
         pressure.observe(self.plan, self.s, results)
