@@ -23,7 +23,7 @@ from pydantic import BaseModel
 
 from bench.simulate.cluster import Cluster
 from bench.simulate.engine import Finished
-from bench.simulate.models import Overheads, TaskProfile
+from bench.simulate.models import FifoCores, Overheads, TaskProfile
 from rollart.contracts.activities import (
     ActivityName,
     CheckInput,
@@ -87,6 +87,7 @@ class SimCalls:
         self.cluster, self.profiles, self.overheads, self.rng = cluster, profiles, overheads, rng
         self.sessions: dict[str, _Session] = {}
         self.counts = CallCounts()
+        self._cores = FifoCores(overheads.cores)
         self._ids = itertools.count()
         self._handlers = {
             ActivityName.RESET: self._reset,
@@ -120,8 +121,16 @@ class SimCalls:
         return await handler(arg, queue)
 
     async def _wait(self, latency: float) -> None:
-        """A call's own latency plus the orchestration's per-activity overhead, in one timer."""
-        await asyncio.sleep(self.overheads.activity_s + latency)
+        """A call's own latency plus the orchestration's per-activity overhead (and its wait for a core), in one
+        timer."""
+        await asyncio.sleep(self.orchestration_wait() + latency)
+
+    def orchestration_wait(self) -> float:
+        """What one more activity (or child start) costs the orchestration now, its wait for a CPU core included."""
+        o = self.overheads
+        if not o.activity_cpu_s:
+            return o.activity_s
+        return o.activity_s + self._cores.wait(asyncio.get_running_loop().time(), o.activity_cpu_s)
 
     # ------------------------------------------------------------ env sessions
 

@@ -57,4 +57,14 @@ def run_virtual(main: Coroutine[Any, Any, T]) -> T:
     try:
         return loop.run_until_complete(main)
     finally:
+        _cancel_rest(loop)
         loop.close()
+
+
+def _cancel_rest(loop: VirtualLoop) -> None:
+    """Cancel what `main` left running (a session closing, a timer's task) and let it unwind, as asyncio.run does."""
+    rest = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in rest:
+        task.cancel()
+    if rest:
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))

@@ -31,6 +31,7 @@ class PoolSpec:
     mbu: float = 0.8
     overhead_s: float = 0.003
     kv_capacity: int = 0  # tokens per engine; 0: what the GPUs' memory leaves beside the weights
+    request_s: float = 0.0  # per request, serial on its engine (a CPU worker's own work; ~0 on GPUs)
 
     @property
     def engines(self) -> int:
@@ -49,7 +50,13 @@ class Cluster:
             roof = EngineRoofline(GPUS[p.gpu], model, tp=p.tp, mfu=p.mfu, mbu=p.mbu, overhead_s=p.overhead_s)
             engines = [
                 SimEngine(
-                    f"{p.name}-{i}", p.name, roof, version, max_num_seqs=p.max_num_seqs, kv_capacity=p.kv_capacity
+                    f"{p.name}-{i}",
+                    p.name,
+                    roof,
+                    version,
+                    max_num_seqs=p.max_num_seqs,
+                    kv_capacity=p.kv_capacity,
+                    request_s=p.request_s,
                 )
                 for i in range(p.engines)
             ]

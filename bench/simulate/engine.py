@@ -76,6 +76,7 @@ class SimEngine:
     version: Callable[[], int]
     max_num_seqs: int = 256
     kv_capacity: int = 0  # tokens; 0: the roofline's
+    request_s: float = 0.0  # the worker's own work per request (tokenize, store its tokens): serial, like a prefill
     busy_s: float = 0.0
     tokens_out: int = 0
     requests_done: int = 0
@@ -138,7 +139,7 @@ class SimEngine:
             self._running.append(req)
             self._seqs += req.n
             self._kv += req.kv_tokens
-            self._prefill_s += self.roofline.compute_s(req.new_tokens)
+            self._prefill_s += self.roofline.compute_s(req.new_tokens) + self.request_s
 
     def _plan(self, loop: asyncio.AbstractEventLoop) -> None:
         """Time the batch as it stands and set a timer for its next completion."""

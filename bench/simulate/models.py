@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from bench.simulate.roofline import GpuSpec, ModelSpec
 
-__all__ = ["Lognormal", "Overheads", "TaskProfile", "TrainerModel"]
+__all__ = ["FifoCores", "Lognormal", "Overheads", "TaskProfile", "TrainerModel"]
 
 _Z99 = 2.326  # the standard normal's 99th percentile
 
@@ -70,10 +70,14 @@ class TaskProfile:
 class Overheads:
     """What the orchestration adds: per activity call (Temporal's schedule, poll, return: `activity_s`), per child
     workflow start (`child_s`), a reward call's own work (`reward`, on the elastic serverless pool), and the
-    single-turn `prompts`/`check` calls (`light`)."""
+    single-turn `prompts`/`check` calls (`light`). With `activity_cpu_s`, each call and child start also queues
+    for that much CPU on `cores` cores (`FifoCores`): a machine whose orchestration saturates its CPUs (this one,
+    2 cores for everything) slows every call down; a cluster's control plane has cores to spare (0)."""
 
     activity_s: float = 0.0
     child_s: float = 0.0
+    activity_cpu_s: float = 0.0  # of which CPU on the server and the control worker, queued on `cores` (0: none)
+    cores: int = 1
     reward: Lognormal = Lognormal(0.02, 0.1)
     light: Lognormal = Lognormal(0.005, 0.02)
     close_s: float = 0.001
@@ -96,3 +100,17 @@ class TrainerModel:
 
     def step_s(self, tokens: int) -> float:
         return self.fixed_s + self.per_token_s * tokens
+
+
+class FifoCores:
+    """`k` cores serving CPU work first come, first served: how long a piece of work arriving now waits to start."""
+
+    def __init__(self, k: int) -> None:
+        self._free_at = [0.0] * max(1, k)
+
+    def wait(self, now: float, work_s: float) -> float:
+        """Book `work_s` seconds of CPU arriving at `now` on the core free first; its wait before it starts."""
+        i = min(range(len(self._free_at)), key=self._free_at.__getitem__)
+        start = max(now, self._free_at[i])
+        self._free_at[i] = start + work_s
+        return start - now

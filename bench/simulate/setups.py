@@ -49,8 +49,19 @@ its iteration cost is the engine's fixed `overhead_s`."""
 ACTIVITY_S = 0.034
 """overhead.json, `temporal, groups, latency model`: wait 7 ms + return 25 ms ≈ 34 ms per activity (overhead_ms)."""
 
-ENGINE_ITERATION_S = 0.059
-"""end_to_end.json sync row: the median generate call (93 ms) less ACTIVITY_S: one iteration (max_tokens 1)."""
+ACTIVITY_CPU_S = 0.027
+"""end_to_end.json sync row: the server's 0.30 and the control worker's 0.11 cores over 46.2 s, per activity (690)."""
+
+ORCHESTRATION_CORES = 1
+"""Of this machine's 2 cores, what the server and the control worker get: the engines, env workers and trainer
+use about one (end_to_end.json's cores columns in the async modes)."""
+
+REQUEST_S = 0.0043
+"""end_to_end.json sync row: the h800 worker's 0.12 cores over 46.2 s, per FrozenLake generation (~1,280)."""
+
+ENGINE_ITERATION_S = 0.025
+"""end_to_end.json sync row: the median generate call (93 ms, a group's 8 prompts) less ACTIVITY_S and 8 x
+REQUEST_S: one iteration (max_tokens 1)."""
 
 TRAIN_STEP_S = 0.092
 """end_to_end.json sync row: the trainer pool busy 4 % of 46.2 s over 20 steps."""
@@ -59,20 +70,25 @@ CHILD_S = 0.034
 """A child workflow's start: one more round trip through the server (taken as an activity's)."""
 
 
-def calibration(mode: str, bound: int, *, steps: int = 20, sokoban: bool = False, seed: int = 0) -> Setup:
+def calibration(
+    mode: str, bound: int, *, steps: int = 20, sokoban: bool = False, seed: int = 0, cores: int = ORCHESTRATION_CORES
+) -> Setup:
     """end_to_end's job in `mode`/`bound` on this machine's scale (one CPU engine per pool)."""
     job = multitask_job(HOME, steps, rollout_mode=mode, async_bound=bound, batch_size=64, sokoban=sokoban)
     profiles = {
         "frozenlake": TaskProfile(
-            "frozenlake", Lognormal.of(LATENCY, "reset"), Lognormal.of(LATENCY, "step"), done_p=0.7, prompt_tokens=64
+            "frozenlake", Lognormal.of(LATENCY, "reset"), Lognormal.of(LATENCY, "step"), done_p=0.85, prompt_tokens=64
         ),
         "arithmetic": TaskProfile("arithmetic", done_p=1.0, prompt_tokens=32),
         "gem": TaskProfile(
-            "gem", Lognormal.of(SOKOBAN_LATENCY, "reset"), Lognormal.of(SOKOBAN_LATENCY, "step"), done_p=0.9
+            "gem", Lognormal.of(SOKOBAN_LATENCY, "reset"), Lognormal.of(SOKOBAN_LATENCY, "step"), done_p=0.95
         ),
     }
     GPUS.setdefault("cpu", CPU)
-    pools = [PoolSpec(p, "cpu", 1, overhead_s=ENGINE_ITERATION_S, kv_capacity=100_000) for p in ("h800", "h20")]
+    pools = [
+        PoolSpec(p, "cpu", 1, overhead_s=ENGINE_ITERATION_S, kv_capacity=100_000, request_s=REQUEST_S)
+        for p in ("h800", "h20")
+    ]
     return Setup(
         name=f"{mode} b{bound}",
         plan=TrainingPlan.of(job),
@@ -80,7 +96,7 @@ def calibration(mode: str, bound: int, *, steps: int = 20, sokoban: bool = False
         model=TINY,
         profiles=profiles,
         trainer=TrainerModel(fixed_s=TRAIN_STEP_S + ACTIVITY_S),
-        overheads=Overheads(activity_s=ACTIVITY_S, child_s=CHILD_S),
+        overheads=Overheads(activity_s=ACTIVITY_S, child_s=CHILD_S, activity_cpu_s=ACTIVITY_CPU_S, cores=cores),
         seed=seed,
     )
 

@@ -120,8 +120,9 @@ class SimTraining:
 
     async def _child(self, launch: Launch) -> None:
         """The child workflow of one launch, played as its workflow plays it."""
-        if self.calls.overheads.child_s:
-            await asyncio.sleep(self.calls.overheads.child_s)
+        o = self.calls.overheads
+        if o.child_s or o.activity_cpu_s:
+            await asyncio.sleep(o.child_s + self.calls.orchestration_wait() - o.activity_s)
         inp = admission.child_input(self.plan, launch, JOB_ID, self.s.step, JOB_ID)
         calls = self.calls
         if isinstance(inp, TrajectoryInput):
