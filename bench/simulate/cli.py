@@ -164,10 +164,12 @@ def _timing(args: argparse.Namespace) -> int:
     row = _run(setup)
     row["name"] = f"{args.mode}, unit {args.unit}"
     row["wall_per_sim_hour_s"] = (time.perf_counter() - t0) * 3600.0 / row["sim_s"]
+    row["cpu_per_sim_hour_s"] = row["cpu_s"] * 3600.0 / row["sim_s"]
     row["peak_in_flight"] = setup.plan.training.in_flight_limit
     print(
         f"  {row['gpus']:,} GPUs, up to {row['peak_in_flight']:,} trajectories in flight or buffered: "
-        f"{row['wall_per_sim_hour_s'] / 60:.1f} wall min per simulated hour ({row['calls']:,} calls)"
+        f"{row['wall_per_sim_hour_s'] / 60:.1f} wall min ({row['cpu_per_sim_hour_s'] / 60:.1f} CPU min) per "
+        f"simulated hour ({row['calls']:,} calls)"
     )
     _save(f"timing {args.unit}", [row])
     return 0

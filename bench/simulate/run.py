@@ -47,12 +47,14 @@ def simulate(setup: Setup, progress_every_s: float | None = None) -> tuple[Outco
     calls = SimCalls(cluster, setup.profiles, setup.overheads, random.Random(setup.seed))
     training = SimTraining(setup.plan, calls, setup.trainer, setup.horizon_s, exact=setup.exact)
     holder.append(training)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if progress_every_s:
         training.on_start = lambda: _progress(training, progress_every_s, t0)
     out = run_virtual(training.run())
-    wall = time.perf_counter() - t0
-    return out, summarize(setup, out, cluster, calls, wall)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    row = summarize(setup, out, cluster, calls, wall)
+    row["cpu_s"] = cpu  # this process's CPU: the wall time on a machine of its own (this one is shared)
+    return out, row
 
 
 def _progress(training: SimTraining, every_s: float, t0: float) -> None:
@@ -62,7 +64,7 @@ def _progress(training: SimTraining, every_s: float, t0: float) -> None:
     if loop.time() > 0:
         print(
             f"    sim {loop.time() / 60:5.1f} min: step {s.step}, {len(s.in_flight):,} in flight, "
-            f"{s.trained:,} trained, wall {time.perf_counter() - t0:.0f} s",
+            f"{s.trained:,} trained, wall {time.perf_counter() - t0:.0f} s, cpu {time.process_time():.0f} s",
             flush=True,
         )
     loop.call_later(every_s, _progress, training, every_s, t0)
