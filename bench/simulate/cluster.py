@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bench.simulate.engine import SimEngine
-from bench.simulate.roofline import GPUS, EngineRoofline, ModelSpec
+from bench.simulate.roofline import GPUS, EngineRoofline, GpuSpec, ModelSpec
 
 __all__ = ["Cluster", "PoolSpec"]
 
@@ -23,7 +23,7 @@ class PoolSpec:
     """One generation pool: its name (the task queue tasks name as `generate_pool`), GPU kind, size and engines."""
 
     name: str
-    gpu: str
+    gpu: str | GpuSpec  # "h800", "h20" (GPUS) or a spec of its own
     gpus: int
     tp: int = 1
     max_num_seqs: int = 256
@@ -47,7 +47,8 @@ class Cluster:
         self.by_name: dict[str, SimEngine] = {}
         self._rng = random.Random(seed)
         for p in pools:
-            roof = EngineRoofline(GPUS[p.gpu], model, tp=p.tp, mfu=p.mfu, mbu=p.mbu, overhead_s=p.overhead_s)
+            gpu = GPUS[p.gpu] if isinstance(p.gpu, str) else p.gpu
+            roof = EngineRoofline(gpu, model, tp=p.tp, mfu=p.mfu, mbu=p.mbu, overhead_s=p.overhead_s)
             engines = [
                 SimEngine(
                     f"{p.name}-{i}",

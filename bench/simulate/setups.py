@@ -84,9 +84,8 @@ def calibration(
             "gem", Lognormal.of(SOKOBAN_LATENCY, "reset"), Lognormal.of(SOKOBAN_LATENCY, "step"), done_p=0.95
         ),
     }
-    GPUS.setdefault("cpu", CPU)
     pools = [
-        PoolSpec(p, "cpu", 1, overhead_s=ENGINE_ITERATION_S, kv_capacity=100_000, request_s=REQUEST_S)
+        PoolSpec(p, CPU, 1, overhead_s=ENGINE_ITERATION_S, kv_capacity=100_000, request_s=REQUEST_S)
         for p in ("h800", "h20")
     ]
     return Setup(
@@ -133,7 +132,7 @@ PAPER_PROFILES = {
         max_output=2048,
     ),
     "arithmetic": TaskProfile(
-        "arithmetic", done_p=1.0, prompt_tokens=256, output=Lognormal(512, 3072), max_output=4096
+        "arithmetic", done_p=1.0, prompt_tokens=256, output=Lognormal(1024, 4096), max_output=8192
     ),
 }
 
@@ -159,7 +158,7 @@ def paper(
     tasks = [
         fl.model_copy(update={"weight": 0.4, "sampling": fl.sampling.model_copy(update={"max_tokens": 1024})}),
         sok.model_copy(update={"weight": 0.2, "sampling": sok.sampling.model_copy(update={"max_tokens": 2048})}),
-        arith.model_copy(update={"weight": 0.4, "sampling": arith.sampling.model_copy(update={"max_tokens": 4096})}),
+        arith.model_copy(update={"weight": 0.4, "sampling": arith.sampling.model_copy(update={"max_tokens": 8192})}),
     ]
     batch = max(8, int(PAPER_BATCH * scale) // 8 * 8)
     job = JobSpec(
