@@ -5,9 +5,9 @@ complete group (`staleness.is_stale`): O(groups × buffer) each time the loop wa
 per workflow task; the simulator would wake once per report, and at 10,000 in flight that alone costs hours.
 This index keeps, per complete group, its members in the buffer and their oldest policy version, updated as
 results are accepted, so the same three answers cost O(complete groups). It decides nothing of its own: the
-loop still calls the pure modules to act (launches, accept, drop_stale), but for `take_batch`, whose selection
-(whole ready groups, oldest first, until the batch is full) it redoes in one pass over the buffer instead of
-two per group. `Exact` answers with the modules themselves, and tests check that both give the same run.
+loop still calls the pure modules to act (launches, accept), but for `take_batch` and `drop_stale`, which it
+redoes in one pass over the buffer instead of one or two per complete group (same groups, same order).
+`Exact` answers with the modules themselves, and tests check that both give the same run.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class Exact:
 
     def take_batch(self, s: TrainingState) -> list[SampleRef]:
         return ledger.take_batch(self.plan, s)
+
+    def drop_stale(self, s: TrainingState) -> int:
+        return staleness.drop_stale(s, self.plan.training.async_bound)
 
 
 class Indexed(Exact):
@@ -84,6 +87,19 @@ class Indexed(Exact):
 
     def stale_ready(self, s: TrainingState) -> bool:
         return any(self._stale(s, g) for g in s.ready_groups)
+
+    def drop_stale(self, s: TrainingState) -> int:
+        """`staleness.drop_stale` in one pass over the buffer (it scans the buffer once per complete group, and the
+        loop drops each time a stale group completes: at 10,000 in flight that was most of the run)."""
+        gone = {g for g in s.ready_groups if self._stale(s, g)}
+        if not gone:
+            return 0
+        keep = [x for x in s.buffer if x.group_id not in gone]
+        dropped = len(s.buffer) - len(keep)
+        s.buffer = keep
+        s.ready_groups = [g for g in s.ready_groups if g not in gone]
+        s.dropped += dropped
+        return dropped
 
     def take_batch(self, s: TrainingState) -> list[SampleRef]:
         """`ledger.take_batch` in one pass over the buffer: whole ready groups, oldest first, until the batch is

@@ -26,7 +26,7 @@ from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play
 from rollart.workflows.driver.single_turn import play_single_turn
-from rollart.workflows.training import admission, ledger, pressure, records, staleness
+from rollart.workflows.training import admission, ledger, pressure, records
 from rollart.workflows.training.admission import Launch
 
 __all__ = ["Outcome", "SimTraining"]
@@ -93,7 +93,7 @@ class SimTraining:
             if self._over:
                 break
             if ready.stale_ready(s):  # else drop_stale would find nothing (and scan the whole buffer to say so)
-                staleness.drop_stale(s, t.async_bound)
+                ready.drop_stale(s)
                 ready.settled(s)
             if ready.batch_ready(s) or ready.train_partial(s):
                 await self._train_step()
