@@ -116,6 +116,8 @@ def _paper(args: argparse.Namespace) -> int:
         (VERL_SYNC, {"mode": "trajectory", "bound": 0}),
         ("traj b1, pools swapped", {"mode": "trajectory", "bound": 1, "swap_pools": True}),
         ("traj b1, priority turns", {"mode": "trajectory", "bound": 1, "priority": "turns"}),
+        ("traj b1, 8 seqs/engine, fifo", {"mode": "trajectory", "bound": 1, "max_num_seqs": 8}),
+        ("traj b1, 8 seqs/engine, turns", {"mode": "trajectory", "bound": 1, "max_num_seqs": 8, "priority": "turns"}),
     ]
     print(
         f"simulate --paper: {len(runs)} runs of {args.hours:g} simulated hour(s), scale {args.scale:g}, "

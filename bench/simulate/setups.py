@@ -147,10 +147,12 @@ def paper(
     priority: str = "fifo",
     unit: str = "trajectory",
     seed: int = 0,
+    max_num_seqs: int = 256,
 ) -> Setup:
     """The paper-like cluster for `horizon_s` simulated seconds; `scale` shrinks GPUs and the batch alike (tests,
     quick runs); `swap_pools` puts the multi-turn tasks on h20 and the single-turn one on h800 (the alternative
-    to the manual affinity); `priority` is the engines' queue order (`fifo` or `turns`)."""
+    to the manual affinity); `priority` is the engines' queue order (`fifo` or `turns`), which matters only where
+    requests wait: `max_num_seqs` below the load makes them."""
     multi, single = ("h20", "h800") if swap_pools else ("h800", "h20")
     fl = frozenlake_task(pool=multi, rollout_unit=unit)
     sok = sokoban_task(pool=multi, rollout_unit=unit)
@@ -176,7 +178,7 @@ def paper(
     model = MODELS["32b"]
     trainer_gpus = max(8, int(PAPER_TRAINER_GPUS * scale))
     return Setup(
-        name=f"{mode} b{bound}" + (" swapped" if swap_pools else "") + (f" {priority}" if priority != "fifo" else ""),
+        name=f"{mode} b{bound}" + (" swapped" if swap_pools else "") + f" {priority} {max_num_seqs} seqs",
         plan=TrainingPlan.of(job),
         pools=pools,
         model=model,
