@@ -31,6 +31,9 @@ class Exact:
     def accepting(self, state: TrainingState, results: list[TrajectoryResult]) -> None:
         """Results about to go into the ledger (nothing to keep here)."""
 
+    def accepted(self, state: TrainingState) -> None:
+        """`ledger.accept` took results in (nothing to keep here)."""
+
     def settled(self, state: TrainingState) -> None:
         """Groups left the ready list (a batch taken, stale groups dropped)."""
 
@@ -51,12 +54,17 @@ class Exact:
 
 
 class Indexed(Exact):
-    """The same answers from a per-group index: members buffered and the oldest version among them."""
+    """The same answers from a per-group index: members buffered and the oldest version among them, and for the
+    complete groups, their members and their number by that oldest version (a group's staleness is a function
+    of it and the step), so each answer costs O(versions in the buffer), a few."""
 
     def __init__(self, plan: TrainingPlan) -> None:
         super().__init__(plan)
         self._count: dict[str, int] = {}
         self._oldest: dict[str, float] = {}
+        self._ready = 0  # complete groups indexed (a prefix of the state's ready_groups)
+        self._members_by_oldest: dict[float, int] = {}
+        self._groups_by_oldest: dict[float, int] = {}
 
     def accepting(self, state: TrainingState, results: list[TrajectoryResult]) -> None:
         """Index what `ledger.accept` will buffer: completed results of trajectories in flight (its own test)."""
@@ -68,25 +76,43 @@ class Indexed(Exact):
                 self._count[g] = self._count.get(g, 0) + 1
                 self._oldest[g] = min(self._oldest.get(g, math.inf), r.policy_version_min)
 
+    def accepted(self, state: TrainingState) -> None:
+        """`ledger.accept` appended the groups it completed to the ready list: index them."""
+        for g in state.ready_groups[self._ready :]:
+            self._add(g)
+        self._ready = len(state.ready_groups)
+
+    def _add(self, g: str) -> None:
+        oldest = self._oldest.get(g, math.inf)
+        self._members_by_oldest[oldest] = self._members_by_oldest.get(oldest, 0) + self._count.get(g, 0)
+        self._groups_by_oldest[oldest] = self._groups_by_oldest.get(oldest, 0) + 1
+
     def settled(self, state: TrainingState) -> None:
         live = set(state.ready_groups) | set(state.unfinished)
         for g in [g for g in self._count if g not in live]:
             del self._count[g], self._oldest[g]
+        self._members_by_oldest, self._groups_by_oldest = {}, {}
+        for g in state.ready_groups:
+            self._add(g)
+        self._ready = len(state.ready_groups)
 
     def _stale(self, s: TrainingState, g: str) -> bool:
-        return s.step - self._oldest.get(g, math.inf) > self.plan.training.async_bound
+        return self._too_old(s, self._oldest.get(g, math.inf))
+
+    def _too_old(self, s: TrainingState, oldest: float) -> bool:
+        return s.step - oldest > self.plan.training.async_bound
 
     def batch_ready(self, s: TrainingState) -> bool:
-        fresh = sum(self._count.get(g, 0) for g in s.ready_groups if not self._stale(s, g))
+        fresh = sum(n for v, n in self._members_by_oldest.items() if not self._too_old(s, v))
         return fresh >= self.plan.training.batch_size
 
     def train_partial(self, s: TrainingState) -> bool:
         if s.in_flight or s.paused or admission.can_launch(self.plan, s):
             return False
-        return any(not self._stale(s, g) for g in s.ready_groups)
+        return any(n and not self._too_old(s, v) for v, n in self._groups_by_oldest.items())
 
     def stale_ready(self, s: TrainingState) -> bool:
-        return any(self._stale(s, g) for g in s.ready_groups)
+        return any(n and self._too_old(s, v) for v, n in self._groups_by_oldest.items())
 
     def drop_stale(self, s: TrainingState) -> int:
         """`staleness.drop_stale` in one pass over the buffer (it scans the buffer once per complete group, and the

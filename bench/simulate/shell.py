@@ -162,6 +162,7 @@ class SimTraining:
         pressure.observe(self.plan, self.s, results)
         self.ready.accepting(self.s, results)
         ledger.accept(self.plan, self.s, results)
+        self.ready.accepted(self.s)
         self._wake.set()
 
     # ------------------------------------------------------------ train steps
