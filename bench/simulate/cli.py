@@ -118,6 +118,8 @@ def _paper(args: argparse.Namespace) -> int:
         ("traj b1, priority turns", {"mode": "trajectory", "bound": 1, "priority": "turns"}),
         ("traj b1, 8 seqs/engine, fifo", {"mode": "trajectory", "bound": 1, "max_num_seqs": 8}),
         ("traj b1, 8 seqs/engine, turns", {"mode": "trajectory", "bound": 1, "max_num_seqs": 8, "priority": "turns"}),
+        ("traj b0, 1/4 generation GPUs", {"mode": "trajectory", "bound": 0, "gen_share": 0.25}),
+        ("traj b1, 1/4 generation GPUs", {"mode": "trajectory", "bound": 1, "gen_share": 0.25}),
     ]
     print(
         f"simulate --paper: {len(runs)} runs of {args.hours:g} simulated hour(s), scale {args.scale:g}, "

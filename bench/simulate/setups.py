@@ -148,11 +148,13 @@ def paper(
     unit: str = "trajectory",
     seed: int = 0,
     max_num_seqs: int = 256,
+    gen_share: float = 1.0,
 ) -> Setup:
     """The paper-like cluster for `horizon_s` simulated seconds; `scale` shrinks GPUs and the batch alike (tests,
     quick runs); `swap_pools` puts the multi-turn tasks on h20 and the single-turn one on h800 (the alternative
     to the manual affinity); `priority` is the engines' queue order (`fifo` or `turns`), which matters only where
-    requests wait: `max_num_seqs` below the load makes them."""
+    requests wait: `max_num_seqs` below the load makes them. `gen_share` scales the generation pools alone (the
+    same batch on fewer engines: a more loaded cluster)."""
     multi, single = ("h20", "h800") if swap_pools else ("h800", "h20")
     fl = frozenlake_task(pool=multi, rollout_unit=unit)
     sok = sokoban_task(pool=multi, rollout_unit=unit)
@@ -178,7 +180,10 @@ def paper(
     model = MODELS["32b"]
     trainer_gpus = max(8, int(PAPER_TRAINER_GPUS * scale))
     return Setup(
-        name=f"{mode} b{bound}" + (" swapped" if swap_pools else "") + f" {priority} {max_num_seqs} seqs",
+        name=f"{mode} b{bound}"
+        + (" swapped" if swap_pools else "")
+        + f" {priority} {max_num_seqs} seqs"
+        + (f" gen x{gen_share:g}" if gen_share != 1.0 else ""),
         plan=TrainingPlan.of(job),
         pools=pools,
         model=model,
