@@ -176,7 +176,12 @@ def paper(
         store=StoreConfig(path=HOME / "store"),
         temporal={"max_pending_children": 1_000_000},
     )
-    pools = [PoolSpec(p.name, p.gpu, max(p.tp, int(p.gpus * scale) // p.tp * p.tp), tp=p.tp) for p in PAPER_POOLS]
+    pools = [
+        PoolSpec(
+            p.name, p.gpu, max(p.tp, int(p.gpus * scale * gen_share) // p.tp * p.tp), tp=p.tp, max_num_seqs=max_num_seqs
+        )
+        for p in PAPER_POOLS
+    ]
     model = MODELS["32b"]
     trainer_gpus = max(8, int(PAPER_TRAINER_GPUS * scale))
     return Setup(
