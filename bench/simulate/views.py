@@ -48,6 +48,8 @@ _CALIBRATION = (
     Col("simulated vs sync", "predicted_ratio", fixed(2, "x")),
     Col("measured vs sync", "measured_ratio", fixed(2, "x")),
     Col("ratio error", "ratio_error", lambda v: f"{100 * v:+.0f} %"),
+    Col("time error", "wall_error", lambda v: f"{100 * v:+.0f} %"),
+    Col("measured repeats s", lambda r: " / ".join(f"{w:.1f}" for w in r.get("measured_walls_s") or []) or None),
     Col("activities (sim / measured)", lambda r: f"{r['calls']} / {r.get('measured_activities') or '–'}"),
 )
 _TIMING = (
