@@ -152,3 +152,11 @@ def test_a_failed_env_masks_its_trajectory_it_is_not_scored_zero() -> None:
     plan = calibration("trajectory", 1).plan
     ledger.accept(plan, state, [result])
     assert state.failed == 1 and state.buffer == [] and state.ledger_balanced
+
+
+def test_the_paper_setup_sizes_its_pools_from_its_knobs() -> None:
+    full = paper("trajectory", 1, scale=1.0)
+    assert sum(p.gpus for p in full.pools) + full.trainer.gpus == 3008
+    assert full.plan.training.in_flight_limit == 10_240
+    small = paper("trajectory", 1, scale=0.1, gen_share=0.25, max_num_seqs=8)
+    assert [(p.gpus, p.max_num_seqs) for p in small.pools] == [(24, 8), (24, 8)]
