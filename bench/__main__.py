@@ -30,6 +30,7 @@ BENCHMARKS = {
     "turns": "bench.turns",
     "sft": "bench.sft",
     "priority": "bench.priority",
+    "simulate": "bench.simulate.cli",
 }
 TOOLS = {"tables": "bench.tables"}
 """Not benchmarks: `tables` rewrites the measured tables of docs/*.md from bench/results/*.json."""

@@ -1,0 +1,71 @@
+"""The docs' tables of bench/results/simulate.json, as `python -m bench tables` views (bench/table_views.py).
+
+Kept beside the simulator; bench/table_views.py takes them in with `VIEWS.update(SIMULATE_VIEWS)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bench.table_views import Col, Row, View, fixed, pct
+
+__all__ = ["SIMULATE_VIEWS"]
+
+
+def _part(key: str) -> Callable[[list[dict[str, Any]]], list[Row]]:
+    return lambda docs: [r for d in docs for r in d.get("parts", {}).get(key, {}).get("rows", [])]
+
+
+def _calibration_parts(docs: list[dict[str, Any]]) -> list[Row]:
+    rows = []
+    for d in docs:
+        for key, part in sorted(d.get("parts", {}).items()):
+            if key.startswith("calibration "):
+                rows += [{**r, "job": key.removeprefix("calibration ")} for r in part["rows"]]
+    return rows
+
+
+_PAPER = (
+    Col("run", "name", align="l"),
+    Col("steps / h", "steps_per_hour", ".0f"),
+    Col("step s", "step_s", ".1f"),
+    Col("trained / s", "trained_per_s", ".1f"),
+    Col("vs batch b0", "vs_sync", fixed(2, "x")),
+    Col("vs traj b0", "vs_traj_sync", fixed(2, "x")),
+    Col("trajectory p99 s", "trajectory_p99_s", ".0f"),
+    Col("h800 busy", "busy_h800", pct),
+    Col("h20 busy", "busy_h20", pct),
+    Col("trainer busy", "busy_trainer", pct),
+    Col("failed", "failed", ".0f"),
+    Col("dropped", "dropped", ".0f"),
+)
+_CALIBRATION = (
+    Col("job", "job", align="l"),
+    Col("mode", "name", align="l"),
+    Col("simulated s", "predicted_s", ".1f"),
+    Col("measured s", "measured_s", ".1f"),
+    Col("simulated vs sync", "predicted_ratio", fixed(2, "x")),
+    Col("measured vs sync", "measured_ratio", fixed(2, "x")),
+    Col("ratio error", "ratio_error", lambda v: f"{100 * v:+.0f} %"),
+    Col("time error", "wall_error", lambda v: f"{100 * v:+.0f} %"),
+    Col("measured repeats s", lambda r: " / ".join(f"{w:.1f}" for w in r.get("measured_walls_s") or []) or None),
+    Col("activities (sim / measured)", lambda r: f"{r['calls']} / {r.get('measured_activities') or '–'}"),
+)
+_TIMING = (
+    Col("run", "name", align="l"),
+    Col("GPUs", "gpus", ",.0f"),
+    Col("in flight + buffered, at most", "peak_in_flight", ",.0f"),
+    Col("simulated s", "sim_s", ".0f"),
+    Col("calls", "calls", ",.0f"),
+    Col("wall min / simulated h", "wall_per_sim_hour_s", lambda v: f"{v / 60:.1f}"),
+    Col("CPU min / simulated h", "cpu_per_sim_hour_s", lambda v: f"{v / 60:.1f}"),
+)
+
+SIMULATE_VIEWS: dict[str, View] = {
+    "simulate.paper": View(("simulate",), _part("paper"), _PAPER),
+    "simulate.calibration": View(("simulate",), _calibration_parts, _CALIBRATION),
+    "simulate.timing": View(
+        ("simulate",), lambda docs: _part("timing group")(docs) + _part("timing trajectory")(docs), _TIMING
+    ),
+}

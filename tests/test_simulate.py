@@ -1,0 +1,162 @@
+"""The cluster simulator (bench/simulate): virtual time, rooflines, the engine's batching and priority, and
+rollart's scheduling code driven on them (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+
+import pytest
+
+from bench.simulate.calls import SimCalls
+from bench.simulate.clock import SimulationDeadlock, run_virtual
+from bench.simulate.cluster import Cluster, PoolSpec
+from bench.simulate.engine import SimEngine
+from bench.simulate.models import Lognormal, Overheads, TaskProfile
+from bench.simulate.roofline import H800, MODELS, EngineRoofline
+from bench.simulate.run import simulate
+from bench.simulate.setups import calibration, paper
+from bench.workload import frozenlake_task
+from rollart.contracts.rollouts import TrajectoryInput
+from rollart.contracts.training import InFlight, TrainingState
+from rollart.workflows.driver.episode import Episode
+from rollart.workflows.driver.lockstep import play
+from rollart.workflows.training import ledger
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_the_virtual_clock_advances_without_wall_time() -> None:
+    async def main() -> tuple[float, list[float]]:
+        loop = asyncio.get_running_loop()
+
+        async def nap(d: float) -> float:
+            await asyncio.sleep(d)
+            return loop.time()
+
+        ends = await asyncio.gather(nap(3600.0), nap(10.0), nap(7200.0))
+        return loop.time(), ends
+
+    t0 = time.perf_counter()
+    now, ends = run_virtual(main())
+    assert (now, ends) == (7200.0, [3600.0, 10.0, 7200.0])
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_a_wait_for_nothing_is_a_deadlock_not_a_hang() -> None:
+    async def main() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(SimulationDeadlock):
+        run_virtual(main())
+
+
+def test_the_roofline_of_a_7b_model_on_one_h800() -> None:
+    roof = EngineRoofline(H800, MODELS["7b"], tp=1, mfu=1.0, mbu=1.0, overhead_s=0.0)
+    weights = 7.6e9 * 2
+    assert roof.iteration_s(1, 0) == pytest.approx(weights / 3.35e12)  # decode: one read of the weights, 4.5 ms
+    assert roof.prefill_s(1000) == pytest.approx(2 * 7.6e9 * 1000 / 989e12)  # prefill: compute-bound, 15.4 ms
+    assert roof.prefill_s(10) == pytest.approx(weights / 3.35e12, rel=1e-3)  # a short prompt: bandwidth-bound
+    assert roof.iteration_s(512, 0) > roof.iteration_s(1, 0)  # a big enough batch turns compute-bound
+    assert 400_000 < roof.kv_capacity_tokens < 1_200_000  # (72 GB - 15.2 GB) / 56 KiB a token
+
+
+def _engine(max_num_seqs: int = 256) -> SimEngine:
+    roof = EngineRoofline(H800, MODELS["7b"], overhead_s=0.0)
+    return SimEngine("h800-0", "h800", roof, version=lambda: 0, max_num_seqs=max_num_seqs)
+
+
+def test_continuous_batching_shares_each_decode_step() -> None:
+    async def finish(requests: int) -> float:
+        engine = _engine()
+        done = await asyncio.gather(*(engine.submit(100, 200) for _ in range(requests)))
+        return max(f.finished_at for f in done)
+
+    one, eight = run_virtual(finish(1)), run_virtual(finish(8))
+    assert eight < 1.2 * one  # 8 requests share each of the 200 decode steps (memory-bound): not 8x as long
+    assert one == pytest.approx(200 * _engine().roofline.iteration_s(1, 100 + 100), rel=0.05)
+
+
+def test_a_request_arriving_mid_decode_joins_at_the_next_iteration() -> None:
+    async def main() -> tuple[float, float]:
+        engine = _engine()
+        first = engine.submit(100, 1000)
+        await asyncio.sleep(0.5)
+        second = await engine.submit(100, 10)
+        return (second.admitted_at, (await first).finished_at)
+
+    admitted, first_done = run_virtual(main())
+    assert 0.5 <= admitted < 0.52  # not after the first request's 1,000 tokens
+    assert first_done > admitted
+
+
+def test_the_engine_serves_lower_priority_values_first() -> None:
+    async def main() -> list[str]:
+        engine = _engine(max_num_seqs=1)
+        order: list[str] = []
+
+        async def one(name: str, priority: int) -> None:
+            await engine.submit(100, 50, priority=priority)
+            order.append(name)
+
+        running = asyncio.ensure_future(one("running", 0))
+        await asyncio.sleep(0)
+        await asyncio.gather(running, one("fifo first", 0), one("later, ranked", -5), one("fifo second", 0))
+        return order
+
+    assert run_virtual(main()) == ["running", "later, ranked", "fifo first", "fifo second"]
+
+
+def test_async_beats_sync_when_env_latency_has_a_long_tail() -> None:
+    _, sync = simulate(calibration("batch", 0, steps=6))
+    _, asyn = simulate(calibration("trajectory", 1, steps=6))
+    assert sync["steps"] == asyn["steps"] == 6
+    assert asyn["sim_s"] < 0.8 * sync["sim_s"]
+    assert asyn["busy_h800"] > sync["busy_h800"]
+
+
+def test_a_simulated_run_balances_its_ledger_with_failures_and_drops() -> None:
+    out, row = simulate(paper("trajectory", 1, horizon_s=600.0, scale=0.01, unit="group"))
+    s = out.state
+    assert row["failed"] > 0 and row["trained"] > 0 and row["steps"] > 0
+    assert s.ledger_balanced
+    assert s.started == s.trained + s.dropped + s.filtered + s.failed + len(s.in_flight) + len(s.buffer)
+    assert out.failed == s.failed  # every failed report is counted once, as failed
+
+
+def test_the_index_decides_as_the_ledger_does() -> None:
+    setup = calibration("trajectory", 2, steps=8)
+    rows = []
+    for exact in (True, False):
+        _, row = simulate(dataclasses.replace(setup, exact=exact))
+        row.pop("wall_s"), row.pop("cpu_s")
+        rows.append(row)
+    assert rows[0] == rows[1]
+
+
+def test_a_failed_env_masks_its_trajectory_it_is_not_scored_zero() -> None:
+    profile = TaskProfile("frozenlake", step=Lognormal(0.01, 0.1), step_failure_p=1.0, done_p=0.0)
+
+    async def main() -> list:
+        cluster = Cluster([PoolSpec("h800", "h800", 1)], MODELS["7b"], version=lambda: 0)
+        calls = SimCalls(cluster, {"frozenlake": profile}, Overheads(), random.Random(0))
+        inp = TrajectoryInput(task=frozenlake_task(), seed=1, job_id="sim", group_id="sim-g0")
+        return await play([Episode(calls, inp, "sim-g0-m0")])
+
+    [result] = run_virtual(main())
+    assert result.status == "failed" and result.reward is None and "EnvBroken" in (result.error or "")
+    state = TrainingState(started=1, in_flight={"sim-g0-m0": InFlight(group="sim-g0", workflow="w")})
+    state.unfinished["sim-g0"] = 1
+    plan = calibration("trajectory", 1).plan
+    ledger.accept(plan, state, [result])
+    assert state.failed == 1 and state.buffer == [] and state.ledger_balanced
+
+
+def test_the_paper_setup_sizes_its_pools_from_its_knobs() -> None:
+    full = paper("trajectory", 1, scale=1.0)
+    assert sum(p.gpus for p in full.pools) + full.trainer.gpus == 3008
+    assert full.plan.training.in_flight_limit == 10_240
+    small = paper("trajectory", 1, scale=0.1, gen_share=0.25, max_num_seqs=8)
+    assert [(p.gpus, p.max_num_seqs) for p in small.pools] == [(24, 8), (24, 8)]
