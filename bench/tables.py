@@ -24,7 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import RESULTS
+from bench.simulate.views import SIMULATE_VIEWS
 from bench.table_views import VIEWS
+
+VIEWS.update(SIMULATE_VIEWS)  # kept beside the simulator (bench/simulate/views.py)
 
 __all__ = ["DOCS", "VIEWS", "TableError", "main", "regenerate", "render", "stale_pages"]
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rollart.infra.hardware import GPUS as HW  # the peaks rollart plans with (`rollart plan`): one table
+
 __all__ = ["GPUS", "H20", "H800", "MODELS", "EngineRoofline", "GpuSpec", "ModelSpec"]
 
 
@@ -34,8 +36,8 @@ class GpuSpec:
     hbm_bytes: float
 
 
-H800 = GpuSpec("H800", flops=989e12, hbm_bw=3.35e12, hbm_bytes=80e9)
-H20 = GpuSpec("H20", flops=148e12, hbm_bw=4.0e12, hbm_bytes=96e9)
+H800 = GpuSpec("H800", flops=HW["NVIDIA-H800"].flops, hbm_bw=HW["NVIDIA-H800"].hbm_bytes_per_s, hbm_bytes=80e9)
+H20 = GpuSpec("H20", flops=HW["NVIDIA-H20"].flops, hbm_bw=HW["NVIDIA-H20"].hbm_bytes_per_s, hbm_bytes=96e9)
 GPUS: dict[str, GpuSpec] = {"h800": H800, "h20": H20}
 
 
