@@ -44,7 +44,20 @@ def test_a_completed_result_without_a_reward_counts_as_failed_and_restores_add_u
     p, state = plan(frozenlake_task(group_size=1)), running(("g", 1))
     unscored = completed("g-0", "g").model_copy(update={"reward": None, "restores": 2})
     ledger.accept(p, state, [unscored])
-    assert state.failed == 1 and state.buffer == [] and state.restores == 2 and state.ready_groups == ["g"]
+    assert state.failed == 1 and state.buffer == [] and state.restores == 2
+    assert state.ready_groups == [] and state.ledger_balanced  # nothing of it to train on: never ready
+
+
+def test_a_group_whose_members_all_failed_never_asks_for_a_step() -> None:
+    """Found by the simulator: such a group, once ready, made a stalled job train on an empty batch."""
+    p, state = plan(frozenlake_task(group_size=2), batch_size=8), running(("g", 2))
+    failed = [
+        TrajectoryResult(trajectory_id=f"g-{m}", task="frozenlake", seed=1, status="failed", group_id="g", error="x")
+        for m in range(2)
+    ]
+    ledger.accept(p, state, failed)
+    state.stop_requested = True  # nothing more is launched
+    assert not ledger.train_partial(p, state) and ledger.take_batch(p, state) == []
 
 
 def test_stale_groups_are_dropped_and_counted_fresh_ones_batched_whole() -> None:

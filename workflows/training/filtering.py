@@ -19,8 +19,10 @@ FLAT = 1e-9
 def filter_flat(plan: TrainingPlan, state: TrainingState, group_id: str) -> bool:
     """Leave the complete group out of the buffer when it has no signal (counted as filtered); whether it was."""
     ds = plan.training.dynamic_sampling
+    if not ds.enabled:  # before the buffer's scan: it runs for every group that completes
+        return False
     members = [x for x in state.buffer if x.group_id == group_id]
-    if not ds.enabled or not members:
+    if not members:
         return False
     if next(t.group_size for t in plan.tasks if t.name == members[0].task) < 2:
         return False

@@ -39,7 +39,8 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
     """Take reported results into the ledger; how many were in flight (0: only repeats, no progress).
 
     A completed result is buffered, anything else counted as failed; a group whose last member reported is
-    complete: ready for a batch, unless dynamic sampling filters it.
+    complete: ready for a batch, unless dynamic sampling filters it or every member failed (a ready group with
+    no sample would let a stalled job "train" on an empty batch).
     """
     accepted = 0
     for r in results:
@@ -58,7 +59,8 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
         state.unfinished[group] -= 1
         if state.unfinished[group] == 0:
             del state.unfinished[group]
-            if not filtering.filter_flat(plan, state, group):
+            trainable = any(x.group_id == group for x in state.buffer)  # every member failed: nothing to train on
+            if trainable and not filtering.filter_flat(plan, state, group):
                 state.ready_groups.append(group)
     return accepted
 
