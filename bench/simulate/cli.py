@@ -65,14 +65,20 @@ def main(argv: list[str]) -> int:
     what.add_argument("--paper", action="store_true", help="the paper-like comparisons (the default)")
     what.add_argument("--calibrate", action="store_true", help="predict this machine's end_to_end runs")
     what.add_argument("--timing", action="store_true", help="one mode, full scale: the simulator's own speed")
+    what.add_argument(
+        "--units",
+        action="store_true",
+        help="traj b1 with the multi-turn tasks as lockstep groups, free members and episodes, against batch b0",
+    )
     parser.add_argument("--hours", type=float, default=1.0, help="simulated hours per run (default 1)")
     parser.add_argument("--scale", type=float, default=1.0, help="GPUs and batch x this (default 1: 3,008 GPUs)")
     parser.add_argument(
         "--unit",
-        choices=["trajectory", "group"],
+        choices=["trajectory", "group", "free"],
         default="group",
         help="the multi-turn tasks' rollout_unit: group (the coarser, faster default: a group's 8 members share "
-        "each generate_batch/step_group) or trajectory (an episode each, ~6x the calls)",
+        "each generate_batch/step_group), free (a group whose members play free of lockstep, each with its own "
+        "calls) or trajectory (an episode each, ~6x the calls)",
     )
     parser.add_argument("--mode", default="traj b1", choices=list(MODES), help="--timing's mode (default traj b1)")
     parser.add_argument("--sokoban", action="store_true", help="--calibrate: the Sokoban mix (end_to_end-sokoban)")
@@ -87,6 +93,8 @@ def main(argv: list[str]) -> int:
         return _calibrate(args.sokoban, args.seed, args.cores, args.repeats)
     if args.timing:
         return _timing(args)
+    if args.units:
+        return _units(args)
     if args.quick:
         args.scale, args.hours = 0.05, 0.25
     return _paper(args)
@@ -157,6 +165,33 @@ def _paper(args: argparse.Namespace) -> int:
         seed=args.seed,
         paper_speedup=list(PAPER_RANGE),
     )
+    return 0
+
+
+UNIT_RUNS = {
+    "batch b0 (sync), lockstep groups": ("batch", 0, "group"),
+    "traj b1, lockstep groups": ("trajectory", 1, "group"),
+    "traj b1, free members": ("trajectory", 1, "free"),
+    "traj b1, episodes": ("trajectory", 1, "trajectory"),
+}
+"""`--units`: the rollout unit of the multi-turn tasks under trajectory-level asynchrony (bench end_to_end --units
+at the paper's scale)."""
+
+
+def _units(args: argparse.Namespace) -> int:
+    """Each unit on the same simulated hours and seed; trained samples per second against the sync baseline."""
+    horizon = args.hours * 3600.0
+    print(f"simulate --units: {len(UNIT_RUNS)} runs of {args.hours:g} simulated hour(s), scale {args.scale:g}")
+    rows = []
+    for name, (mode, bound, unit) in UNIT_RUNS.items():
+        row = _run(paper(mode, bound, horizon_s=horizon, scale=args.scale, unit=unit, seed=args.seed))
+        row["name"] = name
+        rows.append(row)
+    base = rows[0]["trained_per_s"]
+    for r in rows:
+        r["vs_sync"] = r["trained_per_s"] / base if base else None
+    print(format_table(rows, COLUMNS))
+    _save("units", rows, hours=args.hours, scale=args.scale, seed=args.seed)
     return 0
 
 

@@ -154,10 +154,12 @@ def paper(
     quick runs); `swap_pools` puts the multi-turn tasks on h20 and the single-turn one on h800 (the alternative
     to the manual affinity); `priority` is the engines' queue order (`fifo` or `turns`), which matters only where
     requests wait: `max_num_seqs` below the load makes them. `gen_share` scales the generation pools alone (the
-    same batch on fewer engines: a more loaded cluster)."""
+    same batch on fewer engines: a more loaded cluster). `unit`: the multi-turn tasks' `trajectory`, `group`
+    (lockstep) or `free` (a group whose members play free of lockstep)."""
     multi, single = ("h20", "h800") if swap_pools else ("h800", "h20")
-    fl = frozenlake_task(pool=multi, rollout_unit=unit)
-    sok = sokoban_task(pool=multi, rollout_unit=unit)
+    rollout_unit, group_play = ("group", "free") if unit == "free" else (unit, "lockstep")
+    fl = frozenlake_task(pool=multi, rollout_unit=rollout_unit, group_play=group_play)
+    sok = sokoban_task(pool=multi, rollout_unit=rollout_unit, group_play=group_play)
     arith = arithmetic_task(pool=single)
     tasks = [
         fl.model_copy(update={"weight": 0.4, "sampling": fl.sampling.model_copy(update={"max_tokens": 1024})}),

@@ -19,13 +19,11 @@ from bench.simulate.calls import SimCalls
 from bench.simulate.models import TrainerModel
 from bench.simulate.readiness import Exact, Indexed
 from rollart.contracts.activities import TrainStepResult
-from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, TrajectoryInput, TrajectoryResult
+from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingPlan, TrainingState
-from rollart.infra.routing import Unit, unit_of
 from rollart.workflows.driver.episode import Episode
-from rollart.workflows.driver.group import GroupEpisode
+from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play
-from rollart.workflows.driver.single_turn import play_single_turn
 from rollart.workflows.training import admission, ledger, pressure, records
 from rollart.workflows.training.admission import Launch
 
@@ -130,19 +128,8 @@ class SimTraining:
         elif isinstance(inp, BatchRolloutInput):
             episodes = [Episode(calls, x, x.trajectory_id or launch.workflow_id) for x in inp.trajectories]
             await play(episodes, self._report)
-        else:
-            await self._group_rollout(inp)
-
-    async def _group_rollout(self, inp: GroupRolloutInput) -> None:
-        """GroupRolloutWorkflow._play: a single-turn wave, or multi-turn groups on their own or in lockstep."""
-        if unit_of(inp.task) is Unit.SINGLE_TURN_WAVE:
-            await self._report(await play_single_turn(self.calls, inp))
-            return
-        groups = [GroupEpisode(self.calls, inp, g) for g in inp.groups]
-        if inp.lockstep:
-            await play(groups, self._report)
-        else:
-            await asyncio.gather(*(play([g], self._report) for g in groups))
+        else:  # GroupRolloutWorkflow: the one dispatch its workflow runs (a wave, free members, lockstep groups)
+            await play_groups(calls, inp, self._report)
 
     async def _report(self, results: list[TrajectoryResult]) -> None:
         """The `trajectories_done` signal: the engines' reports, then the ledger."""

@@ -40,6 +40,17 @@ _PAPER = (
     Col("failed", "failed", ".0f"),
     Col("dropped", "dropped", ".0f"),
 )
+_UNITS = (
+    Col("run", "name", align="l"),
+    Col("steps / h", "steps_per_hour", ".0f"),
+    Col("trained / s", "trained_per_s", ".1f"),
+    Col("vs sync", "vs_sync", fixed(2, "x")),
+    Col("trajectory p99 s", "trajectory_p99_s", ".0f"),
+    Col("h800 busy", "busy_h800", pct),
+    Col("failed", "failed", ".0f"),
+    Col("dropped", "dropped", ".0f"),
+    Col("calls", "calls", ".0f"),
+)
 _CALIBRATION = (
     Col("job", "job", align="l"),
     Col("mode", "name", align="l"),
@@ -64,6 +75,7 @@ _TIMING = (
 
 SIMULATE_VIEWS: dict[str, View] = {
     "simulate.paper": View(("simulate",), _part("paper"), _PAPER),
+    "simulate.units": View(("simulate",), _part("units"), _UNITS),
     "simulate.calibration": View(("simulate",), _calibration_parts, _CALIBRATION),
     "simulate.timing": View(
         ("simulate",), lambda docs: _part("timing group")(docs) + _part("timing trajectory")(docs), _TIMING
