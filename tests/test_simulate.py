@@ -160,3 +160,13 @@ def test_the_paper_setup_sizes_its_pools_from_its_knobs() -> None:
     assert full.plan.training.in_flight_limit == 10_240
     small = paper("trajectory", 1, scale=0.1, gen_share=0.25, max_num_seqs=8)
     assert [(p.gpus, p.max_num_seqs) for p in small.pools] == [(24, 8), (24, 8)]
+
+
+def test_the_placement_planner_picks_the_hand_written_placement_the_simulator_finds_best() -> None:
+    """infra/placement.py on the paper-like setup's own profiles and rooflines: multi-turn tasks on h800 and the
+    long single-turn answers on h20, as declared (the swap simulates 5 % slower, docs/simulator.md)."""
+    from bench.simulate.placement import HAND_WRITTEN, planned
+
+    chosen, hand = planned(0.1)
+    assert chosen.assignment == HAND_WRITTEN["declared"]
+    assert hand["swapped"].makespan_s > 1.5 * hand["declared"].makespan_s

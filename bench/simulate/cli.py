@@ -66,6 +66,11 @@ def main(argv: list[str]) -> int:
     what.add_argument("--calibrate", action="store_true", help="predict this machine's end_to_end runs")
     what.add_argument("--timing", action="store_true", help="one mode, full scale: the simulator's own speed")
     what.add_argument(
+        "--placement",
+        action="store_true",
+        help="automatic affinity: infra/placement.py's choice for the paper-like setup against the hand-written ones",
+    )
+    what.add_argument(
         "--units",
         action="store_true",
         help="traj b1 with the multi-turn tasks as lockstep groups, free members and episodes, against batch b0",
@@ -95,6 +100,8 @@ def main(argv: list[str]) -> int:
         return _timing(args)
     if args.units:
         return _units(args)
+    if args.placement:
+        return _placement(args)
     if args.quick:
         args.scale, args.hours = 0.05, 0.25
     return _paper(args)
@@ -192,6 +199,41 @@ def _units(args: argparse.Namespace) -> int:
         r["vs_sync"] = r["trained_per_s"] / base if base else None
     print(format_table(rows, COLUMNS))
     _save("units", rows, hours=args.hours, scale=args.scale, seed=args.seed)
+    return 0
+
+
+def _placement(args: argparse.Namespace) -> int:
+    """The planner's placement and the hand-written ones: its predicted step, and traj b1 simulated on each."""
+    from bench.simulate.placement import HAND_WRITTEN, planned
+
+    chosen, hand = planned(args.scale)
+    horizon = args.hours * 3600.0
+    print(f"simulate --placement: scale {args.scale:g}, traj b1, {args.hours:g} simulated hour(s) per placement")
+    rows = []
+    for name, assignment in HAND_WRITTEN.items():
+        setup = paper(
+            "trajectory", 1, horizon_s=horizon, scale=args.scale, unit=args.unit, swap_pools=name == "swapped"
+        )
+        row = _run(setup)
+        row |= {"name": name, "predicted_step_s": hand[name].makespan_s, "chosen": assignment == chosen.assignment}
+        rows.append(row)
+    best = max(r["trained_per_s"] for r in rows)
+    for r in rows:
+        r["vs_best"] = r["trained_per_s"] / best
+    picked = next((r for r in rows if r["chosen"]), None)
+    print(
+        format_table(
+            rows,
+            [
+                ("name", "placement", ""),
+                ("predicted_step_s", "planned step s", ".2f"),
+                ("trained_per_s", "trained/s", ".1f"),
+                ("vs_best", "vs best", ".2f"),
+            ],
+        )
+    )
+    print(f"  the planner chose {chosen.assignment}: " + (f"the {picked['name']} placement" if picked else "neither"))
+    _save("placement", rows, hours=args.hours, scale=args.scale, chosen=chosen.assignment)
     return 0
 
 

@@ -51,6 +51,15 @@ _UNITS = (
     Col("dropped", "dropped", ".0f"),
     Col("calls", "calls", ".0f"),
 )
+_PLACEMENT = (
+    Col("placement", "name", align="l"),
+    Col("planned (infra/placement.py)", lambda r: "chosen" if r["chosen"] else "", align="l"),
+    Col("planned step s", "predicted_step_s", ".2f"),
+    Col("trained / s", "trained_per_s", ".1f"),
+    Col("vs best", "vs_best", fixed(2, "x")),
+    Col("h800 busy", "busy_h800", pct),
+    Col("h20 busy", "busy_h20", pct),
+)
 _CALIBRATION = (
     Col("job", "job", align="l"),
     Col("mode", "name", align="l"),
@@ -76,6 +85,7 @@ _TIMING = (
 SIMULATE_VIEWS: dict[str, View] = {
     "simulate.paper": View(("simulate",), _part("paper"), _PAPER),
     "simulate.units": View(("simulate",), _part("units"), _UNITS),
+    "simulate.placement": View(("simulate",), _part("placement"), _PLACEMENT),
     "simulate.calibration": View(("simulate",), _calibration_parts, _CALIBRATION),
     "simulate.timing": View(
         ("simulate",), lambda docs: _part("timing group")(docs) + _part("timing trajectory")(docs), _TIMING
