@@ -139,6 +139,17 @@ def engine_lines(st: TrainingStatus) -> list[str]:
             f"  {worker}: {p.running} running, {p.waiting} waiting, KV {p.kv_usage:.0%}, "
             f"{p.preempted} preempted, prefix-cache hits {hits}"
         )
+    return lines + placement_lines(st)
+
+
+def placement_lines(st: TrainingStatus) -> list[str]:
+    """Where `generate_pool: auto` tasks generate, why, and the pools' rates the plan used."""
+    p = st.placement
+    if p is None:
+        return []
+    lines = [f"{p.describe()}; {p.plans} plan(s), {p.moves} moved tasks", *(f"  {r}" for r in p.reasons)]
+    for pool, (engines, prefill, decode) in p.rates.items():
+        lines.append(f"  {pool}: {engines} engine(s), prefill {prefill:,.0f} tokens/s, decode {decode:,.0f} tokens/s")
     return lines
 
 

@@ -57,6 +57,7 @@ def render_report(data: ReportData) -> str:
         _ledger_section(data.ledger),
         _curves_section(data),
         _engines_section(data.metrics),
+        _placement_section(data.metrics),
         _timeline_section(data.timeline),
         _trajectories_section(data),
     ]
@@ -190,6 +191,23 @@ def _engines_section(metrics: list[dict]) -> str:
         f"{head}<table><tr><th>step</th><th>admission cap</th><th>KV (fullest)</th><th>preempted</th>"
         f"<th>prefix-cache hits</th></tr>{cells}</table>"
     )
+
+
+def _placement_section(metrics: list[dict]) -> str:
+    """Each plan `generate_pool: auto` made (the step after which it was made, where tasks went, and why)."""
+    rows = [r for r in metrics if r.get("placement_plan")]
+    if not rows:
+        return ""
+    head = (
+        '<h2 id="placement">Placement</h2><p class="muted">Where the tasks with generate_pool: auto generated: each '
+        "plan, made from the steps' measured tokens and the engines' measured rates (training.placement).</p>"
+    )
+    cells = "".join(
+        f'<tr><td class="n">{r.get("step")}</td><td>{_e(r["placement_plan"][0])}</td>'
+        f"<td>{'<br>'.join(_e(x) for x in r['placement_plan'][1:])}</td></tr>"
+        for r in rows[-ENGINE_ROWS:]
+    )
+    return f"{head}<table><tr><th>after step</th><th>placement</th><th>why</th></tr>{cells}</table>"
 
 
 def _share(x: float | None) -> str:

@@ -123,7 +123,7 @@ def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list
         for _ in range(min(task.group_size, n - len(plan))):
             plan.append(
                 TrajectoryInput(
-                    task=task,
+                    task=job.unplaced(task),
                     seed=env_seed,
                     job_id=job_id,
                     queue_prefix=job.temporal.task_queue_prefix,

@@ -266,7 +266,10 @@ class EnginePressure(_Message):
     `running` / `waiting`: requests in its scheduler; `kv_usage`: the share of its KV cache in use;
     `preempted`: requests it has preempted since it started (KV cache ran out); `prefix_queries` /
     `prefix_hits`: prompt tokens looked up in its prefix cache since it started, and found there.
-    An engine that reports nothing (the HF fallback) gives all zeros.
+    `prefill_tokens` / `prefill_s`: prompt tokens it computed (not found in a prefix cache) since it started, and
+    the seconds of its steps that prefilled; `decode_tokens` / `decode_s`: tokens it generated in steps that only
+    decoded, and their seconds. Their ratios are its measured rates, by which `generate_pool: auto` places tasks
+    (workflows/training/placement.py). The HF fallback reports only these (and zeros for the rest).
     """
 
     running: int = 0
@@ -275,6 +278,10 @@ class EnginePressure(_Message):
     preempted: int = 0
     prefix_queries: int = 0
     prefix_hits: int = 0
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
 
     @property
     def prefix_hit_rate(self) -> float | None:

@@ -70,6 +70,7 @@ class TrajectoryResult(BaseModel):
     error: str | None = None
     restores: int = 0  # times the env session moved to another worker (its worker died): replayed, not lost
     engine_worker: str | None = None  # the generation worker of its last turn
+    engine_pool: str | None = None  # the generation pool its turns went to (where `generate_pool: auto` put it)
     engine_moves: int = 0  # turns served by another engine than the turn before (gone, busy, or no affinity)
     pressure: EnginePressure | None = None  # its last turn's engine, as it reported then (admission reads it)
 

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.contracts.activities import EnginePressure, SampleRef
 from rollart.infra.config import (
+    AUTO_POOL,
     AffinityConfig,
     JobSpec,
     PriorityPolicy,
@@ -17,13 +18,16 @@ from rollart.infra.config import (
     TrainingConfig,
     WeightsConfig,
 )
+from rollart.infra.hardware import GPUS, engine_rates
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
     "ENGINES_KEPT",
     "AdmissionState",
     "EndedBy",
+    "EngineMeter",
     "InFlight",
+    "PlacementState",
     "Stall",
     "StallWatch",
     "StepRecord",
@@ -81,6 +85,8 @@ class StepRecord(BaseModel):
     kv_usage: float | None = None  # the fullest KV cache among the engines' last reports
     preempted: int | None = None  # requests the engines preempted since they started (their last reports, summed)
     prefix_hit_rate: float | None = None  # prompt tokens found in the engines' prefix caches since they started
+    placement: dict[str, str] = Field(default_factory=dict)  # where generate_pool: auto tasks generated: task → pool
+    placement_plan: list[str] = Field(default_factory=list)  # the plan made after this step, and its reasons
 
     @property
     def played_success(self) -> float:
@@ -152,6 +158,36 @@ class AdmissionState(BaseModel):
     engines: dict[str, EnginePressure] = Field(default_factory=dict)  # each engine's last report, by worker
 
 
+class EngineMeter(BaseModel):
+    """One engine's rate counts as it last reported them (`EnginePressure`), and the pool it serves."""
+
+    pool: str
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+
+
+class PlacementState(BaseModel):
+    """Where `generate_pool: auto` tasks generate now, and why (workflows/training/placement.py keeps it)."""
+
+    assignment: dict[str, str] = Field(default_factory=dict)  # auto task → generation pool
+    planned_at: int | None = None  # the step of the last plan; None: the first spread, before any profile
+    plans: int = 0  # plans made (kept or not)
+    moves: int = 0  # plans that moved a task
+    reasons: list[str] = Field(default_factory=list)  # the last plan's, in words
+    makespan_s: float | None = None  # the last plan's predicted generation seconds per step
+    rates: dict[str, tuple[int, float, float]] = Field(default_factory=dict)  # pool → (engines, prefill, decode)
+    engines: dict[str, EngineMeter] = Field(default_factory=dict)  # each engine's last counts, by worker
+
+    def describe(self) -> str:
+        """One line: "placement (step 10): arith → h20, maze → h800; 2.31 s of generation per step"."""
+        when = "initial spread" if self.planned_at is None else f"step {self.planned_at}"
+        where = ", ".join(f"{t} → {p}" for t, p in sorted(self.assignment.items()))
+        predicted = f"; {self.makespan_s:.3g} s of generation per step" if self.makespan_s is not None else ""
+        return f"placement ({when}): {where}{predicted}"
+
+
 class InFlight(BaseModel):
     """A running trajectory: its GRPO group and the workflow that runs it (a lockstep batch runs many)."""
 
@@ -178,6 +214,7 @@ class TrainingState(BaseModel):
     restores: int = 0  # env sessions moved to another worker because theirs died (trajectories not lost)
     engine_moves: int = 0  # turns served by another engine than the trajectory's turn before (see engine.affinity)
     admission: AdmissionState = Field(default_factory=AdmissionState)
+    placement: PlacementState | None = None  # tasks with generate_pool: auto (None: the job has none)
     in_flight: dict[str, InFlight] = Field(default_factory=dict)  # trajectory id → where it runs
     unfinished: dict[str, int] = Field(default_factory=dict)  # group id → members still running
     buffer: list[SampleRef] = Field(default_factory=list)
@@ -220,11 +257,16 @@ class TrainingPlan(BaseModel):
     """Which engine serves a trajectory's turns (the job's `engine.affinity`), for the rollouts it starts."""
     priority: PriorityPolicy = "fifo"
     """How the rollouts' requests rank among those waiting on an engine (the job's `engine.priority`)."""
+    placement_pools: list[str] = Field(default_factory=list)
+    """The generation pools `generate_pool: auto` tasks may go to (empty: the job has none)."""
+    placement_rates: dict[str, tuple[float, float]] = Field(default_factory=dict)
+    """A pool's (prefill, decode) tokens/s per engine until its engines report: given, or its GPU's roofline."""
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
         """The plan of a (validated) job spec."""
         trainer = job.trainer.over(job.training.steps).with_task_envs(job.tasks)
+        auto = any(t.generate_pool == AUTO_POOL for t in job.tasks)
         return cls(
             tasks=job.tasks,
             training=job.training,
@@ -234,7 +276,23 @@ class TrainingPlan(BaseModel):
             weights=job.weights.resolved(job.engine.dtype),
             affinity=job.engine.affinity,
             priority=job.engine.priority,
+            placement_pools=job.placement_pools() if auto else [],
+            placement_rates=prior_rates(job) if auto else {},
         )
+
+
+def prior_rates(job: JobSpec) -> dict[str, tuple[float, float]]:
+    """Each placement pool's rates before its engines report: `training.placement.rates`, else the roofline of the
+    pool's GPU for a `training.placement.model_params` model; pools with neither are left out."""
+    cfg = job.training.placement
+    out = {pool: cfg.rates[pool] for pool in job.placement_pools() if pool in cfg.rates}
+    for pool in job.placement_pools():
+        gpu = job.pools[pool].gpu
+        if pool in out or gpu is None or cfg.model_params is None or gpu.product not in GPUS:
+            continue
+        r = engine_rates(gpu.product, cfg.model_params, gpus=gpu.count or job.engine.tensor_parallel_size)
+        out[pool] = (r.prefill_tokens_per_s, r.decode_tokens_per_s)
+    return out
 
 
 class TrainingInput(BaseModel):
@@ -291,6 +349,7 @@ class TrainingStatus(BaseModel):
     admission_cuts: int = 0  # times engine pressure cut it
     engine_moves: int = 0  # turns served by another engine than the trajectory's turn before
     engines: dict[str, EnginePressure] = Field(default_factory=dict)  # each engine's last report, by worker
+    placement: PlacementState | None = None  # where generate_pool: auto tasks go, and why
 
 
 class TrainingResult(BaseModel):

@@ -191,10 +191,24 @@ async def test_vllm_reports_its_pressure_and_prefix_cache(vllm_engine: Engine, m
     second = vllm_engine.pressure()
     assert first.prefix_queries > before.prefix_queries and second.prefix_hits >= first.prefix_hits + 128
     assert second.running == second.waiting == 0 and 0.0 <= second.kv_usage <= 1.0 and second.preempted == 0
+    # its rates (generate_pool: auto): the first request's prompt was computed, the second's found in the cache
+    assert first.prefill_tokens >= before.prefill_tokens + 128 and first.prefill_s > before.prefill_s
+    assert second.prefill_tokens - first.prefill_tokens < first.prefill_tokens - before.prefill_tokens
+    assert second.decode_tokens > before.decode_tokens and second.decode_s > before.decode_s
 
 
-async def test_hf_reports_no_pressure(hf_engine: Engine) -> None:
-    assert hf_engine.pressure() == EnginePressure()
+async def test_hf_measures_its_prefill_and_decode(hf_engine: Engine) -> None:
+    """The HF engine reports no pressure, only its rates: each prompt's tokens and the seconds to the first token,
+    each later token and the seconds after it."""
+    before = hf_engine.pressure()
+    out = await hf_engine.generate(PROMPT, SamplingParams(max_tokens=8, n=2), "rates")
+    after = hf_engine.pressure()
+    generated = sum(len(c.token_ids) for c in out.completions)
+    assert after.prefill_tokens - before.prefill_tokens == len(out.prompt_ids) and after.prefill_s > before.prefill_s
+    assert after.decode_tokens - before.decode_tokens == generated - 2 and after.decode_s > before.decode_s
+    assert after.model_copy(update={"prefill_tokens": 0, "prefill_s": 0, "decode_tokens": 0, "decode_s": 0}) == (
+        EnginePressure()
+    )
 
 
 @pytest.mark.integration

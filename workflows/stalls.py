@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import itertools
 import statistics
+from collections.abc import Sequence
 
 from rollart.contracts.activities import QueueState
 from rollart.contracts.training import Stall, StallWatch, stall_summary
-from rollart.infra.config import StallConfig, TaskSpec
+from rollart.infra.config import AUTO_POOL, StallConfig, TaskSpec
 from rollart.infra.pools import Pool
 
 __all__ = [
@@ -34,9 +35,18 @@ MIN_FINISHES = 4
 """Below this many reports there is no median to judge silence by."""
 
 
-def watched_pools(tasks: list[TaskSpec]) -> list[str]:
-    """The pools whose activity queues a job's work waits on: env, generation and reward pools, and the trainer."""
-    pools = [p for t in tasks for p in (t.env_queue, t.generate_pool, t.reward_queue)]
+def watched_pools(tasks: list[TaskSpec], placement_pools: Sequence[str] = ()) -> list[str]:
+    """The pools whose activity queues a job's work waits on: env, generation and reward pools, and the trainer
+    (for a `generate_pool: auto` task, every pool it may be placed on)."""
+    pools = [
+        p
+        for t in tasks
+        for p in (
+            t.env_queue,
+            *(placement_pools if t.generate_pool == AUTO_POOL else [t.generate_pool]),
+            t.reward_queue,
+        )
+    ]
     return list(dict.fromkeys([*pools, Pool.TRAINER.value]))
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "EngineError",
     "EngineOutput",
     "EngineRequestError",
+    "RateMeter",
     "WeightsBlobError",
     "check_adapter_dir",
     "check_source",
@@ -48,6 +49,27 @@ __all__ = [
 
 TIED_HEAD = "lm_head.weight"
 """The one tensor a blob may omit: with tied embeddings it is the embedding matrix itself."""
+
+
+@dataclass
+class RateMeter:
+    """An engine's own measure of its speed: prompt tokens computed and the seconds spent prefilling, tokens
+    decoded and the seconds spent decoding, since it started (reported in `EnginePressure`)."""
+
+    prefill_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+
+    def report(self, pressure: EnginePressure | None = None) -> EnginePressure:
+        """`pressure` (default: an empty report) with these counts."""
+        counts = {
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_s": round(self.prefill_s, 6),
+            "decode_tokens": self.decode_tokens,
+            "decode_s": round(self.decode_s, 6),
+        }
+        return (pressure or EnginePressure()).model_copy(update=counts)
 
 
 @dataclass(frozen=True)
@@ -170,9 +192,9 @@ class Engine(ABC):
         """Running count of generated tokens (all completions), for tokens/s metrics."""
 
     def pressure(self) -> EnginePressure:
-        """How loaded the engine is now, with its prefix-cache and preemption counts since it started: what
-        session affinity and admission read (returned with every generation). An engine that keeps no such
-        numbers (the HF fallback) reports zeros."""
+        """How loaded the engine is now, with its prefix-cache, preemption and rate counts since it started: what
+        session affinity, admission and placement read (returned with every generation). An engine that keeps
+        no such numbers reports zeros."""
         return EnginePressure()
 
 

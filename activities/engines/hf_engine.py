@@ -28,9 +28,11 @@ from rollart.activities.engines.base import (
     EngineError,
     EngineOutput,
     EngineRequestError,
+    RateMeter,
     check_adapter_dir,
     check_source,
 )
+from rollart.contracts.activities import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
 
@@ -55,6 +57,7 @@ class HfEngine(Engine):
         self._mirror: Any = None  # a DeltaMirror once weights are loaded (torch-side, imported then)
         self._peft: Any = None  # the model wrapped by peft while an adapter is served (its layers carry it)
         self._adapter_ids = itertools.count(1)
+        self._rates = RateMeter()
 
     @classmethod
     def from_config(cls, model_dir: Path, cfg: EngineConfig) -> HfEngine:
@@ -74,6 +77,7 @@ class HfEngine(Engine):
         self._tok, self._model = await asyncio.to_thread(self._load)
         await self.generate("SFFF\nmove:", SamplingParams(max_tokens=2, n=2), "warmup")
         self._tokens = 0
+        self._rates = RateMeter()  # the warm-up's first forward passes are not the engine's speed
         log.info("HF engine ready in %.1f s (%s)", time.perf_counter() - t0, self.model_dir)
 
     def _load(self) -> tuple[Any, Any]:
@@ -101,7 +105,7 @@ class HfEngine(Engine):
             cancel = threading.Event()
             task = asyncio.ensure_future(asyncio.to_thread(self._generate_sync, prompt, sampling, cancel))
             try:
-                prompt_ids, completions = await asyncio.shield(task)
+                prompt_ids, completions, (prefill_s, decode_s) = await asyncio.shield(task)
             except asyncio.CancelledError:
                 cancel.set()
                 await asyncio.wait([task])  # keep the lock until the thread is done
@@ -110,17 +114,28 @@ class HfEngine(Engine):
                 raise EngineRequestError(f"request {request_id} rejected: {e}") from e
             except RuntimeError as e:
                 raise EngineError(f"request {request_id} failed: {type(e).__name__}: {e}") from e
-        self._tokens += sum(len(c.token_ids) for c in completions)
+        generated = sum(len(c.token_ids) for c in completions)
+        self._tokens += generated
+        self._rates.prefill_tokens += len(prompt_ids)
+        self._rates.prefill_s += prefill_s
+        self._rates.decode_tokens += max(0, generated - len(completions))  # each first token came with the prefill
+        self._rates.decode_s += decode_s
         return EngineOutput(prompt_ids, completions, version, self.policy_version)
 
     def _generate_sync(
         self, prompt: str | list[int], sampling: SamplingParams, cancel: threading.Event
-    ) -> tuple[list[int], list[Completion]]:
+    ) -> tuple[list[int], list[Completion], tuple[float, float]]:
+        """The prompt's ids, the completions, and the seconds of the prefill (the first forward pass, to the
+        first token) and of the decode after it."""
         import torch
         from transformers import StoppingCriteria, StoppingCriteriaList
 
-        class _Cancelled(StoppingCriteria):
+        first_token_at: list[float] = []
+
+        class _Cancelled(StoppingCriteria):  # called after each token: the first call ends the prefill
             def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+                if not first_token_at:
+                    first_token_at.append(time.perf_counter())
                 return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool)
 
         tok, model = self._tok, self._model
@@ -147,10 +162,14 @@ class HfEngine(Engine):
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0)
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
+        started = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids)), **kwargs)
+        ended = time.perf_counter()
         if cancel.is_set():
             raise asyncio.CancelledError()
+        first = first_token_at[0] if first_token_at else ended
+        timings = (first - started, ended - first)
         new = out.sequences[:, len(prompt_ids) :]
         logprobs = torch.log_softmax(torch.stack(out.logits, dim=1).float(), dim=-1)  # [n, steps, vocab]
         completions = []
@@ -169,7 +188,7 @@ class HfEngine(Engine):
                 text = text[: min(text.index(s) for s in sampling.stop if s in text)]
             lps = logprobs[i, torch.arange(len(ids)), torch.tensor(ids, dtype=torch.long)].tolist() if ids else []
             completions.append(Completion(ids, lps, text, finish))
-        return prompt_ids, completions
+        return prompt_ids, completions, timings
 
     async def load_weights(self, source: WeightsSource | None, version: int, *, force: bool = False) -> None:
         """Stream the version `source` names (None: the model dir's own weights) into the model and become
@@ -308,3 +327,7 @@ class HfEngine(Engine):
     def tokens_generated(self) -> int:
         """Tokens generated since warm-up, over all completions."""
         return self._tokens
+
+    def pressure(self) -> EnginePressure:
+        """Only its rates: one request at a time, no KV cache to fill, no prefix cache."""
+        return self._rates.report()

@@ -15,9 +15,13 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from rollart.activities.engines.base import RateMeter
 from rollart.contracts.activities import EnginePressure
 
 __all__ = ["EngineStats"]
+
+IDLE_GAP_S = 5.0
+"""A gap between two engine steps longer than this was a pause (a weight update), not a step: not counted."""
 
 
 class EngineStats:
@@ -30,8 +34,13 @@ class EngineStats:
         self.preempted = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.rates = RateMeter()
+        self._last_step_at: float | None = None
 
     def snapshot(self) -> EnginePressure:
+        return self.rates.report(self._pressure())
+
+    def _pressure(self) -> EnginePressure:
         return EnginePressure(
             running=self.running,
             waiting=self.waiting,
@@ -43,6 +52,7 @@ class EngineStats:
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         """One engine step's numbers: the scheduler's state replaces the last, the counts add up."""
+        busy = self.running > 0  # requests were running since the step before: the time between was a step's
         if scheduler_stats is not None:
             self.running = scheduler_stats.num_running_reqs
             self.waiting = scheduler_stats.num_waiting_reqs
@@ -53,6 +63,29 @@ class EngineStats:
                 self.prefix_hits += prefix.hits
         if iteration_stats is not None:
             self.preempted += iteration_stats.num_preempted_reqs
+            self._time_step(iteration_stats, busy)
+
+    def _time_step(self, stats: Any, busy: bool) -> None:
+        """Its rates: the time since the step before, when requests ran all along, is a prefill step's when it
+        computed prompt tokens, else a decode step's (a mixed step counts as prefill: its decodes ride along)."""
+        at = float(stats.iteration_timestamp)
+        gap = None if self._last_step_at is None else at - self._last_step_at
+        self._last_step_at = at
+        prompt = getattr(stats, "prompt_token_stats", None)
+        computed = getattr(prompt, "computed", None)
+        computed = stats.num_prompt_tokens if computed is None else computed
+        if not busy and computed and stats.time_to_first_tokens_iter:  # a prefill on an idle engine: its TTFT
+            gap = max(stats.time_to_first_tokens_iter)
+        elif not busy or gap is None:
+            return
+        if not 0 < gap <= IDLE_GAP_S:
+            return
+        if computed:
+            self.rates.prefill_tokens += computed
+            self.rates.prefill_s += gap
+        elif stats.num_generation_tokens:
+            self.rates.decode_tokens += stats.num_generation_tokens
+            self.rates.decode_s += gap
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
         """vLLM's per-engine stat logger factory: a logger that feeds these counts."""

@@ -28,6 +28,7 @@ from rollart.infra.config.resolve import resolve, resolve_task
 from rollart.infra.config.store import MooncakeConfig, StoreConfig
 from rollart.infra.config.task import (
     AGENT_ENV,
+    AUTO_POOL,
     FaultModel,
     GroupPlay,
     LatencyModel,
@@ -50,6 +51,7 @@ from rollart.infra.config.training import (
     AdmissionConfig,
     DynamicSamplingConfig,
     MetricsConfig,
+    PlacementConfig,
     StallConfig,
     StopWhen,
     TrainingConfig,
@@ -59,6 +61,7 @@ from rollart.infra.config.weights import WeightsConfig
 
 __all__ = [
     "AGENT_ENV",
+    "AUTO_POOL",
     "DEFAULT_HOME",
     "OPENENV",
     "AdmissionConfig",
@@ -77,6 +80,7 @@ __all__ = [
     "MetricsConfig",
     "MooncakeConfig",
     "ParallelConfig",
+    "PlacementConfig",
     "PriorityPolicy",
     "PromptFormat",
     "RewardPlacement",

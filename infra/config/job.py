@@ -11,9 +11,9 @@ from pydantic import Field, field_validator, model_validator
 from rollart.infra.config.base import DEFAULT_HOME, Section
 from rollart.infra.config.engine import EngineConfig
 from rollart.infra.config.env_servers import OPENENV, EnvServerSpec, fill_env_server_urls
-from rollart.infra.config.pools import check_routes
+from rollart.infra.config.pools import check_placement_pools, check_routes
 from rollart.infra.config.store import StoreConfig
-from rollart.infra.config.task import TaskSpec
+from rollart.infra.config.task import AUTO_POOL, TaskSpec
 from rollart.infra.config.temporal import TemporalConfig
 from rollart.infra.config.trainer import TrainerConfig
 from rollart.infra.config.training import MetricsConfig, TrainingConfig
@@ -108,6 +108,34 @@ class JobSpec(Section):
         return self
 
     @model_validator(mode="after")
+    def _auto_tasks_have_pools(self) -> JobSpec:
+        if not any(t.generate_pool == AUTO_POOL for t in self.tasks):
+            return self
+        pools = check_placement_pools(self.training.placement.pools, self.pools)
+        unknown = sorted(set(self.training.placement.rates) - set(pools))
+        if unknown:
+            raise ValueError(
+                f"training.placement.rates names {', '.join(unknown)}, not among the placement pools "
+                f"({', '.join(pools)})"
+            )
+        return self
+
+    def placement_pools(self) -> list[str]:
+        """The generation pools a `generate_pool: auto` task may be placed on (`training.placement.pools`)."""
+        return check_placement_pools(self.training.placement.pools, self.pools)
+
+    def unplaced(self, task: TaskSpec) -> TaskSpec:
+        """`task` as a rollout outside training plays it: an `auto` task on the first placement pool (only the
+        training workflow measures and places)."""
+        if task.generate_pool != AUTO_POOL:
+            return task
+        return task.model_copy(update={"generate_pool": self.placement_pools()[0]})
+
+    def generate_pools_of(self, task: TaskSpec) -> list[str]:
+        """Where `task`'s turns may go: its `generate_pool`, or every placement pool when it is `auto`."""
+        return self.placement_pools() if task.generate_pool == AUTO_POOL else [task.generate_pool]
+
+    @model_validator(mode="after")
     def _unique_task_names(self) -> JobSpec:
         names = [t.name for t in self.tasks]
         dupes = sorted({n for n in names if names.count(n) > 1})
@@ -177,11 +205,9 @@ class JobSpec(Section):
         """What this job asks of a deployment (`kubernetes` checks and lays out its pools from it)."""
         routes = []
         for t in self.tasks:
-            routes += [
-                Route(t.name, "its env", t.env, t.env_queue),
-                Route(t.name, "its generation", None, t.generate_pool),
-                Route(t.name, "its reward", t.reward, t.reward_queue),
-            ]
+            routes += [Route(t.name, "its env", t.env, t.env_queue)]
+            routes += [Route(t.name, "its generation", None, pool) for pool in self.generate_pools_of(t)]
+            routes += [Route(t.name, "its reward", t.reward, t.reward_queue)]
         parallel = self.trainer.parallel
         return JobNeeds(
             pools=self.pools,

@@ -12,8 +12,12 @@ from pydantic import Field, model_validator
 from rollart.infra.config.base import Section
 from rollart.infra.pools import Pool, PoolName
 
+AUTO_POOL = "auto"
+"""`generate_pool: auto`: the training workflow places the task (workflows/training/placement.py)."""
+
 __all__ = [
     "AGENT_ENV",
+    "AUTO_POOL",
     "FaultModel",
     "GroupPlay",
     "LatencyModel",
@@ -119,7 +123,11 @@ class TaskSpec(Section):
         default_factory=dict, description="arguments of a reward model's `from_args` (function rewards take none)"
     )
     reward_placement: RewardPlacement = "serverless"
-    generate_pool: PoolName = Pool.H800.value
+    generate_pool: PoolName = Field(
+        Pool.H800.value,
+        description="the generation pool its turns go to; `auto`: the one the training workflow plans for it, "
+        "from the task's measured tokens and the pools' measured rates (training.placement)",
+    )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     prompt: PromptFormat = Field(default_factory=PromptFormat)
     max_turns: int = Field(8, ge=1, le=1000)

@@ -14,6 +14,7 @@ __all__ = [
     "AdmissionConfig",
     "DynamicSamplingConfig",
     "MetricsConfig",
+    "PlacementConfig",
     "StallConfig",
     "StopWhen",
     "TrainingConfig",
@@ -162,6 +163,37 @@ class AdmissionConfig(Section):
         return {"adaptive": value} if isinstance(value, bool) else value
 
 
+class PlacementConfig(Section):
+    """How tasks with `generate_pool: auto` are placed on generation pools (`training.placement`).
+
+    They start spread over `pools` in turn, so every pool serves some and reports its rates. Every
+    `every_steps` steps the training workflow re-plans (workflows/training/placement.py): each task's
+    trajectories and tokens per step over the last `window_steps` steps (its `task_tokens`), each pool's prefill
+    and decode rates as its engines measure them, and infra/placement.py's assignment with the shortest step.
+    A pool none of whose engines has reported yet is planned with `rates` (tokens/s per engine), else the
+    roofline of its GPU for a `model_params` model (infra/hardware.py), else the mean of the measured pools.
+    """
+
+    every_steps: int = Field(5, ge=1, description="re-plan after every this many steps")
+    window_steps: int | None = Field(
+        None, ge=1, le=50, description="steps profiled per plan (default: every_steps; the state keeps 50)"
+    )
+    pools: list[str] | None = Field(
+        None, min_length=1, description="the generation pools auto tasks may use (default: every generation pool)"
+    )
+    rates: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="a pool's (prefill, decode) tokens/s per engine, until its engines report their own",
+    )
+    model_params: float | None = Field(
+        None, gt=0, description="the model's parameter count, for GPU rooflines of pools not yet measured"
+    )
+
+    @property
+    def window(self) -> int:
+        return self.window_steps or self.every_steps
+
+
 class TrainingConfig(Section):
     """The loop: how many steps, how big, how stale data may be, and how trajectories are rolled out.
 
@@ -180,6 +212,7 @@ class TrainingConfig(Section):
     stall: StallConfig = StallConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()
     admission: AdmissionConfig = AdmissionConfig()
+    placement: PlacementConfig = PlacementConfig()
     stop_when: StopWhen | None = Field(
         None,
         description="end the job early once each step's training success (what the progress bar shows: the "

@@ -126,6 +126,7 @@ class StandIns:
     versions: list[int] | None = None
     engines: tuple[str, ...] = ()  # generation workers of their own, each with a private queue (else one, anonymous)
     busy_engines: set[str] = field(default_factory=set)  # refuse turns pinned to them (EngineBusy), as a swamped one
+    pool_rates: dict[str, float] = field(default_factory=dict)  # the anonymous engine of a pool reports this rate
     # failures
     fail_seeds: set[int] = field(default_factory=set)  # sessions reset with these seeds raise EnvBroken at every step
     fail_step_at: int | None = None  # a session's n-th step raises EnvBroken
@@ -302,6 +303,12 @@ class StandIns:
             min_version is None or v >= min_version,
             f"{data_key}: asked for policy >= {min_version}, but only {v} was published",
         )
+        pressure = EnginePressure(running=1, kv_usage=0.1) if engine else None
+        pool = activity.info().task_queue.removeprefix(self.prefix)
+        if not engine and pool in self.pool_rates:  # a pool's one engine, measuring its rate (tokens/s) both ways
+            engine, calls = f"stand-in-{pool}", len([c for c in self.calls if c.queue == activity.info().task_queue])
+            tokens, seconds = 100 * calls, 100 * calls / self.pool_rates[pool]
+            pressure = EnginePressure(prefill_tokens=tokens, prefill_s=seconds, decode_tokens=tokens, decode_s=seconds)
         return GenerateResult(
             completions=[Completion(text="R", num_tokens=1, finish_reason="length")] * n,
             prompt_tokens=1,
@@ -309,8 +316,8 @@ class StandIns:
             policy_version_end=v,
             data_key=data_key,
             worker_id=engine,
-            queue=self.engine_queue(engine) if engine else "",
-            pressure=EnginePressure(running=1, kv_usage=0.1) if engine else None,
+            queue=self.engine_queue(engine) if engine and engine in self.engines else "",
+            pressure=pressure,
         )
 
     def _reject(self, data_keys: list[str]) -> None:

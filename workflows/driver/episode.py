@@ -239,6 +239,7 @@ class Episode:
             env_worker=self.handle.worker_id if self.handle else None,
             restores=self.restores,
             engine_worker=self.pin.worker or None,
+            engine_pool=self.inp.task.generate_pool if self.gens else None,
             engine_moves=self.pin.moves,
             pressure=self.pin.pressure,
             **outcome,

@@ -242,6 +242,7 @@ def _completed(
                     turn_keys=[gen.data_key],
                     completion_index=m,
                     engine_worker=gen.worker_id or None,
+                    engine_pool=inp.task.generate_pool,
                     pressure=gen.pressure,
                 )
             )

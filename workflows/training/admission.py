@@ -18,7 +18,7 @@ from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, Gro
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
 from rollart.infra.config import TaskSpec
 from rollart.infra.routing import Unit, unit_of
-from rollart.workflows.training import pressure
+from rollart.workflows.training import placement, pressure
 
 __all__ = [
     "ChildInput",
@@ -99,9 +99,10 @@ def can_launch(plan: TrainingPlan, state: TrainingState) -> bool:
 
 
 def draw_group(plan: TrainingPlan, state: TrainingState, job_id: str) -> Group:
-    """The next group: its id and env seed from its index, its task by weight; its members count as unfinished."""
+    """The next group: its id and env seed from its index, its task by weight (an auto task on its planned pool);
+    its members count as unfinished."""
     g = state.next_group
-    task = next_task(plan, g)
+    task = placement.placed(state, next_task(plan, g))
     state.next_group += 1
     state.unfinished[ids.group_id(job_id, g)] = task.group_size
     return Group(ids.group_id(job_id, g), task, ids.derive_seed(plan.training.seed, g))

@@ -69,6 +69,7 @@ def step_record(
         kv_usage=engines.kv_usage if engines else None,
         preempted=engines.preempted if engines else None,
         prefix_hit_rate=engines.prefix_hit_rate if engines else None,
+        placement=dict(state.placement.assignment) if state.placement else {},
     )
 
 
@@ -162,6 +163,7 @@ def status(job_id: str, plan: TrainingPlan, state: TrainingState, *, done: bool)
         admission_cuts=state.admission.cuts,
         engine_moves=state.engine_moves,
         engines=state.admission.engines,
+        placement=state.placement,
     )
 
 

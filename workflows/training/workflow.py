@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
-    from rollart.workflows.training import admission, ledger, pressure, records, staleness
+    from rollart.workflows.training import admission, ledger, placement, pressure, records, staleness
     from rollart.workflows.training.admission import Launch
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
@@ -76,6 +76,7 @@ class TrainingWorkflow:
         if self.finishing:
             return
         pressure.observe(self.plan, self.s, results)  # before the ledger: it tells repeats by what is in flight
+        placement.observe(self.s, results)
         if ledger.accept(self.plan, self.s, results) and self.plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
 
@@ -158,6 +159,9 @@ class TrainingWorkflow:
 
     async def _launch(self) -> None:
         """Start what admission allows (workflows/training/admission.py), all in one workflow task."""
+        if self.plan.placement_pools and self.s.placement is None:
+            placement.start(self.plan, self.s)
+            self._show_placement()
         starts = [self._start(launch) for launch in admission.launches(self.plan, self.s, self.inp.job_id)]
         if starts:
             await asyncio.gather(*starts)
@@ -228,6 +232,18 @@ class TrainingWorkflow:
                 plan.training.steps,
             )
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
+        if placement.due(plan, self.s):
+            moved = placement.replan(plan, self.s)
+            self._show_placement(moved)
+
+    def _show_placement(self, moved: bool = False) -> None:
+        """The placement of auto tasks in the log and in the workflow's memo (the Temporal UI shows it)."""
+        p = self.s.placement
+        assert p is not None
+        workflow.logger.info(
+            "job %s %s%s: %s", self.inp.job_id, p.describe(), " (moved)" if moved else "", "; ".join(p.reasons)
+        )
+        workflow.upsert_memo({"placement": p.describe(), "placement_reasons": p.reasons})
 
     async def _finish(self) -> TrainingResult:
         """Cancel what is still in flight (it can no longer be trained on) and report the ledger."""
@@ -253,7 +269,7 @@ class TrainingWorkflow:
     async def _watch_stalls(self) -> None:
         """Every `check_every_s`: describe the job's queues (one small activity) and keep the stall bookkeeping."""
         cfg = self.plan.training.stall
-        pools = stalls.watched_pools(self.plan.tasks)
+        pools = stalls.watched_pools(self.plan.tasks, self.plan.placement_pools)
         inp = DescribeQueuesInput(queues=[queue_name(p, self.plan.queue_prefix) for p in pools])
         while not self.finishing:  # once the job ends no command may follow its completion: no new timer
             await workflow.sleep(cfg.check_every_s)
