@@ -46,6 +46,15 @@ UNIT_MODES: dict[str, dict[str, object]] = {
 }
 """`--units`: the multi-turn tasks' rollout unit under trajectory-level asynchrony, against the sync baseline:
 lockstep groups, groups whose members play free of lockstep, and an episode per workflow."""
+
+DECLARED = "declared (fl h800, ar h20)"
+PLACEMENT_MODES: dict[str, dict[str, object]] = {
+    DECLARED: {},
+    "swapped (fl h20, ar h800)": {"placement": {"frozenlake": "h20", "arithmetic": "h800", "sokoban": "h20"}},
+    "one pool (h800)": {"placement": {"frozenlake": "h800", "arithmetic": "h800", "sokoban": "h800"}},
+    "auto": {"placement": {"frozenlake": "auto", "arithmetic": "auto", "sokoban": "auto"}},
+}
+"""`--placement`: hand-written placements against `generate_pool: auto` (re-planned every 2 steps), traj b1."""
 HOME = RESULTS / ".stack-end_to_end"
 
 
@@ -69,9 +78,15 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="compare rollout units at bound 1 instead of modes: lockstep groups, free members, episodes (UNIT_MODES)",
     )
+    parser.add_argument(
+        "--placement",
+        action="store_true",
+        help="compare hand-written placements with generate_pool: auto at traj b1 (PLACEMENT_MODES)",
+    )
     args = parser.parse_args(argv)
     steps, repeats = (6, 2) if args.quick else (args.steps, args.repeats)
     modes = UNIT_MODES if args.units else {n: {"rollout_mode": m, "async_bound": b} for n, (m, b) in MODES.items()}
+    modes = PLACEMENT_MODES if args.placement else modes
     common = {"batch_size": args.batch_size, "sokoban": args.sokoban} | (
         {} if args.units else {"rollout_unit": args.unit}
     )
@@ -83,8 +98,9 @@ def main(argv: list[str]) -> int:
     )
     with stack:
         runs = asyncio.run(_run(stack, steps, repeats, modes, common))
-    rows = summarize(runs, BASELINE)
-    report(rows, steps, repeats, args.batch_size, "compared" if args.units else args.unit, args.sokoban)
+    rows = summarize(runs, DECLARED if args.placement else BASELINE)
+    unit = "placed" if args.placement else "compared" if args.units else args.unit
+    report(rows, steps, repeats, args.batch_size, unit, args.sokoban)
     return 0
 
 
@@ -120,6 +136,7 @@ COLUMNS = [
     ("dropped", "dropped", ".0f"),
     ("reset_max_s", "reset max s", ".2f"),
     ("unit_p99_s", "unit p99 s", ".2f"),
+    ("placement", "placed (auto)", ""),
 ]
 PROFILE = [
     ("name", "mode", ""),
@@ -152,11 +169,14 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print("\n  where the time goes (medians): activities run, Temporal's queue wait and workflow-task return per")
     print("  activity, the median generate call, and CPU cores used by each process group (of 2, incl. children)")
     print(format_table(rows, PROFILE))
-    print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
+    if unit == "placed":
+        print("  vs sync = here the declared placement's wall / this placement's (traj b1 throughout);")
+    else:
+        print("  vs sync = the synchronous baseline's wall / this mode's (paper: 1.35–2.05x end to end);")
     print("  unit p99 = the 99th percentile of a multi-turn episode's or group's workflow, start to close;")
     print("  busy = share of the wall time with at least one activity of that pool running (from the histories)")
     # one file per workload, so that each docs table (python -m bench tables) has its own
-    suffix = {"trajectory": "-trajectory", "compared": "-units"}.get(unit, "")
+    suffix = {"trajectory": "-trajectory", "compared": "-units", "placed": "-placement"}.get(unit, "")
     name = "end_to_end" + ("-sokoban" if sokoban else "") + suffix
     path = write_results(
         name,
@@ -165,7 +185,7 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
         repeats=repeats,
         batch_size=batch_size,
         latency=LATENCY,
-        baseline=BASELINE,
+        baseline=DECLARED if unit == "placed" else BASELINE,
         paper_speedup=[1.35, 2.05],
         rollout_unit=unit,
         sokoban_latency=SOKOBAN_LATENCY if sokoban else None,
@@ -180,4 +200,4 @@ def report(rows: list[dict], steps: int, repeats: int, batch_size: int, unit: st
     print(f"\n  written: {path}, {png}")
 
 
-__all__ = ["MODES", "UNIT_MODES", "main"]
+__all__ = ["MODES", "PLACEMENT_MODES", "UNIT_MODES", "main"]

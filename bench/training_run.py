@@ -20,6 +20,7 @@ from temporalio.client import Client
 
 from rollart.client.rollout import check_job_components
 from rollart.client.train import start_training
+from rollart.contracts.training import TrainingStatus
 from rollart.infra.config import JobSpec
 from rollart.infra.local.devserver import free_port
 from rollart.infra.pools import Pool
@@ -103,6 +104,10 @@ async def measure_job(
         out["unit_p99_s"] = unit_s[min(len(unit_s) - 1, round(0.99 * (len(unit_s) - 1)))]
     if "cores_temporal-server" in out and finished:
         out["server_cpu_ms_per_traj"] = 1000 * out["cores_temporal-server"] * wall / finished
+    placement = (await handle.query("status", result_type=TrainingStatus)).placement
+    if placement is not None:  # generate_pool: auto: where the tasks ended up, and how often they moved
+        out["placement"] = ", ".join(f"{t} {p}" for t, p in sorted(placement.assignment.items()))
+        out["placement_moves"] = placement.moves
     resets = sorted(r["end"] - r["start"] for r in timeline if r["activity"] in ("reset", "reset_group"))
     if resets:
         out["reset_p50_s"] = resets[len(resets) // 2]

@@ -148,13 +148,16 @@ def multitask_job(
     rollout_unit: str = "group",
     group_play: str = "lockstep",
     sokoban: bool = False,
+    placement: dict[str, str] | None = None,
+    placement_every: int = 2,
 ) -> JobSpec:
     """examples/multitask.yaml's job on the tiny model, with env latency; `single_pool` routes every task there.
 
     `rollout_unit` is FrozenLake's (and Sokoban's): `group` (the default, as in examples/frozenlake.yaml: a group's
     members play in one env session, one generate_batch and one step_group per turn) or `trajectory` (an episode
     each); `group_play` how a group's members play (`lockstep` or `free`). `sokoban` adds GEM's Sokoban
-    (`sokoban_task`, `SOKOBAN_LATENCY`, 10 turns): a third of the trajectories."""
+    (`sokoban_task`, `SOKOBAN_LATENCY`, 10 turns): a third of the trajectories. `placement` sets tasks'
+    `generate_pool` by name (`auto` included); auto tasks are re-planned every `placement_every` steps."""
     tasks = [
         frozenlake_task(latency, pool=single_pool or Pool.H800, rollout_unit=rollout_unit, group_play=group_play),
         arithmetic_task(pool=single_pool or Pool.H20),
@@ -168,12 +171,14 @@ def multitask_job(
                 group_play=group_play,
             )
         )
+    tasks = [t.model_copy(update={"generate_pool": (placement or {}).get(t.name, t.generate_pool)}) for t in tasks]
     training = TrainingConfig(
         steps=steps,
         batch_size=batch_size,
         async_bound=async_bound,
         rollout_mode=rollout_mode,
         continue_as_new_every=1000,
+        placement={"every_steps": placement_every},
     )
     return JobSpec(
         name="bench",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollart.client.plot import read_jsonl
-from rollart.infra.config import JobSpec
+from rollart.infra.config import AUTO_POOL, JobSpec
 from rollart.infra.hardware import engine_rates
 from rollart.infra.placement import Placement, PoolRates, TaskLoad, evaluate, plan, reasons, size_pools
 
@@ -117,12 +117,23 @@ def _replicas(job: JobSpec, pool: str) -> int:
     return deployment.replicas if deployment is not None and deployment.replicas else 1
 
 
+def _last_placement(run_dir: Path) -> dict[str, str]:
+    """Where the run's training workflow last placed its `generate_pool: auto` tasks (its last step record)."""
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r.get("placement")]
+    return dict(rows[-1]["placement"]) if rows else {}
+
+
 def plan_from_run(
     job: JobSpec, run_dir: Path, rates: list[PoolRates], step_s: float | None = None, last: int | None = None
 ) -> PlacementReport:
-    """The declared placement of the job's tasks against the planned one, on the run's profile."""
+    """The declared placement of the job's tasks (an auto task's: where the run last placed it) against the planned
+    one, on the run's profile."""
     steps, loads = profile(run_dir, last)
     declared_pools = {t.name: t.generate_pool for t in job.tasks}
+    placed = _last_placement(run_dir)  # an auto task: where the run last placed it, else the first placement pool
+    for task, pool in declared_pools.items():
+        if pool == AUTO_POOL:
+            declared_pools[task] = placed.get(task) or job.placement_pools()[0]
     loads = [t for t in loads if t.task in declared_pools]
     if not loads:
         raise ValueError(f"the run's tasks are not the job's ({', '.join(declared_pools)})")

@@ -168,6 +168,17 @@ def test_rollart_plan_moves_each_task_to_the_pool_its_tokens_suit(tmp_path: Path
     assert gain > 1.5  # the declared placement puts the prefill-heavy task on the slow-compute pool
 
 
+def test_rollart_plan_compares_an_auto_task_where_the_run_placed_it(tmp_path: Path, capsys) -> None:
+    """`generate_pool: auto`: the placement to beat is the one the run's last step record names."""
+    job, run_dir = _profiled_run(tmp_path)
+    job.write_text(JOB.replace("generate_pool: h20", "generate_pool: auto"))
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    last = StepRecord.model_validate_json(rows[-1]).model_copy(update={"placement": {"lake": "h800"}})
+    (run_dir / "metrics.jsonl").write_text("\n".join([*rows[:-1], last.model_dump_json()]) + "\n")
+    assert cli_run(["plan", str(job), "--profile", str(run_dir)]) == 0
+    assert "in the job spec: sums: generate_pool: h20" in capsys.readouterr().out  # lake is where it goes already
+
+
 def test_rollart_k8s_plan_sizes_the_pools_for_a_step_time(tmp_path: Path, capsys) -> None:
     job, run_dir = _profiled_run(tmp_path)
     assert cli_run(["k8s", "plan", str(job), "--profile", str(run_dir), "--step-s", "0.5"]) == 0
