@@ -2,7 +2,9 @@
 
 `engine.priority: turns` ranks each generation request by the turns its trajectory has done (vLLM's priority
 scheduler serves lower ranks first), so the long episodes that decide when a step is complete are not queued
-behind episodes just starting. Here N FrozenLake trajectories are played `--in-flight` at a time, a finished one
+behind episodes just starting; `predicted` ranks it by its predicted length, here its task's length (what the
+training workflow's moving mean of the task's turns reaches: every episode plays all its turns), so a long
+episode goes first from its first turn. Here N FrozenLake trajectories are played `--in-flight` at a time, a finished one
 making room for the next as the training workflow keeps its rollouts going: 7 in 8 play 2 turns, 1 in 8 plays
 `--long-turns` (standard map, invalid moves no-ops, so every episode plays all its turns). The engine admits
 `--max-num-seqs` requests at a time, so requests wait in its scheduler as they do on a loaded GPU engine.
@@ -32,7 +34,7 @@ from rollart.infra.tiny_model import build_tiny_model
 
 HOME = RESULTS / ".priority"
 ENV_ARGS = {"maps": "standard", "invalid_action": "noop"}  # untrained moves are no-ops: episodes play every turn
-POLICIES: tuple[PriorityPolicy, ...] = ("fifo", "turns")
+POLICIES: tuple[PriorityPolicy, ...] = ("fifo", "turns", "predicted")
 SHORT_TURNS = 2
 
 
@@ -67,7 +69,10 @@ async def one_round(
     keeps its rollouts going), each played by the driver as its own coroutine. A trajectory's time runs from
     its own start; the makespan from the first start to the last result."""
     job_id = f"prio-{seed}-{uuid.uuid4().hex[:6]}"
-    units = rollout_units(plan_trajectories(job, n, seed=seed, job_id=job_id))
+    inputs = plan_trajectories(job, n, seed=seed, job_id=job_id)
+    if job.engine.priority == "predicted":  # what the training workflow's moving mean of each task's turns reaches
+        inputs = [i.model_copy(update={"predicted_turns": float(i.task.max_turns)}) for i in inputs]  # all played
+    units = rollout_units(inputs)
     slots = asyncio.Semaphore(in_flight)
     preempted = engine.pressure().preempted
     t0 = time.monotonic()

@@ -238,6 +238,7 @@ def unit_input(
         queue_prefix=inp.queue_prefix,
         affinity=inp.affinity,
         priority=inp.priority,
+        predicted_turns=inp.predicted_turns,
         group_play=task.group_play,
     )
     return unit, workflow_id, group

@@ -40,6 +40,9 @@ class TrajectoryInput(BaseModel):
         default_factory=AffinityConfig, description="which engine serves its turns (the job's engine.affinity)"
     )
     priority: PriorityPolicy = Field("fifo", description="how its requests rank on the engine (engine.priority)")
+    predicted_turns: float | None = Field(
+        None, description="its predicted length in turns (engine.priority: predicted; None: not predicted)"
+    )
 
 
 class TrajectoryResult(BaseModel):
@@ -106,6 +109,8 @@ class GroupRolloutInput(BaseModel):
     """Which engine serves each group's turns, and whether a single-turn wave splits across engines."""
     priority: PriorityPolicy = "fifo"
     """How the groups' requests rank among those waiting on an engine (the job's `engine.priority`)."""
+    predicted_turns: float | None = None
+    """The task's recent mean length in turns (`engine.priority: predicted`), until a member finishes."""
     lockstep: bool = False
     """Multi-turn: all groups phase by phase (every reset, then every turn's generations, then steps, then every
     reward), the synchronous baseline's barrier at group granularity; False: each group on its own."""

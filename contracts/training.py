@@ -215,6 +215,7 @@ class TrainingState(BaseModel):
     engine_moves: int = 0  # turns served by another engine than the trajectory's turn before (see engine.affinity)
     admission: AdmissionState = Field(default_factory=AdmissionState)
     placement: PlacementState | None = None  # tasks with generate_pool: auto (None: the job has none)
+    task_turns: dict[str, float] = Field(default_factory=dict)  # each task's recent mean turns (priority: predicted)
     in_flight: dict[str, InFlight] = Field(default_factory=dict)  # trajectory id → where it runs
     unfinished: dict[str, int] = Field(default_factory=dict)  # group id → members still running
     buffer: list[SampleRef] = Field(default_factory=list)

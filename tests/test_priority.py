@@ -37,6 +37,36 @@ def test_fifo_ranks_every_request_alike_and_turns_ranks_the_longest_first() -> N
     assert request_priority("turns", 10 * MAX_TURNS_RANKED) == -MAX_TURNS_RANKED
 
 
+def test_predicted_ranks_the_longest_predicted_first_and_never_below_its_turns_done() -> None:
+    assert [request_priority("predicted", 0, p) for p in (None, 2.4, 9.6)] == [0, -2, -10]
+    assert [request_priority("predicted", t, 3) for t in (0, 3, 5)] == [-3, -3, -5]  # a prediction passed: its turns
+    assert request_priority("fifo", 2, 9) == 0 and request_priority("turns", 2, 9) == -2  # only `predicted` reads it
+
+
+def test_a_tasks_mean_length_is_kept_under_predicted_and_launched_with_its_groups() -> None:
+    from rollart.contracts.rollouts import TrajectoryResult
+    from rollart.contracts.training import InFlight, TrainingState
+    from rollart.workflows.training import admission, lengths
+
+    job = JobSpec(tasks=[frozenlake_task(group_size=2)], engine=EngineConfig(priority="predicted"))
+    plan, state = TrainingPlan.of(job), TrainingState()
+    state.in_flight = {f"t{i}": InFlight(group="g", workflow=f"t{i}") for i in range(3)}
+
+    def done(tid: str, turns: int, status: str = "completed") -> TrajectoryResult:
+        return TrajectoryResult(trajectory_id=tid, task="frozenlake", seed=0, status=status, turns=turns)
+
+    lengths.observe(plan, state, [done("t0", 8), done("t1", 2, "failed"), done("gone", 30)])
+    assert state.task_turns == {"frozenlake": 8.0}  # a failed one and a repeat (not in flight) are not counted
+    lengths.observe(plan, state, [done("t2", 18)])
+    assert state.task_turns["frozenlake"] == pytest.approx(9.0)  # 8 + 0.1 x (18 - 8)
+    state.in_flight = {}
+    launch = admission.launches(plan, state, "j")[0]
+    assert admission.child_input(plan, launch, "j", 0, "j").predicted_turns == 9.0
+    fifo = TrainingPlan.of(JobSpec(tasks=[frozenlake_task(group_size=2)]))
+    lengths.observe(fifo, state := TrainingState(in_flight={"t0": InFlight(group="g", workflow="t0")}), [done("t0", 8)])
+    assert state.task_turns == {} and lengths.predicted(fifo, state, "frozenlake") is None
+
+
 @pytest.mark.parametrize(("policy", "turns", "says"), [("turns", -1, "turns_done"), ("lifo", 0, "unknown")])
 def test_a_bad_policy_or_count_is_an_error_saying_which(policy: str, turns: int, says: str) -> None:
     with pytest.raises(ValueError, match=says):
@@ -91,6 +121,39 @@ async def test_an_episodes_turns_and_a_groups_batches_carry_their_rank(
     group = GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g-1", seed=1)], priority=policy)
     results = await play([GroupEpisode(calls, group, group.groups[0])])
     assert [r.status for r in results] == ["completed"] * 2 and gen.priorities == expected
+
+
+async def test_a_free_members_length_predicts_its_siblings_and_a_groups_its_task_mean(envs: EnvActivities) -> None:
+    """Free members: once the fast member has played all 4 turns, the slow ones' next requests rank as 4-turn
+    trajectories (-4), not by their own turns done; a lockstep group starts at its task's mean."""
+    from rollart.workflows.driver.free_members import play_free
+
+    task = frozenlake_task(max_turns=4, group_size=3, env_args=LONG_GAME, rollout_unit="group", group_play="free")
+
+    class SlowSiblings(RecordingGenerator):
+        def __init__(self) -> None:
+            super().__init__()
+            self.by_member: dict[str, list[int]] = {}
+
+        async def generate(self, inp: GenerateInput) -> GenerateResult:
+            member = inp.data_key.split("/")[-2]
+            self.by_member.setdefault(member, []).append(inp.priority)
+            if member != "m0":
+                await asyncio.sleep(0.1)  # m0 plays its 4 turns in the time the others play one
+            return self._result(inp.data_key)
+
+    gen = SlowSiblings()
+    calls = InProcessCalls.of(envs, gen, RewardActivities())
+    group = GroupSeed(group_id="g", seed=1, member_ids=["m0", "m1", "m2"])
+    inp = GroupRolloutInput(task=task, groups=[group], priority="predicted", group_play="free", predicted_turns=2)
+    results = await play_free(calls, inp, group, None)
+    assert [r.status for r in results] == ["completed"] * 3
+    assert gen.by_member["m0"] == [-2, -2, -2, -3]  # the task's mean (2) until its own turns pass it
+    assert gen.by_member["m1"][0] == -2 and gen.by_member["m1"][-1] == -4  # after m0 finished: m0's 4 turns
+    lockstep = GroupRolloutInput(task=task, groups=[group], priority="predicted", predicted_turns=3)
+    gen.priorities.clear()
+    await play([GroupEpisode(calls, lockstep, group)])
+    assert gen.priorities == [-3, -3, -3, -3]  # the task's mean, then its turns done (3) as they pass it
 
 
 def test_a_rank_becomes_a_task_queue_priority_key_and_fifo_sets_none() -> None:

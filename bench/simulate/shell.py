@@ -24,7 +24,7 @@ from rollart.contracts.training import TrainingPlan, TrainingState
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play
-from rollart.workflows.training import admission, ledger, pressure, records
+from rollart.workflows.training import admission, ledger, lengths, pressure, records
 from rollart.workflows.training.admission import Launch
 
 __all__ = ["Outcome", "SimTraining"]
@@ -147,6 +147,7 @@ class SimTraining:
                 else:
                     self.out.failed += 1
         pressure.observe(self.plan, self.s, results)
+        lengths.observe(self.plan, self.s, results)
         self.ready.accepting(self.s, results)
         ledger.accept(self.plan, self.s, results)
         self.ready.accepted(self.s)

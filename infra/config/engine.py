@@ -45,7 +45,7 @@ class AffinityConfig(Section):
         return self.mode == "session"
 
 
-PriorityPolicy = Literal["fifo", "turns"]
+PriorityPolicy = Literal["fifo", "turns", "predicted"]
 """How a generation request ranks among those waiting on an engine (workflows/driver/priority.py)."""
 
 
@@ -75,5 +75,6 @@ class EngineConfig(Section):
         "fifo",
         description="which waiting generation request the engine serves first: `fifo`, in arrival order; `turns`, "
         "the trajectory with the most turns done (vLLM's priority scheduling: the long tail is not held back by "
-        "episodes just starting). The HF engine serves in arrival order",
+        "episodes just starting); `predicted`, the trajectory predicted longest (its group's first finished member's "
+        "turns, else its task's recent mean), long tails first. The HF engine serves in arrival order",
     )

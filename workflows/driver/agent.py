@@ -75,7 +75,7 @@ class AgentEpisode:
                 tools=None if plan.continues else req.tools,
                 prefix_key=ep.gens[-1].data_key if plan.continues else None,
                 tool_parser=task.tool_parser,
-                priority=request_priority(inp.priority, len(ep.turns)),
+                priority=request_priority(inp.priority, len(ep.turns), inp.predicted_turns),
             )
             try:
                 gen: GenerateResult = await generate_on(

@@ -61,6 +61,7 @@ class Episode:
     pin: Pin = field(default_factory=Pin)  # the engine serving its turns (session affinity)
     new_messages: list[ChatMessage] | None = None  # a chat env's messages not yet sent to the model (None: text env)
     _pending: GenerateResult | None = None  # this turn's generation, until it is stepped
+    predicted_turns: float | None = None  # its predicted length (engine.priority: predicted): a finished sibling's
 
     @property
     def over(self) -> bool:
@@ -71,6 +72,10 @@ class Episode:
     def playing(self) -> bool:
         """Turns left to play, and no failure so far."""
         return self.error is None and not self.over
+
+    def predicted(self) -> float | None:
+        """Its predicted length in turns: a finished sibling's, else its task's recent mean (None: unknown)."""
+        return self.predicted_turns if self.predicted_turns is not None else self.inp.predicted_turns
 
     @property
     def members(self) -> list[Episode]:
@@ -124,7 +129,7 @@ class Episode:
                 weights=weights,
                 prompt_format=task.prompt,
                 data_key=turn_key(inp.job_id, self.trajectory_id, len(self.turns)),
-                priority=request_priority(inp.priority, len(self.turns)),
+                priority=request_priority(inp.priority, len(self.turns), self.predicted()),
                 **self._chat_turn(),
             ),
             shared=self.queue(task.generate_pool),

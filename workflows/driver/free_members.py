@@ -17,6 +17,7 @@ import asyncio
 
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
 from rollart.workflows.driver.calls import Calls
+from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import Report, play
 
@@ -32,7 +33,7 @@ async def play_free(
     the members still playing are cancelled (each closes its session) and the error is raised.
     """
     members = GroupEpisode(calls, inp, group).members
-    playing = [asyncio.ensure_future(play([ep])) for ep in members]
+    playing = [asyncio.ensure_future(_play_and_predict(ep, members)) for ep in members]
     try:
         per_member = await asyncio.gather(*playing)
     except GeneratorExit:
@@ -45,4 +46,14 @@ async def play_free(
     results = [r for member in per_member for r in member]
     if report is not None:
         await report(results)
+    return results
+
+
+async def _play_and_predict(ep: Episode, members: list[Episode]) -> list[TrajectoryResult]:
+    """Play one member; once it is done its length predicts its siblings' (`engine.priority: predicted`, as Seer:
+    members of one group, from one seed, run alike), the longest finished so far."""
+    results = await play([ep])
+    for other in members:
+        if other is not ep and not other.over:
+            other.predicted_turns = max(other.predicted_turns or 0, len(ep.turns))
     return results

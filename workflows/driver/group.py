@@ -51,6 +51,7 @@ class GroupEpisode:
             queue_prefix=inp.queue_prefix,
             affinity=inp.affinity,
             priority=inp.priority,
+            predicted_turns=inp.predicted_turns,
         )
         self.pin = Pin()  # one engine serves every member's turn (one generate_batch): they share its pin
         self.members = [Episode(calls, self.inp, tid, pin=self.pin) for tid in group.members(inp.task.group_size)]
@@ -58,6 +59,11 @@ class GroupEpisode:
     @property
     def owner_id(self) -> str:
         return self.group.group_id
+
+    def predicted_turns(self) -> float | None:
+        """The group's predicted length: its longest finished member's turns, else the task's mean."""
+        finished = [len(ep.turns) for ep in self.members if ep.over]
+        return max(finished) if finished else self.inp.predicted_turns
 
     @property
     def playing(self) -> bool:
@@ -116,7 +122,7 @@ class GroupEpisode:
                 weights=weights,
                 prompt_format=task.prompt,
                 data_keys=[turn_key(inp.job_id, ep.trajectory_id, len(ep.turns)) for ep in playing],
-                priority=request_priority(inp.priority, max(len(ep.turns) for ep in playing)),
+                priority=request_priority(inp.priority, max(len(ep.turns) for ep in playing), self.predicted_turns()),
             ),
             shared=self.queue(task.generate_pool),
             result_type=list[GenerateResult],

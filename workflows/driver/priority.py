@@ -3,7 +3,10 @@
 An engine serves waiting requests of lower priority first, ties in arrival order (vLLM's priority scheduler).
 Under `fifo` every request has priority 0, so arrival order decides, as vLLM's fcfs scheduler does. Under
 `turns` (progressive priority, as Heddle, arXiv 2603.28101) a request ranks by the turns its trajectory has
-done: a step waits for its longest episodes, and they are not queued behind episodes just starting.
+done: a step waits for its longest episodes, and they are not queued behind episodes just starting. Under
+`predicted` (as Seer, arXiv 2511.14617) it ranks by the trajectory's predicted length in turns: its group's
+first finished member's, else its task's recent mean (the training workflow's `lengths`), and never less than
+the turns it has done; the long tail starts first and is never queued behind short episodes.
 
 The same rank orders the request's activity task on its Temporal task queue (`queue_priority_key`), where it
 waits when every generation worker's slots are taken: Temporal's `priority_key`, 1 (first) to 5, default 3.
@@ -21,14 +24,17 @@ MAX_TURNS_RANKED = 1 << 16
 """Turns past this rank alike (a bound, so a priority stays a small integer whatever max_turns is)."""
 
 
-def request_priority(policy: PriorityPolicy, turns_done: int) -> int:
-    """The priority of a trajectory's next generation request (lower is served first) after `turns_done` turns."""
+def request_priority(policy: PriorityPolicy, turns_done: int, predicted_turns: float | None = None) -> int:
+    """The priority of a trajectory's next generation request (lower is served first) after `turns_done` turns;
+    `predicted_turns`: its predicted length (`predicted` only; None: unknown, its turns done stand for it)."""
     if turns_done < 0:
         raise ValueError(f"turns_done must be >= 0, got {turns_done}")
     if policy == "fifo":
         return 0
     if policy == "turns":
         return -min(turns_done, MAX_TURNS_RANKED)
+    if policy == "predicted":
+        return -min(max(turns_done, round(predicted_turns or 0)), MAX_TURNS_RANKED)
     raise ValueError(f"unknown priority policy {policy!r}")
 
 

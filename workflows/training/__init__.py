@@ -2,6 +2,7 @@
 
 - admission.py: how much may be in flight, which task group g draws, what one launch starts;
 - placement.py: which generation pool each `generate_pool: auto` task goes to, re-planned from measurements;
+- lengths.py: each task's recent trajectory length, which `engine.priority: predicted` ranks by;
 - pressure.py: the cap on trajectories in flight that the engines' pressure allows (AIMD, below the bound's);
 - ledger.py: results into the buffer and groups, batches out, the partial batch of a stalled job;
 - staleness.py and filtering.py: groups too old for the step, groups without a GRPO signal;

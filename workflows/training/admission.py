@@ -18,7 +18,7 @@ from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, Gro
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
 from rollart.infra.config import TaskSpec
 from rollart.infra.routing import Unit, unit_of
-from rollart.workflows.training import placement, pressure
+from rollart.workflows.training import lengths, placement, pressure
 
 __all__ = [
     "ChildInput",
@@ -43,6 +43,7 @@ class Group:
     group_id: str
     task: TaskSpec
     seed: int
+    predicted_turns: float | None = None  # its task's recent mean length (engine.priority: predicted)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ def draw_group(plan: TrainingPlan, state: TrainingState, job_id: str) -> Group:
     task = placement.placed(state, next_task(plan, g))
     state.next_group += 1
     state.unfinished[ids.group_id(job_id, g)] = task.group_size
-    return Group(ids.group_id(job_id, g), task, ids.derive_seed(plan.training.seed, g))
+    predicted = lengths.predicted(plan, state, task.name)
+    return Group(ids.group_id(job_id, g), task, ids.derive_seed(plan.training.seed, g), predicted)
 
 
 def launches(plan: TrainingPlan, state: TrainingState, job_id: str) -> list[Launch]:
@@ -163,6 +165,7 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
             queue_prefix=plan.queue_prefix,
             affinity=plan.affinity,
             priority=plan.priority,
+            predicted_turns=group.predicted_turns,
         )
 
     if launch.unit is Unit.TRAJECTORY:
@@ -186,6 +189,7 @@ def child_input(plan: TrainingPlan, launch: Launch, job_id: str, step: int, repo
         queue_prefix=plan.queue_prefix,
         affinity=plan.affinity,
         priority=plan.priority,
+        predicted_turns=launch.groups[0].predicted_turns,
         lockstep=plan.training.rollout_mode == "batch",
         group_play=launch.groups[0].task.group_play,
     )

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
-    from rollart.workflows.training import admission, ledger, placement, pressure, records, staleness
+    from rollart.workflows.training import admission, ledger, lengths, placement, pressure, records, staleness
     from rollart.workflows.training.admission import Launch
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
@@ -77,6 +77,7 @@ class TrainingWorkflow:
             return
         pressure.observe(self.plan, self.s, results)  # before the ledger: it tells repeats by what is in flight
         placement.observe(self.s, results)
+        lengths.observe(self.plan, self.s, results)
         if ledger.accept(self.plan, self.s, results) and self.plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
 
