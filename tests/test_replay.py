@@ -20,7 +20,7 @@ from rollart.infra.config import WorkerTuning
 from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.patches import RELEASED_PATCHES
-from tests.support.record_histories import FIXTURES
+from tests.support.record_histories import FIXTURES, RECORDERS
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = sorted((ROOT / "tests" / "histories").glob("*.json"))
@@ -31,6 +31,7 @@ PATCH_CALLS = {"patched": "patched", "deprecate_patch": "deprecated"}
 
 def test_recorded_histories_exist() -> None:
     assert set(FIXTURES) <= {p.stem for p in HISTORIES}
+    assert sorted(n for names in RECORDERS.values() for n in names) == sorted(FIXTURES)  # each has its recorder
 
 
 @pytest.mark.parametrize("sandbox", ["strict", "off"])

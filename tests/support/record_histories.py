@@ -1,5 +1,6 @@
 """Record every replay fixture from today's code: `python -m tests.support.record_histories`.
 
+`python -m tests.support.record_histories NAME ...` records only those (a new path's fixture, the others kept).
 Starts a Temporal dev server with the stand-in activities of tests.support.standins, plays a few short jobs
 and single rollouts on it, and writes the history of one workflow of each path worth pinning (`FIXTURES`)
 to tests/histories/, overwriting the fixture of that name; tests/test_replay.py replays them on today's code.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowExecution, WorkflowFailureError
@@ -56,33 +58,34 @@ FIXTURES = {
     "training-trajectories": "a trajectory-mode job's TrainingWorkflow: TrajectoryWorkflow children, some failed",
     "training-batch": "a batch-mode job's TrainingWorkflow: lockstep batches and lockstep groups",
     "training-dynamic-sampling": "a TrainingWorkflow with dynamic sampling, whose flat groups are filtered, refilled",
+    "training-auto-placement": "a TrainingWorkflow of `generate_pool: auto` tasks under `engine.priority: predicted`: "
+    "spread, re-planned onto the faster pool (its memo upserted), children launched with predicted lengths",
 }
 """Fixture name → the workflow path its history pins."""
 
 
-async def main() -> None:
+async def main(only: list[str] | None = None) -> None:
+    """Record every fixture, or (`only`) those named: a new path's fixture, leaving the others as recorded."""
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=find_temporal_cli(), ui=False, data_converter=pydantic_data_converter
     )
     try:
         client = env.client
         await sa.ensure_registered(client)
-        found = await _record_mixed_job(client)
-        found |= await _record_trajectory_job(client)
-        found |= await _record_batch_job(client)
-        found["training-dynamic-sampling"] = await _record_filtering(client)
-        found |= await _record_failed_starts(client)
-        found["trajectory-agent"] = await _record_agent(client)
-        found["group-free-members"] = await _record_free_members(client)
+        found: dict[str, str] = {}
+        for recorder in RECORDERS:
+            if only is None or set(only) & set(RECORDERS[recorder]):
+                found |= await recorder(client)
     finally:
         await env.shutdown()
-    missing = sorted(set(FIXTURES) - set(found))
+    wanted = sorted(only or FIXTURES)
+    missing = sorted(set(wanted) - set(found))
     if missing:
         raise SystemExit(f"no workflow of the recorded jobs took these paths: {missing}; nothing written")
     HISTORIES.mkdir(exist_ok=True)
-    for name in FIXTURES:
+    for name in wanted:
         (HISTORIES / f"{name}.json").write_text(found[name])
-    print("wrote", sorted(f"{name}.json" for name in FIXTURES), "to", HISTORIES)
+    print("wrote", [f"{name}.json" for name in wanted], "to", HISTORIES)
 
 
 async def _history_json(client: Client, workflow_id: str, run_id: str | None = None) -> str:
@@ -151,7 +154,7 @@ async def _record_mixed_job(client: Client) -> dict[str, str]:
     )
 
 
-async def _record_free_members(client: Client) -> str:
+async def _record_free_members(client: Client) -> dict[str, str]:
     """A `group_play: free` group of 3 members, the second refused at its second turn; later turns on one engine."""
     lake = frozenlake_task(name="lakefree", group_size=3, max_turns=3, rollout_unit="group", group_play="free")
     spec = resolve(JobSpec(name="rec-free", tasks=[lake], training=TrainingConfig(steps=1, batch_size=3)))
@@ -159,7 +162,7 @@ async def _record_free_members(client: Client) -> str:
     standins = StandIns(turns=3, train_delay_s=0.05, rejected_key="-1/turn-001", engines=("e1",))
     await _train(client, spec, job_id, standins)
     found = await _children(client, job_id, {"group": 'WorkflowType="GroupRolloutWorkflow"'})
-    return found["group"]
+    return {"group-free-members": found["group"]}
 
 
 async def _record_trajectory_job(client: Client) -> dict[str, str]:
@@ -212,7 +215,7 @@ def _flat_every_other_seed(t: Transcript) -> RewardResult:
     return RewardResult(value=1.0 if t.seed % 2 == 0 else float(len(t.turns)), success=len(t.turns) == 2)
 
 
-async def _record_filtering(client: Client) -> str:
+async def _record_filtering(client: Client) -> dict[str, str]:
     """A job with dynamic sampling on, whose flat groups are filtered and refilled: its whole history."""
     spec = JobSpec(
         name="rec-ds",
@@ -225,10 +228,10 @@ async def _record_filtering(client: Client) -> str:
         client, spec, job_id, StandIns(stagger=1, score=_flat_every_other_seed, train_delay_s=0.05)
     )
     assert result.filtered > 0, "the recorded job filtered no group"
-    return await _history_json(client, job_id)
+    return {"training-dynamic-sampling": await _history_json(client, job_id)}
 
 
-async def _record_agent(client: Client) -> str:
+async def _record_agent(client: Client) -> dict[str, str]:
     """An agent program's trajectory (a stand-in program making two chat requests), started as `rollart rollout`
     starts one."""
     task = frozenlake_task(name="agent", env="agent", env_args={"entry": "m:run"}, max_turns=3)
@@ -238,7 +241,7 @@ async def _record_agent(client: Client) -> str:
         await client.execute_workflow(
             "TrajectoryWorkflow", inp, id=wid, task_queue="control", result_type=TrajectoryResult
         )
-    return await _history_json(client, wid)
+    return {"trajectory-agent": await _history_json(client, wid)}
 
 
 async def _record_failed_starts(client: Client) -> dict[str, str]:
@@ -269,5 +272,36 @@ async def _record_failed_starts(client: Client) -> dict[str, str]:
     return found
 
 
+async def _record_auto_placement(client: Client) -> dict[str, str]:
+    """Two auto tasks on pools whose stand-in engines report h800 100x faster, predicted priority: the whole
+    history of a job whose placement moves after step 2."""
+    tasks = [frozenlake_task(name=n, generate_pool="auto", group_size=2, max_turns=2) for n in ("a", "b")]
+    spec = JobSpec(
+        name="rec-auto",
+        tasks=tasks,
+        training=TrainingConfig(steps=4, batch_size=4, async_bound=1, placement={"every_steps": 2}),
+        engine={"priority": "predicted"},
+    )
+    spec = resolve(spec)  # as a loaded job is: its envs' and rewards' placement filled in
+    job_id = f"rec-auto-{uuid.uuid4().hex[:6]}"
+    standins = StandIns(turns=1, stagger=1, train_delay_s=0.05, pool_rates={"h800": 10_000.0, "h20": 100.0})
+    await _train(client, spec, job_id, standins)
+    return {"training-auto-placement": await _history_json(client, job_id)}
+
+
+RECORDERS: dict[Callable[[Client], Awaitable[dict[str, str]]], tuple[str, ...]] = {
+    _record_mixed_job: ("training-continued-as-new", "group-multi-turn", "group-single-turn"),
+    _record_trajectory_job: ("training-trajectories", "trajectory-completed", "trajectory-env-broken"),
+    _record_batch_job: ("training-batch", "batch", "group-lockstep"),
+    _record_filtering: ("training-dynamic-sampling",),
+    _record_failed_starts: ("trajectory-unknown-env", "trajectory-invalid-input"),
+    _record_agent: ("trajectory-agent",),
+    _record_free_members: ("group-free-members",),
+    _record_auto_placement: ("training-auto-placement",),
+}
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    import sys
+
+    asyncio.run(main(sys.argv[1:] or None))
