@@ -43,6 +43,7 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
     no sample would let a stalled job "train" on an empty batch).
     """
     accepted = 0
+    buffered: set[str] | None = None  # the groups with members in the buffer, once a group completes
     for r in results:
         running = state.in_flight.pop(r.trajectory_id, None)
         if running is None:
@@ -54,20 +55,24 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
         state.engine_moves += r.engine_moves
         if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
             state.buffer.append(sample_of(r))
+            if buffered is not None:
+                buffered.add(group)
         else:
             state.failed += 1
         state.unfinished[group] -= 1
         if state.unfinished[group] == 0:
             del state.unfinished[group]
-            trainable = any(x.group_id == group for x in state.buffer)  # every member failed: nothing to train on
+            if buffered is None:
+                buffered = {x.group_id for x in state.buffer}
+            trainable = group in buffered  # every member failed: nothing to train on
             if trainable and not filtering.filter_flat(plan, state, group):
                 state.ready_groups.append(group)
     return accepted
 
 
 def _fresh_ready(plan: TrainingPlan, state: TrainingState) -> set[str]:
-    bound = plan.training.async_bound
-    return {g for g in state.ready_groups if not staleness.is_stale(state, bound, g)}
+    bound, oldest = plan.training.async_bound, staleness.oldest_versions(state)
+    return {g for g in state.ready_groups if not staleness.is_stale(state, bound, g, oldest)}
 
 
 def batch_ready(plan: TrainingPlan, state: TrainingState) -> bool:
@@ -84,10 +89,18 @@ def train_partial(plan: TrainingPlan, state: TrainingState) -> bool:
 
 
 def take_batch(plan: TrainingPlan, state: TrainingState) -> list[SampleRef]:
-    """Whole complete groups, oldest first, until the batch is full (or no group is left), out of the buffer."""
-    batch: list[SampleRef] = []
-    while len(batch) < plan.training.batch_size and state.ready_groups:
-        group = state.ready_groups.pop(0)
-        batch += [x for x in state.buffer if x.group_id == group]
-        state.buffer = [x for x in state.buffer if x.group_id != group]
-    return batch
+    """Whole complete groups, oldest first, until the batch is full (or no group is left), out of the buffer: each
+    group's members in buffer order (one pass over the buffer)."""
+    members: dict[str, list[SampleRef]] = {}
+    for x in state.buffer:
+        members.setdefault(x.group_id, []).append(x)
+    taken: list[str] = []
+    size = 0
+    while size < plan.training.batch_size and len(taken) < len(state.ready_groups):
+        group = state.ready_groups[len(taken)]
+        taken.append(group)
+        size += len(members.get(group, []))
+    state.ready_groups = state.ready_groups[len(taken) :]
+    gone = set(taken)
+    state.buffer = [x for x in state.buffer if x.group_id not in gone]
+    return [x for g in taken for x in members.get(g, [])]
