@@ -37,7 +37,7 @@ def summarize(runs: dict[str, list[dict[str, Any]]], baseline: str) -> list[dict
         row["repeats"] = len(repeats)
         row["walls_s"] = [r["wall_s"] for r in repeats]
         texts = {k for r in repeats for k, v in r.items() if isinstance(v, str)}  # kept per repeat, e.g. a placement
-        row |= {k: " | ".join(dict.fromkeys(str(r.get(k, "-")) for r in repeats)) for k in sorted(texts)}
+        row |= {k: "; ".join(dict.fromkeys(str(r.get(k, "-")) for r in repeats)) for k in sorted(texts)}
         rows.append(row)
     base_wall = next(r["wall_s"] for r in rows if r["name"] == baseline)
     for row in rows:

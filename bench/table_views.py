@@ -313,6 +313,17 @@ _END_TO_END_UNITS = (
     Col("server ms / traj", "server_cpu_ms_per_traj", ".0f"),
     Col("gen busy", "busy_generation", pct),
 )
+_END_TO_END_PLACEMENT = (
+    Col("placement (traj b1)", "name", align="l"),
+    Col("wall s (median)", "wall_s", ".1f"),
+    Col("each repeat", repeats, align="l"),
+    Col("vs declared", "speedup_vs_baseline", ".2f", bold=True),
+    Col("traj/s", "trajectories_per_s", ".1f"),
+    Col("h800 busy", "busy_h800", pct),
+    Col("h20 busy", "busy_h20", pct),
+    Col("unit p99 s", "unit_p99_s", ".2f"),
+    Col("where auto ended (the repeats' distinct ends)", "placement", align="l"),
+)
 _OVERHEAD_GENERATE = (
     Col("path, unit", "name", align="l"),
     Col("wall s (median)", "wall_s", ".2f"),
@@ -415,6 +426,7 @@ VIEWS: dict[str, View] = {
     "end_to_end-trajectory": View(("end_to_end-trajectory",), _modes, _END_TO_END_TRAJECTORY),
     "end_to_end-sokoban": View(("end_to_end-sokoban",), _modes, _END_TO_END_SOKOBAN),
     "end_to_end-sokoban-units": View(("end_to_end-sokoban-units",), _modes, _END_TO_END_UNITS),
+    "end_to_end-placement": View(("end_to_end-placement",), _modes, _END_TO_END_PLACEMENT),
     "affinity": View(("affinity",), _modes, _AFFINITY),
     "engines-affinity": View(("engines-affinity",), _modes, _ENGINES_AFFINITY),
     "engines-admission": View(("engines-admission",), _modes, _ENGINES_ADMISSION),
