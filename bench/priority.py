@@ -5,10 +5,9 @@ scheduler serves lower ranks first), so the long episodes that decide when a ste
 behind episodes just starting; `predicted` ranks it by its predicted length, here its task's length (what the
 training workflow's moving mean of the task's turns reaches: every episode plays all its turns), so a long
 episode goes first from its first turn. Here N FrozenLake trajectories are played `--in-flight` at a time, a
-finished one making room for the next as the training workflow keeps its rollouts going: 7 in 8 play 2 turns, 1
-in 8 plays
-`--long-turns` (standard map, invalid moves no-ops, so every episode plays all its turns). The engine admits
-`--max-num-seqs` requests at a time, so requests wait in its scheduler as they do on a loaded GPU engine.
+finished one making room for the next as the training workflow keeps its rollouts going: 7 in 8 play 2 turns,
+1 in 8 plays `--long-turns` (standard map, invalid moves no-ops, so every episode plays all its turns). The
+engine admits `--max-num-seqs` requests at a time, so requests wait in its scheduler as they do on a loaded GPU engine.
 
 Both modes run the rollout driver in this process over the same activity code (`rollart eval`'s path: env,
 generate and reward activities, a vLLM AsyncLLM engine, no Temporal), on an engine started for each round,
