@@ -173,3 +173,33 @@ def test_nothing_measured_yet_keeps_the_spread() -> None:
     state.history, state.step = [step(0, {})], 1
     assert not placement.replan(p, state)
     assert state.placement.reasons == ["no auto task has trained yet: placement kept"]
+
+
+def test_rollart_status_and_the_report_show_the_placement_and_why() -> None:
+    from rollart.cli.status import placement_lines
+    from rollart.client.report_html import _placement_section
+    from rollart.contracts.training import TrainingStatus
+
+    p, state = TrainingPlan.of(auto_job()), TrainingState()
+    placement.start(p, state)
+    placement.observe(state, [engine_report("a", "h800", (10_000, 1.0), (100, 1.0))])
+    state.history = [step(0, {"frozenlake": (4, 2000, 20), "math": (4, 40, 400)}) for _ in range(2)]
+    state.step = 1  # the record above is step 0's, the plan follows it
+    placement.replan(p, state)
+    status = TrainingStatus.model_validate(
+        {
+            **dict.fromkeys(("step", "steps", "version", "async_bound", "started", "trained", "dropped"), 0),
+            **dict.fromkeys(("failed", "in_flight", "buffered"), 0),
+            "job_id": "j",
+            "rollout_mode": "trajectory",
+            **dict.fromkeys(("paused", "stopping", "done", "ledger_balanced"), False),
+            "placement": state.placement,
+        }
+    )
+    lines = placement_lines(status)
+    assert lines[0].startswith("placement (step 1): frozenlake → ") and "1 plan(s)" in lines[0]
+    assert any(line.startswith("  h800: 1 engine(s), prefill 10,000 tokens/s") for line in lines)
+    assert state.history[-1].placement_plan[0] == state.placement.describe()  # the step record carries the plan
+    section = _placement_section([r.model_dump(mode="json") for r in state.history])  # metrics.jsonl's rows
+    assert '<h2 id="placement">Placement</h2>' in section and "placement (step 1)" in section
+    assert _placement_section([step(0, {}).model_dump(mode="json")]) == ""  # no auto task: no section
