@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import statistics
 import time
+from typing import Any
 
 import pytest
 
@@ -170,3 +172,73 @@ def test_the_placement_planner_picks_the_hand_written_placement_the_simulator_fi
     chosen, hand = planned(0.1)
     assert chosen.assignment == HAND_WRITTEN["declared"]
     assert hand["swapped"].makespan_s > 1.5 * hand["declared"].makespan_s
+
+
+def test_an_engine_counts_its_prefill_and_decode_work() -> None:
+    """The counts a vLLM worker reports (EnginePressure): every uncached prompt token prefilled, every generated
+    token decoded, and the seconds of each kind of work; their ratios are the engine's rates."""
+
+    async def main() -> SimEngine:
+        engine = _engine()
+        first = engine.submit(1000, 200)
+        await asyncio.sleep(0.3)  # the second joins mid-decode: two segments, two prefills
+        await asyncio.gather(first, engine.submit(500, 50, new_tokens=100))
+        return engine
+
+    engine = run_virtual(main())
+    roof = engine.roofline
+    assert engine.prefill_tokens == 1100
+    assert engine.prefill_s == pytest.approx(roof.compute_s(1100))
+    assert engine.decode_tokens == engine.tokens_out == 250
+    assert 0 < engine.decode_s <= engine.busy_s - engine.prefill_s + 1e-9
+    assert engine.prefill_tokens / engine.prefill_s > 10 * engine.decode_tokens / engine.decode_s  # compute vs HBM
+
+
+def test_auto_placement_moves_tasks_off_a_bad_start_on_measured_rates() -> None:
+    """Every task `generate_pool: auto`, started all on h20 (h800 idle): the shell re-plans after each step as the
+    workflow does, the first plan moves work onto h800 (not measured yet: its roofline prior), and from then on
+    both pools' engines report their own prefill and decode counts, by which it plans."""
+    everything_on_h20 = {"frozenlake": "h20", "sokoban": "h20", "arithmetic": "h20"}
+    setup = paper("trajectory", 1, horizon_s=400.0, scale=0.01, auto_every=1, start_placement=everything_on_h20)
+    out, row = simulate(setup)
+    p = out.state.placement
+    assert p is not None and row["placement_start"] == everything_on_h20
+    assert p.plans >= 5 and p.moves >= 1
+    first_move = out.placements[1]
+    assert first_move[1] == 1 and "h800" in first_move[2].values()  # after step 1, off the bad start
+    assert {m.pool for m in p.engines.values()} == {"h800", "h20"}  # engines of both pools reported
+    assert all(m.prefill_s > 0 and m.decode_s > 0 for m in p.engines.values())
+    for pool, engines in (("h800", 5), ("h20", 4)):
+        seen, prefill, decode = p.rates[pool]
+        assert seen == engines and 0 < decode < prefill  # measured: prefill outruns decode, even on the H20
+    assert p.rates["h800"][1] > 5 * p.rates["h20"][1]  # the H800's compute: 6.7x the H20's prefill
+    assert row["busy_h800"] > 0 and out.state.ledger_balanced
+
+
+def _first_turn_priorities(priority: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """The priority of each trajectory's first generation request, by env, in a short traj b1 run."""
+    seen: dict[str, list[int]] = {}
+    submit = SimCalls._submit
+
+    def recording(self: SimCalls, prompt: str, queue: str, n: int, prio: int) -> tuple[Any, ...]:
+        env, context, new = prompt.split(":")
+        if context == new:  # nothing cached: its first turn
+            seen.setdefault(env, []).append(prio)
+        return submit(self, prompt, queue, n, prio)
+
+    monkeypatch.setattr(SimCalls, "_submit", recording)
+    simulate(paper("trajectory", 1, horizon_s=400.0, scale=0.01, priority=priority))
+    return seen
+
+
+def test_predicted_priority_ranks_the_longer_task_first_from_its_first_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`engine.priority: predicted`: lengths.observe keeps each task's mean turns, admission passes it to the
+    children, and their first requests rank by it (lower first): the Sokoban-like task (10 turns at most,
+    done_p 0.1) ahead of the FrozenLake-like one (8, 0.15), both ahead of the single-turn answers (which the
+    single-turn driver always sends at 0); under `turns` every first request ranks 0."""
+    turns = _first_turn_priorities("turns", monkeypatch)
+    assert {p for ps in turns.values() for p in ps} == {0}
+    predicted = _first_turn_priorities("predicted", monkeypatch)
+    mean = {env: statistics.fmean(ps) for env, ps in predicted.items()}
+    assert mean["gem"] < mean["frozenlake"] < 0 == max(predicted["arithmetic"])
+    assert min(predicted["gem"]) <= -5

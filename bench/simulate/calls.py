@@ -8,6 +8,12 @@ checks to the serverless pool. Each call first costs the orchestration's `Overhe
 The token bookkeeping rides in the strings the driver passes back and forth: an observation is
 `env:context:new` (the prompt's tokens so far and those added since the trajectory's previous turn, which a
 pinned engine holds in its prefix cache), an action `a<tokens>`.
+
+A generation's result names its engine as a vLLM worker's does: `worker_id` the engine's name, `queue` its
+private queue (`h800@h800-3`), and `pressure` its `EnginePressure` as the request ends — its scheduler's running
+and waiting requests, KV usage, and its cumulative prefill and decode counts (`SimEngine`), from which
+`generate_pool: auto` measures each pool's rates. The driver carries both into the trajectory's result
+(`engine_worker`, `pressure`; `engine_pool` is the task's `generate_pool` as launched).
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ from typing import Any
 from pydantic import BaseModel
 
 from bench.simulate.cluster import Cluster
-from bench.simulate.engine import Finished
+from bench.simulate.engine import Finished, SimEngine
 from bench.simulate.models import FifoCores, Overheads, TaskProfile
 from rollart.contracts.activities import (
     ActivityName,
     CheckInput,
     CloseInput,
     Completion,
+    EnginePressure,
     EnvHandle,
     GenerateBatchInput,
     GenerateInput,
@@ -199,7 +206,7 @@ class SimCalls:
 
     # ------------------------------------------------------------ generation
 
-    def _submit(self, prompt: str, queue: str, n: int, priority: int) -> tuple[Any, int, int, Any]:
+    def _submit(self, prompt: str, queue: str, n: int, priority: int) -> tuple[SimEngine, int, int, Any]:
         """One prompt on the engine `queue` names: (engine, prompt tokens, output tokens, its future)."""
         env, context, new = prompt.split(":")
         engine = self.cluster.route(queue)
@@ -213,7 +220,22 @@ class SimCalls:
         )
 
     @staticmethod
-    def _result(engine: Any, prompt_tokens: int, out: int, n: int, fin: Finished, key: str) -> GenerateResult:
+    def _pressure(engine: SimEngine) -> EnginePressure:
+        """What the engine reports with a generation: its scheduler now and its counts since it started."""
+        return EnginePressure(
+            running=engine.running_requests,
+            waiting=engine.waiting_requests,
+            kv_usage=engine.kv_usage,
+            prefill_tokens=engine.prefill_tokens,
+            prefill_s=engine.prefill_s,
+            decode_tokens=engine.decode_tokens,
+            decode_s=engine.decode_s,
+        )
+
+    @classmethod
+    def _result(
+        cls, engine: SimEngine, prompt_tokens: int, out: int, n: int, fin: Finished, key: str, pressure: EnginePressure
+    ) -> GenerateResult:
         completion = Completion(text=f"a{out}", num_tokens=out, finish_reason="length", message=None)
         return GenerateResult(
             completions=[completion] * n,
@@ -223,15 +245,16 @@ class SimCalls:
             data_key=key,
             worker_id=engine.name,
             queue=f"{engine.pool}@{engine.name}",
-            pressure=None,
+            pressure=pressure,
         )
 
     async def _generate(self, inp: GenerateInput, queue: str) -> GenerateResult:
         n = inp.sampling.n
         engine, tokens, out, future = self._submit(inp.prompt, queue, n, inp.priority)
         fin = await future
+        pressure = self._pressure(engine)  # as the request ends, before the result's trip back
         await self._wait(0.0)
-        return self._result(engine, tokens, out, n, fin, inp.data_key)
+        return self._result(engine, tokens, out, n, fin, inp.data_key, pressure)
 
     async def _generate_batch(self, inp: GenerateBatchInput, queue: str) -> list[GenerateResult]:
         """Every prompt on the one engine that took the call, each its own request (they batch there)."""
@@ -239,8 +262,11 @@ class SimCalls:
         target, n = f"{engine.pool}@{engine.name}", inp.sampling.n
         submitted = [self._submit(p, target, n, inp.priority) for p in inp.prompts]
         done = await asyncio.gather(*(f for *_, f in submitted))
+        pressure = self._pressure(engine)
         await self._wait(0.0)
-        return [self._result(e, t, o, n, fin, k) for (e, t, o, _), fin, k in zip(submitted, done, inp.data_keys)]
+        return [
+            self._result(e, t, o, n, fin, k, pressure) for (e, t, o, _), fin, k in zip(submitted, done, inp.data_keys)
+        ]
 
     async def _live_engines(self, inp: LiveEnginesInput, queue: str) -> LiveEnginesResult:
         await self._wait(0.0)

@@ -2,7 +2,9 @@
 
 Default (`--paper`): the paper-like 3,000-GPU setup for one simulated hour in each mode — synchronous (batch
 mode, bound 0) against trajectory-level async (bounds 1, 2) — plus the alternative pool assignment and the
-`turns` priority, each compared on the same hour. `--calibrate`: this machine's end_to_end job at its own
+`turns` priority, each compared on the same hour. `--placement`: the hand-written pool assignments against
+`generate_pool: auto` placed at run time; `--priority`: the engines' queue order (fifo, turns, predicted) at
+256 and at 8 sequences per engine. `--calibrate`: this machine's end_to_end job at its own
 scale, predicted against the measured bench/results/end_to_end*.json. `--timing`: one full-scale hour of one
 mode, to measure the simulator's own speed. Results go to bench/results/simulate.json (each part its key).
 """
@@ -71,6 +73,11 @@ def main(argv: list[str]) -> int:
         help="automatic affinity: infra/placement.py's choice for the paper-like setup against the hand-written ones",
     )
     what.add_argument(
+        "--priority",
+        action="store_true",
+        help="traj b1 with engine.priority fifo, turns and predicted, at the default max_num_seqs and at 8 per engine",
+    )
+    what.add_argument(
         "--units",
         action="store_true",
         help="traj b1 with the multi-turn tasks as lockstep groups, free members and episodes, against batch b0",
@@ -84,6 +91,9 @@ def main(argv: list[str]) -> int:
         help="the multi-turn tasks' rollout_unit: group (the coarser, faster default: a group's 8 members share "
         "each generate_batch/step_group), free (a group whose members play free of lockstep, each with its own "
         "calls) or trajectory (an episode each, ~6x the calls)",
+    )
+    parser.add_argument(
+        "--every", type=int, default=3, help="--placement: the auto run re-plans every this many steps (default 3)"
     )
     parser.add_argument("--mode", default="traj b1", choices=list(MODES), help="--timing's mode (default traj b1)")
     parser.add_argument("--sokoban", action="store_true", help="--calibrate: the Sokoban mix (end_to_end-sokoban)")
@@ -102,6 +112,8 @@ def main(argv: list[str]) -> int:
         return _units(args)
     if args.placement:
         return _placement(args)
+    if args.priority:
+        return _priority(args)
     if args.quick:
         args.scale, args.hours = 0.05, 0.25
     return _paper(args)
@@ -202,24 +214,65 @@ def _units(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(assignment: dict[str, str]) -> str:
+    """A placement in a few words: "frozenlake h800, sokoban h800, arithmetic h20"."""
+    return ", ".join(f"{task} {pool}" for task, pool in assignment.items())
+
+
 def _placement(args: argparse.Namespace) -> int:
-    """The planner's placement and the hand-written ones: its predicted step, and traj b1 simulated on each."""
+    """The planner's placement and the hand-written ones: its predicted step, and traj b1 simulated on each; then
+    every task `generate_pool: auto`, placed at run time from the engines' measured rates (workflows/training/
+    placement.py), from its spread and from the swapped placement."""
     from bench.simulate.placement import HAND_WRITTEN, planned
 
     chosen, hand = planned(args.scale)
     horizon = args.hours * 3600.0
-    print(f"simulate --placement: scale {args.scale:g}, traj b1, {args.hours:g} simulated hour(s) per placement")
+    print(
+        f"simulate --placement: scale {args.scale:g}, traj b1, {args.hours:g} simulated hour(s) per placement, "
+        f"auto re-planned every {args.every} steps",
+        flush=True,
+    )
     rows = []
     for name, assignment in HAND_WRITTEN.items():
         setup = paper(
-            "trajectory", 1, horizon_s=horizon, scale=args.scale, unit=args.unit, swap_pools=name == "swapped"
+            "trajectory",
+            1,
+            horizon_s=horizon,
+            scale=args.scale,
+            unit=args.unit,
+            swap_pools=name == "swapped",
+            seed=args.seed,
         )
         row = _run(setup)
-        row |= {"name": name, "predicted_step_s": hand[name].makespan_s, "chosen": assignment == chosen.assignment}
+        row |= {
+            "name": name,
+            "predicted_step_s": hand[name].makespan_s,
+            "chosen": assignment == chosen.assignment,
+            "placement_end": dict(assignment),
+        }
         rows.append(row)
-    best = max(r["trained_per_s"] for r in rows)
+    autos = {
+        f"auto, every {args.every} steps": None,
+        f"auto, every {args.every} steps, from swapped": HAND_WRITTEN["swapped"],
+    }
+    for name, start in autos.items():
+        setup = paper(
+            "trajectory",
+            1,
+            horizon_s=horizon,
+            scale=args.scale,
+            unit=args.unit,
+            seed=args.seed,
+            auto_every=args.every,
+            start_placement=start,
+        )
+        row = _run(setup)
+        row |= {"name": name, "predicted_step_s": None, "chosen": False, "auto": True}
+        rows.append(row)
+    best = max(r["trained_per_s"] for r in rows if not r.get("auto"))
     for r in rows:
         r["vs_best"] = r["trained_per_s"] / best
+        r["where"] = _where(r["placement_end"])
     picked = next((r for r in rows if r["chosen"]), None)
     print(
         format_table(
@@ -228,12 +281,74 @@ def _placement(args: argparse.Namespace) -> int:
                 ("name", "placement", ""),
                 ("predicted_step_s", "planned step s", ".2f"),
                 ("trained_per_s", "trained/s", ".1f"),
-                ("vs_best", "vs best", ".2f"),
+                ("vs_best", "vs best hand-written", ".2f"),
+                ("placement_moves", "moves", ".0f"),
+                ("where", "at the end", ""),
             ],
         )
     )
     print(f"  the planner chose {chosen.assignment}: " + (f"the {picked['name']} placement" if picked else "neither"))
-    _save("placement", rows, hours=args.hours, scale=args.scale, chosen=chosen.assignment)
+    for r in rows:
+        for t in r.get("placement_timeline", []):
+            print(f"  {r['name']}: step {t['step']:3d} ({t['sim_s']:6.0f} s): {_where(t['assignment'])}")
+        if r.get("auto"):
+            print(f"  {r['name']}: measured rates (engines, prefill, decode tok/s): {r['placement_rates']}")
+    _save("placement", rows, hours=args.hours, scale=args.scale, chosen=chosen.assignment, every=args.every)
+    return 0
+
+
+PRIORITIES = ("fifo", "turns", "predicted")
+PRIORITY_SEQS = (256, 8)
+"""`--priority`: each engine.priority at vLLM's default max_num_seqs (no request waits here) and at 8 a engine."""
+
+
+def _priority(args: argparse.Namespace) -> int:
+    """traj b1 under each engine.priority, at each max_num_seqs: the same hours and seed; trained samples per
+    second and the trajectories' tail against fifo's at the same max_num_seqs."""
+    horizon = args.hours * 3600.0
+    print(
+        f"simulate --priority: {len(PRIORITIES) * len(PRIORITY_SEQS)} runs of {args.hours:g} simulated hour(s), "
+        f"scale {args.scale:g}, multi-turn unit {args.unit}",
+        flush=True,
+    )
+    rows = []
+    for seqs in PRIORITY_SEQS:
+        for priority in PRIORITIES:
+            setup = paper(
+                "trajectory",
+                1,
+                horizon_s=horizon,
+                scale=args.scale,
+                unit=args.unit,
+                seed=args.seed,
+                priority=priority,
+                max_num_seqs=seqs,
+            )
+            row = _run(setup)
+            row |= {"name": f"{seqs} seqs/engine, {priority}", "priority": priority, "max_num_seqs": seqs}
+            rows.append(row)
+    for r in rows:
+        fifo = next(x for x in rows if x["max_num_seqs"] == r["max_num_seqs"] and x["priority"] == "fifo")
+        r["vs_fifo"] = r["trained_per_s"] / fifo["trained_per_s"] if fifo["trained_per_s"] else None
+        p99, fifo_p99 = r["trajectory_p99_s"], fifo["trajectory_p99_s"]
+        r["p99_vs_fifo"] = p99 / fifo_p99 if p99 and fifo_p99 else None
+    print(
+        format_table(
+            rows,
+            [
+                ("name", "run", ""),
+                ("steps", "steps", ".0f"),
+                ("trained_per_s", "trained/s", ".1f"),
+                ("vs_fifo", "vs fifo", ".3f"),
+                ("trajectory_p50_s", "traj p50 s", ".1f"),
+                ("trajectory_p99_s", "traj p99 s", ".1f"),
+                ("p99_vs_fifo", "p99 vs fifo", ".3f"),
+                ("busy_h800", "h800 busy", ".0%"),
+                ("busy_h20", "h20 busy", ".0%"),
+            ],
+        )
+    )
+    _save("priority", rows, hours=args.hours, scale=args.scale, unit=args.unit, seed=args.seed)
     return 0
 
 

@@ -15,7 +15,7 @@ from bench.simulate.cluster import Cluster, PoolSpec
 from bench.simulate.models import Overheads, TaskProfile, TrainerModel
 from bench.simulate.roofline import ModelSpec
 from bench.simulate.shell import Outcome, SimTraining
-from rollart.contracts.training import TrainingPlan
+from rollart.contracts.training import PlacementState, TrainingPlan
 
 __all__ = ["Setup", "simulate", "summarize"]
 
@@ -34,6 +34,7 @@ class Setup:
     horizon_s: float | None = None
     seed: int = 0
     exact: bool = False  # the wait condition from the ledger's own functions (slow at scale), not the index
+    start_placement: dict[str, str] | None = None  # generate_pool: auto tasks' first pools (None: the spread)
 
 
 def simulate(setup: Setup, progress_every_s: float | None = None) -> tuple[Outcome, dict[str, Any]]:
@@ -47,6 +48,9 @@ def simulate(setup: Setup, progress_every_s: float | None = None) -> tuple[Outco
     calls = SimCalls(cluster, setup.profiles, setup.overheads, random.Random(setup.seed))
     training = SimTraining(setup.plan, calls, setup.trainer, setup.horizon_s, exact=setup.exact)
     holder.append(training)
+    if setup.start_placement is not None:
+        given = ", ".join(f"{t} → {p}" for t, p in sorted(setup.start_placement.items()))
+        training.s.placement = PlacementState(assignment=dict(setup.start_placement), reasons=[f"given: {given}"])
     t0, c0 = time.perf_counter(), time.process_time()
     if progress_every_s:
         training.on_start = lambda: _progress(training, progress_every_s, t0)
@@ -102,4 +106,16 @@ def summarize(setup: Setup, out: Outcome, cluster: Cluster, calls: SimCalls, wal
         "gpus": cluster.gpus + setup.trainer.gpus,
     }
     row.update({f"busy_{pool}": share for pool, share in cluster.utilisation(elapsed).items()})
+    if s.placement is not None:  # generate_pool: auto: where the tasks started and ended, and the moves between
+        row |= {
+            "placement_start": out.placements[0][2] if out.placements else {},
+            "placement_end": dict(s.placement.assignment),
+            "placement_moves": s.placement.moves,
+            "placement_plans": s.placement.plans,
+            "placement_timeline": [
+                {"sim_s": round(t, 1), "step": step, "assignment": a} for t, step, a in out.placements
+            ],
+            "placement_rates": {p: list(r) for p, r in s.placement.rates.items()},
+            "placement_reasons": list(s.placement.reasons),
+        }
     return row

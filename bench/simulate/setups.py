@@ -23,7 +23,7 @@ from bench.simulate.roofline import GPUS, MODELS, GpuSpec, ModelSpec
 from bench.simulate.run import Setup
 from bench.workload import LATENCY, SOKOBAN_LATENCY, arithmetic_task, frozenlake_task, multitask_job, sokoban_task
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TrainingConfig
+from rollart.infra.config import AUTO_POOL, EngineConfig, JobSpec, PlacementConfig, StoreConfig, TrainingConfig
 
 __all__ = ["MODES", "calibration", "paper"]
 
@@ -149,13 +149,17 @@ def paper(
     seed: int = 0,
     max_num_seqs: int = 256,
     gen_share: float = 1.0,
+    auto_every: int | None = None,
+    start_placement: dict[str, str] | None = None,
 ) -> Setup:
     """The paper-like cluster for `horizon_s` simulated seconds; `scale` shrinks GPUs and the batch alike (tests,
     quick runs); `swap_pools` puts the multi-turn tasks on h20 and the single-turn one on h800 (the alternative
     to the manual affinity); `priority` is the engines' queue order (`fifo` or `turns`), which matters only where
     requests wait: `max_num_seqs` below the load makes them. `gen_share` scales the generation pools alone (the
     same batch on fewer engines: a more loaded cluster). `unit`: the multi-turn tasks' `trajectory`, `group`
-    (lockstep) or `free` (a group whose members play free of lockstep)."""
+    (lockstep) or `free` (a group whose members play free of lockstep). `auto_every`: every task
+    `generate_pool: auto`, re-planned every that many steps (`training.placement`, the 32B model's rooflines as
+    priors); `start_placement` replaces their first spread (a deliberately bad start)."""
     multi, single = ("h20", "h800") if swap_pools else ("h800", "h20")
     rollout_unit, group_play = ("group", "free") if unit == "free" else (unit, "lockstep")
     fl = frozenlake_task(pool=multi, rollout_unit=rollout_unit, group_play=group_play)
@@ -166,13 +170,24 @@ def paper(
         sok.model_copy(update={"weight": 0.2, "sampling": sok.sampling.model_copy(update={"max_tokens": 2048})}),
         arith.model_copy(update={"weight": 0.4, "sampling": arith.sampling.model_copy(update={"max_tokens": 8192})}),
     ]
+    placement = PlacementConfig()
+    if auto_every is not None:
+        tasks = [t.model_copy(update={"generate_pool": AUTO_POOL}) for t in tasks]
+        placement = PlacementConfig(
+            every_steps=auto_every, pools=[p.name for p in PAPER_POOLS], model_params=MODELS["32b"].params
+        )
     batch = max(8, int(PAPER_BATCH * scale) // 8 * 8)
     job = JobSpec(
         name="simulate",
         model_dir=HOME / "model",
         tasks=tasks,
         training=TrainingConfig(
-            steps=100_000, batch_size=batch, async_bound=bound, rollout_mode=mode, continue_as_new_every=1000
+            steps=100_000,
+            batch_size=batch,
+            async_bound=bound,
+            rollout_mode=mode,
+            continue_as_new_every=1000,
+            placement=placement,
         ),
         engine=EngineConfig(max_model_len=32768, priority=priority),
         store=StoreConfig(path=HOME / "store"),
@@ -190,7 +205,8 @@ def paper(
         name=f"{mode} b{bound}"
         + (" swapped" if swap_pools else "")
         + f" {priority} {max_num_seqs} seqs"
-        + (f" gen x{gen_share:g}" if gen_share != 1.0 else ""),
+        + (f" gen x{gen_share:g}" if gen_share != 1.0 else "")
+        + (f" auto/{auto_every}" if auto_every is not None else ""),
         plan=TrainingPlan.of(job),
         pools=pools,
         model=model,
@@ -199,4 +215,5 @@ def paper(
         overheads=Overheads(activity_s=0.02, child_s=0.05),
         horizon_s=horizon_s,
         seed=seed,
+        start_placement=start_placement,
     )

@@ -6,7 +6,11 @@ ones: `admission.launches` says what to start, the children play rollart's rollo
 `pressure.observe` and `ledger.accept`, and the loop wakes when a batch is ready, a launch fits, a partial batch
 must be trained or a stale group must be dropped, exactly the workflow's wait condition. A train step takes
 `TrainerModel.step_s` of the batch's tokens; `records.apply_step` books it, and the engines serve the new
-version from then on. Left out: signals, stalls, continue-as-new, child-workflow ids in Temporal.
+version from then on. Tasks with `generate_pool: auto` are placed as the workflow places them, at the same
+points: `placement.start` before the first launch, `placement.observe` on each report (after
+`pressure.observe`, before the ledger), and after a train step `placement.replan` when `placement.due`; the
+engines' own counts (`SimEngine`'s, in each result's `EnginePressure`) are the measured rates. Left out:
+signals, stalls, continue-as-new, child-workflow ids in Temporal.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from rollart.contracts.training import TrainingPlan, TrainingState
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play
-from rollart.workflows.training import admission, ledger, lengths, pressure, records
+from rollart.workflows.training import admission, ledger, lengths, placement, pressure, records
 from rollart.workflows.training.admission import Launch
 
 __all__ = ["Outcome", "SimTraining"]
@@ -44,6 +48,8 @@ class Outcome:
     tokens_trained: int = 0
     completed: int = 0
     failed: int = 0
+    placements: list[tuple[float, int, dict[str, str]]] = field(default_factory=list)
+    """generate_pool: auto: (virtual time, step, the auto tasks' pools) at the first spread and at each move."""
 
 
 class SimTraining:
@@ -109,6 +115,10 @@ class SimTraining:
 
     def _launch(self) -> None:
         now = asyncio.get_running_loop().time()
+        if self.plan.placement_pools and self.s.placement is None:
+            placement.start(self.plan, self.s)
+        if self.s.placement is not None and not self.out.placements:  # the spread, or a start the caller set
+            self._placed(now)
         for launch in admission.launches(self.plan, self.s, JOB_ID):
             for tid, _ in launch.members():
                 self._started_at[tid] = now
@@ -147,6 +157,7 @@ class SimTraining:
                 else:
                     self.out.failed += 1
         pressure.observe(self.plan, self.s, results)
+        placement.observe(self.s, results)
         lengths.observe(self.plan, self.s, results)
         self.ready.accepting(self.s, results)
         ledger.accept(self.plan, self.s, results)
@@ -172,4 +183,11 @@ class SimTraining:
             self.s, self.plan.trainer, batch, result, loop.time(), pressure.current_cap(self.plan, self.s)
         )
         self.out.step_ends.append(loop.time())
+        if placement.due(self.plan, self.s) and placement.replan(self.plan, self.s):
+            self._placed(loop.time())
         self._wake.set()
+
+    def _placed(self, now: float) -> None:
+        """The auto tasks' placement as it is now, into the outcome's timeline."""
+        if self.s.placement is not None:
+            self.out.placements.append((now, self.s.step, dict(self.s.placement.assignment)))

@@ -26,6 +26,17 @@ def _calibration_parts(docs: list[dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def _ended(row: Row) -> str | None:
+    """Where each task generated at the run's end: "frozenlake, sokoban → h800; arithmetic → h20"."""
+    where = row.get("placement_end")
+    if not where:
+        return None
+    pools: dict[str, list[str]] = {}
+    for task, pool in where.items():
+        pools.setdefault(pool, []).append(task)
+    return "; ".join(f"{', '.join(tasks)} → {pool}" for pool, tasks in pools.items())
+
+
 _PAPER = (
     Col("run", "name", align="l"),
     Col("steps / h", "steps_per_hour", ".0f"),
@@ -55,10 +66,25 @@ _PLACEMENT = (
     Col("placement", "name", align="l"),
     Col("planned (infra/placement.py)", lambda r: "chosen" if r["chosen"] else "", align="l"),
     Col("planned step s", "predicted_step_s", ".2f"),
-    Col("trained / s", "trained_per_s", ".1f"),
-    Col("vs best", "vs_best", fixed(2, "x")),
+    Col("trained / s", "trained_per_s", ".2f"),
+    Col("vs best hand-written", "vs_best", fixed(3, "x")),
     Col("h800 busy", "busy_h800", pct),
     Col("h20 busy", "busy_h20", pct),
+    Col("moves", "placement_moves", ".0f"),
+    Col("tasks at the end", _ended, align="l"),
+)
+_PRIORITY = (
+    Col("max_num_seqs", "max_num_seqs", ".0f"),
+    Col("engine.priority", "priority", align="l"),
+    Col("steps / h", "steps_per_hour", ".0f"),
+    Col("trained / s", "trained_per_s", ".2f"),
+    Col("vs fifo", "vs_fifo", fixed(3, "x")),
+    Col("trajectory p50 s", "trajectory_p50_s", ".1f"),
+    Col("trajectory p99 s", "trajectory_p99_s", ".1f"),
+    Col("p99 vs fifo", "p99_vs_fifo", fixed(3, "x")),
+    Col("h800 busy", "busy_h800", pct),
+    Col("h20 busy", "busy_h20", pct),
+    Col("dropped", "dropped", ".0f"),
 )
 _CALIBRATION = (
     Col("job", "job", align="l"),
@@ -86,6 +112,7 @@ SIMULATE_VIEWS: dict[str, View] = {
     "simulate.paper": View(("simulate",), _part("paper"), _PAPER),
     "simulate.units": View(("simulate",), _part("units"), _UNITS),
     "simulate.placement": View(("simulate",), _part("placement"), _PLACEMENT),
+    "simulate.priority": View(("simulate",), _part("priority"), _PRIORITY),
     "simulate.calibration": View(("simulate",), _calibration_parts, _CALIBRATION),
     "simulate.timing": View(
         ("simulate",), lambda docs: _part("timing group")(docs) + _part("timing trajectory")(docs), _TIMING
