@@ -268,8 +268,10 @@ class EnginePressure(_Message):
     `prefix_hits`: prompt tokens looked up in its prefix cache since it started, and found there.
     `prefill_tokens` / `prefill_s`: prompt tokens it computed (not found in a prefix cache) since it started, and
     the seconds of its steps that prefilled; `decode_tokens` / `decode_s`: tokens it generated in steps that only
-    decoded, and their seconds. Their ratios are its measured rates, by which `generate_pool: auto` places tasks
-    (workflows/training/placement.py). The HF fallback reports only these (and zeros for the rest).
+    decoded, their seconds and those steps (`decode_tokens / decode_steps` is the batch it decoded at);
+    `max_batch`: the sequences it can decode at once (0: one request at a time). Their ratios are its measured
+    rates, by which `generate_pool: auto` places tasks (workflows/training/placement.py). The HF fallback
+    reports only these (and zeros for the rest).
     """
 
     running: int = 0
@@ -282,6 +284,8 @@ class EnginePressure(_Message):
     prefill_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
+    decode_steps: int = 0
+    max_batch: int = 0
 
     @property
     def prefix_hit_rate(self) -> float | None:

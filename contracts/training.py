@@ -166,6 +166,8 @@ class EngineMeter(BaseModel):
     prefill_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
+    decode_steps: int = 0
+    max_batch: int = 0
 
 
 class PlacementState(BaseModel):
@@ -178,7 +180,11 @@ class PlacementState(BaseModel):
     reasons: list[str] = Field(default_factory=list)  # the last plan's, in words
     makespan_s: float | None = None  # the last plan's predicted generation seconds per step
     rates: dict[str, tuple[int, float, float]] = Field(default_factory=dict)  # pool → (engines, prefill, decode)
-    engines: dict[str, EngineMeter] = Field(default_factory=dict)  # each engine's last counts, by worker
+    engines: dict[str, EngineMeter] = Field(default_factory=dict)  # recent engines' last counts, by worker
+    seen: dict[str, list[str]] = Field(default_factory=dict)  # pool → the engines that reported since the last plan
+    pool_engines: dict[str, int] = Field(default_factory=dict)  # pool → its engines at the last plan
+    finished: dict[str, TaskTokens] = Field(default_factory=dict)  # task → what finished since the last plan
+    since_step: int = 0  # the step of the last plan (0: the job's start): `finished` is over the steps since
 
     def describe(self) -> str:
         """One line: "placement (step 10): arith → h20, maze → h800; 2.31 s of generation per step"."""
@@ -262,6 +268,8 @@ class TrainingPlan(BaseModel):
     """The generation pools `generate_pool: auto` tasks may go to (empty: the job has none)."""
     placement_rates: dict[str, tuple[float, float]] = Field(default_factory=dict)
     """A pool's (prefill, decode) tokens/s per engine until its engines report: given, or its GPU's roofline."""
+    placement_engines: dict[str, int] = Field(default_factory=dict)
+    """A pool's engines at least (`training.placement.engines`, else its kubernetes replicas; absent: 1)."""
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
@@ -279,7 +287,19 @@ class TrainingPlan(BaseModel):
             priority=job.engine.priority,
             placement_pools=job.placement_pools() if auto else [],
             placement_rates=prior_rates(job) if auto else {},
+            placement_engines=prior_engines(job) if auto else {},
         )
+
+
+def prior_engines(job: JobSpec) -> dict[str, int]:
+    """Each placement pool's engines, at least: `training.placement.engines`, else its kubernetes replicas."""
+    out = {}
+    for pool in job.placement_pools():
+        deployment = job.kubernetes.pools.get(pool) if job.kubernetes else None
+        given = job.training.placement.engines.get(pool) or (deployment.replicas if deployment else None)
+        if given:
+            out[pool] = given
+    return out
 
 
 def prior_rates(job: JobSpec) -> dict[str, tuple[float, float]]:

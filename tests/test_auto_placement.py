@@ -1,8 +1,8 @@
 """`generate_pool: auto`: the spec's rules, and the training workflow's placement as plain code (no server).
 
-The placement starts as a spread, takes each engine's rate counts from the results, and re-plans every
-`every_steps` steps from the steps' `task_tokens` and the measured rates; the admission launches auto tasks
-on their planned pool.
+The placement starts as a spread, takes each finished trajectory's tokens and its engine's rate counts from the
+results, and re-plans every `every_steps` steps from them; the admission launches auto tasks on their planned
+pool.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from rollart.contracts.activities import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
-from rollart.contracts.training import StepRecord, TaskTokens, TrainingPlan, TrainingState
+from rollart.contracts.training import InFlight, StepRecord, TaskTokens, TrainingPlan, TrainingState
 from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.workflows import stalls
 from rollart.workflows.training import admission, placement
@@ -27,31 +27,50 @@ def auto_job(**placement_cfg: object) -> JobSpec:
     return JobSpec(tasks=tasks, training=training)
 
 
-def step(n: int, tokens: dict[str, tuple[int, int, int]]) -> StepRecord:
-    """Step n's record with task → (trajectories, uncached prompt tokens, completion tokens) in its batch."""
-    return StepRecord(
-        step=n,
-        version=n + 1,
-        time=0.0,
-        samples=8,
-        reward_mean=0.0,
-        success_rate=0.0,
-        task_tokens={
-            t: TaskTokens(trajectories=k, prompt=u, uncached_prompt=u, completion=c) for t, (k, u, c) in tokens.items()
-        },
-    )
+def step(n: int) -> StepRecord:
+    """Step n's record (the plan made after it goes in it)."""
+    return StepRecord(step=n, version=n + 1, time=0.0, samples=8, reward_mean=0.0, success_rate=0.0)
 
 
-def engine_report(worker: str, pool: str, prefill: tuple[int, float], decode: tuple[int, float]) -> TrajectoryResult:
-    """A trajectory served on `pool` by `worker`, whose engine counted (tokens, seconds) of prefill and decode."""
+def finished(state: TrainingState, tokens: dict[str, tuple[int, int, int]]) -> None:
+    """What finished since the last plan: task → (trajectories, uncached prompt tokens, completion tokens) each."""
+    assert state.placement is not None
+    state.placement.finished = {
+        t: TaskTokens(trajectories=k, prompt=k * u, uncached_prompt=k * u, completion=k * c)
+        for t, (k, u, c) in tokens.items()
+    }
+
+
+def report(state: TrainingState, *results: TrajectoryResult) -> None:
+    """The results of trajectories in flight, as the workflow's signal hands them to the placement."""
+    for r in results:
+        state.in_flight[r.trajectory_id] = InFlight(group="g", workflow=r.trajectory_id)
+    placement.observe(state, list(results))
+    for r in results:
+        del state.in_flight[r.trajectory_id]
+
+
+def engine_report(
+    worker: str, pool: str, prefill: tuple[int, float], decode: tuple[int, float], steps: int = 0, max_batch: int = 0
+) -> TrajectoryResult:
+    """A trajectory served on `pool` by `worker`, whose engine counted (tokens, seconds) of prefill and of decode
+    (in `steps` steps, of at most `max_batch` sequences)."""
     pressure = EnginePressure(
-        prefill_tokens=prefill[0], prefill_s=prefill[1], decode_tokens=decode[0], decode_s=decode[1]
+        prefill_tokens=prefill[0],
+        prefill_s=prefill[1],
+        decode_tokens=decode[0],
+        decode_s=decode[1],
+        decode_steps=steps,
+        max_batch=max_batch,
     )
     return TrajectoryResult(
-        trajectory_id=f"t-{worker}",
+        trajectory_id=f"t-{worker}-{prefill[0]}",
         task="frozenlake",
         seed=0,
         status="completed",
+        prompt_tokens=300,
+        uncached_prompt_tokens=120,
+        completion_tokens=8,
         engine_worker=worker,
         engine_pool=pool,
         pressure=pressure,
@@ -98,19 +117,29 @@ def test_auto_tasks_start_spread_and_launch_on_their_pool() -> None:
 def test_engine_counts_become_pool_rates_and_unmeasured_pools_take_the_mean() -> None:
     p, state = TrainingPlan.of(auto_job()), TrainingState()
     placement.start(p, state)
-    placement.observe(state, [engine_report("w1", "h800", (1000, 1.0), (100, 1.0))])
-    placement.observe(state, [engine_report("w2", "h800", (3000, 1.0), (300, 1.0))])
-    placement.observe(state, [engine_report("w1", "h800", (2000, 1.0), (200, 1.0))])  # w1's newer counts replace
+    report(state, engine_report("w1", "h800", (1000, 1.0), (100, 1.0)))
+    report(state, engine_report("w2", "h800", (3000, 1.0), (300, 1.0)))
+    report(state, engine_report("w1", "h800", (2000, 1.0), (200, 1.0)))  # w1's newer counts replace its older
+    placement.observe(state, [engine_report("w3", "h800", (9000, 1.0), (900, 1.0))])  # not in flight: a repeat
     rates = {r.pool: r for r in placement.pool_rates(p, state, p.placement_pools)}
-    assert (rates["h800"].engines, rates["h800"].prefill_tokens_per_s, rates["h800"].decode_tokens_per_s) == (
-        2,
-        2500,
-        250,
-    )
-    assert (rates["h20"].engines, rates["h20"].prefill_tokens_per_s) == (
-        1,
-        2500,
-    )  # not measured: the mean of those measured
+    h800, h20 = rates["h800"], rates["h20"]
+    assert (h800.engines, h800.prefill_tokens_per_s, h800.decode_tokens_per_s) == (2, 2500, 250)
+    assert (h20.engines, h20.prefill_tokens_per_s) == (1, 2500)  # not measured: the mean of those measured
+    assert state.placement.finished["frozenlake"] == TaskTokens(
+        trajectories=3, prompt=900, uncached_prompt=360, completion=24
+    )  # the load: each trajectory that finished (the repeat left out)
+
+
+def test_a_decode_rate_is_scaled_from_the_batch_it_ran_at_to_the_engines_full_batch() -> None:
+    """An engine that decoded 2 sequences a step at 100 tokens/s could decode 64 at ~3,200: a pool given little
+    work must not look slow for it (a decode step reads the weights once for the whole batch)."""
+    p, state = TrainingPlan.of(auto_job()), TrainingState()
+    placement.start(p, state)
+    report(state, engine_report("busy", "h800", (1000, 1.0), (6400, 1.0), steps=100, max_batch=64))
+    report(state, engine_report("idle", "h20", (1000, 1.0), (100, 1.0), steps=50, max_batch=64))
+    report(state, engine_report("hf", "h20", (1000, 1.0), (100, 1.0), steps=50))  # one request at a time: as is
+    rates = {r.pool: r.decode_tokens_per_s for r in placement.pool_rates(p, state, p.placement_pools)}
+    assert rates == {"h800": 6400, "h20": pytest.approx((3200 + 100) / 2)}
 
 
 def test_a_replan_moves_tasks_to_the_pools_their_tokens_suit_and_is_shown() -> None:
@@ -119,18 +148,17 @@ def test_a_replan_moves_tasks_to_the_pools_their_tokens_suit_and_is_shown() -> N
     p, state = TrainingPlan.of(auto_job()), TrainingState()
     placement.start(p, state)
     state.placement.assignment = {"frozenlake": "h20", "math": "h800"}  # backwards
-    placement.observe(
+    report(
         state,
-        [engine_report("a", "h800", (10_000, 1.0), (100, 1.0)), engine_report("b", "h20", (1000, 1.0), (1000, 1.0))],
+        engine_report("a", "h800", (10_000, 1.0), (100, 1.0)),
+        engine_report("b", "h20", (1000, 1.0), (1000, 1.0)),
     )
-    state.history = [
-        step(0, {"frozenlake": (4, 2000, 20), "math": (4, 40, 400)}),
-        step(1, {"frozenlake": (4, 2000, 20), "math": (4, 40, 400)}),
-    ]
+    state.history = [step(0), step(1)]
     state.step = 1
     assert not placement.due(p, state)  # every 2 steps
     state.step = 2
     assert placement.due(p, state)
+    finished(state, {"frozenlake": (8, 2000, 20), "math": (8, 40, 400)})
     assert placement.replan(p, state)
     assert state.placement.assignment == {"frozenlake": "h800", "math": "h20"}
     assert state.placement.planned_at == 2 and state.placement.moves == 1 and not placement.due(p, state)
@@ -146,9 +174,9 @@ def test_a_small_gain_keeps_the_placement() -> None:
     p, state = TrainingPlan.of(auto_job(every_steps=1)), TrainingState()
     placement.start(p, state)
     for w, pool in (("a", "h800"), ("b", "h20")):
-        placement.observe(state, [engine_report(w, pool, (1000, 1.0), (100, 1.0))])
-    state.history = [step(0, {"frozenlake": (4, 100, 10), "math": (4, 100, 10)})]
-    state.step = 1
+        report(state, engine_report(w, pool, (1000, 1.0), (100, 1.0)))
+    finished(state, {"frozenlake": (4, 100, 10), "math": (4, 100, 11)})
+    state.history, state.step = [step(0)], 1
     assert not placement.replan(p, state)
     assert state.placement.assignment == {"frozenlake": "h800", "math": "h20"}
     assert state.placement.reasons[-1].startswith("kept") and state.placement.plans == 1
@@ -161,8 +189,8 @@ def test_fixed_tasks_load_their_pool_and_auto_tasks_avoid_it() -> None:
     state = TrainingState()
     placement.start(p, state)
     assert state.placement.assignment == {"math": "h800"}  # the first pool, until measured
-    state.history = [step(0, {"frozenlake": (4, 500, 50), "math": (4, 500, 50)})]
-    state.step = 1
+    finished(state, {"frozenlake": (4, 500, 50), "math": (4, 500, 50)})
+    state.history, state.step = [step(0)], 1
     assert placement.replan(p, state)
     assert state.placement.assignment == {"math": "h20"}
 
@@ -170,9 +198,9 @@ def test_fixed_tasks_load_their_pool_and_auto_tasks_avoid_it() -> None:
 def test_nothing_measured_yet_keeps_the_spread() -> None:
     p, state = TrainingPlan.of(auto_job(every_steps=1)), TrainingState()
     placement.start(p, state)
-    state.history, state.step = [step(0, {})], 1
+    state.history, state.step = [step(0)], 1
     assert not placement.replan(p, state)
-    assert state.placement.reasons == ["no auto task has trained yet: placement kept"]
+    assert state.placement.reasons == ["no auto task has finished a trajectory since the last plan: placement kept"]
 
 
 def test_rollart_status_and_the_report_show_the_placement_and_why() -> None:
@@ -182,9 +210,9 @@ def test_rollart_status_and_the_report_show_the_placement_and_why() -> None:
 
     p, state = TrainingPlan.of(auto_job()), TrainingState()
     placement.start(p, state)
-    placement.observe(state, [engine_report("a", "h800", (10_000, 1.0), (100, 1.0))])
-    state.history = [step(0, {"frozenlake": (4, 2000, 20), "math": (4, 40, 400)}) for _ in range(2)]
-    state.step = 1  # the record above is step 0's, the plan follows it
+    report(state, engine_report("a", "h800", (10_000, 1.0), (100, 1.0)))
+    finished(state, {"frozenlake": (4, 2000, 20), "math": (4, 40, 400)})
+    state.history, state.step = [step(0)], 1  # the plan follows step 0
     placement.replan(p, state)
     status = TrainingStatus.model_validate(
         {
@@ -202,4 +230,4 @@ def test_rollart_status_and_the_report_show_the_placement_and_why() -> None:
     assert state.history[-1].placement_plan[0] == state.placement.describe()  # the step record carries the plan
     section = _placement_section([r.model_dump(mode="json") for r in state.history])  # metrics.jsonl's rows
     assert '<h2 id="placement">Placement</h2>' in section and "placement (step 1)" in section
-    assert _placement_section([step(0, {}).model_dump(mode="json")]) == ""  # no auto task: no section
+    assert _placement_section([step(0).model_dump(mode="json")]) == ""  # no auto task: no section

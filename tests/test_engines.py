@@ -195,6 +195,7 @@ async def test_vllm_reports_its_pressure_and_prefix_cache(vllm_engine: Engine, m
     assert first.prefill_tokens >= before.prefill_tokens + 128 and first.prefill_s > before.prefill_s
     assert second.prefill_tokens - first.prefill_tokens < first.prefill_tokens - before.prefill_tokens
     assert second.decode_tokens > before.decode_tokens and second.decode_s > before.decode_s
+    assert second.decode_steps > before.decode_steps and second.max_batch == 64  # its max_num_seqs
 
 
 async def test_hf_measures_its_prefill_and_decode(hf_engine: Engine) -> None:
@@ -206,9 +207,10 @@ async def test_hf_measures_its_prefill_and_decode(hf_engine: Engine) -> None:
     generated = sum(len(c.token_ids) for c in out.completions)
     assert after.prefill_tokens - before.prefill_tokens == len(out.prompt_ids) and after.prefill_s > before.prefill_s
     assert after.decode_tokens - before.decode_tokens == generated - 2 and after.decode_s > before.decode_s
-    assert after.model_copy(update={"prefill_tokens": 0, "prefill_s": 0, "decode_tokens": 0, "decode_s": 0}) == (
-        EnginePressure()
-    )
+    longest = max(len(c.token_ids) for c in out.completions)
+    assert after.decode_steps - before.decode_steps == longest - 1 and after.max_batch == 0  # a request at a time
+    counts = dict.fromkeys(("prefill_tokens", "prefill_s", "decode_tokens", "decode_s", "decode_steps"), 0)
+    assert after.model_copy(update=counts) == EnginePressure()
 
 
 @pytest.mark.integration

@@ -210,7 +210,7 @@ def test_auto_placement_moves_tasks_off_a_bad_start_on_measured_rates() -> None:
     assert all(m.prefill_s > 0 and m.decode_s > 0 for m in p.engines.values())
     for pool, engines in (("h800", 5), ("h20", 4)):
         seen, prefill, decode = p.rates[pool]
-        assert seen == engines and 0 < decode < prefill  # measured: prefill outruns decode, even on the H20
+        assert seen == engines and prefill > 0 and decode > 0  # measured (decode: at the engines' full batch)
     assert p.rates["h800"][1] > 5 * p.rates["h20"][1]  # the H800's compute: 6.7x the H20's prefill
     assert row["busy_h800"] > 0 and out.state.ledger_balanced
 

@@ -60,6 +60,8 @@ class RateMeter:
     prefill_s: float = 0.0
     decode_tokens: int = 0
     decode_s: float = 0.0
+    decode_steps: int = 0
+    max_batch: int = 0  # sequences it decodes at once at most (0: one request at a time)
 
     def report(self, pressure: EnginePressure | None = None) -> EnginePressure:
         """`pressure` (default: an empty report) with these counts."""
@@ -68,6 +70,8 @@ class RateMeter:
             "prefill_s": round(self.prefill_s, 6),
             "decode_tokens": self.decode_tokens,
             "decode_s": round(self.decode_s, 6),
+            "decode_steps": self.decode_steps,
+            "max_batch": self.max_batch,
         }
         return (pressure or EnginePressure()).model_copy(update=counts)
 

@@ -120,6 +120,7 @@ class HfEngine(Engine):
         self._rates.prefill_s += prefill_s
         self._rates.decode_tokens += max(0, generated - len(completions))  # each first token came with the prefill
         self._rates.decode_s += decode_s
+        self._rates.decode_steps += max((len(c.token_ids) for c in completions), default=1) - 1  # n tokens a step
         return EngineOutput(prompt_ids, completions, version, self.policy_version)
 
     def _generate_sync(

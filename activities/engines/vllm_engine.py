@@ -138,7 +138,7 @@ class VllmEngine(Engine):
 
         from rollart.activities.engines.vllm_stats import EngineStats
 
-        self._stats = EngineStats()
+        self._stats = EngineStats(self.max_num_seqs)
         try:
             self._llm = AsyncLLM.from_engine_args(self.engine_args(), stat_loggers=[self._stats.factory])
         except Exception as e:

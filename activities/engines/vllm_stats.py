@@ -27,14 +27,14 @@ IDLE_GAP_S = 5.0
 class EngineStats:
     """The running counts of one engine, fed by its stat loggers (one per vLLM engine core)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_num_seqs: int = 0) -> None:
         self.running = 0
         self.waiting = 0
         self.kv_usage = 0.0
         self.preempted = 0
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self.rates = RateMeter()
+        self.rates = RateMeter(max_batch=max_num_seqs)
         self._last_step_at: float | None = None
 
     def snapshot(self) -> EnginePressure:
@@ -86,6 +86,7 @@ class EngineStats:
         elif stats.num_generation_tokens:
             self.rates.decode_tokens += stats.num_generation_tokens
             self.rates.decode_s += gap
+            self.rates.decode_steps += 1
 
     def factory(self, vllm_config: Any, engine_index: int = 0) -> StatLoggerBase:
         """vLLM's per-engine stat logger factory: a logger that feeds these counts."""

@@ -230,6 +230,8 @@ class SimCalls:
             prefill_s=engine.prefill_s,
             decode_tokens=engine.decode_tokens,
             decode_s=engine.decode_s,
+            decode_steps=engine.decode_steps,
+            max_batch=engine.max_num_seqs,
         )
 
     @classmethod

@@ -170,11 +170,20 @@ def paper(
         sok.model_copy(update={"weight": 0.2, "sampling": sok.sampling.model_copy(update={"max_tokens": 2048})}),
         arith.model_copy(update={"weight": 0.4, "sampling": arith.sampling.model_copy(update={"max_tokens": 8192})}),
     ]
+    pools = [
+        PoolSpec(
+            p.name, p.gpu, max(p.tp, int(p.gpus * scale * gen_share) // p.tp * p.tp), tp=p.tp, max_num_seqs=max_num_seqs
+        )
+        for p in PAPER_POOLS
+    ]
     placement = PlacementConfig()
     if auto_every is not None:
         tasks = [t.model_copy(update={"generate_pool": AUTO_POOL}) for t in tasks]
         placement = PlacementConfig(
-            every_steps=auto_every, pools=[p.name for p in PAPER_POOLS], model_params=MODELS["32b"].params
+            every_steps=auto_every,
+            pools=[p.name for p in PAPER_POOLS],
+            model_params=MODELS["32b"].params,
+            engines={p.name: p.engines for p in pools},  # as a job's kubernetes replicas would say
         )
     batch = max(8, int(PAPER_BATCH * scale) // 8 * 8)
     job = JobSpec(
@@ -193,12 +202,6 @@ def paper(
         store=StoreConfig(path=HOME / "store"),
         temporal={"max_pending_children": 1_000_000},
     )
-    pools = [
-        PoolSpec(
-            p.name, p.gpu, max(p.tp, int(p.gpus * scale * gen_share) // p.tp * p.tp), tp=p.tp, max_num_seqs=max_num_seqs
-        )
-        for p in PAPER_POOLS
-    ]
     model = MODELS["32b"]
     trainer_gpus = max(8, int(PAPER_TRAINER_GPUS * scale))
     return Setup(

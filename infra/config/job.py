@@ -112,12 +112,13 @@ class JobSpec(Section):
         if not any(t.generate_pool == AUTO_POOL for t in self.tasks):
             return self
         pools = check_placement_pools(self.training.placement.pools, self.pools)
-        unknown = sorted(set(self.training.placement.rates) - set(pools))
-        if unknown:
-            raise ValueError(
-                f"training.placement.rates names {', '.join(unknown)}, not among the placement pools "
-                f"({', '.join(pools)})"
-            )
+        for field in ("rates", "engines"):
+            unknown = sorted(set(getattr(self.training.placement, field)) - set(pools))
+            if unknown:
+                raise ValueError(
+                    f"training.placement.{field} names {', '.join(unknown)}, not among the placement pools "
+                    f"({', '.join(pools)})"
+                )
         return self
 
     def placement_pools(self) -> list[str]:

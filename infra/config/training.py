@@ -168,16 +168,13 @@ class PlacementConfig(Section):
 
     They start spread over `pools` in turn, so every pool serves some and reports its rates. Every
     `every_steps` steps the training workflow re-plans (workflows/training/placement.py): each task's
-    trajectories and tokens per step over the last `window_steps` steps (its `task_tokens`), each pool's prefill
-    and decode rates as its engines measure them, and infra/placement.py's assignment with the shortest step.
-    A pool none of whose engines has reported yet is planned with `rates` (tokens/s per engine), else the
+    trajectories and tokens per step since the last plan (every one that finished, trained or not), each pool's
+    engines and their prefill and decode rates as they measure them, and infra/placement.py's assignment with the
+    shortest step. A pool none of whose engines has reported yet is planned with `rates` (tokens/s per engine), else the
     roofline of its GPU for a `model_params` model (infra/hardware.py), else the mean of the measured pools.
     """
 
     every_steps: int = Field(5, ge=1, description="re-plan after every this many steps")
-    window_steps: int | None = Field(
-        None, ge=1, le=50, description="steps profiled per plan (default: every_steps; the state keeps 50)"
-    )
     pools: list[str] | None = Field(
         None, min_length=1, description="the generation pools auto tasks may use (default: every generation pool)"
     )
@@ -188,10 +185,10 @@ class PlacementConfig(Section):
     model_params: float | None = Field(
         None, gt=0, description="the model's parameter count, for GPU rooflines of pools not yet measured"
     )
-
-    @property
-    def window(self) -> int:
-        return self.window_steps or self.every_steps
+    engines: dict[str, int] = Field(
+        default_factory=dict,
+        description="a pool's engines, at least (default: its kubernetes replicas, else 1); more that report count",
+    )
 
 
 class TrainingConfig(Section):

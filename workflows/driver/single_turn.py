@@ -36,6 +36,7 @@ from rollart.infra.config import SamplingParams
 from rollart.infra.pools import Pool, queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on, split_wave
 from rollart.workflows.driver.calls import CallFailed, Calls
+from rollart.workflows.driver.priority import request_priority
 
 __all__ = ["play_single_turn"]
 
@@ -142,6 +143,7 @@ async def _generate_batch(
             weights=_weights(inp),
             prompt_format=inp.task.prompt,
             data_keys=[turn_key(inp.job_id, g.group_id, 0) for g in groups],
+            priority=request_priority(inp.priority, 0, inp.predicted_turns),
         ),
         shared=queue_name(inp.task.generate_pool, inp.queue_prefix),
         result_type=list[GenerateResult],

@@ -1,13 +1,17 @@
 """`generate_pool: auto`: which generation pool each such task's trajectories go to, re-planned as the job runs.
 
 The plan starts as a spread (task i on pool i mod n), so every pool serves some work and its engines report
-their rates. Every `training.placement.every_steps` steps it is made again from what the job measured:
+their rates. Every `training.placement.every_steps` steps it is made again from what the job measured since the
+last plan:
 
-- the load: each task's trajectories per step and uncached-prompt and completion tokens per trajectory, over the
-  last `window_steps` steps' records (`task_tokens`);
+- the load: each task's trajectories per step, and uncached-prompt and completion tokens per trajectory, over
+  every trajectory that finished (trained, failed or dropped later: each was generated);
+- the engines: those of each pool that reported since the last plan (else as many as at the last plan);
 - the rates: each pool's prefill and decode tokens/s per engine, from its engines' own counts (`EnginePressure`,
-  carried by every trajectory's result), and its engines, those seen; a pool none of whose engines has reported
-  yet takes the plan's prior rates (given, or its GPU's roofline), else the measured pools' mean;
+  carried by every trajectory's result). A decode rate is measured at the batch the engine ran, so it is scaled
+  to the engine's `max_batch` (a decode step reads the weights once for the whole batch: its time barely grows
+  with the batch), or a lightly loaded pool would look slow and never be given work. A pool none of whose
+  engines has reported takes the plan's prior rates (given, or its GPU's roofline), else the measured mean;
 - infra/placement.py's assignment with the shortest step, tasks with a fixed `generate_pool` held where they are
   (they load their pool all the same).
 
@@ -20,18 +24,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rollart.contracts.activities import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
-from rollart.contracts.training import EngineMeter, PlacementState, TrainingPlan, TrainingState
+from rollart.contracts.training import EngineMeter, PlacementState, TaskTokens, TrainingPlan, TrainingState
 from rollart.infra.config import AUTO_POOL, TaskSpec
 from rollart.infra.placement import Placement, PoolRates, TaskLoad, evaluate, plan, reasons
 
-__all__ = ["MIN_GAIN", "due", "loads", "observe", "placed", "pool_rates", "replan", "start"]
+__all__ = ["MIN_GAIN", "decode_capacity", "due", "loads", "observe", "placed", "pool_rates", "replan", "start"]
 
 MIN_GAIN = 0.05
 """A plan moves tasks only when it predicts a step this much shorter than the current placement's."""
 
-ENGINES_KEPT = 64
-"""Engines whose counts are kept (the most recent reports; workers come and go)."""
+METERS_PER_POOL = 32
+"""Engines per pool whose counts the rates are taken from (the most recent reports; workers come and go)."""
 
 
 def start(plan_: TrainingPlan, state: TrainingState) -> None:
@@ -54,24 +59,47 @@ def placed(state: TrainingState, task: TaskSpec) -> TaskSpec:
 
 
 def observe(state: TrainingState, results: Iterable[TrajectoryResult]) -> None:
-    """Keep each engine's latest rate counts, and its pool, from the results' engine reports."""
+    """Each finished trajectory's tokens into its task's load, and its engine's latest counts into its pool's.
+
+    Call it before the ledger takes the results: a repeated report (its trajectory no longer in flight) is not
+    counted twice."""
     if state.placement is None:
         return
-    engines = state.placement.engines
+    p = state.placement
     for r in results:
-        p = r.pressure
-        if p is None or not r.engine_worker or not r.engine_pool or not (p.prefill_s or p.decode_s):
+        if r.trajectory_id not in state.in_flight:
             continue
-        engines.pop(r.engine_worker, None)  # re-inserted last: the most recent are kept
-        engines[r.engine_worker] = EngineMeter(
-            pool=r.engine_pool,
-            prefill_tokens=p.prefill_tokens,
-            prefill_s=p.prefill_s,
-            decode_tokens=p.decode_tokens,
-            decode_s=p.decode_s,
-        )
-    while len(engines) > ENGINES_KEPT:
-        engines.pop(next(iter(engines)))
+        load = p.finished.setdefault(r.task, TaskTokens())
+        load.trajectories += 1
+        load.prompt += r.prompt_tokens
+        load.uncached_prompt += r.prompt_tokens if r.uncached_prompt_tokens is None else r.uncached_prompt_tokens
+        load.completion += r.completion_tokens
+        if (
+            r.pressure is not None
+            and r.engine_worker
+            and r.engine_pool
+            and (r.pressure.prefill_s or r.pressure.decode_s)
+        ):
+            _meter(p, r.engine_worker, r.engine_pool, r.pressure)
+
+
+def _meter(p: PlacementState, worker: str, pool: str, report: EnginePressure) -> None:
+    seen = p.seen.setdefault(pool, [])
+    if worker not in seen:
+        seen.append(worker)
+    p.engines.pop(worker, None)  # re-inserted last: the most recent are kept
+    p.engines[worker] = EngineMeter(
+        pool=pool,
+        prefill_tokens=report.prefill_tokens,
+        prefill_s=report.prefill_s,
+        decode_tokens=report.decode_tokens,
+        decode_s=report.decode_s,
+        decode_steps=report.decode_steps,
+        max_batch=report.max_batch,
+    )
+    mine = [w for w, m in p.engines.items() if m.pool == pool]
+    for w in mine[: max(0, len(mine) - METERS_PER_POOL)]:
+        del p.engines[w]
 
 
 def due(plan_: TrainingPlan, state: TrainingState) -> bool:
@@ -84,14 +112,17 @@ def due(plan_: TrainingPlan, state: TrainingState) -> bool:
 def pool_rates(plan_: TrainingPlan, state: TrainingState, pools: Iterable[str]) -> list[PoolRates]:
     """Each pool's engines and rates per engine: measured where its engines reported, else the prior, else the
     mean of the measured pools (1 token/s each way when nothing is measured: the plan balances tokens)."""
-    meters = state.placement.engines.values() if state.placement else []
+    p = state.placement
+    meters = list(p.engines.values()) if p else []
     measured: dict[str, tuple[int, float | None, float | None]] = {}
     for pool in pools:
         mine = [m for m in meters if m.pool == pool]
-        pre_s, dec_s = sum(m.prefill_s for m in mine), sum(m.decode_s for m in mine)
+        engines = _engines(plan_, p, pool)
+        pre_s = sum(m.prefill_s for m in mine)
         prefill = sum(m.prefill_tokens for m in mine) / pre_s if pre_s > 0 else None
-        decode = sum(m.decode_tokens for m in mine) / dec_s if dec_s > 0 else None
-        measured[pool] = (len(mine), prefill, decode)
+        decoding = [m for m in mine if m.decode_s > 0]
+        decode = sum(decode_capacity(m) for m in decoding) / len(decoding) if decoding else None
+        measured[pool] = (engines, prefill, decode)
     fallback = [_mean([m[1] for m in measured.values()]), _mean([m[2] for m in measured.values()])]
     out = []
     for pool, (engines, prefill, decode) in measured.items():
@@ -107,30 +138,44 @@ def pool_rates(plan_: TrainingPlan, state: TrainingState, pools: Iterable[str]) 
     return out
 
 
+def _engines(plan_: TrainingPlan, p: PlacementState | None, pool: str) -> int:
+    """A pool's engines: those that reported since the last plan, at least as many as the spec gives; none
+    reported: as many as at the last plan, else the spec's, else 1."""
+    seen = len(p.seen.get(pool, [])) if p else 0
+    declared = plan_.placement_engines.get(pool, 0)
+    last = p.pool_engines.get(pool, 0) if p else 0
+    return max(seen, declared) or last or 1
+
+
+def decode_capacity(m: EngineMeter) -> float:
+    """An engine's decode tokens/s at its full batch: the rate it measured, at the batch it decoded at, scaled to
+    its `max_batch` (unknown batch or one request at a time: the rate as measured)."""
+    rate = m.decode_tokens / m.decode_s
+    batch = m.decode_tokens / m.decode_steps if m.decode_steps else 0.0
+    return rate * m.max_batch / batch if m.max_batch and 0 < batch < m.max_batch else rate
+
+
 def _mean(xs: list[float | None]) -> float | None:
     known = [x for x in xs if x is not None]
     return sum(known) / len(known) if known else None
 
 
-def loads(plan_: TrainingPlan, state: TrainingState) -> list[TaskLoad]:
-    """Each task's load per step over the last `window_steps` steps' records (tasks that trained in none: left out)."""
-    window = state.history[-plan_.training.placement.window :]
-    totals: dict[str, list[int]] = {}
-    for record in window:
-        for task, t in record.task_tokens.items():
-            acc = totals.setdefault(task, [0, 0, 0, 0])
-            for i, v in enumerate((t.trajectories, t.prompt, t.uncached_prompt, t.completion)):
-                acc[i] += v
+def loads(state: TrainingState) -> list[TaskLoad]:
+    """Each task's load per step since the last plan: every trajectory that finished, and its tokens."""
+    p = state.placement
+    if p is None:
+        return []
+    steps = max(1, state.step - p.since_step)
     return [
         TaskLoad(
             task=task,
-            trajectories=n / len(window),
-            uncached_prompt_tokens=uncached / n,
-            decode_tokens=completion / n,
-            prompt_tokens=prompt / n,
+            trajectories=t.trajectories / steps,
+            uncached_prompt_tokens=t.uncached_prompt / t.trajectories,
+            decode_tokens=t.completion / t.trajectories,
+            prompt_tokens=t.prompt / t.trajectories,
         )
-        for task, (n, prompt, uncached, completion) in sorted(totals.items())
-        if n
+        for task, t in sorted(p.finished.items())
+        if t.trajectories
     ]
 
 
@@ -141,14 +186,16 @@ def replan(plan_: TrainingPlan, state: TrainingState) -> bool:
     assert placement is not None
     pools = plan_.placement_pools
     fixed = {t.name: t.generate_pool for t in plan_.tasks if t.generate_pool != AUTO_POOL}
-    measured = [x for x in loads(plan_, state) if x.task in placement.assignment or fixed.get(x.task) in pools]
+    measured = [x for x in loads(state) if x.task in placement.assignment or fixed.get(x.task) in pools]
+    rates = pool_rates(plan_, state, pools)
     placement.plans += 1
     placement.planned_at = state.step
+    placement.pool_engines = {r.pool: r.engines for r in rates}
+    placement.seen, placement.finished, placement.since_step = {}, {}, state.step
     if not any(x.task in placement.assignment for x in measured):
-        placement.reasons = ["no auto task has trained yet: placement kept"]
+        placement.reasons = ["no auto task has finished a trajectory since the last plan: placement kept"]
         _record(state)
         return False
-    rates = pool_rates(plan_, state, pools)
     allowed = {x.task: [fixed[x.task]] if x.task in fixed else pools for x in measured}
     current = evaluate({x.task: fixed.get(x.task) or placement.assignment[x.task] for x in measured}, measured, rates)
     chosen = plan(measured, rates, allowed)
