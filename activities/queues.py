@@ -16,13 +16,8 @@ import asyncio
 from temporalio import activity
 from temporalio.client import Client
 
-from rollart.contracts.activities import (
-    DescribeQueuesInput,
-    DescribeQueuesResult,
-    LiveEnginesInput,
-    LiveEnginesResult,
-    QueueState,
-)
+from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
+from rollart.contracts.generation import LiveEnginesInput, LiveEnginesResult
 from rollart.infra.config import TemporalConfig
 from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.backlog import queue_stats

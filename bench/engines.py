@@ -36,7 +36,7 @@ from bench.report import RESULTS, format_table, summarize, write_results
 from bench.training_run import stack_for
 from rollart.client.rollout import RolloutOutcome, plan_trajectories, run_rollout
 from rollart.client.train import start_training
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.contracts.training import TrainingResult, TrainingStatus
 from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainingConfig
 from rollart.infra.pools import Pool

@@ -28,7 +28,8 @@ from rollart.activities.env import EnvActivities
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.rollout import unit_input
-from rollart.contracts.activities import ActivityName, LiveEnginesInput, LiveEnginesResult
+from rollart.contracts.activities import ActivityName
+from rollart.contracts.generation import LiveEnginesInput, LiveEnginesResult
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.config import EngineConfig, StoreConfig
 from rollart.infra.store.payload import open_store

@@ -17,9 +17,6 @@ from temporalio.service import RPCError, RPCStatusCode
 from rollart.client.trajectory_view import ROLLOUT_WORKFLOWS, CallInfo, TrajectoryView, TurnView, summarize_logprobs
 from rollart.contracts.activities import (
     EnvHandle,
-    GenerateBatchInput,
-    GenerateInput,
-    GenerateResult,
     GroupHandle,
     GroupResetInput,
     GroupStepInput,
@@ -32,6 +29,7 @@ from rollart.contracts.activities import (
     StepResult,
     Transcript,
 )
+from rollart.contracts.generation import GenerateBatchInput, GenerateInput, GenerateResult
 from rollart.contracts.rollouts import (
     BatchRolloutInput,
     GroupRolloutInput,

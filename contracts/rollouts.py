@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.contracts.ids import member_id
 from rollart.infra.config import AffinityConfig, GroupPlay, PriorityPolicy, TaskSpec
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart.contracts.activities import FinishReason
+from rollart.contracts.generation import FinishReason
 
 __all__ = ["StoredCompletion", "StoredTurn", "whole_prompt"]
 

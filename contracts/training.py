@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart.contracts.activities import EnginePressure, SampleRef
+from rollart.contracts.activities import SampleRef
+from rollart.contracts.generation import EnginePressure
 from rollart.infra.config import (
     AUTO_POOL,
     AffinityConfig,

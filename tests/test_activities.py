@@ -22,7 +22,6 @@ from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
     EnvOptions,
-    GenerateInput,
     GroupResetInput,
     GroupStepInput,
     PromptsInput,
@@ -33,6 +32,7 @@ from rollart.contracts.activities import (
     Transcript,
     TurnRecord,
 )
+from rollart.contracts.generation import GenerateInput
 from rollart.infra.config import SamplingParams
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weights import WeightsSource
@@ -278,7 +278,7 @@ def test_reward_values_are_normalised() -> None:
 
 
 async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(tmp_path: Path) -> None:
-    from rollart.contracts.activities import WeightsRef
+    from rollart.contracts.generation import WeightsRef
     from rollart.infra.store.weights import WeightsManifest, commit
 
     store = LocalStore(tmp_path / "store")

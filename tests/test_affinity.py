@@ -9,16 +9,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from rollart.contracts.activities import (
-    ActivityName,
-    Completion,
-    EnginePressure,
-    GenerateResult,
-    LiveEnginesResult,
-    RewardResult,
-    StepResult,
-)
+from rollart.contracts.activities import ActivityName, RewardResult, StepResult
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.generation import Completion, EnginePressure, GenerateResult, LiveEnginesResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.infra.config import AffinityConfig, EngineConfig
 from rollart.workflows.driver.affinity import Pin, falls_back, generate_on, split_wave
@@ -222,7 +215,7 @@ def test_the_affinity_config_reads_well_and_names_bad_values() -> None:
 
 
 def _arg() -> BaseModel:
-    from rollart.contracts.activities import GenerateInput
+    from rollart.contracts.generation import GenerateInput
     from rollart.infra.config import SamplingParams
 
     return GenerateInput(prompt="p", sampling=SamplingParams(), data_key="k")

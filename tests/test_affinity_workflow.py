@@ -17,7 +17,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.activities.queues import QueueActivities
-from rollart.contracts.activities import LiveEnginesInput
+from rollart.contracts.generation import LiveEnginesInput
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import AffinityConfig, EngineConfig, JobSpec, TrainingConfig

@@ -13,10 +13,10 @@ from temporalio import activity
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
-from rollart.contracts.activities import GenerateInput
 from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
 from rollart.contracts.chat import ChatMessage
 from rollart.contracts.conversation import history_digest
+from rollart.contracts.generation import GenerateInput
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TaskSpec, TrainingConfig, resolve_task

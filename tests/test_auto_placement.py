@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import InFlight, StepRecord, TaskTokens, TrainingPlan, TrainingState
 from rollart.infra.config import JobSpec, TrainingConfig

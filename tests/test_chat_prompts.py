@@ -14,7 +14,7 @@ from temporalio.testing import ActivityEnvironment
 from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
 from rollart.activities.engines.factory import create_engine
 from rollart.activities.generate import GenerateActivities
-from rollart.contracts.activities import GenerateBatchInput, GenerateInput
+from rollart.contracts.generation import GenerateBatchInput, GenerateInput
 from rollart.infra.config import EngineConfig, PromptFormat, SamplingParams, TaskSpec
 from rollart.infra.store.payload import LocalStore
 

@@ -28,7 +28,7 @@ from rollart.activities.engines.base import (
 )
 from rollart.activities.engines.factory import create_engine
 from rollart.client.local import publish_model
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams, WeightsConfig
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weight_stream import WeightsTransferError

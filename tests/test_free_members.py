@@ -15,7 +15,7 @@ from temporalio.exceptions import ApplicationError
 from rollart.activities.env import EnvActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.in_process import InProcessCalls
-from rollart.contracts.activities import Completion, GenerateInput, GenerateResult
+from rollart.contracts.generation import Completion, GenerateInput, GenerateResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
 from rollart.contracts.training import TrainingPlan
 from rollart.infra.config import JobSpec, TrainingConfig

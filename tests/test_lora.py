@@ -29,7 +29,8 @@ from rollart.activities.rl.adapter_io import load_adapter_blob_into, with_lora
 from rollart.activities.trainer import TrainerActivities, checkpoint_dir
 from rollart.activities.training.torch_policy import TorchPolicy
 from rollart.client.local import trainer_logprobs
-from rollart.contracts.activities import GenerateInput, SampleRef, TrainStepInput, TrainStepResult, WeightsRef
+from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult
+from rollart.contracts.generation import GenerateInput, WeightsRef
 from rollart.infra.config import JobSpec, LoraConfig, LossConfig, SamplingParams, TrainerConfig, load_job
 from rollart.infra.config.load import JobSpecError
 from rollart.infra.store.adapters import (

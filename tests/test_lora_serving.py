@@ -21,7 +21,8 @@ from rollart.activities.engines.base import Engine
 from rollart.activities.engines.factory import create_engine
 from rollart.activities.generate import GenerateActivities
 from rollart.client.local import LocalTrainer, publish_model, trainer_logprobs
-from rollart.contracts.activities import GenerateBatchInput, SampleRef, TrainStepInput, WeightsRef, turn_key
+from rollart.contracts.activities import SampleRef, TrainStepInput, turn_key
+from rollart.contracts.generation import GenerateBatchInput, WeightsRef
 from rollart.infra.config import EngineConfig, JobSpec, LoraConfig, SamplingParams, TrainerConfig
 from rollart.infra.store.adapters import adapter_key
 from rollart.infra.store.payload import LocalStore

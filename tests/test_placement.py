@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from rollart.cli.main import run as cli_run
-from rollart.contracts.activities import Completion, GenerateResult, SampleRef
+from rollart.contracts.activities import SampleRef
+from rollart.contracts.generation import Completion, GenerateResult
 from rollart.contracts.training import StepRecord, TaskTokens
 from rollart.infra import placement
 from rollart.infra.hardware import engine_rates

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from rollart.contracts.activities import EnginePressure, TrainStepResult
+from rollart.contracts.activities import TrainStepResult
+from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
 from rollart.infra.config import AdmissionConfig, TrainingConfig

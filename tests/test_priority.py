@@ -17,7 +17,7 @@ from rollart.activities.env import EnvActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.in_process import InProcessCalls
 from rollart.client.rollout import plan_trajectories
-from rollart.contracts.activities import Completion, GenerateBatchInput, GenerateInput, GenerateResult
+from rollart.contracts.generation import Completion, GenerateBatchInput, GenerateInput, GenerateResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.contracts.training import TrainingPlan
 from rollart.infra.config import EngineConfig, JobSpec

@@ -18,12 +18,7 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from rollart.activities.reward import RewardActivities
 from rollart.activities.rewards.model_based import RewardModel, render
 from rollart.client.rollout import JobCheckError, check_job_components
-from rollart.contracts.activities import (
-    RewardBatchInput,
-    RewardInput,
-    Transcript,
-    TurnRecord,
-)
+from rollart.contracts.activities import RewardBatchInput, RewardInput, Transcript, TurnRecord
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.infra.config import JobSpec, TaskSpec, resolve
 from rollart.infra.pools import Pool, queue_name

@@ -18,14 +18,8 @@ from temporalio.exceptions import ApplicationError
 from rollart.activities.env import EnvActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.in_process import InProcessCalls
-from rollart.contracts.activities import (
-    ActivityName,
-    Completion,
-    GenerateBatchInput,
-    GenerateInput,
-    GenerateResult,
-    PromptsInput,
-)
+from rollart.contracts.activities import ActivityName, PromptsInput
+from rollart.contracts.generation import Completion, GenerateBatchInput, GenerateInput, GenerateResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.workflows.driver import lockstep
 from rollart.workflows.driver.calls import CallFailed

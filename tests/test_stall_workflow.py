@@ -25,7 +25,7 @@ from temporalio.worker import Replayer, Worker
 from rollart.activities.queues import QueueActivities
 from rollart.client.connection import Outage
 from rollart.client.train import MetricsWriter, follow
-from rollart.contracts.activities import GenerateInput, GenerateResult
+from rollart.contracts.generation import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig, WorkerTuning
 from rollart.infra.pools import Pool, queue_name

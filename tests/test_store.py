@@ -85,7 +85,7 @@ def test_malformed_turn_records_are_refused_naming_the_key(tmp_path: Path) -> No
 def test_finish_reasons_are_the_engines_own() -> None:
     from pydantic import ValidationError
 
-    from rollart.contracts.activities import Completion
+    from rollart.contracts.generation import Completion
 
     for reason in ("stop", "length", "abort", "error", "repetition", "None"):  # "None": old vLLM records
         assert Completion(text="", num_tokens=0, finish_reason=reason).finish_reason == reason

@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollart.contracts.activities import EnginePressure, FinishReason
+from rollart.contracts.generation import EnginePressure, FinishReason
 from rollart.infra.config import SamplingParams
 from rollart.infra.store.weights import WeightsManifest, WeightsSource
 

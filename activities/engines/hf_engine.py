@@ -32,7 +32,7 @@ from rollart.activities.engines.base import (
     check_adapter_dir,
     check_source,
 )
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
 

@@ -38,7 +38,7 @@ from rollart.activities.engines.base import (
     check_source,
 )
 from rollart.activities.engines.vllm_adapters import MAX_LORAS, VllmAdapters, vllm_lora_rank
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
 

@@ -16,7 +16,7 @@ from typing import Any
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from rollart.activities.engines.base import RateMeter
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 
 __all__ = ["EngineStats"]
 

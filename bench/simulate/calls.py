@@ -34,17 +34,10 @@ from rollart.contracts.activities import (
     ActivityName,
     CheckInput,
     CloseInput,
-    Completion,
-    EnginePressure,
     EnvHandle,
-    GenerateBatchInput,
-    GenerateInput,
-    GenerateResult,
     GroupHandle,
     GroupResetInput,
     GroupStepInput,
-    LiveEnginesInput,
-    LiveEnginesResult,
     PromptsInput,
     ResetInput,
     RewardBatchInput,
@@ -54,6 +47,15 @@ from rollart.contracts.activities import (
     StepResult,
 )
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.generation import (
+    Completion,
+    EnginePressure,
+    GenerateBatchInput,
+    GenerateInput,
+    GenerateResult,
+    LiveEnginesInput,
+    LiveEnginesResult,
+)
 from rollart.workflows.driver.calls import CallFailed
 
 __all__ = ["CallCounts", "SimCalls"]

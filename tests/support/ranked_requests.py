@@ -7,7 +7,8 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.contracts.activities import ActivityName, GenerateInput, GenerateResult
+    from rollart.contracts.activities import ActivityName
+    from rollart.contracts.generation import GenerateInput, GenerateResult
     from rollart.infra.config import SamplingParams
     from rollart.workflows.temporal_calls import TemporalCalls
 

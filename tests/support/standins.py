@@ -31,12 +31,7 @@ from rollart.activities.queues import QueueActivities
 from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
-    Completion,
-    EnginePressure,
     EnvHandle,
-    GenerateBatchInput,
-    GenerateInput,
-    GenerateResult,
     GroupHandle,
     GroupResetInput,
     GroupStepInput,
@@ -55,6 +50,7 @@ from rollart.contracts.activities import (
 from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult
 from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.generation import Completion, EnginePressure, GenerateBatchInput, GenerateInput, GenerateResult
 from rollart.infra.config import WorkerTuning
 from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.worker_tuning import workflow_runner

@@ -23,8 +23,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from rollart.contracts.activities import ActivityName, EnginePressure, GenerateResult
+from rollart.contracts.activities import ActivityName
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.generation import EnginePressure, GenerateResult
 from rollart.infra.config import AffinityConfig
 from rollart.workflows.driver.calls import CallFailed, Calls
 

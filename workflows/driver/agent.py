@@ -19,11 +19,12 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
-from rollart.contracts.activities import ActivityName, GenerateInput, GenerateResult, TurnRecord, WeightsRef, turn_key
+from rollart.contracts.activities import ActivityName, TurnRecord, turn_key
 from rollart.contracts.agent import AgentArgs, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
 from rollart.contracts.chat import ChatMessage, messages_text
 from rollart.contracts.conversation import TurnPlan, history_digest, plan_turn
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.generation import GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.workflows.driver.affinity import generate_on
 from rollart.workflows.driver.calls import CallFailed

@@ -9,8 +9,6 @@ from rollart.contracts.activities import (
     ActivityName,
     EnvHandle,
     EnvOptions,
-    GenerateInput,
-    GenerateResult,
     GroupHandle,
     ResetInput,
     RewardInput,
@@ -19,10 +17,10 @@ from rollart.contracts.activities import (
     StepResult,
     Transcript,
     TurnRecord,
-    WeightsRef,
     turn_key,
 )
 from rollart.contracts.chat import ChatMessage
+from rollart.contracts.generation import GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on

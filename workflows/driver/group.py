@@ -11,17 +11,15 @@ from rollart.contracts.activities import (
     ActivityName,
     EnvHandle,
     EnvOptions,
-    GenerateBatchInput,
-    GenerateResult,
     GroupHandle,
     GroupResetInput,
     GroupStepInput,
     RewardBatchInput,
     RewardResult,
     StepResult,
-    WeightsRef,
     turn_key,
 )
+from rollart.contracts.generation import GenerateBatchInput, GenerateResult, WeightsRef
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.infra.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on

@@ -17,19 +17,21 @@ import asyncio
 from rollart.contracts.activities import (
     ActivityName,
     CheckInput,
-    GenerateBatchInput,
-    GenerateInput,
-    GenerateResult,
-    LiveEnginesInput,
-    LiveEnginesResult,
     PromptsInput,
     RewardBatchInput,
     RewardResult,
     StepResult,
     Transcript,
     TurnRecord,
-    WeightsRef,
     turn_key,
+)
+from rollart.contracts.generation import (
+    GenerateBatchInput,
+    GenerateInput,
+    GenerateResult,
+    LiveEnginesInput,
+    LiveEnginesResult,
+    WeightsRef,
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
 from rollart.infra.config import SamplingParams

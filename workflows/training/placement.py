@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import EngineMeter, PlacementState, TaskTokens, TrainingPlan, TrainingState
 from rollart.infra.config import AUTO_POOL, TaskSpec

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from rollart.contracts.activities import EnginePressure
+from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import ENGINES_KEPT, AdmissionState, TrainingPlan, TrainingState
 
