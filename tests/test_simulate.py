@@ -234,11 +234,11 @@ def _first_turn_priorities(priority: str, monkeypatch: pytest.MonkeyPatch) -> di
 def test_predicted_priority_ranks_the_longer_task_first_from_its_first_turn(monkeypatch: pytest.MonkeyPatch) -> None:
     """`engine.priority: predicted`: lengths.observe keeps each task's mean turns, admission passes it to the
     children, and their first requests rank by it (lower first): the Sokoban-like task (10 turns at most,
-    done_p 0.1) ahead of the FrozenLake-like one (8, 0.15), both ahead of the single-turn answers (which the
-    single-turn driver always sends at 0); under `turns` every first request ranks 0."""
+    done_p 0.1) ahead of the FrozenLake-like one (8, 0.15), both ahead of the single-turn answers (their task's
+    length, 1, once known; 0 before); under `turns` every first request ranks 0."""
     turns = _first_turn_priorities("turns", monkeypatch)
     assert {p for ps in turns.values() for p in ps} == {0}
     predicted = _first_turn_priorities("predicted", monkeypatch)
     mean = {env: statistics.fmean(ps) for env, ps in predicted.items()}
-    assert mean["gem"] < mean["frozenlake"] < 0 == max(predicted["arithmetic"])
+    assert mean["gem"] < mean["frozenlake"] < min(predicted["arithmetic"]) and set(predicted["arithmetic"]) == {0, -1}
     assert min(predicted["gem"]) <= -5
