@@ -43,7 +43,6 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
     no sample would let a stalled job "train" on an empty batch).
     """
     accepted = 0
-    buffered: set[str] | None = None  # the groups with members in the buffer, once a group completes
     for r in results:
         running = state.in_flight.pop(r.trajectory_id, None)
         if running is None:
@@ -53,18 +52,16 @@ def accept(plan: TrainingPlan, state: TrainingState, results: list[TrajectoryRes
         group = running.group
         state.restores += r.restores
         state.engine_moves += r.engine_moves
-        if r.status == "completed" and r.reward is not None and r.policy_version_min is not None:
+        buffered = r.status == "completed" and r.reward is not None and r.policy_version_min is not None
+        if buffered:
             state.buffer.append(sample_of(r))
-            if buffered is not None:
-                buffered.add(group)
         else:
             state.failed += 1
         state.unfinished[group] -= 1
         if state.unfinished[group] == 0:
             del state.unfinished[group]
-            if buffered is None:
-                buffered = {x.group_id for x in state.buffer}
-            trainable = group in buffered  # every member failed: nothing to train on
+            # the last member buffered: trainable; else some other must have been (every member failed: nothing)
+            trainable = buffered or any(x.group_id == group for x in reversed(state.buffer))
             if trainable and not filtering.filter_flat(plan, state, group):
                 state.ready_groups.append(group)
     return accepted
