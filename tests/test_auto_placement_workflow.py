@@ -13,11 +13,10 @@ import uuid
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
+from rollart.contracts.training import TrainingStatus
 from rollart.infra.config import JobSpec, TrainingConfig
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
-from tests.support.standins import StandIns, full_marks, standin_workers
+from tests.support.standins import StandIns, full_marks, standin_workers, start_training
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 
 pytestmark = pytest.mark.orchestration
@@ -33,13 +32,7 @@ async def test_auto_tasks_move_to_the_faster_pool_and_the_plan_is_shown(
     await ensure_registered(bare_env.client)
     job_id = f"auto-{uuid.uuid4().hex[:8]}"
     async with standin_workers(bare_env.client, w):
-        handle = await bare_env.client.start_workflow(
-            "TrainingWorkflow",
-            TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
-            id=job_id,
-            task_queue=queue_name(Pool.CONTROL, queue_prefix),
-            result_type=TrainingResult,
-        )
+        handle = await start_training(bare_env.client, spec, job_id, queue_prefix)
         result = await asyncio.wait_for(handle.result(), 120)
         status = await handle.query("status", result_type=TrainingStatus)
         memo = await (await handle.describe()).memo()

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, cast
 
 from temporalio import activity
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
@@ -51,12 +51,22 @@ from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentI
 from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import Completion, EnginePressure, GenerateBatchInput, GenerateInput, GenerateResult
-from rollart.infra.config import WorkerTuning
+from rollart.contracts.training import TrainingInput, TrainingResult
+from rollart.infra.config import JobSpec, WorkerTuning
 from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.workflows import ALL_WORKFLOWS
 
-__all__ = ["Call", "StandInPool", "StandIns", "full_marks", "reward_on_success", "reward_per_turn", "standin_workers"]
+__all__ = [
+    "Call",
+    "StandInPool",
+    "StandIns",
+    "full_marks",
+    "reward_on_success",
+    "reward_per_turn",
+    "standin_workers",
+    "start_training",
+]
 
 DEAD_AFTER_S = 1.0  # the stand-in env worker's handles: a step left waiting 1 s on its queue means it is dead
 HELD_WAIT_S = 3.0  # how long a held group's first generation waits for another group to step
@@ -460,6 +470,17 @@ async def standin_workers(
                 )
         yield pool
     assert not s.violations, "the stand-ins saw calls they should not have:\n" + "\n".join(s.violations)
+
+
+async def start_training(client: Client, spec: JobSpec, job_id: str, prefix: str = "") -> WorkflowHandle:
+    """Start `spec` as a training job on the stand-ins' control queue (of `prefix`), as `rollart train` does."""
+    return await client.start_workflow(
+        "TrainingWorkflow",
+        TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+        id=job_id,
+        task_queue=queue_name("control", prefix),
+        result_type=TrainingResult,
+    )
 
 
 async def _own_client(client: Client) -> Client:
