@@ -23,10 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.comparison_views import COMPARISON_VIEWS
 from bench.report import RESULTS
 from bench.simulate.views import SIMULATE_VIEWS
 from bench.table_views import VIEWS
 
+VIEWS.update(COMPARISON_VIEWS)  # the comparison suite's (bench/comparison_views.py)
 VIEWS.update(SIMULATE_VIEWS)  # kept beside the simulator (bench/simulate/views.py)
 
 __all__ = ["DOCS", "VIEWS", "TableError", "main", "regenerate", "render", "stale_pages"]
