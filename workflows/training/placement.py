@@ -6,7 +6,8 @@ last plan:
 
 - the load: each task's trajectories per step, and uncached-prompt and completion tokens per trajectory, over
   every trajectory that finished (trained, failed or dropped later: each was generated);
-- the engines: those of each pool that reported since the last plan (else as many as at the last plan);
+- the engines: those of each pool that reported since the last plan, at least as many as the spec gives
+  (`training.placement.engines`, else the pool's kubernetes replicas);
 - the rates: each pool's prefill and decode tokens/s per engine, from its engines' own counts (`EnginePressure`,
   carried by every trajectory's result). A decode rate is measured at the batch the engine ran, so it is scaled
   to the engine's `max_batch` (a decode step reads the weights once for the whole batch: its time barely grows
