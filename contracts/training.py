@@ -58,6 +58,13 @@ class TaskTokens(BaseModel):
     uncached_prompt: int = 0
     completion: int = 0
 
+    def add(self, prompt: int, uncached_prompt: int | None, completion: int) -> None:
+        """One more trajectory; without an uncached count (recorded before there was one) its whole prompt."""
+        self.trajectories += 1
+        self.prompt += prompt
+        self.uncached_prompt += prompt if uncached_prompt is None else uncached_prompt
+        self.completion += completion
+
 
 class StepRecord(BaseModel):
     """One train step as the progress bar, metrics.jsonl and the plots see it."""
@@ -160,15 +167,10 @@ class AdmissionState(BaseModel):
 
 
 class EngineMeter(BaseModel):
-    """One engine's rate counts as it last reported them (`EnginePressure`), and the pool it serves."""
+    """One engine's last report (its rate counts are what placement reads), and the pool it serves."""
 
     pool: str
-    prefill_tokens: int = 0
-    prefill_s: float = 0.0
-    decode_tokens: int = 0
-    decode_s: float = 0.0
-    decode_steps: int = 0
-    max_batch: int = 0
+    counts: EnginePressure
 
 
 class PlacementState(BaseModel):

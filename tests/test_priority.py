@@ -163,25 +163,36 @@ def test_a_rank_becomes_a_task_queue_priority_key_and_fifo_sets_none() -> None:
 
 @pytest.mark.orchestration
 async def test_the_task_queue_serves_waiting_requests_of_lower_rank_first(bare_env, queue_prefix: str) -> None:
-    """One generation slot; while it is busy, 6 first-turn requests then 6 ranked -2 (a trajectory 2 turns in)
-    are queued. The dev server (one partition per queue, as every server rollart starts) hands the ranked ones
-    out first. Under fifo the order would be the order of scheduling."""
+    """One generation slot; while it is busy (until all are scheduled: no race with the workflow's timer), 6
+    first-turn requests then 6 ranked -2 (a trajectory 2 turns in) are queued. The dev server (one partition per
+    queue, as every server rollart starts) hands the ranked ones out first. Under fifo the order would be the
+    order of scheduling."""
     served: list[str] = []
+    client, queue, workflow_id = bare_env.client, f"{queue_prefix}h800", f"{queue_prefix}ranked"
+    ranks = [0] * 6 + [-2] * 6
+
+    async def all_scheduled() -> None:
+        """Until every request is on the queue (in the history), however slow the workflow's timer was."""
+        for _ in range(400):
+            history = await client.get_workflow_handle(workflow_id).fetch_history()
+            kinds = [e.WhichOneof("attributes") for e in history.events]
+            if kinds.count("activity_task_scheduled_event_attributes") == len(ranks) + 1:
+                return
+            await asyncio.sleep(0.05)
+        raise TimeoutError("the ranked requests were never scheduled")
 
     @activity.defn(name="generate")
     async def generate(inp: GenerateInput) -> GenerateResult:
         served.append(inp.data_key)
-        await asyncio.sleep(1.0 if inp.data_key == "blocker" else 0.02)
+        await (all_scheduled() if inp.data_key == "blocker" else asyncio.sleep(0.02))
         return GenerateResult(
             completions=[], prompt_tokens=0, policy_version=0, policy_version_end=0, data_key=inp.data_key
         )
 
-    client, queue = bare_env.client, f"{queue_prefix}h800"
-    ranks = [0] * 6 + [-2] * 6
     async with Worker(client, task_queue=f"{queue_prefix}control", workflows=[RankedRequests]):
         async with Worker(client, task_queue=queue, activities=[generate], max_concurrent_activities=1):
             await client.execute_workflow(
-                RankedRequests.run, args=[queue, ranks], id=f"{queue_prefix}ranked", task_queue=f"{queue_prefix}control"
+                RankedRequests.run, args=[queue, ranks], id=workflow_id, task_queue=f"{queue_prefix}control"
             )
     assert served[0] == "blocker" and len(served) == 13
     assert {k.split(":")[1] for k in served[1:7]} == {"-2"}, served

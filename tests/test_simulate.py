@@ -207,7 +207,7 @@ def test_auto_placement_moves_tasks_off_a_bad_start_on_measured_rates() -> None:
     first_move = out.placements[1]
     assert first_move[1] == 1 and "h800" in first_move[2].values()  # after step 1, off the bad start
     assert {m.pool for m in p.engines.values()} == {"h800", "h20"}  # engines of both pools reported
-    assert all(m.prefill_s > 0 and m.decode_s > 0 for m in p.engines.values())
+    assert all(m.counts.prefill_s > 0 and m.counts.decode_s > 0 for m in p.engines.values())
     for pool, engines in (("h800", 5), ("h20", 4)):
         seen, prefill, decode = p.rates[pool]
         assert seen == engines and prefill > 0 and decode > 0  # measured (decode: at the engines' full batch)

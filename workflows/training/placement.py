@@ -70,11 +70,7 @@ def observe(state: TrainingState, results: Iterable[TrajectoryResult]) -> None:
     for r in results:
         if r.trajectory_id not in state.in_flight:
             continue
-        load = p.finished.setdefault(r.task, TaskTokens())
-        load.trajectories += 1
-        load.prompt += r.prompt_tokens
-        load.uncached_prompt += r.prompt_tokens if r.uncached_prompt_tokens is None else r.uncached_prompt_tokens
-        load.completion += r.completion_tokens
+        p.finished.setdefault(r.task, TaskTokens()).add(r.prompt_tokens, r.uncached_prompt_tokens, r.completion_tokens)
         if (
             r.pressure is not None
             and r.engine_worker
@@ -89,15 +85,7 @@ def _meter(p: PlacementState, worker: str, pool: str, report: EnginePressure) ->
     if worker not in seen:
         seen.append(worker)
     p.engines.pop(worker, None)  # re-inserted last: the most recent are kept
-    p.engines[worker] = EngineMeter(
-        pool=pool,
-        prefill_tokens=report.prefill_tokens,
-        prefill_s=report.prefill_s,
-        decode_tokens=report.decode_tokens,
-        decode_s=report.decode_s,
-        decode_steps=report.decode_steps,
-        max_batch=report.max_batch,
-    )
+    p.engines[worker] = EngineMeter(pool=pool, counts=report)
     mine = [w for w, m in p.engines.items() if m.pool == pool]
     for w in mine[: max(0, len(mine) - METERS_PER_POOL)]:
         del p.engines[w]
@@ -117,7 +105,7 @@ def pool_rates(plan_: TrainingPlan, state: TrainingState, pools: Iterable[str]) 
     meters = list(p.engines.values()) if p else []
     measured: dict[str, tuple[int, float | None, float | None]] = {}
     for pool in pools:
-        mine = [m for m in meters if m.pool == pool]
+        mine = [m.counts for m in meters if m.pool == pool]
         engines = _engines(plan_, p, pool)
         pre_s = sum(m.prefill_s for m in mine)
         prefill = sum(m.prefill_tokens for m in mine) / pre_s if pre_s > 0 else None
@@ -148,7 +136,7 @@ def _engines(plan_: TrainingPlan, p: PlacementState | None, pool: str) -> int:
     return max(seen, declared) or last or 1
 
 
-def decode_capacity(m: EngineMeter) -> float:
+def decode_capacity(m: EnginePressure) -> float:
     """An engine's decode tokens/s at its full batch: the rate it measured, at the batch it decoded at, scaled to
     its `max_batch` (unknown batch or one request at a time: the rate as measured)."""
     rate = m.decode_tokens / m.decode_s

@@ -78,11 +78,7 @@ def task_tokens(batch: list[SampleRef]) -> dict[str, TaskTokens]:
     there was one) counts its whole prompt."""
     out: dict[str, TaskTokens] = {}
     for x in batch:
-        t = out.setdefault(x.task, TaskTokens())
-        t.trajectories += 1
-        t.prompt += x.prompt_tokens
-        t.uncached_prompt += x.prompt_tokens if x.uncached_prompt_tokens is None else x.uncached_prompt_tokens
-        t.completion += x.completion_tokens
+        out.setdefault(x.task, TaskTokens()).add(x.prompt_tokens, x.uncached_prompt_tokens, x.completion_tokens)
     return out
 
 
