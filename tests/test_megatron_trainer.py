@@ -90,6 +90,28 @@ async def test_megatron_steps_publish_what_the_torch_backend_publishes(
     assert shards == ["meta.json", "model-tp00.pt", "model-tp01.pt", "optim-tp00.pt", "optim-tp01.pt"]
 
 
+async def test_the_trust_region_halves_an_update_alike_on_both_backends(
+    tiny_model: Path, setup, group: RankGroup, tmp_path: Path
+) -> None:
+    """`trainer.max_logprob_change` on megatron's tensor-parallel ranks: a first AdamW step at lr 0.002 moves the
+    tiny model's log-probs past 0.2 nats; both backends halve it the same number of times and publish the
+    same weights (every rank measures the change through the vocabulary-parallel log-probs and decides alike)."""
+    store, samples = setup
+    env = ActivityEnvironment()
+    limit = {"lr": 0.002, "max_logprob_change": 0.2}
+    t = await env.run(
+        TrainerActivities(store).train_step, step(tiny_model, tmp_path / "torch-tr", 0, samples, eps=1e-6, **limit)
+    )
+    m = await env.run(
+        TrainerActivities(store, ranks=group).train_step,
+        step(tiny_model, tmp_path / "meg-tr", 0, samples, **{**MEGATRON_T2, **limit}),
+    )
+    assert t.metrics["update_shrinks"] >= 1 and m.metrics["update_shrinks"] == t.metrics["update_shrinks"]
+    assert t.metrics["logprob_change"] <= 0.2
+    assert m.metrics["logprob_change"] == pytest.approx(t.metrics["logprob_change"], abs=1e-4)
+    assert max_diff(store, t.weights_key, m.weights_key) < 1e-5
+
+
 @pytest.mark.chaos  # kills a rank
 async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(
     tiny_model: Path, setup, group: RankGroup, tmp_path: Path

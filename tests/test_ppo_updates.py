@@ -12,8 +12,15 @@ import torch
 from rollart.activities.rl.batch import MicroBatch, TrainSequence
 from rollart.activities.rl.losses import token_logprobs_and_entropy
 from rollart.activities.training.policy import Policy, StepOutcome
+from rollart.activities.training.precision import MasterWeights
 from rollart.activities.training.ranks import OneProcess
-from rollart.activities.training.updates import mini_batch_parts, ppo_updates, with_proximal_logprobs
+from rollart.activities.training.updates import (
+    SHRINKS_MAX,
+    mini_batch_parts,
+    ppo_updates,
+    updates,
+    with_proximal_logprobs,
+)
 from rollart.infra.config import JobSpec, LossConfig, TrainerConfig
 
 
@@ -62,6 +69,13 @@ class Bandit(Policy):
     @property
     def device(self) -> torch.device:
         return torch.device("cpu")
+
+    def remember_weights(self) -> None:
+        self._before = self.theta.detach().clone()
+
+    def shrink_update(self, factor: float) -> None:
+        with torch.no_grad():
+            self.theta.sub_(self._before).mul_(factor).add_(self._before)
 
 
 def say_1(advantage: float = 1.0) -> TrainSequence:
@@ -137,3 +151,44 @@ def test_more_mini_batches_than_a_batch_holds_is_refused() -> None:
                 "trainer": {"mini_batches": 16},
             }
         )
+
+
+def test_an_update_past_the_logprob_limit_is_halved_until_within_it() -> None:
+    """lr 3 moves p(1) from 1/3 to 0.909 in one update: |Δ log p| = log 2.73 = 1.00 nats. With the limit at 0.5
+    it is halved: θ = (−0.5, 1, −0.5) gives p(1) = 0.691, still 0.73 nats; halved again, θ = (−0.25, 0.5, −0.25)
+    gives p(1) = 0.514, 0.43 nats: within. Without the limit the whole update stays."""
+    cfg = TrainerConfig(micro_batch_size=4, loss=LossConfig(tis_cap=None))
+    free = Bandit(lr=3.0)
+    _, (outcome,) = updates(free, OneProcess(), [say_1()], 1, cfg, step=0)
+    assert torch.allclose(free.theta.detach(), torch.tensor([-1.0, 2.0, -1.0]), atol=1e-6)
+    assert outcome.logprob_change is None and outcome.shrinks == 0
+
+    limited = Bandit(lr=3.0)
+    _, (outcome,) = updates(limited, OneProcess(), [say_1()], 1, cfg.model_copy(update={"max_logprob_change": 0.5}), 0)
+    assert torch.allclose(limited.theta.detach(), torch.tensor([-0.25, 0.5, -0.25]), atol=1e-6)
+    p1 = math.exp(0.5) / (math.exp(0.5) + 2 * math.exp(-0.25))
+    assert outcome.shrinks == 2 and outcome.logprob_change == pytest.approx(math.log(3 * p1), rel=1e-6)
+
+
+def test_the_limit_gives_up_after_its_halvings_and_spares_small_updates() -> None:
+    tiny = TrainerConfig(micro_batch_size=4, max_logprob_change=1e-9, loss=LossConfig(tis_cap=None))
+    bandit = Bandit(lr=3.0)
+    _, (outcome,) = updates(bandit, OneProcess(), [say_1()], 1, tiny, step=0)
+    assert outcome.shrinks == SHRINKS_MAX  # 1/64 of the update is left, and said
+    assert torch.allclose(bandit.theta.detach(), torch.tensor([-1.0, 2.0, -1.0]) / 2**SHRINKS_MAX, atol=1e-6)
+    small = Bandit(lr=0.01)
+    _, (outcome,) = updates(small, OneProcess(), [say_1()], 1, tiny.model_copy(update={"max_logprob_change": 0.5}), 0)
+    assert outcome.shrinks == 0 and 0 < (outcome.logprob_change or 0) < 0.01
+
+
+def test_master_weights_shrink_an_update_in_the_masters_and_the_bf16_model() -> None:
+    """A bf16 model's update is scaled in its fp32 masters, then copied into the model."""
+    model = torch.nn.Linear(4, 4, bias=False).to(torch.bfloat16)
+    opt = MasterWeights(list(model.parameters()), TrainerConfig(lr=0.1))
+    before = opt.masters[0].detach().clone()
+    opt.remember()
+    opt.step([torch.ones(4, 4, dtype=torch.bfloat16)], TrainerConfig(lr=0.1))
+    full = opt.masters[0].detach().clone()
+    opt.shrink(0.25)
+    assert torch.allclose(opt.masters[0], before + 0.25 * (full - before), atol=1e-7)
+    assert torch.equal(model.weight, opt.masters[0].to(torch.bfloat16))

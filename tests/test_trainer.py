@@ -446,3 +446,23 @@ async def test_the_advantage_std_floor_reaches_the_step(tiny_model: Path, tok, t
     inp = step_input(tiny_model, tmp_path / "run", 0, samples, loss=LossConfig(advantage_std_floor=10.0))
     metrics = (await ActivityEnvironment().run(TrainerActivities(store).train_step, inp)).metrics
     assert any(raw) and metrics["adv_abs_mean"] == pytest.approx(sum(map(abs, raw)) / len(raw) / 10.0, rel=1e-4)
+
+
+async def test_the_trust_region_keeps_a_steps_change_within_its_limit(tiny_model: Path, tok, tmp_path: Path) -> None:
+    """AdamW's first step moves every weight by the learning rate (m / √v is ±1): at lr 0.002 that moves the tiny
+    model's trained log-probs by more than 0.2 nats. With `max_logprob_change: 0.2` the update is halved until
+    within it, and the record says how far it moved and how often it was halved; an update that stays
+    within a limit is left whole."""
+    store = LocalStore(tmp_path / "store")
+    samples = frozenlake_batch(store, load_model(tiny_model), tok)
+    results = {}
+    for name, limit in {"free": None, "limited": 0.2, "loose": 50.0}.items():
+        inp = step_input(tiny_model, tmp_path / name, 0, samples, lr=0.002, max_logprob_change=limit)
+        acts = TrainerActivities(store)
+        results[name] = (
+            await ActivityEnvironment().run(acts.train_step, inp.model_copy(update={"job_id": f"{JOB}-{name}"}))
+        ).metrics
+    assert "logprob_change" not in results["free"] and "update_shrinks" not in results["free"]
+    limited, loose = results["limited"], results["loose"]
+    assert loose["update_shrinks"] == 0 and loose["logprob_change"] > 0.2  # the whole update moves it that far
+    assert 1 <= limited["update_shrinks"] < 6 and 0 < limited["logprob_change"] <= 0.2

@@ -25,6 +25,7 @@ import torch
 
 from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
+from rollart.activities.training.precision import MasterWeights
 from rollart.infra.config import TrainerConfig
 
 __all__ = ["Policy", "StepOutcome", "worth_applying"]
@@ -32,10 +33,13 @@ __all__ = ["Policy", "StepOutcome", "worth_applying"]
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What one optimizer step did: the global gradient norm and whether the update was applied."""
+    """What one optimizer step did: the global gradient norm, whether the update was applied, and, with
+    `trainer.max_logprob_change`, how far it moved the trained tokens' log-probs and how often it was halved."""
 
     grad_norm: float
     applied: bool
+    logprob_change: float | None = None
+    shrinks: int = 0
 
     @property
     def without_signal(self) -> bool:
@@ -83,6 +87,17 @@ class Policy(ABC):
         """Sync gradients over data-parallel ranks, clip by the global norm, and step AdamW with `cfg`'s
         hyper-parameters (they may change between steps). A non-finite or zero norm skips the update
         (`worth_applying`)."""
+
+    optimizer: MasterWeights
+    """The AdamW over the rank's fp32 masters (both backends step one)."""
+
+    def remember_weights(self) -> None:
+        """Keep this rank's weights as they are, before an update that may have to be scaled back."""
+        self.optimizer.remember()
+
+    def shrink_update(self, factor: float) -> None:
+        """Scale this rank's update since `remember_weights` by `factor` (every rank alike: a collective decision)."""
+        self.optimizer.shrink(factor)
 
     @abstractmethod
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -33,6 +33,7 @@ class MasterWeights:
         self.optimizer = torch.optim.AdamW(
             self.masters, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, weight_decay=cfg.weight_decay
         )
+        self._before: list[torch.Tensor] = []
 
     def step(self, grads: Sequence[torch.Tensor | None], cfg: TrainerConfig, scale: float = 1.0) -> None:
         """One AdamW step with `cfg`'s hyper-parameters on `grads` × `scale` (None: no gradient this step)."""
@@ -51,6 +52,19 @@ class MasterWeights:
                     p.copy_(m)
         for m in self.masters:
             m.grad = None
+
+    def remember(self) -> None:
+        """Keep a copy of the masters as they are now: what `shrink` scales the next update back towards."""
+        self._before = [m.detach().clone() for m in self.masters]
+
+    def shrink(self, factor: float) -> None:
+        """Scale the update made since `remember` by `factor` (0.5: half of it), in the masters and the model.
+        The moments stay as the full step left them: only where the weights land changes."""
+        with torch.no_grad():
+            for p, m, b in zip(self.params, self.masters, self._before):
+                m.sub_(b).mul_(factor).add_(b)
+                if p is not m:
+                    p.copy_(m)
 
     def state_dict(self) -> dict:
         """Optimizer state, plus the fp32 masters where they are copies (a bf16 model alone would lose them)."""

@@ -34,7 +34,7 @@ from rollart.activities.training.records import (
     step_record_path,
     write_record,
 )
-from rollart.activities.training.updates import accumulate_gradients, data_shard, ppo_updates
+from rollart.activities.training.updates import updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.infra.config import TrainerConfig
 from rollart.infra.memory import PeakRss
@@ -174,7 +174,7 @@ def train_step(
     if isinstance(batch, str):
         raise bad_input(batch)
     actions = _action_term(inp, cfg)
-    metrics, outcomes = _update(state.policy, ranks, batch, cfg, inp.step, actions)
+    metrics, outcomes = updates(state.policy, ranks, batch.seqs, batch.total_sequences, cfg, inp.step, actions)
     if actions is not None:
         metrics[actions.metric] = metrics.pop("entropy")
     metrics["lr"] = cfg.lr  # the schedule's rate for this step
@@ -249,19 +249,13 @@ def _action_term(inp: TrainStepInput, cfg: TrainerConfig) -> ActionTerm | None:
         raise bad_input(f"train step {inp.step} of job {inp.job_id!r}: trainer.loss.entropy_over: actions: {e}") from e
 
 
-def _update(
-    policy: Policy, ranks: Ranks, batch: _Batch, cfg: TrainerConfig, step: int, actions: ActionTerm | None
-) -> tuple[dict[str, float], list[StepOutcome]]:
-    """The step's optimizer update(s) on this rank's share: one over the whole batch, or PPO's mini-batches
-    and epochs (`updates.ppo_updates`); the loss metrics and what each update did."""
-    if cfg.mini_batches == 1 and cfg.ppo_epochs == 1:
-        mine = data_shard(batch.seqs, ranks.data_rank, ranks.data_size)
-        metrics = ranks.sum_over_data(
-            accumulate_gradients(policy, mine, batch.total_tokens, cfg, batch.total_sequences, actions)
-        )
-        return metrics, [policy.step(cfg)]
-    shares = [data_shard(batch.seqs, r, ranks.data_size) for r in range(ranks.data_size)]
-    return ppo_updates(policy, ranks, shares, cfg, step, actions)
+def _limit_metrics(outcomes: list[StepOutcome]) -> dict[str, float]:
+    """With `trainer.max_logprob_change`: the mean |Δ log π| the step's updates ended at, and how many halvings
+    it took to keep them within the limit (nothing without the limit)."""
+    changes = [o.logprob_change for o in outcomes if o.logprob_change is not None]
+    if not changes:
+        return {}
+    return {"logprob_change": sum(changes) / len(changes), "update_shrinks": float(sum(o.shrinks for o in outcomes))}
 
 
 def _step_metrics(
@@ -277,6 +271,7 @@ def _step_metrics(
         "update_skipped": sum(0.0 if math.isfinite(o.grad_norm) else 1.0 for o in outcomes),  # non-finite norm
         "updates_without_signal": sum(1.0 if o.without_signal else 0.0 for o in outcomes),  # zero gradient: not applied
         "updates": float(len(outcomes)),
+        **_limit_metrics(outcomes),
         "samples": float(len(inp.samples)),
         "sequences": float(len(batch.seqs)),
         "tokens": float(batch.total_tokens),

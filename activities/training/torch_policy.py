@@ -77,6 +77,14 @@ class TorchPolicy(Policy):
         self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        return self.from_logits(logits, mb, entropy_grad=entropy_grad, actions=actions)
+
+    @staticmethod
+    def from_logits(
+        logits: torch.Tensor, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`logprobs` from the model's `[B, T, V]` logits of `mb` (the entropy over the env's actions with
+        `actions`)."""
         if actions is not None:
             logp = token_logprobs(logits, mb.input_ids)
             entropy = token_action_entropy(logits if entropy_grad else logits.detach(), mb.tasks, actions)

@@ -30,13 +30,20 @@ from rollart.infra.config import TrainerConfig
 
 __all__ = [
     "LOSS_METRICS",
+    "SHRINKS_MAX",
     "accumulate_gradients",
     "data_shard",
     "epoch_seed",
+    "logprob_change",
     "mini_batch_parts",
     "ppo_updates",
+    "step_within_limit",
+    "updates",
     "with_proximal_logprobs",
 ]
+
+SHRINKS_MAX = 6
+"""Halvings of one update at most (to 1/64 of it) under `trainer.max_logprob_change`."""
 
 LOSS_METRICS = (
     "loss",
@@ -123,6 +130,43 @@ def with_proximal_logprobs(policy: Policy, seqs: Sequence[TrainSequence], micro_
     return out
 
 
+def logprob_change(policy: Policy, ranks: Ranks, seqs: Sequence[TrainSequence], micro_batch_size: int) -> float:
+    """Mean |log π − log π_prox| over the loss tokens of `seqs` (which carry `prox_logprobs`), every data-parallel
+    rank's `seqs` together: how far the policy has moved from the one before the step, where it was trained."""
+    moved, tokens = 0.0, 0.0
+    with torch.no_grad():
+        for mb in micro_batches(seqs, micro_batch_size, policy.pad_id):
+            mb = mb.to(policy.device)
+            logp = policy.logprobs(mb, entropy_grad=False)[0].float()
+            assert mb.prox_logprobs is not None  # with_proximal_logprobs set them
+            mask = mb.completion_mask.float()
+            moved += float(((logp - mb.prox_logprobs.float()).abs() * mask).sum())
+            tokens += float(mask.sum())
+    total = ranks.sum_over_data({"moved": moved, "tokens": tokens})
+    return total["moved"] / max(total["tokens"], 1.0)
+
+
+def step_within_limit(policy: Policy, ranks: Ranks, seqs: Sequence[TrainSequence], cfg: TrainerConfig) -> StepOutcome:
+    """One optimizer step; with `trainer.max_logprob_change` it is halved (up to `SHRINKS_MAX` times) while the
+    trained tokens' log-probs (`seqs`, with `prox_logprobs`) moved more than that on average from the policy
+    before the train step. A trust region in what the policy does, not in its weights: AdamW's normalised step
+    can move a small model's log-probs by nats at once (the weights each move by ~lr, all in the direction of
+    the gradient's sign). Every rank takes the same decisions: the change is summed over data ranks."""
+    limit = cfg.max_logprob_change
+    if limit is None:
+        return policy.step(cfg)
+    policy.remember_weights()
+    outcome = policy.step(cfg)
+    if not outcome.applied:
+        return outcome
+    change, shrinks = logprob_change(policy, ranks, seqs, cfg.micro_batch_size), 0
+    while change > limit and shrinks < SHRINKS_MAX:
+        policy.shrink_update(0.5)
+        shrinks += 1
+        change = logprob_change(policy, ranks, seqs, cfg.micro_batch_size)
+    return replace(outcome, logprob_change=change, shrinks=shrinks)
+
+
 def mini_batch_parts(share_sizes: Sequence[int], count: int, seed: int) -> list[list[list[int]]]:
     """For each rank's share (of `share_sizes[r]` sequences): its `count` parts as lists of indices.
 
@@ -168,7 +212,29 @@ def ppo_updates(
             metrics = ranks.sum_over_data(
                 accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1), actions)
             )
-            outcomes.append(policy.step(cfg))
+            outcomes.append(step_within_limit(policy, ranks, own, cfg))
             for k in sums:
                 sums[k] += metrics[k]
     return {k: v / len(outcomes) for k, v in sums.items()}, outcomes
+
+
+def updates(
+    policy: Policy,
+    ranks: Ranks,
+    seqs: Sequence[TrainSequence],
+    total_sequences: int,
+    cfg: TrainerConfig,
+    step: int,
+    actions: ActionTerm | None = None,
+) -> tuple[dict[str, float], list[StepOutcome]]:
+    """A train step's optimizer update(s) on this rank's share of `seqs` (the whole batch): one over the whole
+    batch, or PPO's mini-batches and epochs (`ppo_updates`); the loss metrics and what each update did."""
+    if cfg.mini_batches == 1 and cfg.ppo_epochs == 1:
+        mine = data_shard(seqs, ranks.data_rank, ranks.data_size)
+        if cfg.max_logprob_change is not None:  # the limit measures against the policy before the update
+            mine = with_proximal_logprobs(policy, mine, cfg.micro_batch_size)
+        total_tokens = sum(s.loss_tokens for s in seqs)
+        metrics = ranks.sum_over_data(accumulate_gradients(policy, mine, total_tokens, cfg, total_sequences, actions))
+        return metrics, [step_within_limit(policy, ranks, mine, cfg)]
+    shares = [data_shard(seqs, r, ranks.data_size) for r in range(ranks.data_size)]
+    return ppo_updates(policy, ranks, shares, cfg, step, actions)

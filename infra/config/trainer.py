@@ -187,7 +187,10 @@ class TrainerConfig(Section):
     `mini_batches` × `ppo_epochs` optimizer updates per train step (PPO): the batch is cut into
     `mini_batches` parts and passed over `ppo_epochs` times; the clip against the proximal policy (the
     weights before the step's first update) engages from the second update on. `lora` trains low-rank
-    adapters instead of every weight (None: full fine-tuning).
+    adapters instead of every weight (None: full fine-tuning). `max_logprob_change` bounds how far one
+    update may move the policy on the tokens it trained on (AdamW's step is normalised per weight, so after a
+    run of tiny gradients one ordinary gradient moves every weight by ~lr at once: on a small model that can
+    change the log-probs by nats in a single update, and undo what was learned).
     """
 
     backend: Literal["torch", "megatron"] = "torch"
@@ -204,6 +207,13 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(64, ge=1)
     mini_batches: int = Field(1, ge=1, le=1024, description="optimizer updates per pass over a train batch")
     ppo_epochs: int = Field(1, ge=1, le=64, description="passes over each train batch")
+    max_logprob_change: float | None = Field(
+        None,
+        gt=0.0,
+        description="a trust region per optimizer update: the mean |Δ log π| (nats) of the tokens it trained on, "
+        "against the policy before the train step, at most; an update past it is halved until within it "
+        "(None: off)",
+    )
     checkpoint_every: int = Field(50, ge=1)
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
