@@ -270,6 +270,7 @@ async def _report(
     """After the last step: the rollout timeline and plots in the run dir, and the ledger on stdout."""
     from rollart.client.plot import plot_run
     from rollart.client.timeline import collect_timeline, write_timeline
+    from rollart.client.train import not_learned_note
 
     print("collecting the rollout timeline from the workflow histories ...")
     prefix = job.temporal.task_queue_prefix
@@ -283,9 +284,18 @@ async def _report(
     )
     if note := result.end_note():
         print(note)  # learned: success ≥ 0.95 held for 20 steps, ended at step 96 of 200
+    if warning := not_learned_note(result, _rows(writer.path), run_dir):
+        print(warning)
     if result.last:
         print(f"last step: reward {result.last.reward_mean:.3f}, success {result.last.played_success:.2f}")
     print(f"metrics: {writer.path}   plots: {', '.join(str(p) for p in plots)}")
+
+
+def _rows(metrics: Path) -> list[dict]:
+    """The rows of a run's metrics.jsonl (none if it is missing)."""
+    import json
+
+    return [json.loads(line) for line in metrics.read_text().splitlines() if line] if metrics.exists() else []
 
 
 def _cancel_on_signals() -> asyncio.Event:

@@ -14,12 +14,27 @@ from temporalio.service import RPCError
 from rollart.client.connection import Outage, is_unreachable, probe
 from rollart.client.exporters import Exporter
 from rollart.client.unserved import Unserved
-from rollart.contracts.training import StepRecord, TrainingInput, TrainingPlan, TrainingResult, TrainingStatus
+from rollart.contracts.training import (
+    StepRecord,
+    TrainingInput,
+    TrainingPlan,
+    TrainingResult,
+    TrainingStatus,
+    played_success,
+)
 from rollart.infra.config import JobSpec, resolve
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal import search_attributes as sa
 
-__all__ = ["MetricsWriter", "follow", "run_dir_of", "start_training", "status_of", "terminate_job"]
+__all__ = [
+    "MetricsWriter",
+    "follow",
+    "not_learned_note",
+    "run_dir_of",
+    "start_training",
+    "status_of",
+    "terminate_job",
+]
 
 
 async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Path) -> WorkflowHandle:
@@ -41,6 +56,24 @@ async def start_training(client: Client, job: JobSpec, job_id: str, run_dir: Pat
                 SearchAttributePair(sa.POLICY_VERSION, 0),
             ]
         ),
+    )
+
+
+def not_learned_note(result: TrainingResult, rows: Sequence[dict], run_dir: Path) -> str | None:
+    """What to tell a user whose job used up `training.steps` without its `stop_when` rule holding: the success at
+    the end and the best step seen (`rows`: metrics.jsonl), and where to look. None when the job learned, was
+    stopped, or has no rule to judge it by.
+
+    Why: "trained all 200 steps" reads like success; a run that did not learn must say so in its last lines."""
+    if result.ended_by != "steps" or result.stop_when is None or not rows:
+        return None
+    successes = [(played_success(r), r["step"]) for r in rows]
+    best, best_step = max(successes, key=lambda s: (s[0], -s[1]))
+    last = successes[-1][0]
+    return (
+        f"not learned in {result.steps} steps (stop_when: {result.stop_when.describe()}): success {last:.2f} at "
+        f"the end, best {best:.2f} (step {best_step}). Look at the curves (rollart report {run_dir}) and at "
+        "docs/learning.md (what the examples reach, and the knobs that matter)"
     )
 
 

@@ -97,3 +97,27 @@ def test_a_plain_run_to_its_steps_has_nothing_more_to_say() -> None:
     result = ended(3)
     assert result.ended_by == "steps" and result.end_note() is None
     assert result.describe_end() == "trained all 3 steps"
+
+
+def test_a_run_that_did_not_learn_says_so_with_its_best_step(tmp_path) -> None:
+    from rollart.client.train import not_learned_note
+
+    rows = [{"step": 0, "success_rate": 0.0}, {"step": 1, "success_rate": 0.5}, {"step": 2, "success_rate": 0.25}]
+    result = ended(3, max_steps=3, stop_when=StopWhen(success=0.95, steps=20))
+    note = not_learned_note(result, rows, tmp_path)
+    assert note is not None and note.startswith("not learned in 3 steps (stop_when: success ≥ 0.95 held for 20 steps)")
+    assert "success 0.25 at the end, best 0.50 (step 1)" in note and f"rollart report {tmp_path}" in note
+    # dynamic sampling's played success is the step's success, not the batch's
+    played = [{"step": 0, "success_rate": 0.1, "success_sampled": 0.9}]
+    assert "best 0.90 (step 0)" in (not_learned_note(result, played, tmp_path) or "")
+
+
+def test_a_run_that_learned_or_has_no_rule_gets_no_warning(tmp_path) -> None:
+    from rollart.client.train import not_learned_note
+
+    rows = [{"step": 0, "success_rate": 1.0}]
+    rule = StopWhen(success=0.95, steps=1)
+    assert not_learned_note(ended(1, ended_by="stop_when", stop_when=rule), rows, tmp_path) is None
+    assert not_learned_note(ended(1, ended_by="stop_signal", stop_when=rule), rows, tmp_path) is None
+    assert not_learned_note(ended(1), rows, tmp_path) is None
+    assert not_learned_note(ended(1, stop_when=rule), [], tmp_path) is None
