@@ -25,6 +25,7 @@ BENCHMARKS = {
     "peer_trl": "bench.peer_trl",
     "scale": "bench.scale",
     "learning": "bench.learning",
+    "learning_standin": "bench.learning_standin",
     "size": "bench.size",
     "lora_swap": "bench.lora_swap",
     "turns": "bench.turns",
