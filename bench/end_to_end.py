@@ -83,7 +83,18 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="compare hand-written placements with generate_pool: auto at traj b1 (PLACEMENT_MODES)",
     )
+    parser.add_argument(
+        "--to-quality",
+        action="store_true",
+        help="time to 0.8 success of the default example in each mode, over --seeds (bench/to_quality.py)",
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="--to-quality: seeds per mode (default 3)")
+    parser.add_argument("--cap", type=int, default=150, help="--to-quality: steps per run at most (default 150)")
     args = parser.parse_args(argv)
+    if args.to_quality:
+        from bench.to_quality import run
+
+        return run(args.seeds, args.cap)
     steps, repeats = (6, 2) if args.quick else (args.steps, args.repeats)
     modes = UNIT_MODES if args.units else {n: {"rollout_mode": m, "async_bound": b} for n, (m, b) in MODES.items()}
     modes = PLACEMENT_MODES if args.placement else modes

@@ -39,9 +39,13 @@ from rollart.infra.temporal.connection import connect
 from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
 from rollart.workers.local_stack import pools_for_job
 
-__all__ = ["main", "measure"]
+__all__ = ["CLAIM", "claim_verdict", "main", "measure"]
 
 HOME = RESULTS / ".stack-learning"
+CLAIM = {"example": "frozenlake", "target": 0.8, "by_step": 112, "share": 0.8}
+"""What README.md says a fresh `make run` does: the share of runs whose training success (5-step mean) reaches
+`target` by step `by_step`. `--check` measures it and fails below it; tests/test_readme_claim.py holds the
+README to these numbers."""
 STABLE_SHARE = 0.2
 """Stability is measured over this last share of a run's steps."""
 
@@ -91,7 +95,7 @@ def main(argv: list[str]) -> int:
         prog="python -m bench learning", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--example", default="frozenlake", help="examples/NAME.yaml (default frozenlake)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per bound: 0 .. N-1 (default 3)")
+    parser.add_argument("--seeds", type=int, help="seeds per bound: 0 .. N-1 (default 3; --check: 10)")
     parser.add_argument("--first-seed", type=int, default=0, help="the first seed (default 0)")
     parser.add_argument("--bounds", default="0,1,2", help="comma-separated async bounds (default 0,1,2)")
     parser.add_argument("--steps", type=int, help="train steps per run (default: the example's)")
@@ -107,9 +111,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--eval-episodes", type=int, default=200, help="held-out greedy episodes (default 200)")
     parser.add_argument("--name", help="results file stem (default learning-EXAMPLE)")
     parser.add_argument("--quick", action="store_true", help="1 seed, bounds 0 and 1, 20 steps, 20 eval episodes")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help=(
+            f"the release check of README's claim: the default example at its own bound, --seeds runs (default 10) "
+            f"of at most {CLAIM['by_step']} steps; exits 1 when fewer than {CLAIM['share']:.0%} reach "
+            f"{CLAIM['target']} (writes learning-check.json; docs/learning.md)"
+        ),
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.bounds, args.steps, args.eval_episodes = 1, "0,1", 20, 20
+    if args.check:
+        return check(args)
+    args.seeds = args.seeds or 3
     job = bench_job(args.example, args.set, args.steps)
     bounds = [int(b) for b in args.bounds.split(",") if b.strip()]
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
@@ -125,6 +141,56 @@ def main(argv: list[str]) -> int:
                 print(f"  bound {bound} seed {seed}: {_line(run)}", flush=True)
     report(runs, job, args)
     return 0
+
+
+def check(args: argparse.Namespace) -> int:
+    """README's claim, measured: `args.seeds` runs (10 unless given) of the default example as `make run` trains it
+    (its own async bound), each capped at the claim's step and ended once `--window` steps in a row reached the
+    target (by then their mean has); exit 1 when fewer than the claim's share reach the target by the claim's step."""
+    seeds = args.seeds or 10
+    stop = f"training.stop_when={{success: {CLAIM['target']}, steps: {args.window}}}"  # reached: no need to go on
+    job = bench_job(CLAIM["example"], [stop, *args.set], CLAIM["by_step"])
+    bound = job.training.async_bound
+    print(
+        f"learning --check: examples/{CLAIM['example']}.yaml at bound {bound}, {seeds} seeds, {CLAIM['by_step']} "
+        f"steps; README: ≥ {CLAIM['share']:.0%} reach {CLAIM['target']}",
+        flush=True,
+    )
+    _forget_earlier_runs()
+    runs: list[dict[str, Any]] = []
+    with stack_for(job, HOME, pools_for_job(job, training=True)) as stack:
+        for seed in range(args.first_seed, args.first_seed + seeds):
+            run = asyncio.run(_train_and_eval(stack, for_run(job, bound, seed), 20))
+            run.update(bound=bound, seed=seed, **measure(run, CLAIM["target"], args.window))
+            runs.append(run)
+            print(f"  seed {seed}: {_line(run)}", flush=True)
+    verdict = claim_verdict(runs)
+    print(format_table(runs, COLUMNS))
+    (RESULTS / "learning-check.json").write_text(
+        json.dumps({"claim": CLAIM, "sets": args.set, "runs": runs, **verdict})
+    )
+    print(verdict["line"])
+    return 0 if verdict["holds"] else 1
+
+
+def claim_verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the runs bear out README's claim, and the line that says so (with the steps and minutes to it)."""
+    reached = [r for r in runs if r["steps_to_target"] is not None and r["steps_to_target"] <= CLAIM["by_step"]]
+    share = len(reached) / len(runs) if runs else 0.0
+    holds = bool(runs) and share >= CLAIM["share"] - 1e-9
+    steps = sorted(r["steps_to_target"] for r in reached)
+    minutes = sorted(r["minutes_to_target"] for r in reached)
+    spread = (
+        f": steps {steps[0]}–{steps[-1]} (median {statistics.median(steps):g}), "
+        f"{minutes[0]:.1f}–{minutes[-1]:.1f} min (median {statistics.median(minutes):.1f})"
+        if reached
+        else ""
+    )
+    line = (
+        f"{'claim holds' if holds else 'CLAIM FAILS'}: {len(reached)} of {len(runs)} runs reached "
+        f"{CLAIM['target']} by step {CLAIM['by_step']}{spread}; README claims ≥ {CLAIM['share']:.0%}"
+    )
+    return {"holds": holds, "share": share, "reached": len(reached), "line": line}
 
 
 def _forget_earlier_runs() -> None:

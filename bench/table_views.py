@@ -262,6 +262,26 @@ _LEARNING = (
     Col("run", "minutes", fixed(1, " min")),
 )
 
+_CHECK = (  # `bench learning --check` ends a run once it reached the target: no stability columns
+    Col("seed", "seed", align="l"),
+    Col("steps to 0.8", lambda r: r["steps_to_target"] if r["steps_to_target"] is not None else "not reached"),
+    Col("min to 0.8", "minutes_to_target", ".1f"),
+    Col("greedy eval", "eval", ".3f"),
+    Col("dropped", "dropped"),
+    Col("run", "minutes", fixed(1, " min")),
+)
+
+_TO_QUALITY = (
+    Col("mode", "name", align="l"),
+    Col("runs", "runs"),
+    Col("reach 0.8", "reached_share", pct),
+    Col("steps to 0.8 (each run)", lambda r: ", ".join(str(x) if x else "–" for x in r["each"]), align="l"),
+    Col("median steps", "steps_to_target", ".0f"),
+    Col("median min to 0.8", "minutes_to_target", ".2f"),
+    Col("vs sync (time to 0.8)", "vs_sync", fixed(2, "x")),
+    Col("s / step", "s_per_step", ".2f"),
+)
+
 VIEWS: dict[str, View] = {
     "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
     "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
@@ -291,6 +311,8 @@ VIEWS: dict[str, View] = {
         _LEARNING,
     ),
     "learning.frozenlake-b10": View(("learning-frozenlake-b10-s012",), _learning, _LEARNING),
+    "learning.check": View(("learning-check",), _key("runs"), _CHECK),
+    "to_quality": View(("to_quality",), modes, _TO_QUALITY),
     "learning.frozenlake-lora": View(("learning-frozenlake-lora",), _learning, _LEARNING),
     "learning.arithmetic-coverage": View(
         ("learning-arithmetic-coverage-b1", "learning-arithmetic-coverage-b0"), _learning, _LEARNING
