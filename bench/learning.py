@@ -39,7 +39,7 @@ from rollart.infra.temporal.connection import connect
 from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
 from rollart.workers.local_stack import pools_for_job
 
-__all__ = ["CLAIM", "claim_verdict", "main", "measure"]
+__all__ = ["CLAIM", "claim_verdict", "forget_earlier_runs", "main", "measure", "train_and_eval"]
 
 HOME = RESULTS / ".stack-learning"
 CLAIM = {"example": "frozenlake", "target": 0.8, "by_step": 112, "share": 0.8}
@@ -131,11 +131,11 @@ def main(argv: list[str]) -> int:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     print(f"learning: {args.example}, bounds {bounds}, seeds {seeds}, {job.training.steps} steps each", flush=True)
     runs: list[dict[str, Any]] = []
-    _forget_earlier_runs()
+    forget_earlier_runs()
     with stack_for(job, HOME, pools_for_job(job, training=True)) as stack:
         for bound in bounds:
             for seed in seeds:
-                run = asyncio.run(_train_and_eval(stack, for_run(job, bound, seed), args.eval_episodes))
+                run = asyncio.run(train_and_eval(stack, for_run(job, bound, seed), args.eval_episodes))
                 run.update(bound=bound, seed=seed, **measure(run, args.target, args.window))
                 runs.append(run)
                 print(f"  bound {bound} seed {seed}: {_line(run)}", flush=True)
@@ -156,11 +156,11 @@ def check(args: argparse.Namespace) -> int:
         f"steps; README: ≥ {CLAIM['share']:.0%} reach {CLAIM['target']}",
         flush=True,
     )
-    _forget_earlier_runs()
+    forget_earlier_runs()
     runs: list[dict[str, Any]] = []
     with stack_for(job, HOME, pools_for_job(job, training=True)) as stack:
         for seed in range(args.first_seed, args.first_seed + seeds):
-            run = asyncio.run(_train_and_eval(stack, for_run(job, bound, seed), 20))
+            run = asyncio.run(train_and_eval(stack, for_run(job, bound, seed), 20))
             run.update(bound=bound, seed=seed, **measure(run, CLAIM["target"], args.window))
             runs.append(run)
             print(f"  seed {seed}: {_line(run)}", flush=True)
@@ -193,7 +193,7 @@ def claim_verdict(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"holds": holds, "share": share, "reached": len(reached), "line": line}
 
 
-def _forget_earlier_runs() -> None:
+def forget_earlier_runs() -> None:
     """Start from an empty Temporal database and store (the model stays): both grow by ~1 GB per run, and a
     dev server on an 11 GB SQLite file ran FrozenLake 3–5x slower (6–11 trajectories/s against 30), which
     would make minutes incomparable between invocations. The results files keep every curve."""
@@ -204,7 +204,7 @@ def _forget_earlier_runs() -> None:
             path.unlink()
 
 
-async def _train_and_eval(stack: Any, job: JobSpec, episodes: int) -> dict[str, Any]:
+async def train_and_eval(stack: Any, job: JobSpec, episodes: int) -> dict[str, Any]:
     """Train the job to its last step on the stack; its curve, then greedy success of its last policy."""
     client = await connect(stack.temporal, stack.store)
     job_id = f"learning-{job.name}-b{job.training.async_bound}-s{job.training.seed}-{uuid.uuid4().hex[:4]}"

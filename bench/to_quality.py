@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from bench.end_to_end import BASELINE, MODES
-from bench.learning import HOME, _forget_earlier_runs, _train_and_eval, bench_job, measure
+from bench.learning import HOME, bench_job, for_run, forget_earlier_runs, measure, train_and_eval
 from bench.report import format_table, write_results
 from bench.training_run import stack_for
 from rollart.infra.config import JobSpec
@@ -27,9 +27,9 @@ __all__ = ["mode_job", "quality_rows", "run"]
 
 
 def mode_job(base: JobSpec, rollout_mode: str, bound: int, seed: int) -> JobSpec:
-    """The example in one mode with every seed it has set to `seed`."""
-    training = base.training.model_copy(update={"rollout_mode": rollout_mode, "async_bound": bound, "seed": seed})
-    return base.model_copy(update={"training": training, "trainer": base.trainer.model_copy(update={"seed": seed})})
+    """The example in one mode with every seed it has set to `seed` (`bench.learning.for_run`)."""
+    job = for_run(base, bound, seed)
+    return job.model_copy(update={"training": job.training.model_copy(update={"rollout_mode": rollout_mode})})
 
 
 def quality_rows(runs: dict[str, list[dict[str, Any]]], baseline: str = BASELINE) -> list[dict[str, Any]]:
@@ -71,12 +71,12 @@ def run(seeds: int, cap: int, target: float = 0.8, window: int = 5) -> int:
     stop = f"training.stop_when={{success: {target}, steps: {window}}}"
     base = bench_job("frozenlake", [stop], cap)
     print(f"to quality: examples/frozenlake.yaml, {len(MODES)} modes x {seeds} seeds, target {target}, cap {cap}")
-    _forget_earlier_runs()
+    forget_earlier_runs()
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
     with stack_for(base, HOME, pools_for_job(base, training=True)) as stack:
         for seed in range(seeds):
             for name, (mode, bound) in MODES.items():
-                r = asyncio.run(_train_and_eval(stack, mode_job(base, mode, bound, seed), 20))
+                r = asyncio.run(train_and_eval(stack, mode_job(base, mode, bound, seed), 20))
                 r.update(seed=seed, **measure(r, target, window))
                 runs[name].append(r)
                 to = r["steps_to_target"]
