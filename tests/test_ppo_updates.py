@@ -77,6 +77,9 @@ class Bandit(Policy):
         with torch.no_grad():
             self.theta.sub_(self._before).mul_(factor).add_(self._before)
 
+    def forget_weights(self) -> None:
+        del self._before
+
 
 def say_1(advantage: float = 1.0) -> TrainSequence:
     """Prompt token 0, completion token 1, sampled by the uniform policy (logprob log 1/3)."""
@@ -192,3 +195,5 @@ def test_master_weights_shrink_an_update_in_the_masters_and_the_bf16_model() -> 
     opt.shrink(0.25)
     assert torch.allclose(opt.masters[0], before + 0.25 * (full - before), atol=1e-7)
     assert torch.equal(model.weight, opt.masters[0].to(torch.bfloat16))
+    opt.forget()
+    assert opt._before == []  # the copy is not kept between steps

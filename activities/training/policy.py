@@ -99,6 +99,10 @@ class Policy(ABC):
         """Scale this rank's update since `remember_weights` by `factor` (every rank alike: a collective decision)."""
         self.optimizer.shrink(factor)
 
+    def forget_weights(self) -> None:
+        """Drop what `remember_weights` kept, once the update is final."""
+        self.optimizer.forget()
+
     @abstractmethod
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy as HF `(name, tensor)` pairs (a tied head left out), each yielded by the one rank that

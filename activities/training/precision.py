@@ -66,6 +66,10 @@ class MasterWeights:
                 if p is not m:
                     p.copy_(m)
 
+    def forget(self) -> None:
+        """Drop the copy `remember` kept (a model's worth of memory between steps)."""
+        self._before = []
+
     def state_dict(self) -> dict:
         """Optimizer state, plus the fp32 masters where they are copies (a bf16 model alone would lose them)."""
         copies = {i: m.detach() for i, (p, m) in enumerate(zip(self.params, self.masters)) if p is not m}

@@ -137,8 +137,9 @@ def logprob_change(policy: Policy, ranks: Ranks, seqs: Sequence[TrainSequence], 
     with torch.no_grad():
         for mb in micro_batches(seqs, micro_batch_size, policy.pad_id):
             mb = mb.to(policy.device)
+            if mb.prox_logprobs is None:
+                raise ValueError("logprob_change needs sequences with prox_logprobs (with_proximal_logprobs)")
             logp = policy.logprobs(mb, entropy_grad=False)[0].float()
-            assert mb.prox_logprobs is not None  # with_proximal_logprobs set them
             mask = mb.completion_mask.float()
             moved += float(((logp - mb.prox_logprobs.float()).abs() * mask).sum())
             tokens += float(mask.sum())
@@ -156,15 +157,18 @@ def step_within_limit(policy: Policy, ranks: Ranks, seqs: Sequence[TrainSequence
     if limit is None:
         return policy.step(cfg)
     policy.remember_weights()
-    outcome = policy.step(cfg)
-    if not outcome.applied:
-        return outcome
-    change, shrinks = logprob_change(policy, ranks, seqs, cfg.micro_batch_size), 0
-    while change > limit and shrinks < SHRINKS_MAX:
-        policy.shrink_update(0.5)
-        shrinks += 1
-        change = logprob_change(policy, ranks, seqs, cfg.micro_batch_size)
-    return replace(outcome, logprob_change=change, shrinks=shrinks)
+    try:
+        outcome = policy.step(cfg)
+        if not outcome.applied:
+            return outcome
+        change, shrinks = logprob_change(policy, ranks, seqs, cfg.micro_batch_size), 0
+        while change > limit and shrinks < SHRINKS_MAX:
+            policy.shrink_update(0.5)
+            shrinks += 1
+            change = logprob_change(policy, ranks, seqs, cfg.micro_batch_size)
+        return replace(outcome, logprob_change=change, shrinks=shrinks)
+    finally:
+        policy.forget_weights()
 
 
 def mini_batch_parts(share_sizes: Sequence[int], count: int, seed: int) -> list[list[list[int]]]:
