@@ -42,7 +42,8 @@ async def test_auto_tasks_move_to_the_faster_pool_and_the_plan_is_shown(
     trained = [
         (s.task, served[k], inp.step) for inp in w.inputs("train_step") for s in inp.samples for k in s.turn_keys
     ]
-    assert {(task, pool) for task, pool, step in trained if step == 0} == {("a", "h800"), ("b", "h20")}  # the spread
+    # the spread: steps 0 and 1 train groups launched before the first plan (which of them finish first is a race)
+    assert {(task, pool) for task, pool, step in trained if step <= 1} == {("a", "h800"), ("b", "h20")}
     assert {pool for _, pool, step in trained if step >= 4} == {"h800"}  # launched after the plan at step 2
     p = status.placement
     assert p is not None and p.assignment == {"a": "h800", "b": "h800"} and p.moves == 1 and p.plans >= 2
