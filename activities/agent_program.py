@@ -36,7 +36,7 @@ OUTPUT_TAIL_CHARS = 2000
 
 
 def _failed(why: str) -> ApplicationError:
-    return ApplicationError(why, type=ErrorType.AGENT_FAILED, non_retryable=True)
+    return ErrorType.AGENT_FAILED.error(why)
 
 
 def as_result(value: Any) -> RunAgentResult:
@@ -54,10 +54,8 @@ def as_result(value: Any) -> RunAgentResult:
         if isinstance(reward, int | float) and not isinstance(reward, bool):
             success = value.get("success")
             return RunAgentResult(reward=float(reward), success=None if success is None else bool(success))
-    raise ApplicationError(
-        f"an agent program returns its reward (a number, {{'value': ..., 'success': ...}}) or None, not {value!r}",
-        type=ErrorType.INVALID_INPUT,
-        non_retryable=True,
+    raise ErrorType.INVALID_INPUT.error(
+        f"an agent program returns its reward (a number, {{'value': ..., 'success': ...}}) or None, not {value!r}"
     )
 
 
@@ -107,7 +105,7 @@ class AgentActivities:
         try:
             fn = resolve_import_path(args.entry)
         except ImportPathError as e:
-            raise ApplicationError(str(e), type=ErrorType.INVALID_INPUT, non_retryable=True) from e
+            raise ErrorType.INVALID_INPUT.error(str(e)) from e
         try:
             if inspect.iscoroutinefunction(fn):
                 value = await fn(base_url, seed)
@@ -141,9 +139,7 @@ class AgentActivities:
                 start_new_session=True,  # its children are killed with it
             )
         except OSError as e:
-            raise ApplicationError(
-                f"cannot start agent command {args.command!r}: {e}", type=ErrorType.INVALID_INPUT, non_retryable=True
-            ) from e
+            raise ErrorType.INVALID_INPUT.error(f"cannot start agent command {args.command!r}: {e}") from e
         try:
             out, err = await asyncio.wait_for(proc.communicate(), args.timeout_s)
         finally:

@@ -138,8 +138,8 @@ class EnvActivities:
         try:
             return await asyncio.wait_for(self._call(fn, *args), timeout_s)
         except TimeoutError:
-            raise ApplicationError(
-                f"env {name!r}: {resets} throwaway resets took over {timeout_s:g}s", type="EnvResetTimeout"
+            raise ErrorType.ENV_RESET_TIMEOUT.error(
+                f"env {name!r}: {resets} throwaway resets took over {timeout_s:g}s"
             ) from None
 
     def _build(self, name: str, env_args: dict[str, Any], options: EnvOptions | None) -> tuple[EnvEntry, Any]:
@@ -184,8 +184,8 @@ class EnvActivities:
         try:
             return await asyncio.wait_for(self._call(reset_now, entry, env, seed), timeout_s)
         except TimeoutError:
-            raise ApplicationError(
-                f"env {entry.name!r} reset(seed={seed}) took over {timeout_s:g}s", type="EnvResetTimeout"
+            raise ErrorType.ENV_RESET_TIMEOUT.error(
+                f"env {entry.name!r} reset(seed={seed}) took over {timeout_s:g}s"
             ) from None
 
     @activity.defn(name="reset")
@@ -253,7 +253,7 @@ class EnvActivities:
                     except ApplicationError as e:
                         if e.type != ErrorType.SESSION_LOST:
                             raise
-                        raise ApplicationError(f"restore of {inp.owner_id}: {e}", type="EnvRestoreLost") from e
+                        raise ErrorType.ENV_RESTORE_LOST.error(f"restore of {inp.owner_id}: {e}") from e
                     if session.done[member] and turn < len(actions) - 1:
                         raise _mismatch(inp, member, f"episode ended at turn {turn} of {len(actions)} on replay")
                 if observation != expected:
@@ -287,7 +287,7 @@ class EnvActivities:
             try:
                 return await self._step(session, member, action)
             except ApplicationError as e:
-                if e.type != "EnvStepTransient" or attempt == REPLAY_STEP_TRIES - 1:
+                if e.type != ErrorType.ENV_STEP_TRANSIENT or attempt == REPLAY_STEP_TRIES - 1:
                     raise
         raise AssertionError("unreachable")
 
@@ -328,16 +328,14 @@ class EnvActivities:
         try:
             outcome = await self._call(session.envs[member].step, action)
         except TransientStepFault as e:  # raised before the env was touched: its state is intact, retry is safe
-            raise ApplicationError(f"env {session.entry.name!r} step: {e}", type="EnvStepTransient") from e
+            raise ErrorType.ENV_STEP_TRANSIENT.error(f"env {session.entry.name!r} step: {e}") from e
         except EnvSessionLost as e:  # the env's remote session is gone: the workflow restores the episode elsewhere
             session.done[member] = True
             if any(s is session for s in self._sessions.values()):  # first member to notice: drop the whole session
                 self._sessions = {sid: s for sid, s in self._sessions.items() if s is not session}
                 for env in session.envs:
                     await self._close(session.entry, env, f"a lost session of {session.owner}")
-            raise ApplicationError(
-                f"env {session.entry.name!r} lost its session: {e}", type=ErrorType.SESSION_LOST, non_retryable=True
-            ) from e
+            raise ErrorType.SESSION_LOST.error(f"env {session.entry.name!r} lost its session: {e}") from e
         except Exception as e:
             session.done[member] = True
             raise env_broken(f"env {session.entry.name!r} step raised {type(e).__name__}: {e}") from e
@@ -373,17 +371,13 @@ class EnvActivities:
         try:
             return self._sessions[session_id]
         except KeyError:
-            raise ApplicationError(
-                f"no session {session_id!r} on env worker {self.worker_id} (was the worker restarted?)",
-                type=ErrorType.SESSION_LOST,
-                non_retryable=True,
+            raise ErrorType.SESSION_LOST.error(
+                f"no session {session_id!r} on env worker {self.worker_id} (was the worker restarted?)"
             ) from None
 
 
 def _mismatch(inp: RestoreInput, member: int, why: str) -> ApplicationError:
-    return ApplicationError(
+    return ErrorType.REPLAY_MISMATCH.error(
         f"cannot restore {inp.owner_id} (member {member}) from seed {inp.seed}: {why}; env {inp.env!r} is not "
-        "deterministic in (seed, actions), so its episode cannot move to another worker",
-        type=ErrorType.REPLAY_MISMATCH,
-        non_retryable=True,
+        "deterministic in (seed, actions), so its episode cannot move to another worker"
     )

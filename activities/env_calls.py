@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from temporalio.exceptions import ApplicationError
-
 from rollart.activities.envs.base import ChatEnv, EnvSessionLost, observation_text
 from rollart.activities.envs.faults import FaultyEnv
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import StepResult
 from rollart.contracts.chat import ChatMessage, as_messages
+from rollart.contracts.errors import ErrorType
 from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
 
 log = logging.getLogger(__name__)
@@ -44,8 +43,8 @@ def reset_now(entry: EnvEntry, env: Any, seed: int) -> str | list[ChatMessage]:
     try:
         observation = env.reset(seed)
     except Exception as e:
-        raise ApplicationError(
-            f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}", type="EnvResetError"
+        raise ErrorType.ENV_RESET_ERROR.error(
+            f"env {entry.name!r} reset(seed={seed}) raised {type(e).__name__}: {e}"
         ) from e
     if is_chat(env):
         try:
@@ -97,7 +96,7 @@ def play_answers(name: str, env_args: dict[str, Any], seed: int, answers: list[s
             try:
                 outcome = env.step(answer)
             except EnvSessionLost as e:  # a throwaway env's server went away: a retry builds fresh ones
-                raise ApplicationError(f"env {entry.name!r} lost its session: {e}", type="EnvSessionLost") from e
+                raise ErrorType.THROWAWAY_ENV_LOST.error(f"env {entry.name!r} lost its session: {e}") from e
             except Exception as e:
                 raise env_broken(f"env {entry.name!r} step raised {type(e).__name__}: {e}") from e
             results.append(step_result(entry, outcome))

@@ -17,17 +17,17 @@ happen again."""
 
 def bad_input(message: str) -> ApplicationError:
     """Input no retry can fix (bad env args, a malformed request): fails at once."""
-    return ApplicationError(message, type=ErrorType.INVALID_INPUT, non_retryable=True)
+    return ErrorType.INVALID_INPUT.error(message)
 
 
 def unknown_component(message: str) -> ApplicationError:
     """An env or reward name that is neither registered nor importable on this worker."""
-    return ApplicationError(message, type=ErrorType.UNKNOWN_COMPONENT, non_retryable=True)
+    return ErrorType.UNKNOWN_COMPONENT.error(message)
 
 
 def env_broken(message: str) -> ApplicationError:
     """An env raised mid-episode: its state is unknown, so the episode cannot go on (not retried)."""
-    return ApplicationError(message, type=ErrorType.ENV_BROKEN, non_retryable=True)
+    return ErrorType.ENV_BROKEN.error(message)
 
 
 def train_step_failed(job_id: str, step: int, cause: BaseException) -> ApplicationError:
@@ -35,9 +35,7 @@ def train_step_failed(job_id: str, step: int, cause: BaseException) -> Applicati
 
     Not retried: the training workflow fails with the step, the job and the cause, instead of retrying forever.
     """
-    return ApplicationError(
+    return ErrorType.TRAIN_STEP_FAILED.error(
         f"train step {step} of job {job_id!r} failed: {type(cause).__name__}: {cause}. The step's own code raised, "
-        "so a retry would fail the same way; fix the cause (the model, the data or the trainer config) and resume",
-        type=ErrorType.TRAIN_STEP_FAILED,
-        non_retryable=True,
+        "so a retry would fail the same way; fix the cause (the model, the data or the trainer config) and resume"
     )

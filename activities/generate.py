@@ -16,7 +16,6 @@ from collections import OrderedDict
 from pathlib import Path
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
@@ -97,10 +96,8 @@ class GenerateActivities:
     async def generate_batch(self, inp: GenerateBatchInput) -> list[GenerateResult]:
         """Sample every prompt concurrently (one turn of a whole GRPO group): one activity, one engine batch."""
         if len(inp.prompts) != len(inp.data_keys):
-            raise ApplicationError(
-                f"generate_batch: {len(inp.prompts)} prompts but {len(inp.data_keys)} data keys",
-                type=ErrorType.INVALID_INPUT,
-                non_retryable=True,
+            raise ErrorType.INVALID_INPUT.error(
+                f"generate_batch: {len(inp.prompts)} prompts but {len(inp.data_keys)} data keys"
             )
         self._refuse_when_busy()
         request_id = _request_id()
@@ -130,7 +127,7 @@ class GenerateActivities:
         try:
             out = await self.engine.generate(prompt, sampling, request_id, priority)
         except EngineRequestError as e:  # e.g. a prompt over max_model_len: no retry can fix it
-            raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
+            raise ErrorType.REQUEST_REJECTED.error(str(e)) from e
         await asyncio.to_thread(self.store.put, data_key, stored_turn(prompt, out).to_bytes())
         return GenerateResult(
             completions=[
@@ -155,18 +152,16 @@ class GenerateActivities:
             prefix, new_ids = await asyncio.to_thread(self._chat_prompt, inp)
             parsing = self._tool_parsing(inp.tool_parser) if inp.tool_parser else None
         except (ConversationError, UnknownToolParser) as e:
-            raise ApplicationError(str(e), type=ErrorType.INVALID_INPUT, non_retryable=True) from e
+            raise ErrorType.INVALID_INPUT.error(str(e)) from e
         except StoreKeyError as e:  # the previous turn's record is gone: this trajectory cannot go on
-            raise ApplicationError(
-                f"chat turn {inp.data_key!r}: the previous turn's record is gone ({e})",
-                type=ErrorType.INVALID_INPUT,
-                non_retryable=True,
+            raise ErrorType.INVALID_INPUT.error(
+                f"chat turn {inp.data_key!r}: the previous turn's record is gone ({e})"
             ) from e
         prompt_ids = prefix + new_ids
         try:
             out = await self.engine.generate(prompt_ids, inp.sampling, request_id, inp.priority)
         except EngineRequestError as e:  # e.g. a conversation grown past max_model_len
-            raise ApplicationError(str(e), type=ErrorType.REQUEST_REJECTED, non_retryable=True) from e
+            raise ErrorType.REQUEST_REJECTED.error(str(e)) from e
         record = StoredTurn(
             prompt=self.chat.tokenizer.decode(new_ids),
             prompt_ids=new_ids,
@@ -233,10 +228,8 @@ class GenerateActivities:
             return
         waiting = self.engine.pressure().waiting
         if waiting > self.max_waiting:
-            raise ApplicationError(
-                f"engine of {self.worker_id} has {waiting} requests waiting (> {self.max_waiting}): try another",
-                type=ErrorType.ENGINE_BUSY,
-                non_retryable=True,
+            raise ErrorType.ENGINE_BUSY.error(
+                f"engine of {self.worker_id} has {waiting} requests waiting (> {self.max_waiting}): try another"
             )
 
     async def _render(self, observation: str, fmt: PromptFormat | None) -> str:
@@ -247,7 +240,7 @@ class GenerateActivities:
                 await asyncio.to_thread(self.renderer.load)
             return self.renderer.render(observation, fmt)
         except PromptFormatError as e:
-            raise ApplicationError(str(e), type=ErrorType.INVALID_INPUT, non_retryable=True) from e
+            raise ErrorType.INVALID_INPUT.error(str(e)) from e
 
     def _current(self, want: WeightsRef) -> bool:
         if self._job is None and self.engine.policy_version == 0:
@@ -268,10 +261,9 @@ class GenerateActivities:
             source = await asyncio.to_thread(self._latest_source, want.job_id, switching)
             version = source.manifest.version if source else 0
             if version < want.min_version:
-                raise ApplicationError(
+                raise ErrorType.WEIGHTS_NOT_PUBLISHED.error(
                     f"job {want.job_id!r} needs policy v{want.min_version} but the store has v{version} published "
-                    f"({self.store!r}; weights lost with a Mooncake master are gone unless store.fallback is local)",
-                    type="WeightsNotPublished",
+                    f"({self.store!r}; weights lost with a Mooncake master are gone unless store.fallback is local)"
                 )
             t1 = time.monotonic()
             await self.engine.load_weights(source, version, force=switching)  # None: the model dir's own
@@ -316,23 +308,20 @@ class GenerateActivities:
         if await asyncio.to_thread(latest_adapter, self.store, want.job_id) is None:
             return False
         if not self.engine.serves_adapters:
-            raise ApplicationError(
+            raise ErrorType.ADAPTERS_NOT_SERVED.error(
                 f"job {want.job_id!r} publishes LoRA adapters (trainer.lora) but this generation worker's engine was "
                 "built without LoRA: start the job's generation workers with its spec (`rollart worker --job`), "
-                "whose trainer.lora sets engine.max_lora_rank",
-                type="AdaptersNotServed",
-                non_retryable=True,
+                "whose trainer.lora sets engine.max_lora_rank"
             )
         t0 = time.monotonic()
         fetched = await asyncio.to_thread(fetch_adapter, self.store, want.job_id, self._adapters_dir())
         if fetched is None or fetched[0].version < want.min_version:
             if fetched is not None:
                 shutil.rmtree(fetched[1], ignore_errors=True)
-            raise ApplicationError(
+            raise ErrorType.WEIGHTS_NOT_PUBLISHED.error(
                 f"job {want.job_id!r} needs policy v{want.min_version} but its newest adapter in {self.store!r} is "
                 f"{'gone' if fetched is None else f'v{fetched[0].version}'} (an adapter lost with a Mooncake master "
-                "is gone unless store.fallback is local)",
-                type="WeightsNotPublished",
+                "is gone unless store.fallback is local)"
             )
         ref, path = fetched
         switching = self._job != want.job_id

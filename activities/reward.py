@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
 
 from rollart.activities.errors import bad_input, unknown_component
 from rollart.activities.heartbeat import heartbeating
@@ -61,7 +60,7 @@ class RewardActivities:
             try:
                 values = await asyncio.to_thread(run_all)
             except Exception as e:
-                raise ApplicationError(f"reward {name!r} raised {type(e).__name__}: {e}", type="RewardError") from e
+                raise ErrorType.REWARD_ERROR.error(f"reward {name!r} raised {type(e).__name__}: {e}") from e
         return [as_reward_result(v, name) for v in values]
 
     async def _scorer(self, entry: RewardEntry, args: dict[str, Any]) -> Callable[[Transcript], Any]:
@@ -93,13 +92,7 @@ def as_reward_result(value: object, name: str) -> RewardResult:
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         result = RewardResult(value=float(value), success=float(value) >= 1.0)
     else:
-        raise ApplicationError(
-            f"reward {name!r} returned {value!r}; return a float or a RewardResult",
-            type=ErrorType.INVALID_INPUT,
-            non_retryable=True,
-        )
+        raise ErrorType.INVALID_INPUT.error(f"reward {name!r} returned {value!r}; return a float or a RewardResult")
     if not math.isfinite(result.value):
-        raise ApplicationError(
-            f"reward {name!r} returned {result.value}", type=ErrorType.INVALID_INPUT, non_retryable=True
-        )
+        raise ErrorType.INVALID_INPUT.error(f"reward {name!r} returned {result.value}")
     return result

@@ -29,13 +29,13 @@ CHAT_UPDATE = "chat"
 
 
 class TurnRefused:
-    """The ApplicationError types a refused `chat` update carries: the endpoint answers them with HTTP 400."""
+    """The error types a refused `chat` update carries (the endpoint answers them with HTTP 400)."""
 
-    MAX_TURNS = "MaxTurnsReached"
-    NOT_AN_AGENT = "NotAnAgentTrajectory"
-    AGENT_DONE = "AgentDone"
-    REJECTED = ErrorType.REQUEST_REJECTED.value
-    HISTORY_MISMATCH = "HistoryMismatch"  # a request sent as a continuation of what the workflow does not hold
+    MAX_TURNS = ErrorType.MAX_TURNS_REACHED
+    NOT_AN_AGENT = ErrorType.NOT_AN_AGENT_TRAJECTORY
+    AGENT_DONE = ErrorType.AGENT_DONE
+    REJECTED = ErrorType.REQUEST_REJECTED
+    HISTORY_MISMATCH = ErrorType.HISTORY_MISMATCH
 
 
 class _Message(BaseModel):

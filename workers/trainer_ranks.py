@@ -44,16 +44,13 @@ def _rank_failed(err: RankError, step: int | None, job: str = "") -> Application
     or bad input)."""
     what = f"train step {step} of job {job!r}" if step is not None else "starting the trainer ranks"
     if err.type == ErrorType.TRAIN_STEP_FAILED.value:
-        return ApplicationError(
-            f"{what} failed: {err.message}; a retry would fail the same way, fix the cause and resume",
-            type=ErrorType.TRAIN_STEP_FAILED,
-            non_retryable=True,
+        return ErrorType.TRAIN_STEP_FAILED.error(
+            f"{what} failed: {err.message}; a retry would fail the same way, fix the cause and resume"
         )
     if err.non_retryable:
-        return ApplicationError(f"{what} failed: {err.message}", type=ErrorType.INVALID_INPUT, non_retryable=True)
-    return ApplicationError(
-        f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step is retried",
-        type=ErrorType.TRAINER_RANK_FAILED,
+        return ErrorType.INVALID_INPUT.error(f"{what} failed: {err.message}")
+    return ErrorType.TRAINER_RANK_FAILED.error(
+        f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step is retried"
     )
 
 
@@ -128,11 +125,9 @@ class RankGroup:
         """End the current generation (if any), start a new one for `spec` and wait until every rank is ready."""
         world = spec.world_size
         if world % self.nnodes:
-            raise ApplicationError(
+            raise ErrorType.INVALID_INPUT.error(
                 f"trainer.parallel tensor {spec.trainer.parallel.tensor} x data {spec.trainer.parallel.data} = {world} "
-                f"ranks do not split over {self.nnodes} trainer nodes; use a world size divisible by --nnodes",
-                type=ErrorType.INVALID_INPUT,
-                non_retryable=True,
+                f"ranks do not split over {self.nnodes} trainer nodes; use a world size divisible by --nnodes"
             )
         self._end_generation("a new launch")
         self._launches += 1
@@ -157,9 +152,8 @@ class RankGroup:
             self._check(gen, cancelled, step=None)
             if time.monotonic() > deadline:
                 self._end_generation("start timeout")
-                raise ApplicationError(
-                    f"trainer ranks not ready after {self.start_timeout_s:g}s (see the worker log)",
-                    type=ErrorType.TRAINER_RANK_FAILED,
+                raise ErrorType.TRAINER_RANK_FAILED.error(
+                    f"trainer ranks not ready after {self.start_timeout_s:g}s (see the worker log)"
                 )
             time.sleep(POLL_S * 5)
         log.info("trainer ranks ready in %.1fs (generation %s)", time.monotonic() - t0, gen)
@@ -176,7 +170,7 @@ class RankGroup:
             raise RuntimeError("no generation is running")
         if cancelled.is_set():
             self._end_generation("the step was cancelled")
-            raise ApplicationError(f"train step {step} was cancelled", type=ErrorType.TRAINER_RANK_FAILED)
+            raise ErrorType.TRAINER_RANK_FAILED.error(f"train step {step} was cancelled")
         err = self._failure(gen)
         if err is not None:
             job = self._spec.job_id if self._spec is not None else ""

@@ -14,7 +14,6 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
-    from temporalio.exceptions import ApplicationError
 
     from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, TurnRefused
     from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
@@ -45,10 +44,8 @@ class TrajectoryWorkflow:
     async def chat(self, req: ChatInput) -> ChatReply:
         """One chat request of the agent program playing this trajectory: a turn, sampled and recorded."""
         if self._agent is None:
-            raise ApplicationError(
-                "this trajectory is not played by an agent program (its task's env is not `agent`)",
-                type=TurnRefused.NOT_AN_AGENT,
-                non_retryable=True,
+            raise TurnRefused.NOT_AN_AGENT.error(
+                "this trajectory is not played by an agent program (its task's env is not `agent`)"
             )
         return await self._agent.chat(req)
 
@@ -58,10 +55,8 @@ class TrajectoryWorkflow:
         history it does not hold) before it is accepted: a refused request leaves nothing in the history (the
         handler checks again, under its lock)."""
         if self._agent is None:
-            raise ApplicationError(
-                "this trajectory is not played by an agent program (its task's env is not `agent`)",
-                type=TurnRefused.NOT_AN_AGENT,
-                non_retryable=True,
+            raise TurnRefused.NOT_AN_AGENT.error(
+                "this trajectory is not played by an agent program (its task's env is not `agent`)"
             )
         self._agent.check(req)
 

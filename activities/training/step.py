@@ -36,6 +36,7 @@ from rollart.activities.training.records import (
 )
 from rollart.activities.training.updates import updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
+from rollart.contracts.errors import ErrorType
 from rollart.infra.config import TrainerConfig
 from rollart.infra.memory import PeakRss
 from rollart.infra.store.adapters import is_adapter_key, publish_adapter
@@ -114,11 +115,9 @@ def state_mismatch(job_id: str, run_dir: str, have: int, asked: int) -> Applicat
             f"Step {asked} is done but its record {step_record_path(run_dir, asked)} is missing; "
             "restore the run dir's steps/, or start a new run dir."
         )
-    return ApplicationError(
+    return ErrorType.TRAINER_STATE_MISMATCH.error(
         f"trainer for job {job_id!r} {have_text} (run dir {run_dir}), so the next step it can run is {expected}, "
-        f"but was asked for step {asked}. {fix}",
-        type="TrainerStateMismatch",
-        non_retryable=True,
+        f"but was asked for step {asked}. {fix}"
     )
 
 

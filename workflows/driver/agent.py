@@ -115,26 +115,22 @@ class AgentEpisode:
         if req.history_len and (
             req.history_len != len(self.history) or req.history_digest != history_digest(self.history, self.tools)
         ):
-            raise ApplicationError(
+            raise TurnRefused.HISTORY_MISMATCH.error(
                 f"the request continues a conversation of {req.history_len} messages that this trajectory does not "
-                f"hold (it holds {len(self.history)}): send the whole conversation",
-                type=TurnRefused.HISTORY_MISMATCH,
-                non_retryable=True,
+                f"hold (it holds {len(self.history)}): send the whole conversation"
             )
 
     def refuse_if_done(self) -> None:
         """Raise the ApplicationError a request gets once the episode is over, failed, or at max_turns."""
         ep = self.episode
         if self.over:
-            raise ApplicationError("this agent episode is over", type=TurnRefused.AGENT_DONE, non_retryable=True)
+            raise TurnRefused.AGENT_DONE.error("this agent episode is over")
         if ep.error is not None:
-            raise ApplicationError(f"this trajectory has failed: {ep.error}", type=TurnRefused.AGENT_DONE)
+            raise TurnRefused.AGENT_DONE.error(f"this trajectory has failed: {ep.error}")
         if len(ep.turns) >= ep.inp.task.max_turns:
-            raise ApplicationError(
+            raise TurnRefused.MAX_TURNS.error(
                 f"max_turns ({ep.inp.task.max_turns}) reached: this episode may make no more chat requests "
-                "(raise the task's max_turns, or end the episode)",
-                type=TurnRefused.MAX_TURNS,
-                non_retryable=True,
+                "(raise the task's max_turns, or end the episode)"
             )
 
     def _failed_turn(self, err: CallFailed) -> ApplicationError:
@@ -144,7 +140,7 @@ class AgentEpisode:
             self.bad_input = self.bad_input or err  # a job that cannot work at all: fails the workflow at the end
         elif err.error_type != ErrorType.REQUEST_REJECTED:
             self.episode.error = self.episode.error or err.message
-        return ApplicationError(err.message, type=TurnRefused.REJECTED, non_retryable=True)
+        return TurnRefused.REJECTED.error(err.message)
 
     async def play(self, report: Report | None = None) -> TrajectoryResult:
         """Run the program to its end (its turns come in meanwhile), then score and report the trajectory."""
@@ -154,7 +150,7 @@ class AgentEpisode:
             args = AgentArgs.parse(task.env_args)
         except ValueError as e:
             why = f"task {task.name!r}: env_args of an agent program: {e}"
-            raise ApplicationError(why, type=ErrorType.INVALID_INPUT, non_retryable=True) from e
+            raise ErrorType.INVALID_INPUT.error(why) from e
         out: RunAgentResult | None = None
         try:
             out = await ep.calls.call(

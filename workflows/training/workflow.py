@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
         TrainStepResult,
     )
+    from rollart.contracts.errors import ErrorType
     from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
     from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult, TrainingState, TrainingStatus
     from rollart.infra.config import TaskSpec
@@ -310,10 +311,8 @@ class TrainingWorkflow:
             workflow.set_current_details(stalls.summary(self.s.stall.stalls))
         over = stalls.overdue(self.s.stall, cfg)
         if over is not None:
-            self.fatal = ApplicationError(
+            self.fatal = ErrorType.JOB_STALLED.error(
                 f"job {self.inp.job_id} stalled: {over.describe()}; gave up after training.stall.fail_after_s = "
                 f"{cfg.fail_after_s:g} s (start a worker for the pool, or raise or unset fail_after_s)",
                 {"reason": over.reason, "pool": over.pool, "since": over.since},
-                type="JobStalled",
-                non_retryable=True,
             )
