@@ -64,9 +64,10 @@ class ErrorType(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    def error(self, message: str) -> ApplicationError:
-        """The ApplicationError of this type, retryable exactly when the type says so."""
-        return ApplicationError(message, type=self.value, non_retryable=not self.retryable)
+    def error(self, message: str, *details: object) -> ApplicationError:
+        """The ApplicationError of this type (with `details` for whoever handles it), retryable exactly when the
+        type says so."""
+        return ApplicationError(message, *details, type=self.value, non_retryable=not self.retryable)
 
 
 BAD_INPUT: tuple[str, ...] = (ErrorType.INVALID_INPUT.value, ErrorType.UNKNOWN_COMPONENT.value)
