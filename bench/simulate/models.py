@@ -93,6 +93,7 @@ class TrainerModel:
     fixed_s: float = 0.0
     gpus: int = 0
     gpu_name: str = field(default="")
+    metrics: dict[str, float] = field(default_factory=dict)  # each step's metrics (what entropy control reads)
 
     @classmethod
     def of(cls, model: ModelSpec, gpu: GpuSpec, gpus: int, mfu: float = 0.4, fixed_s: float = 5.0) -> TrainerModel:

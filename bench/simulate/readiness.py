@@ -1,13 +1,13 @@
-"""The training loop's wait condition at 10,000 trajectories in flight: the ledger's answers, kept incrementally.
+"""The loop's `Ledger` at 10,000 trajectories in flight: the same answers, kept incrementally.
 
-`ledger.batch_ready`, `ledger.train_partial` and `staleness.stale_ready` scan the whole buffer once per
-complete group (`staleness.is_stale`): O(groups × buffer) each time the loop wakes. The workflow wakes once
-per workflow task; the simulator would wake once per report, and at 10,000 in flight that alone costs hours.
-This index keeps, per complete group, its members in the buffer and their oldest policy version, updated as
-results are accepted, so the same three answers cost O(complete groups). It decides nothing of its own: the
-loop still calls the pure modules to act (launches, accept), but for `take_batch` and `drop_stale`, which it
-redoes in one pass over the buffer instead of one or two per complete group (same groups, same order).
-`Exact` answers with the modules themselves, and tests check that both give the same run.
+`loop.Ledger` answers `batch_ready`, `train_partial` and `stale_ready` with the pure modules, which scan the
+whole buffer once per complete group (`staleness.is_stale`): O(groups × buffer) each time the loop wakes. The
+workflow wakes once per workflow task; the simulator would wake once per report, and at 10,000 in flight that
+alone costs hours. This index, behind the same interface, keeps per complete group its members in the buffer
+and their oldest policy version, updated through the ledger's hooks as results are accepted, so the same
+answers cost O(complete groups). It decides nothing of its own (the loop core still acts: launches, accept),
+but for `take_batch` and `drop_stale`, which it redoes in one pass over the buffer instead of one or two per
+complete group (same groups, same order). Tests check that both give the same run.
 """
 
 from __future__ import annotations
@@ -17,43 +17,12 @@ import math
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import TrainingPlan, TrainingState
-from rollart.workflows.training import admission, ledger, staleness
+from rollart.workflows.training import admission, loop
 
-__all__ = ["Exact", "Indexed"]
-
-
-class Exact:
-    """The wait condition's terms straight from the pure modules (small runs, and the reference in tests)."""
-
-    def __init__(self, plan: TrainingPlan) -> None:
-        self.plan = plan
-
-    def accepting(self, state: TrainingState, results: list[TrajectoryResult]) -> None:
-        """Results about to go into the ledger (nothing to keep here)."""
-
-    def accepted(self, state: TrainingState) -> None:
-        """`ledger.accept` took results in (nothing to keep here)."""
-
-    def settled(self, state: TrainingState) -> None:
-        """Groups left the ready list (a batch taken, stale groups dropped)."""
-
-    def batch_ready(self, s: TrainingState) -> bool:
-        return ledger.batch_ready(self.plan, s)
-
-    def train_partial(self, s: TrainingState) -> bool:
-        return ledger.train_partial(self.plan, s)
-
-    def stale_ready(self, s: TrainingState) -> bool:
-        return staleness.stale_ready(s, self.plan.training.async_bound)
-
-    def take_batch(self, s: TrainingState) -> list[SampleRef]:
-        return ledger.take_batch(self.plan, s)
-
-    def drop_stale(self, s: TrainingState) -> int:
-        return staleness.drop_stale(s, self.plan.training.async_bound)
+__all__ = ["Indexed"]
 
 
-class Indexed(Exact):
+class Indexed(loop.Ledger):
     """The same answers from a per-group index: members buffered and the oldest version among them, and for the
     complete groups, their members and their number by that oldest version (a group's staleness is a function
     of it and the step), so each answer costs O(versions in the buffer), a few."""

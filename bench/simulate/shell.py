@@ -1,15 +1,13 @@
-"""The training workflow's loop, re-shelled for virtual time: the same pure decisions, no Temporal.
+"""The training loop on virtual time: workflows/training/loop.py's reactions in a second shell, no Temporal.
 
-workflows/training/workflow.py is a thin shell around pure modules; this is another shell around the same
-ones: `admission.launches` says what to start, the children play rollart's rollout driver on `SimCalls`
-(as TrajectoryWorkflow, BatchRolloutWorkflow and GroupRolloutWorkflow do), their reports go through
-`pressure.observe` and `ledger.accept`, and the loop wakes when a batch is ready, a launch fits, a partial batch
-must be trained or a stale group must be dropped, exactly the workflow's wait condition. A train step takes
-`TrainerModel.step_s` of the batch's tokens; `records.apply_step` books it, and the engines serve the new
-version from then on. Tasks with `generate_pool: auto` are placed as the workflow places them, at the same
-points: `placement.start` before the first launch, `placement.observe` on each report (after
-`pressure.observe`, before the ledger), and after a train step `placement.replan` when `placement.due`; the
-engines' own counts (`SimEngine`'s, in each result's `EnginePressure`) are the measured rates. Left out:
+`TrainingWorkflow` and this shell call the same loop core at the same points (`loop.running`,
+`loop.before_launch`, `loop.awake`, `loop.step_due`, `loop.next_batch`, `loop.after_step`, `loop.on_results`):
+what a report does, when the loop wakes, which batch a step trains with which trainer config (entropy control),
+the stop rule (`training.stop_when`) and placement's re-plans are decided once. This shell does its own I/O
+only: `admission.launches` are played as children on rollart's rollout driver over `SimCalls` (as
+TrajectoryWorkflow, BatchRolloutWorkflow and GroupRolloutWorkflow play them), and a train step takes
+`TrainerModel.step_s` of the batch's tokens, after which the engines serve the new version. The engines' own
+counts (`SimEngine`'s, in each result's `EnginePressure`) are the measured rates placement sees. Left out:
 signals, stalls, continue-as-new, child-workflow ids in Temporal.
 """
 
@@ -21,14 +19,14 @@ from dataclasses import dataclass, field
 
 from bench.simulate.calls import SimCalls
 from bench.simulate.models import TrainerModel
-from bench.simulate.readiness import Exact, Indexed
+from bench.simulate.readiness import Indexed
 from rollart.contracts.activities import TrainStepResult
 from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingPlan, TrainingState
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play
-from rollart.workflows.training import admission, ledger, lengths, placement, pressure, records
+from rollart.workflows.training import admission, loop
 from rollart.workflows.training.admission import Launch
 
 __all__ = ["Outcome", "SimTraining"]
@@ -64,7 +62,7 @@ class SimTraining:
         exact: bool = False,
     ) -> None:
         self.plan, self.calls, self.trainer, self.horizon_s = plan, calls, trainer, horizon_s
-        self.ready = Exact(plan) if exact else Indexed(plan)
+        self.book = loop.Ledger(plan) if exact else Indexed(plan)
         self.s = TrainingState()
         self.out = Outcome(0.0, self.s)
         self._wake = asyncio.Event()
@@ -80,28 +78,22 @@ class SimTraining:
         return self.s.step
 
     async def run(self) -> Outcome:
-        loop = asyncio.get_running_loop()
+        clock = asyncio.get_running_loop()
         if self.on_start is not None:
             self.on_start()
         if self.horizon_s is not None:
-            loop.call_at(self.horizon_s, self._end)
-        t, plan, s = self.plan.training, self.plan, self.s
-        while s.step < t.steps and not self._over:
+            clock.call_at(self.horizon_s, self._end)
+        plan, s = self.plan, self.s
+        while loop.running(plan, s) and not self._over:
             self._launch()
-            ready = self.ready
-            while not self._over and not (
-                ready.batch_ready(s) or admission.can_launch(plan, s) or ready.train_partial(s) or ready.stale_ready(s)
-            ):
+            while not self._over and not loop.awake(plan, s, self.book):
                 self._wake.clear()
                 await self._wake.wait()
             if self._over:
                 break
-            if ready.stale_ready(s):  # else drop_stale would find nothing (and scan the whole buffer to say so)
-                ready.drop_stale(s)
-                ready.settled(s)
-            if ready.batch_ready(s) or ready.train_partial(s):
+            if loop.step_due(plan, s, self.book):
                 await self._train_step()
-        self.out.elapsed_s = loop.time()
+        self.out.elapsed_s = clock.time()
         for task in self._children:  # what is still in flight is cancelled, as the workflow's _finish does
             task.cancel()
         await asyncio.gather(*self._children, return_exceptions=True)
@@ -115,8 +107,7 @@ class SimTraining:
 
     def _launch(self) -> None:
         now = asyncio.get_running_loop().time()
-        if self.plan.placement_pools and self.s.placement is None:
-            placement.start(self.plan, self.s)
+        loop.before_launch(self.plan, self.s)
         if self.s.placement is not None and not self.out.placements:  # the spread, or a start the caller set
             self._placed(now)
         for launch in admission.launches(self.plan, self.s, JOB_ID):
@@ -156,35 +147,27 @@ class SimTraining:
                     self._tokens[r.trajectory_id] = r.completion_tokens + r.prompt_tokens // max(1, r.turns)
                 else:
                     self.out.failed += 1
-        pressure.observe(self.plan, self.s, results)
-        placement.observe(self.s, results)
-        lengths.observe(self.plan, self.s, results)
-        self.ready.accepting(self.s, results)
-        ledger.accept(self.plan, self.s, results)
-        self.ready.accepted(self.s)
+        loop.on_results(self.plan, self.s, self.book, results)
         self._wake.set()
 
     # ------------------------------------------------------------ train steps
 
     async def _train_step(self) -> None:
-        loop = asyncio.get_running_loop()
-        batch = self.ready.take_batch(self.s)
-        self.ready.settled(self.s)
-        if not batch:  # only failed members in the ready groups: nothing to train on (see the report)
-            return
+        clock = asyncio.get_running_loop()
+        batch, trainer = loop.next_batch(self.plan, self.s, self.book)
         tokens = sum(self._tokens.pop(x.trajectory_id, 0) for x in batch)
         took = self.trainer.step_s(tokens)
         await asyncio.sleep(took)
         self.out.train_busy_s += took
         self.out.tokens_trained += tokens
         step = self.s.step
-        result = TrainStepResult(step=step, version=step + 1, weights_key=f"sim/{step + 1}")
-        records.apply_step(
-            self.s, self.plan.trainer, batch, result, loop.time(), pressure.current_cap(self.plan, self.s)
+        result = TrainStepResult(
+            step=step, version=step + 1, weights_key=f"sim/{step + 1}", metrics=dict(self.trainer.metrics)
         )
-        self.out.step_ends.append(loop.time())
-        if placement.due(self.plan, self.s) and placement.replan(self.plan, self.s):
-            self._placed(loop.time())
+        outcome = loop.after_step(self.plan, self.s, trainer, batch, result, clock.time())
+        self.out.step_ends.append(clock.time())
+        if outcome.moved:
+            self._placed(clock.time())
         self._wake.set()
 
     def _placed(self, now: float) -> None:

@@ -38,11 +38,11 @@ with workflow.unsafe.imports_passed_through():
     from rollart.infra.config import TaskSpec
     from rollart.infra.pools import Pool, queue_name
     from rollart.infra.temporal import search_attributes as sa
-    from rollart.workflows import entropy_control, policies, stalls
+    from rollart.workflows import policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
-    from rollart.workflows.training import admission, ledger, lengths, placement, pressure, records, staleness
+    from rollart.workflows.training import admission, loop, records
     from rollart.workflows.training.admission import Launch
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
@@ -64,6 +64,7 @@ class TrainingWorkflow:
         self.done = False
         self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
         self.parked = False  # the loop waits for work between launches and steps
+        self.book = loop.Ledger(self.plan)
 
     # ------------------------------------------------------------ control surface
 
@@ -76,10 +77,7 @@ class TrainingWorkflow:
         """
         if self.finishing:
             return
-        pressure.observe(self.plan, self.s, results)  # before the ledger: it tells repeats by what is in flight
-        placement.observe(self.s, results)
-        lengths.observe(self.plan, self.s, results)
-        if ledger.accept(self.plan, self.s, results) and self.plan.training.stall.enabled:
+        if loop.on_results(self.plan, self.s, self.book, results) and self.plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
 
     @workflow.signal
@@ -128,24 +126,15 @@ class TrainingWorkflow:
         return loop.result()
 
     async def _loop(self, inp: TrainingInput) -> TrainingResult:
-        """Launch, wait, train, continue-as-new now and then; the job's result at the end."""
+        """Launch, wait, train, continue-as-new now and then (workflows/training/loop.py decides); the result."""
         t, plan, s = self.plan.training, self.plan, self.s
         steps_this_run = 0
-        while s.step < t.steps and not s.stop_requested and s.ended_by is None:
+        while loop.running(plan, s):
             await self._launch()
             self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
-            await workflow.wait_condition(  # stale ready groups wake it too: they may be all the buffer holds
-                lambda: (
-                    ledger.batch_ready(plan, s)
-                    or admission.can_launch(plan, s)
-                    or ledger.train_partial(plan, s)
-                    or s.stop_requested
-                    or staleness.stale_ready(s, t.async_bound)
-                )
-            )
+            await workflow.wait_condition(lambda: loop.awake(plan, s, self.book))
             self.parked = False
-            staleness.drop_stale(s, t.async_bound)
-            if ledger.batch_ready(plan, s) or ledger.train_partial(plan, s):
+            if loop.step_due(plan, s, self.book):
                 await self._train_step()
                 steps_this_run += 1
                 ending = s.step >= t.steps or s.ended_by is not None
@@ -161,8 +150,7 @@ class TrainingWorkflow:
 
     async def _launch(self) -> None:
         """Start what admission allows (workflows/training/admission.py), all in one workflow task."""
-        if self.plan.placement_pools and self.s.placement is None:
-            placement.start(self.plan, self.s)
+        if loop.before_launch(self.plan, self.s):
             self._show_placement()
         starts = [self._start(launch) for launch in admission.launches(self.plan, self.s, self.inp.job_id)]
         if starts:
@@ -204,8 +192,7 @@ class TrainingWorkflow:
 
     async def _train_step(self) -> None:
         inp, plan = self.inp, self.plan
-        batch = ledger.take_batch(plan, self.s)
-        trainer = entropy_control.trainer_for_step(plan.trainer, self.s.entropy_coef)
+        batch, trainer = loop.next_batch(plan, self.s, self.book)
         result: TrainStepResult = await workflow.execute_activity(
             ActivityName.TRAIN_STEP.value,
             TrainStepInput(
@@ -224,8 +211,8 @@ class TrainingWorkflow:
         now = workflow.now().timestamp()
         if plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, now, finished=False)
-        record = records.apply_step(self.s, trainer, batch, result, now, pressure.current_cap(plan, self.s))
-        if records.learned(plan, self.s, record):
+        outcome = loop.after_step(plan, self.s, trainer, batch, result, now)
+        if outcome.learned:
             workflow.logger.info(
                 "job %s learned: %s, ending at step %d of %d",
                 inp.job_id,
@@ -234,9 +221,8 @@ class TrainingWorkflow:
                 plan.training.steps,
             )
         workflow.upsert_search_attributes([sa.STEP.value_set(self.s.step), sa.POLICY_VERSION.value_set(self.s.step)])
-        if placement.due(plan, self.s):
-            moved = placement.replan(plan, self.s)
-            self._show_placement(moved)
+        if outcome.replanned:
+            self._show_placement(outcome.moved)
 
     def _show_placement(self, moved: bool = False) -> None:
         """The placement of auto tasks in the log and in the workflow's memo (the Temporal UI shows it)."""
