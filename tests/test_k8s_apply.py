@@ -104,6 +104,15 @@ def test_connect_to_an_unreachable_api_server_is_a_clear_error(tmp_path: Path, m
         connect()
 
 
+def test_connect_without_the_kubernetes_client_says_which_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kubernetes` is the `k8s` extra: without it, apply says what to install instead of a ModuleNotFoundError."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # as if not installed: importing it raises ImportError
+    with pytest.raises(ApplyError, match=r"pip install 'rollart\[k8s\]'"):
+        connect()
+
+
 # ---------------------------------------------------------------- apply (against a fake dynamic client)
 
 

@@ -50,10 +50,16 @@ def connect(context: str | None = None) -> Cluster:
     """A dynamic client for the current kubeconfig context (or `context`), or in-cluster credentials."""
     import os
 
-    import urllib3
-    from kubernetes import client, config
-    from kubernetes.config.config_exception import ConfigException
-    from kubernetes.dynamic import DynamicClient
+    try:
+        import urllib3
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+        from kubernetes.dynamic import DynamicClient
+    except ImportError as e:
+        raise ApplyError(
+            f"`rollart k8s apply` needs the Kubernetes client ({e}): pip install 'rollart[k8s]' "
+            "(or use `rollart k8s render` and apply the files with your own tooling)"
+        ) from e
 
     try:
         if "KUBERNETES_SERVICE_HOST" in os.environ and context is None:
