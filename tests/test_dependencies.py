@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("workflows", "activities", "workers", "client", "cli", "infra", "contracts")
+PRODUCT = ("workflows", "activities", "workers", "client", "cli", "infra", "contracts", "sdk")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 SETUP_EXTRAS = ("cpu", "test", "gem", "openenv", "k8s")  # what `make setup` installs (and the lock files pin)
 NOT_IMPORTED = {

@@ -12,7 +12,7 @@ from rollart.contracts.errors import NEVER_RETRY, ErrorType
 from rollart.workflows.policies import RESET, STEP
 
 ROOT = Path(__file__).resolve().parent.parent
-PRODUCT = ("workflows", "activities", "workers", "client", "cli", "infra", "contracts")
+PRODUCT = ("workflows", "activities", "workers", "client", "cli", "infra", "contracts", "sdk")
 
 
 def application_errors() -> list[tuple[str, ast.Call]]:
