@@ -30,7 +30,12 @@ def test_every_package_is_in_the_wheel() -> None:
 
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     dirs = {f"rollart.{folder}": folder for folder in ("workflows", "activities", "workers", "cli", "client")}
-    dirs |= {"rollart.contracts": "contracts", "rollart.infra": "infra"}
+    dirs |= {
+        "rollart.contracts": "contracts",
+        "rollart.infra": "infra",
+        "rollart.sdk": "sdk",
+        "rollart.simulator": "simulator",
+    }
     assert setuptools["package-dir"] == dirs
     found = {
         ".".join(("rollart", *init.parent.relative_to(REPO).parts))

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from bench.simulate import calls as sim_calls
-from bench.simulate.cluster import PoolSpec
-from bench.simulate.models import TaskProfile, TrainerModel
-from bench.simulate.roofline import MODELS
-from bench.simulate.run import Setup, simulate
 from rollart.contracts.activities import RewardResult, SampleRef
 from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult
 from rollart.infra.config import JobSpec, TrainerConfig, TrainingConfig
 from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.simulator import calls as sim_calls
+from rollart.simulator.cluster import PoolSpec
+from rollart.simulator.models import TaskProfile, TrainerModel
+from rollart.simulator.roofline import MODELS
+from rollart.simulator.run import Setup, simulate
 from rollart.workflows.training import loop
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix

@@ -1,5 +1,5 @@
-"""The cluster simulator (bench/simulate): virtual time, rooflines, the engine's batching and priority, and
-rollart's scheduling code driven on them (docs/simulator.md)."""
+"""The cluster simulator (rollart.simulator; its setups in bench/simulate): virtual time, rooflines, the engine's
+batching and priority, and rollart's scheduling code driven on them (docs/simulator.md)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from typing import Any
 
 import pytest
 
-from bench.simulate.calls import SimCalls
-from bench.simulate.clock import SimulationDeadlock, run_virtual
-from bench.simulate.cluster import Cluster, PoolSpec
-from bench.simulate.engine import SimEngine
-from bench.simulate.models import Lognormal, Overheads, TaskProfile
-from bench.simulate.roofline import H800, MODELS, EngineRoofline
-from bench.simulate.run import simulate
 from bench.simulate.setups import calibration, paper
 from bench.workload import frozenlake_task
 from rollart.contracts.rollouts import TrajectoryInput
 from rollart.contracts.training import InFlight, TrainingState
+from rollart.simulator.calls import SimCalls
+from rollart.simulator.clock import SimulationDeadlock, run_virtual
+from rollart.simulator.cluster import Cluster, PoolSpec
+from rollart.simulator.engine import SimEngine
+from rollart.simulator.models import Lognormal, Overheads, TaskProfile
+from rollart.simulator.roofline import H800, MODELS, EngineRoofline
+from rollart.simulator.run import simulate
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.lockstep import play
 from rollart.workflows.training import ledger

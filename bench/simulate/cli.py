@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from bench.report import RESULTS, format_table, write_results
-from bench.simulate.run import Setup, simulate
 from bench.simulate.setups import MODES, calibration, paper
+from rollart.simulator.run import Setup, simulate
 
 __all__ = ["main"]
 

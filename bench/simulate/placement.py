@@ -13,11 +13,11 @@ from __future__ import annotations
 import random
 import statistics
 
-from bench.simulate.models import TaskProfile
-from bench.simulate.roofline import MODELS
 from bench.simulate.setups import PAPER_POOLS, PAPER_PROFILES, paper
 from rollart.infra.hardware import engine_rates
 from rollart.infra.placement import Placement, PoolRates, TaskLoad, evaluate, plan
+from rollart.simulator.models import TaskProfile
+from rollart.simulator.roofline import MODELS
 
 __all__ = ["HAND_WRITTEN", "loads", "planned", "rates"]
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.simulate.cluster import PoolSpec
-from bench.simulate.models import Lognormal, Overheads, TaskProfile, TrainerModel
-from bench.simulate.roofline import GPUS, MODELS, GpuSpec, ModelSpec
-from bench.simulate.run import Setup
 from bench.workload import LATENCY, SOKOBAN_LATENCY, arithmetic_task, frozenlake_task, multitask_job, sokoban_task
 from rollart.contracts.training import TrainingPlan
 from rollart.infra.config import AUTO_POOL, EngineConfig, JobSpec, PlacementConfig, StoreConfig, TrainingConfig
+from rollart.simulator.cluster import PoolSpec
+from rollart.simulator.models import Lognormal, Overheads, TaskProfile, TrainerModel
+from rollart.simulator.roofline import GPUS, MODELS, GpuSpec, ModelSpec
+from rollart.simulator.run import Setup
 
 __all__ = ["MODES", "calibration", "paper"]
 

@@ -2,7 +2,7 @@
 what follows it. Pure: no Temporal call, no clock of its own.
 
 Two shells run this loop: `TrainingWorkflow` (workflow.py) on Temporal, and the simulator's `SimTraining`
-(bench/simulate/shell.py) on virtual time. Each does only its own I/O (child workflows or simulated children,
+(simulator/shell.py) on virtual time. Each does only its own I/O (child workflows or simulated children,
 the train-step activity or a modelled step time, signals, stalls, continue-as-new) and calls these functions at
 the same points, so a change to the loop's reaction is made here and seen in both:
 

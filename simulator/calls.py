@@ -27,9 +27,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from bench.simulate.cluster import Cluster
-from bench.simulate.engine import Finished, SimEngine
-from bench.simulate.models import FifoCores, Overheads, TaskProfile
 from rollart.contracts.activities import (
     ActivityName,
     CheckInput,
@@ -56,11 +53,14 @@ from rollart.contracts.generation import (
     LiveEnginesInput,
     LiveEnginesResult,
 )
+from rollart.simulator.cluster import Cluster
+from rollart.simulator.engine import Finished, SimEngine
+from rollart.simulator.models import FifoCores, Overheads, TaskProfile
 from rollart.workflows.driver.calls import CallFailed
 
 __all__ = ["CallCounts", "SimCalls"]
 
-log = logging.getLogger("bench.simulate")
+log = logging.getLogger("rollart.simulator")
 log.setLevel(logging.ERROR)  # masked failures are counted, not logged one by one
 
 

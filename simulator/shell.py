@@ -17,12 +17,12 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.simulate.calls import SimCalls
-from bench.simulate.models import TrainerModel
-from bench.simulate.readiness import Indexed
 from rollart.contracts.activities import TrainStepResult
 from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingPlan, TrainingState
+from rollart.simulator.calls import SimCalls
+from rollart.simulator.models import TrainerModel
+from rollart.simulator.readiness import Indexed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play

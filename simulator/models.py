@@ -14,7 +14,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from bench.simulate.roofline import GpuSpec, ModelSpec
+from rollart.simulator.roofline import GpuSpec, ModelSpec
 
 __all__ = ["FifoCores", "Lognormal", "Overheads", "TaskProfile", "TrainerModel"]
 

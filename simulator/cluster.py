@@ -12,8 +12,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.simulate.engine import SimEngine
-from bench.simulate.roofline import GPUS, EngineRoofline, GpuSpec, ModelSpec
+from rollart.simulator.engine import SimEngine
+from rollart.simulator.roofline import GPUS, EngineRoofline, GpuSpec, ModelSpec
 
 __all__ = ["Cluster", "PoolSpec"]
 

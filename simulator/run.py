@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.simulate.calls import SimCalls
-from bench.simulate.clock import run_virtual
-from bench.simulate.cluster import Cluster, PoolSpec
-from bench.simulate.models import Overheads, TaskProfile, TrainerModel
-from bench.simulate.roofline import ModelSpec
-from bench.simulate.shell import Outcome, SimTraining
 from rollart.contracts.training import PlacementState, TrainingPlan
+from rollart.simulator.calls import SimCalls
+from rollart.simulator.clock import run_virtual
+from rollart.simulator.cluster import Cluster, PoolSpec
+from rollart.simulator.models import Overheads, TaskProfile, TrainerModel
+from rollart.simulator.roofline import ModelSpec
+from rollart.simulator.shell import Outcome, SimTraining
 
 __all__ = ["Setup", "simulate", "summarize"]
 

@@ -30,7 +30,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.simulate.roofline import EngineRoofline
+from rollart.simulator.roofline import EngineRoofline
 
 __all__ = ["Finished", "SimEngine"]
 
