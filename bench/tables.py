@@ -9,8 +9,10 @@ A page marks each generated table, and everything between the two markers is rew
 A table's name is either a view registered in VIEWS (a results file in the shape its benchmark writes, and the
 columns to show: a fresh `python -m bench NAME` run regenerates the table) or the stem of a results file of the
 simple form `{"recorded": ..., "columns": [...], "align": "lrr...", "rows": [[...], ...]}`, for measurements no
-benchmark writes in one file (a chaos run, runs with different flags, before/after pairs). `--check` changes
-nothing and exits 1 if a page is out of date.
+benchmark writes in one file (a chaos run, runs with different flags, before/after pairs). Such a table is
+transcribed, not measured by a run of a benchmark: the page says so under it, its file says how it was measured
+(`recorded`), and `--check` leaves it out, since comparing a typed-in table with its typed-in file proves
+nothing. `--check` changes nothing and exits 1 if a page's measured tables are out of date.
 """
 
 from __future__ import annotations
@@ -31,7 +33,17 @@ from bench.table_views import VIEWS
 VIEWS.update(COMPARISON_VIEWS)  # the comparison suite's (bench/comparison_views.py)
 VIEWS.update(SIMULATE_VIEWS)  # kept beside the simulator (bench/simulate/views.py)
 
-__all__ = ["DOCS", "VIEWS", "TableError", "main", "regenerate", "render", "stale_pages"]
+__all__ = [
+    "DOCS",
+    "TRANSCRIBED",
+    "VIEWS",
+    "TableError",
+    "is_transcribed",
+    "main",
+    "regenerate",
+    "render",
+    "stale_pages",
+]
 
 DOCS = Path(__file__).parent.parent / "docs"
 
@@ -86,15 +98,28 @@ def render(name: str, results: Path = RESULTS) -> str:
     if not isinstance(doc.get("columns"), list) or not isinstance(doc.get("rows"), list):
         raise TableError(f"{results / name}.json: no view is registered for it, and it has no 'columns' and 'rows'")
     columns = doc["columns"]
-    return markdown(columns, doc.get("align", "l" * len(columns)), doc["rows"])
+    table = markdown(columns, doc.get("align", "l" * len(columns)), doc["rows"])
+    return f"{table}\n\n{TRANSCRIBED.format(name=name)}"
 
 
-def regenerate(text: str, results: Path = RESULTS) -> str:
-    """`text` with every marked table block rewritten from the results files (indented like its marker)."""
+TRANSCRIBED = "*Transcribed, not written by a benchmark run: how it was measured is in bench/results/{name}.json.*"
+"""The line under a table of the simple form."""
+
+
+def is_transcribed(name: str) -> bool:
+    """A table of the simple form (no view reads a benchmark's own file for it)."""
+    return name not in VIEWS
+
+
+def regenerate(text: str, results: Path = RESULTS, *, transcribed: bool = True) -> str:
+    """`text` with every marked table block rewritten from the results files (indented like its marker);
+    `transcribed=False` leaves the blocks of transcribed tables as they are."""
 
     def block(m: re.Match[str]) -> str:
         indent, name = m["indent"], m["name"]
-        table = "\n".join(indent + line for line in render(name, results).splitlines())
+        if not transcribed and is_transcribed(name):
+            return m[0]
+        table = "\n".join(indent + line if line else line for line in render(name, results).splitlines())
         return f"{indent}<!-- table: {name} -->\n{table}\n{indent}<!-- /table -->"
 
     return _BLOCK.sub(block, text)
@@ -105,9 +130,12 @@ def marked_pages(docs: Path = DOCS) -> list[Path]:
     return sorted(p for p in docs.rglob("*.md") if "<!-- table: " in p.read_text())
 
 
-def stale_pages(docs: Path = DOCS, results: Path = RESULTS) -> list[Path]:
-    """The pages whose tables differ from what the results files give."""
-    return [p for p in marked_pages(docs) if regenerate(p.read_text(), results) != p.read_text()]
+def stale_pages(docs: Path = DOCS, results: Path = RESULTS, *, transcribed: bool = True) -> list[Path]:
+    """The pages whose tables differ from what the results files give (`transcribed=False`: their measured
+    tables only)."""
+    return [
+        p for p in marked_pages(docs) if regenerate(p.read_text(), results, transcribed=transcribed) != p.read_text()
+    ]
 
 
 def table_names(text: str) -> list[str]:
@@ -119,8 +147,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is out of date")
     args = parser.parse_args(argv)
     try:
-        stale = stale_pages()
+        stale = stale_pages(transcribed=not args.check)
         if args.check:
+            names = [n for p in marked_pages() for n in table_names(p.read_text())]
+            left = sorted(n for n in names if is_transcribed(n))
+            print(f"not checked: {len(left)} transcribed tables ({', '.join(left)})")
             for page in stale:
                 print(f"out of date: {page.relative_to(DOCS.parent)} (python -m bench tables rewrites it)")
             return 1 if stale else 0

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from bench.report import RESULTS
-from bench.tables import DOCS, VIEWS, TableError, marked_pages, regenerate, render, table_names
+from bench.tables import DOCS, VIEWS, TableError, marked_pages, regenerate, render, stale_pages, table_names
 from rollart.infra.config import JobSpec, MooncakeConfig, TrainingConfig
 
 REPO = DOCS.parent
@@ -54,10 +54,29 @@ def test_a_marker_is_rewritten_in_place_keeping_its_indent(tmp_path) -> None:
         json.dumps({"recorded": "a test", "columns": ["a", "b"], "align": "lr", "rows": [["x", 1], ["y", None]]})
     )
     text = "intro\n\n  <!-- table: t -->\n  stale\n  <!-- /table -->\n\nafter\n"
+    caption = "*Transcribed, not written by a benchmark run: how it was measured is in bench/results/t.json.*"
     assert regenerate(text, tmp_path) == (
-        "intro\n\n  <!-- table: t -->\n  | a | b |\n  |---|---:|\n  | x | 1 |\n  | y |  |\n  <!-- /table -->\n\nafter\n"
+        "intro\n\n  <!-- table: t -->\n  | a | b |\n  |---|---:|\n  | x | 1 |\n  | y |  |\n\n"
+        f"  {caption}\n  <!-- /table -->\n\nafter\n"
     )
     assert regenerate(regenerate(text, tmp_path), tmp_path) == regenerate(text, tmp_path)
+
+
+def test_the_check_judges_measured_tables_and_leaves_transcribed_ones_out(tmp_path) -> None:
+    """A typed-in table compared with its typed-in file proves nothing: `--check` leaves it out (and says so on
+    the page); a view's table, read from a benchmark's own file, is compared."""
+    (tmp_path / "t.json").write_text(json.dumps({"recorded": "by hand", "columns": ["a"], "rows": [["x"]]}))
+    row = {"reset_pool_size": 0, "resets": 1000, "failed": 0, "success_rate": 1.0, "resets_retried": 50}
+    row |= {"latency_p50_s": 2.64, "latency_p99_s": 4.71, "resets_per_s": 35.6}
+    (tmp_path / "resets.json").write_text(json.dumps({"n": 1000, "rows": [row]}))
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page = docs / "p.md"
+    page.write_text("<!-- table: t -->\nedited by hand\n<!-- /table -->\n")
+    assert stale_pages(docs, tmp_path, transcribed=False) == []  # not judged
+    assert stale_pages(docs, tmp_path) == [page]  # but `python -m bench tables` rewrites it, with its caption
+    page.write_text("<!-- table: resets -->\nedited by hand\n<!-- /table -->\n")
+    assert stale_pages(docs, tmp_path, transcribed=False) == [page]
 
 
 def test_a_view_reads_the_shape_its_benchmark_writes(tmp_path) -> None:
