@@ -6,6 +6,7 @@ A view reads results files in the shape their benchmark writes (bench/NAME.py's 
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -282,6 +283,44 @@ _TO_QUALITY = (
     Col("s / step", "s_per_step", ".2f"),
 )
 
+
+def _standin(docs: list[dict[str, Any]]) -> list[Row]:
+    """`bench learning_standin` files: per file and bound, the share reaching 0.8 by step 112, the median steps to
+    it, and the runs that fell back (their 5-step mean success under 0.5 again after reaching 0.8)."""
+    rows = []
+    for d in docs:
+        for bound in sorted({r["bound"] for r in d["runs"]}):
+            runs = [r for r in d["runs"] if r["bound"] == bound]
+            hit = [
+                r["steps_to_target"] for r in runs if r["steps_to_target"] is not None and r["steps_to_target"] <= 112
+            ]
+            rows.append(
+                {
+                    "recipe": ", ".join(d["sets"]) or "the example as it is",
+                    "bound": bound,
+                    "reached": f"{len(hit)} of {len(runs)}",
+                    "median": statistics.median(hit) if hit else None,
+                    "fell_back": sum(_fell_back(r["curve"], r["steps_to_target"]) for r in runs),
+                }
+            )
+    return rows
+
+
+def _fell_back(curve: list[float], reached: int | None, window: int = 5) -> bool:
+    if reached is None:
+        return False
+    means = [statistics.fmean(curve[i - window + 1 : i + 1]) for i in range(reached + 1, len(curve))]
+    return any(m < 0.5 for m in means)
+
+
+_STANDIN = (
+    Col("recipe over examples/frozenlake.yaml", "recipe", align="l"),
+    Col("bound", "bound"),
+    Col("reach 0.8 by step 112", "reached"),
+    Col("median steps to 0.8", "median", "g"),
+    Col("fell back after reaching", "fell_back"),
+)
+
 VIEWS: dict[str, View] = {
     "weight_sync.transfer": View(("weight_sync",), _key("transfer"), _WEIGHT_TRANSFER),
     "weight_sync.swap": View(("weight_sync",), _key("swap"), _WEIGHT_SWAP),
@@ -312,6 +351,7 @@ VIEWS: dict[str, View] = {
     ),
     "learning.frozenlake-b10": View(("learning-frozenlake-b10-s012",), _learning, _LEARNING),
     "learning.check": View(("learning-check",), _key("runs"), _CHECK),
+    "learning.standin-farthest": View(("learning-standin-farthest",), _standin, _STANDIN),
     "to_quality": View(("to_quality",), modes, _TO_QUALITY),
     "learning.frozenlake-lora": View(("learning-frozenlake-lora",), _learning, _LEARNING),
     "learning.arithmetic-coverage": View(

@@ -327,4 +327,8 @@ def test_progress_rewards_getting_closer_but_less_than_success() -> None:
     assert won.success and won.value == pytest.approx(1.1)
     assert not closer.success and 0.1 < closer.value < 1.0
     assert closer.value > nowhere.value  # 3 of 6 moves covered vs none
-    assert hole.value == pytest.approx(0.1)  # valid moves, but no progress credit after a hole
+    assert nowhere.value == pytest.approx(0.1)  # valid moves, no way covered
+    # D then R: one move covered (distance 6 -> 5), then a hole; the farthest point reached counts
+    assert hole.value == pytest.approx(0.1 + 0.4 * 1 / 6)
+    back = play("DDUU")  # two moves covered, then back to the start: the farthest point still counts
+    assert back.value == pytest.approx(0.1 + 0.4 * 2 / 6)

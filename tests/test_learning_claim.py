@@ -66,3 +66,19 @@ def test_time_to_quality_counts_runs_that_never_learn_and_compares_with_sync() -
     assert sync["reached_share"] == 1.0 and sync["minutes_to_target"] == 3.5 and sync["vs_sync"] == 1.0
     assert b1["reached_share"] == 2 / 3 and b1["each"] == [70, None, 50]  # a run that never learned is counted
     assert b1["steps_to_target"] == 60 and b1["vs_sync"] == 3.5 / 1.75 and b1["s_per_step"] == 30.0
+
+
+def test_rejudge_keeps_the_runs_and_judges_them_against_the_claim_as_it_is(tmp_path, monkeypatch) -> None:
+    import bench.learning as learning
+
+    runs = [run(60)] * 9 + [run(None)]
+    old = {**CLAIM, "share": 0.5}
+    (tmp_path / "learning-check.json").write_text(json.dumps({"claim": old, "runs": runs, "holds": True}))
+    monkeypatch.setattr(learning, "RESULTS", tmp_path)
+    code = learning.main(["--rejudge"])
+    after = json.loads((tmp_path / "learning-check.json").read_text())
+    assert after["runs"] == runs and after["claim"] == CLAIM and after["reached"] == 9
+    assert code == (0 if CLAIM["share"] <= 0.9 else 1) and after["holds"] is (code == 0)
+    other = {**CLAIM, "by_step": CLAIM["by_step"] + 1}  # another step needs new runs, not a new verdict
+    (tmp_path / "learning-check.json").write_text(json.dumps({"claim": other, "runs": runs, "holds": True}))
+    assert learning.main(["--rejudge"]) == 2

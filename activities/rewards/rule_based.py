@@ -27,18 +27,22 @@ PROGRESS_WEIGHT = 0.4
 
 @reward("progress")
 def progress(transcript: Transcript) -> RewardResult:
-    """`success`'s reward plus 0.4 × the fraction of the distance to the goal covered (none after a hole).
+    """`success`'s reward plus 0.4 × the largest share of the distance to the goal covered on any turn.
 
-    For envs that report `info["distance"]` (moves left) and `info["start_distance"]`, such as
-    FrozenLake: a dense signal that tells "closer" from "nowhere" long before any episode succeeds.
-    Reaching the goal is still worth 1 + bonus, more than any progress short of it.
+    For envs that report `info["distance"]` (moves left, None in a hole) and `info["start_distance"]`,
+    such as FrozenLake: a dense signal that tells "closer" from "nowhere" long before any episode succeeds.
+    The farthest point reached counts, not the last: a hole ends the episode with the way it covered
+    kept, so a move that explores past the ground already won never scores below standing still.
+    Paying nothing after a hole made "two moves, then the wall" (0.23) a trap that some seeds never left
+    (docs/learning.md, "Asynchrony that learns"). Reaching the goal is still worth 1 + bonus, more than any
+    progress short of it.
     """
     base = success(transcript)
     if base.success or not transcript.turns:
         return base
-    last = transcript.turns[-1].info
-    start, left = last.get("start_distance"), last.get("distance")
-    covered = (start - left) / start if start and left is not None else 0.0
+    start = transcript.turns[-1].info.get("start_distance")
+    left = [t.info["distance"] for t in transcript.turns if t.info.get("distance") is not None]
+    covered = (start - min(left)) / start if start and left else 0.0
     return RewardResult(value=base.value + PROGRESS_WEIGHT * max(covered, 0.0), success=False)
 
 
