@@ -15,6 +15,7 @@ from rollart.infra.config import (
     PriorityPolicy,
     StopWhen,
     TaskSpec,
+    TemporalLimits,
     TrainerConfig,
     TrainingConfig,
     WeightsConfig,
@@ -273,6 +274,8 @@ class TrainingPlan(BaseModel):
     """A pool's (prefill, decode) tokens/s per engine until its engines report: given, or its GPU's roofline."""
     placement_engines: dict[str, int] = Field(default_factory=dict)
     """A pool's engines at least (`training.placement.engines`, else its kubernetes replicas; absent: 1)."""
+    limits: TemporalLimits = Field(default_factory=TemporalLimits)
+    """The server's per-workflow limits (the job's `temporal.limits`): when a run continues as new."""
 
     @classmethod
     def of(cls, job: JobSpec) -> TrainingPlan:
@@ -291,6 +294,7 @@ class TrainingPlan(BaseModel):
             placement_pools=job.placement_pools() if auto else [],
             placement_rates=prior_rates(job) if auto else {},
             placement_engines=prior_engines(job) if auto else {},
+            limits=job.temporal.limits,
         )
 
 

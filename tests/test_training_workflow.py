@@ -115,6 +115,37 @@ async def test_failed_trajectories_are_masked_not_scored(bare_env: WorkflowEnvir
     assert_ledger(result)
 
 
+@pytest.mark.parametrize("limit", ["history_events", "signals"])
+async def test_a_run_continues_as_new_before_the_servers_limits_not_by_steps(
+    bare_env: WorkflowEnvironment, queue_prefix: str, limit: str
+) -> None:
+    """No step cap: with the limits lowered (as a namespace configured lower would), each run of the training
+    workflow ends by continuing as new before it reaches their share, and the ledger stays exact across them."""
+    w = world(queue_prefix, turn_delay_s=0.02, train_delay_s=0.3)
+    lowered = {"history_events": 400, "signals": 40, "continue_at": 0.5}
+    spec = job(async_bound=1, steps=8, continue_as_new_every=None)
+    spec = spec.model_copy(
+        update={"temporal": spec.temporal.model_copy(update={"limits": {limit: lowered[limit], "continue_at": 0.5}})}
+    )
+    result, status = await train(bare_env, w, spec)
+    assert result.version == 8 and [s.step for s in w.inputs("train_step")] == list(range(8))
+    assert_ledger(result)
+    assert status.ledger_balanced
+    job_id, run_id, runs = w.inputs("train_step")[0].job_id, "", 0
+    while True:  # from the last run back along the chain of runs (each names the one it continued)
+        history = await bare_env.client.get_workflow_handle(job_id, run_id=run_id or None).fetch_history()
+        runs += 1
+        signals = sum(e.HasField("workflow_execution_signaled_event_attributes") for e in history.events)
+        if limit == "history_events":  # reached 200, then at most a step's worth more before it could continue
+            assert len(history.events) < 400
+        else:
+            assert signals < 40
+        run_id = history.events[0].workflow_execution_started_event_attributes.continued_execution_run_id
+        if not run_id:
+            break
+    assert runs >= 2, "the run never continued as new"
+
+
 async def test_batch_mode_is_lockstep(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
     w = world(queue_prefix)
     spec = job(async_bound=0, rollout_mode="batch", steps=2)

@@ -38,7 +38,7 @@ from rollart.infra.config.task import (
     TaskEnv,
     TaskSpec,
 )
-from rollart.infra.config.temporal import TemporalConfig, TemporalTLS, TracingConfig, WorkerTuning
+from rollart.infra.config.temporal import TemporalConfig, TemporalLimits, TemporalTLS, TracingConfig, WorkerTuning
 from rollart.infra.config.trainer import (
     LoraConfig,
     LossConfig,
@@ -92,6 +92,7 @@ __all__ = [
     "TaskEnv",
     "TaskSpec",
     "TemporalConfig",
+    "TemporalLimits",
     "TemporalTLS",
     "TracingConfig",
     "TrainerConfig",

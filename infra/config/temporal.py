@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from rollart.infra.config.base import Section
 from rollart.infra.pools import QUEUE_PREFIX_PATTERN
 
-__all__ = ["TemporalConfig", "TemporalTLS", "TracingConfig", "WorkerTuning"]
+__all__ = ["TemporalConfig", "TemporalLimits", "TemporalTLS", "TracingConfig", "WorkerTuning"]
 
 
 class WorkerTuning(Section):
@@ -90,6 +90,26 @@ class TemporalTLS(Section):
         }
 
 
+class TemporalLimits(Section):
+    """The server's per-workflow limits the training workflow keeps under (`temporal.limits`): Temporal's defaults,
+    to be lowered for a namespace or cluster configured lower (Temporal Cloud, a tuned server). Past them the
+    server terminates the workflow (history) or refuses what is sent to it (signals), so a run of the training
+    workflow continues as new once it reaches `continue_at` of any of them, or when the server suggests it."""
+
+    history_events: int = Field(51_200, ge=100, description="`limit.historyCount.error`: events in one run")
+    history_bytes: int = Field(
+        50 * 1024 * 1024, ge=100_000, description="`limit.historySize.error`: bytes of one run's history"
+    )
+    signals: int = Field(10_000, ge=10, description="`history.maximumSignalsPerExecution`: signals one run takes")
+    continue_at: float = Field(
+        0.1,
+        gt=0.0,
+        le=0.9,
+        description="the share of any limit at which a run of the training workflow continues as new (at most "
+        "once a second, between steps or while it waits)",
+    )
+
+
 class TemporalConfig(Section):
     """Where the Temporal server is, and how to reach it securely. `address: null` means: start the local dev server.
 
@@ -131,6 +151,7 @@ class TemporalConfig(Section):
         "whose (async_bound + 1) x batch_size exceeds it is refused when it is loaded: past the limit the server "
         "refuses every start and the job would hang",
     )
+    limits: TemporalLimits = Field(default_factory=TemporalLimits)
     workers: WorkerTuning = Field(default_factory=WorkerTuning)
     tracing: TracingConfig | None = Field(
         None, description="OpenTelemetry traces of workflows and activities (see TracingConfig); null: none"

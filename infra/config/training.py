@@ -204,7 +204,12 @@ class TrainingConfig(Section):
     batch_size: int = Field(64, ge=1)
     async_bound: int = Field(1, ge=0)
     rollout_mode: Literal["trajectory", "batch"] = "trajectory"
-    continue_as_new_every: int = Field(20, ge=1)
+    continue_as_new_every: int | None = Field(
+        None,
+        ge=1,
+        description="a cap: the training workflow continues as new after this many steps in one run at the latest "
+        "(it does so anyway as its history nears Temporal's limits: `temporal.limits`); null: no cap",
+    )
     seed: int = 0
     stall: StallConfig = StallConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()

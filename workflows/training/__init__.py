@@ -2,6 +2,7 @@
 
 - loop.py: the loop's reactions, once (what a report does, when it wakes, what a step trains with and what
   follows it); the workflow and the simulator's shell (simulator/shell.py) both call it;
+- continuation.py: when a run continues as new, before its history or signals near the server's limits;
 - admission.py: how much may be in flight, which task group g draws, what one launch starts;
 - placement.py: which generation pool each `generate_pool: auto` task goes to, re-planned from measurements;
 - lengths.py: each task's recent trajectory length, which `engine.priority: predicted` ranks by;

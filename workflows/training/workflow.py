@@ -42,7 +42,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
-    from rollart.workflows.training import admission, loop, records
+    from rollart.workflows.training import admission, continuation, loop, records
     from rollart.workflows.training.admission import Launch
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
@@ -65,6 +65,9 @@ class TrainingWorkflow:
         self.fatal: ApplicationError | None = None  # a stall past training.stall.fail_after_s
         self.parked = False  # the loop waits for work between launches and steps
         self.book = loop.Ledger(self.plan)
+        self.signals = 0  # signals this run has taken (the server refuses them past `temporal.limits.signals`)
+        self.run_started = 0.0  # workflow time this run started (set in `run`)
+        self.steps_this_run = 0
 
     # ------------------------------------------------------------ control surface
 
@@ -75,6 +78,7 @@ class TrainingWorkflow:
         Once the job is finishing, reports are left alone: what was in flight when the last step
         ended is counted as cancelled, not as failed, whatever its cancellation reports.
         """
+        self.signals += 1
         if self.finishing:
             return
         if loop.on_results(self.plan, self.s, self.book, results) and self.plan.training.stall.enabled:
@@ -83,16 +87,19 @@ class TrainingWorkflow:
     @workflow.signal
     def pause(self) -> None:
         """Stop launching trajectories (in-flight ones finish; training continues on what is buffered)."""
+        self.signals += 1
         self.s.paused = True
 
     @workflow.signal
     def resume(self) -> None:
         """Launch trajectories again."""
+        self.signals += 1
         self.s.paused = False
 
     @workflow.signal
     def stop(self) -> None:
         """Finish the current step, then end the job (in-flight trajectories are cancelled)."""
+        self.signals += 1
         self.s.stop_requested = True
 
     @workflow.query
@@ -105,8 +112,9 @@ class TrainingWorkflow:
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingResult:
         """The loop, watched for stalls beside it (`training.stall`): a stall past `fail_after_s` ends the job."""
+        self.run_started = workflow.now().timestamp()
         if inp.state is None:
-            self.s.started_at = workflow.now().timestamp()
+            self.s.started_at = self.run_started
         if not self.plan.training.stall.enabled:
             return await self._loop(inp)
         watcher = asyncio.create_task(self._watch_stalls())
@@ -126,22 +134,36 @@ class TrainingWorkflow:
         return loop.result()
 
     async def _loop(self, inp: TrainingInput) -> TrainingResult:
-        """Launch, wait, train, continue-as-new now and then (workflows/training/loop.py decides); the result."""
-        t, plan, s = self.plan.training, self.plan, self.s
-        steps_this_run = 0
+        """Launch, wait, train (workflows/training/loop.py decides); continue as new before the history nears the
+        server's limits (workflows/training/continuation.py), between steps or while waiting; the result."""
+        plan, s = self.plan, self.s
         while loop.running(plan, s):
             await self._launch()
             self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
-            await workflow.wait_condition(lambda: loop.awake(plan, s, self.book))
+            await workflow.wait_condition(lambda: loop.awake(plan, s, self.book) or self._continue_reason() is not None)
             self.parked = False
             if loop.step_due(plan, s, self.book):
                 await self._train_step()
-                steps_this_run += 1
-                ending = s.step >= t.steps or s.ended_by is not None
-                if steps_this_run >= t.continue_as_new_every and not ending:
-                    await workflow.wait_condition(workflow.all_handlers_finished)
-                    workflow.continue_as_new(self._carried(inp))
+                self.steps_this_run += 1
+            why = self._continue_reason()
+            if why is not None and loop.running(plan, s):
+                workflow.logger.info("job %s continues as new at step %d: %s", inp.job_id, s.step, why)
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._carried(inp))
         return await self._finish()
+
+    def _continue_reason(self) -> str | None:
+        """Why this run should continue as new now, from what its history and signals have used (or None)."""
+        info = workflow.info()
+        use = continuation.RunUse(
+            events=info.get_current_history_length(),
+            bytes=info.get_current_history_size(),
+            signals=self.signals,
+            suggested=info.is_continue_as_new_suggested(),
+            steps=self.steps_this_run,
+            seconds=workflow.now().timestamp() - self.run_started,
+        )
+        return continuation.reason(self.plan.limits, self.plan.training.continue_as_new_every, use)
 
     def _carried(self, inp: TrainingInput) -> TrainingInput:
         return TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir, state=self.s)
