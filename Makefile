@@ -73,7 +73,7 @@ endif
 #      the CPU torch) are left out.
 LOCK_EXTRAS := --extra test --extra gem --extra openenv --extra k8s
 LOCK_NO_DEPS := gem-llm==0.1.0 openenv-core==0.3.0
-PIP_FIND_LINKS := $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+PIP_FIND_LINKS = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 LOCK_VENV := .venv-lock
 UV_COMPILE = $(LOCK_VENV)/bin/uv pip compile pyproject.toml --quiet --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
 	--index-url https://pypi.org/simple $(LOCK_EXTRAS)
