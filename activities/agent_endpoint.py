@@ -29,8 +29,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, TurnRefused
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.conversation import history_digest, plan_turn
+from rollart.spec.chat import ChatMessage
 
 __all__ = ["AgentEndpoint", "EndpointConfig", "chat_input", "completion_body", "stream_chunks"]
 

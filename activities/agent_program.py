@@ -25,9 +25,10 @@ from temporalio.exceptions import ApplicationError
 
 from rollart.activities.agent_endpoint import AgentEndpoint
 from rollart.activities.heartbeat import heartbeating
-from rollart.contracts.agent import AgentArgs, RunAgentInput, RunAgentResult
+from rollart.contracts.agent import RunAgentInput, RunAgentResult
 from rollart.contracts.errors import ErrorType
-from rollart.infra.imports import ImportPathError, resolve_import_path
+from rollart.spec.config.agent import AgentArgs
+from rollart.spec.imports import ImportPathError, resolve_import_path
 
 __all__ = ["AgentActivities", "as_result"]
 

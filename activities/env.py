@@ -41,7 +41,6 @@ from rollart.activities.env_calls import (
     unwrapped,
 )
 from rollart.activities.env_pool import ResetPool, close_quietly
-from rollart.activities.envs.base import ChatEnv, EnvSessionLost, observation_text
 from rollart.activities.envs.faults import FaultInjector, FaultyEnv, TransientStepFault
 from rollart.activities.errors import bad_input, env_broken
 from rollart.contracts.activities import (
@@ -59,10 +58,11 @@ from rollart.contracts.activities import (
     StepInput,
     StepResult,
 )
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
-from rollart.infra.config import FaultModel
-from rollart.infra.registry import EnvEntry
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import FaultModel
+from rollart.spec.env import ChatEnv, EnvSessionLost, observation_text
+from rollart.spec.registry import EnvEntry
 
 __all__ = ["EnvActivities"]
 

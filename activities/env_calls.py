@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rollart.activities.envs.base import ChatEnv, EnvSessionLost, observation_text
 from rollart.activities.envs.faults import FaultyEnv
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import StepResult
-from rollart.contracts.chat import ChatMessage, as_messages
 from rollart.contracts.errors import ErrorType
-from rollart.infra.registry import EnvEntry, UnknownComponentError, lookup_env
+from rollart.spec.chat import ChatMessage, as_messages
+from rollart.spec.env import ChatEnv, EnvSessionLost, observation_text
+from rollart.spec.registry import EnvEntry, UnknownComponentError, lookup_env
 
 log = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
 from rollart.activities.engines.conversation import ChatTokens, ConversationError
 from rollart.activities.engines.tool_parsing import ToolParsing, UnknownToolParser
 from rollart.activities.heartbeat import heartbeating
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import Completion, GenerateBatchInput, GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.store import StoredCompletion, StoredTurn, whole_prompt
-from rollart.infra.config import PromptFormat, SamplingParams
 from rollart.infra.store.adapters import fetch_adapter, latest_adapter
 from rollart.infra.store.payload import Store, StoreKeyError, key_word
 from rollart.infra.store.weights import WeightsSource, latest_weights, read_manifest
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import PromptFormat, SamplingParams
 
 __all__ = ["GenerateActivities", "stored_turn"]
 

@@ -18,10 +18,10 @@ from temporalio.client import Client
 
 from rollart.contracts.activities import DescribeQueuesInput, DescribeQueuesResult, QueueState
 from rollart.contracts.generation import LiveEnginesInput, LiveEnginesResult
-from rollart.infra.config import TemporalConfig
-from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.backlog import queue_stats
 from rollart.infra.temporal.liveness import last_seen_s_ago, live_identities, queue_liveness
+from rollart.spec.config import TemporalConfig
+from rollart.spec.pools import queue_name, session_queue
 
 __all__ = ["QueueActivities"]
 

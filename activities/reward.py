@@ -18,7 +18,7 @@ from rollart.activities.errors import bad_input, unknown_component
 from rollart.activities.heartbeat import heartbeating
 from rollart.contracts.activities import RewardBatchInput, RewardInput, RewardResult, Transcript
 from rollart.contracts.errors import ErrorType
-from rollart.infra.registry import RewardEntry, UnknownComponentError, lookup_reward
+from rollart.spec.registry import RewardEntry, UnknownComponentError, lookup_reward
 
 __all__ = ["HEARTBEAT_EVERY_S", "RewardActivities", "as_reward_result"]
 

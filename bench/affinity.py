@@ -21,8 +21,8 @@ import asyncio
 from bench.report import RESULTS, format_table, plot_modes, summarize, write_results
 from bench.training_run import measure_job, stack_for
 from bench.workload import LATENCY, multitask_job
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
+from rollart.spec.pools import Pool
 
 HOME = RESULTS / ".stack-affinity"
 LAYOUTS: dict[str, tuple[Pool | None, list[Pool]]] = {

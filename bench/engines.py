@@ -38,9 +38,9 @@ from rollart.client.rollout import RolloutOutcome, plan_trajectories, run_rollou
 from rollart.client.train import start_training
 from rollart.contracts.generation import EnginePressure
 from rollart.contracts.training import TrainingResult, TrainingStatus
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainingConfig
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainingConfig
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 
 __all__ = ["main", "tool_use_task"]

@@ -40,8 +40,8 @@ async def check_vllm_swap(model_dir: Path, home: Path, device: str) -> bool:
 
     from rollart.client.in_process import started_engine
     from rollart.client.local import publish_model, trainer_logprobs
-    from rollart.infra.config import EngineConfig, SamplingParams
     from rollart.infra.store.payload import LocalStore
+    from rollart.spec.config import EngineConfig, SamplingParams
 
     sampling = SamplingParams(temperature=1.0, max_tokens=8, n=4)
     prompt = "SFFF\nFHAH\nFFFH\nHFFG\nmove:"
@@ -123,9 +123,9 @@ async def check_stack(model_dir: Path, home: Path, device: str) -> bool:
     from bench.training_run import stack_for
     from rollart.client.train import start_training
     from rollart.contracts.training import TrainingStatus
-    from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainerConfig, TrainingConfig
-    from rollart.infra.pools import Pool
     from rollart.infra.temporal.connection import connect
+    from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainerConfig, TrainingConfig
+    from rollart.spec.pools import Pool
 
     tensor = 2 if device == "cuda" and torch.cuda.device_count() >= 2 else 1
     task = TaskSpec(

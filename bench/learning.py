@@ -35,9 +35,9 @@ from bench.training_run import REPO, stack_for
 from rollart.client.evaluate import evaluate
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import played_success
-from rollart.infra.config import JobSpec
 from rollart.infra.temporal.connection import connect
 from rollart.infra.tiny_model import ensure_tiny_model, first_use_scale
+from rollart.spec.config import JobSpec
 from rollart.workers.local_stack import pools_for_job
 
 __all__ = ["CLAIM", "claim_verdict", "forget_earlier_runs", "main", "measure", "train_and_eval"]

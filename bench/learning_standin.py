@@ -36,8 +36,8 @@ from rollart.activities.training.ranks import OneProcess
 from rollart.activities.training.torch_policy import TorchPolicy
 from rollart.activities.training.updates import updates
 from rollart.contracts.activities import Transcript, TurnRecord
-from rollart.infra.config import JobSpec, TrainerConfig
 from rollart.infra.tiny_model import ensure_tiny_model
+from rollart.spec.config import JobSpec, TrainerConfig
 
 __all__ = ["Episode", "main", "run_one"]
 

@@ -41,10 +41,10 @@ async def _measure(kind: str, label: str, model_dir: Path, repeats: int, rank: i
 
     from rollart.client.in_process import started_engine
     from rollart.client.local import adapter_files, lora_model, publish_model
-    from rollart.infra.config import EngineConfig, LoraConfig, SamplingParams
     from rollart.infra.store.adapters import fetch_adapter, publish_adapter
     from rollart.infra.store.payload import LocalStore
     from rollart.infra.store.weights import WeightsSource, latest_weights, read_manifest
+    from rollart.spec.config import EngineConfig, LoraConfig, SamplingParams
 
     store, job = LocalStore(home / f"store-{label}-{kind}"), f"swap-{label}"
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

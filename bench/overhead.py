@@ -43,9 +43,9 @@ from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
 from rollart.client.in_process import InProcessCalls, in_process_activities, play_unit, started_engine
 from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout
 from rollart.contracts.rollouts import TrajectoryResult
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig
+from rollart.spec.pools import Pool
 
 HOME = RESULTS / ".stack-overhead"
 MAX_TURNS = 8

@@ -30,9 +30,9 @@ from bench.training_run import REPO, stack_for
 from bench.workload import LATENCY, frozenlake_task
 from rollart.client.in_process import InProcessCalls, play_unit
 from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout
-from rollart.infra.config import JobSpec, StoreConfig
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import JobSpec, StoreConfig
+from rollart.spec.pools import Pool
 
 __all__ = ["UNITS", "run"]
 

@@ -31,9 +31,9 @@ from bench.report import RESULTS, format_table, summarize, write_results
 from bench.training_run import REPO, stack_for
 from bench.trl_grpo import TRL_PIN, ensure_trl, run_trl
 from rollart.client.train import MetricsWriter, follow, start_training, terminate_job
-from rollart.infra.config import JobSpec, load_job
 from rollart.infra.temporal.connection import connect
 from rollart.infra.tiny_model import ensure_tiny_model
+from rollart.spec.config import JobSpec, load_job
 from rollart.workers.local_stack import pools_for_job
 
 __all__ = ["main"]

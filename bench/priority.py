@@ -29,8 +29,8 @@ from bench.workload import NO_LATENCY, frozenlake_task
 from rollart.client.in_process import InProcessCalls, in_process_activities, play_unit, started_engine
 from rollart.client.rollout import plan_trajectories, rollout_units
 from rollart.contracts.rollouts import TrajectoryResult
-from rollart.infra.config import EngineConfig, JobSpec, PriorityPolicy, StoreConfig
 from rollart.infra.tiny_model import build_tiny_model
+from rollart.spec.config import EngineConfig, JobSpec, PriorityPolicy, StoreConfig
 
 HOME = RESULTS / ".priority"
 ENV_ARGS = {"maps": "standard", "invalid_action": "noop"}  # untrained moves are no-ops: episodes play every turn

@@ -11,7 +11,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts.rollouts import TrajectoryInput
-    from rollart.infra.config import TaskSpec
+    from rollart.spec.config import TaskSpec
     from rollart.workflows.driver.calls import CallFailed
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.temporal_calls import TemporalCalls

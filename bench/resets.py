@@ -26,10 +26,10 @@ from temporalio.worker import Worker
 
 from bench.report import RESULTS
 from bench.reset_workflow import ResetBenchInput, ResetBenchResult, ResetBenchWorkflow
-from rollart.infra.config import FaultModel, JobSpec, LatencyModel, StoreConfig, TaskSpec
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import FaultModel, JobSpec, LatencyModel, StoreConfig, TaskSpec
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 
 FAULTS = FaultModel(reset_latency=LatencyModel(median_s=0.05, p99_s=1.0), reset_failure_p=0.05, seed=0)

@@ -32,12 +32,12 @@ from temporalio.client import Client
 from bench.report import RESULTS, plot_modes
 from bench.rollout import activity_timings
 from rollart.client.rollout import plan_trajectories, run_rollout
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.history import busy_seconds
 from rollart.infra.tiny_model import ensure_tiny_model
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack, pools_for_job
 
 MODES = ("colocated", "serverless")
@@ -238,7 +238,7 @@ def measure(home: Path, n: int, repeats: int, reward_args: dict, pinned: bool) -
 def calibrate(reward_args: dict) -> float:
     """Milliseconds of one forward pass of the reward model over an 8-turn FrozenLake transcript (median of 7)."""
     from rollart.contracts.activities import Transcript, TurnRecord
-    from rollart.infra.registry import lookup_reward
+    from rollart.spec.registry import lookup_reward
 
     grid = "SFFF\nFHFH\nFFFH\nHFFG\nmove:"
     t = Transcript(task="frozenlake", seed=0, turns=[TurnRecord(observation=grid, action="R")] * 8)

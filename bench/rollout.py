@@ -22,12 +22,12 @@ from temporalio.client import Client, WorkflowHistory
 
 from bench.report import RESULTS
 from rollart.client.rollout import plan_trajectories, run_rollout
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.history import activity_spans, busy_seconds
 from rollart.infra.tiny_model import ensure_tiny_model
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TaskSpec
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack, pools_for_job
 
 

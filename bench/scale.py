@@ -30,10 +30,10 @@ from bench.rollout import cpu_seconds
 from bench.training_run import REPO, stack_for
 from bench.workload import LATENCY, NO_LATENCY, frozenlake_task
 from rollart.client.train import start_training, status_of
-from rollart.infra.config import JobSpec, StoreConfig, TrainingConfig
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.search_attributes import JOB_ID
+from rollart.spec.config import JobSpec, StoreConfig, TrainingConfig
+from rollart.spec.pools import Pool
 
 __all__ = ["main"]
 

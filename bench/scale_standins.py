@@ -23,9 +23,9 @@ from temporalio.worker import Worker
 from bench.workload import LATENCY
 from rollart.activities.envs.faults import FaultInjector
 from rollart.contracts.activities import EnvHandle, GroupHandle, GroupResetInput, GroupStepInput, ResetInput, StepInput
-from rollart.infra.config import FaultModel, StoreConfig, TemporalConfig
-from rollart.infra.pools import queue_name
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import FaultModel, StoreConfig, TemporalConfig
+from rollart.spec.pools import queue_name
 from tests.support.standins import StandIns
 
 __all__ = ["EnvLatencyStandIns", "main"]

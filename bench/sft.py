@@ -37,7 +37,7 @@ def example_job() -> Any:
     """examples/tool_calls.yaml as a JobSpec, less any trainer key this branch's spec does not know yet."""
     import yaml
 
-    from rollart.infra.config import JobSpec, TrainerConfig
+    from rollart.spec.config import JobSpec, TrainerConfig
 
     raw = yaml.safe_load(EXAMPLE.read_text())
     raw["trainer"] = {k: v for k, v in raw.get("trainer", {}).items() if k in TrainerConfig.model_fields}

@@ -25,10 +25,10 @@ from bench.rollout import cpu_seconds
 from bench.training_run import job_timeline, stack_for
 from rollart.client.train import start_training
 from rollart.contracts.training import TrainingStatus
-from rollart.infra.config import JobSpec, StoreConfig, load_job
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.history import activity_spans
 from rollart.infra.temporal.search_attributes import JOB_ID
+from rollart.spec.config import JobSpec, StoreConfig, load_job
 from rollart.workers.local_stack import LocalStack, pools_for_job
 
 __all__ = ["main", "measure"]

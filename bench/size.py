@@ -141,9 +141,9 @@ async def swap_rows(
 
     from rollart.client.in_process import started_engine
     from rollart.client.local import publish_model
-    from rollart.infra.config import EngineConfig, SamplingParams, WeightsConfig
     from rollart.infra.memory import PeakRss
     from rollart.infra.store.payload import LocalStore
+    from rollart.spec.config import EngineConfig, SamplingParams, WeightsConfig
 
     model_dir = build_qwen3(size, dtype)
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
@@ -267,9 +267,9 @@ async def fixed_rows(repeats: int, home: Path) -> list[dict]:
 
     from rollart.client.in_process import started_engine
     from rollart.client.local import publish_model
-    from rollart.infra.config import EngineConfig, SamplingParams
     from rollart.infra.store.payload import LocalStore
     from rollart.infra.tiny_model import ensure_tiny_model
+    from rollart.spec.config import EngineConfig, SamplingParams
 
     model_dir = ensure_tiny_model(RESULTS.parent.parent / ".rollart" / "models" / "tiny")
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

@@ -20,7 +20,7 @@ from bench.end_to_end import BASELINE, MODES
 from bench.learning import HOME, bench_job, for_run, forget_earlier_runs, measure, train_and_eval
 from bench.report import format_table, write_results
 from bench.training_run import stack_for
-from rollart.infra.config import JobSpec
+from rollart.spec.config import JobSpec
 from rollart.workers.local_stack import pools_for_job
 
 __all__ = ["mode_job", "quality_rows", "run"]

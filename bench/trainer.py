@@ -125,8 +125,8 @@ async def run_mode(
     """`steps` train steps of one mode through the trainer worker's code; medians after the first step."""
     from rollart.client.local import LocalTrainer
     from rollart.contracts.activities import TrainStepInput
-    from rollart.infra.config import StoreConfig, TrainerConfig, WeightsConfig
     from rollart.infra.store.payload import LocalStore
+    from rollart.spec.config import StoreConfig, TrainerConfig, WeightsConfig
     from rollart.workers.trainer_ranks import RankGroup
 
     job = name.replace(" ", "-").replace("=", "")

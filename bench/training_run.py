@@ -18,15 +18,15 @@ from typing import Any
 
 from temporalio.client import Client
 
-from rollart.client.rollout import check_job_components
 from rollart.client.train import start_training
 from rollart.contracts.training import TrainingStatus
-from rollart.infra.config import JobSpec
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.history import activity_spans, busy_seconds
 from rollart.infra.temporal.search_attributes import JOB_ID, TASK
 from rollart.infra.tiny_model import ensure_tiny_model
+from rollart.spec.checks import check_job_components
+from rollart.spec.config import JobSpec
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 
 __all__ = ["POOLS_REPORTED", "job_timeline", "measure_job", "stack_for", "unit_seconds"]

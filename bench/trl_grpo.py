@@ -24,8 +24,8 @@ from typing import Any
 from rollart.activities.reward import as_reward_result
 from rollart.contracts.activities import Transcript, TurnRecord
 from rollart.contracts.ids import derive_seed
-from rollart.infra.config import JobSpec, LRScheduleConfig, TaskSpec
-from rollart.infra.registry import lookup_env, lookup_reward
+from rollart.spec.config import JobSpec, LRScheduleConfig, TaskSpec
+from rollart.spec.registry import lookup_env, lookup_reward
 
 __all__ = ["TRL_PIN", "TrlRun", "ensure_trl", "run_trl"]
 

@@ -30,8 +30,8 @@ LENGTHS = (8, 32, 128)
 async def _run(lengths: list[int], repeats: int, home: Path) -> list[dict]:
     from rollart.client.chat_turns import ChatTokens, play_conversation
     from rollart.client.in_process import started_engine
-    from rollart.infra.config import EngineConfig
     from rollart.infra.tiny_model import ensure_tiny_model
+    from rollart.spec.config import EngineConfig
 
     model_dir = ensure_tiny_model(home / "tiny-chat", chat=True)
     chat = ChatTokens(model_dir)

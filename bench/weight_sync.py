@@ -138,10 +138,10 @@ def _time(fn: Callable[..., object], *args: object) -> tuple[float, object]:
 
 
 def transfer_rows(sizes: list[str], repeats: int, home: Path) -> list[dict]:
-    from rollart.infra.config import MooncakeConfig, StoreConfig
     from rollart.infra.local.mooncake_service import MooncakeService
     from rollart.infra.store.mooncake import MooncakeStore
     from rollart.infra.store.payload import LocalStore
+    from rollart.spec.config import MooncakeConfig, StoreConfig
 
     biggest = max(_params(*SIZES[s]) * 4 for s in sizes)
     seg_mib = int(biggest * 1.3) // (1 << 20) + 64
@@ -240,9 +240,9 @@ async def swap_rows(models: dict[str, Path], repeats: int, home: Path) -> list[d
 
     from rollart.client.in_process import started_engine
     from rollart.client.local import publish_model
-    from rollart.infra.config import EngineConfig, MooncakeConfig, SamplingParams, StoreConfig
     from rollart.infra.local.mooncake_service import MooncakeService
     from rollart.infra.store.payload import LocalStore, open_store
+    from rollart.spec.config import EngineConfig, MooncakeConfig, SamplingParams, StoreConfig
 
     rows = []
     cfg = StoreConfig(

@@ -19,8 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainingConfig
-from rollart.infra.pools import Pool
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TaskSpec, TrainingConfig
+from rollart.spec.pools import Pool
 
 __all__ = [
     "LATENCY",

@@ -11,7 +11,7 @@ from rollart.cli.errors import UserError
 from rollart.cli.spec import add_temporal_security_args, load_spec
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "attach_job", "run"]
 

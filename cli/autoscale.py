@@ -14,7 +14,7 @@ from rollart.cli.stack import home
 from rollart.cli.worker import check_store
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "run"]
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _elastic_pool(job: JobSpec, name: str) -> str:
     """`name`, when the job declares it as a reward pool (reward workers are stateless, so only they scale)."""
-    from rollart.infra.pools import pools_with_role
+    from rollart.spec.pools import pools_with_role
 
     if name not in job.pools:
         raise UserError(f"--pool: unknown pool {name!r}; pools are {', '.join(job.pools)}")

@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/Ctrl-C; bad arguments or an unknown env fail before the server listens."""
-    from rollart.infra.registry import UnknownComponentError
+    from rollart.spec.registry import UnknownComponentError
 
     try:
         env_args = json.loads(args.env_args)

@@ -11,8 +11,8 @@ from rollart.cli.errors import UserError
 from rollart.cli.spec import load_spec
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
     from rollart.infra.deploy.names import Manifest
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "apply", "render"]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from rollart.cli.errors import UserError
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["check_model_dir", "ensure_model", "is_default_model"]
 

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
     from rollart.client.report import ReportData
     from rollart.contracts.training import TrainingResult
-    from rollart.infra.config import JobSpec
     from rollart.infra.store.payload import Store
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "build_report", "run"]
 

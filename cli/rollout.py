@@ -15,7 +15,7 @@ from rollart.cli.stack import add_stack_args, connect_client, server_for
 
 if TYPE_CHECKING:
     from rollart.client.rollout import RolloutOutcome
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "run"]
 
@@ -99,7 +99,7 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
 
 
 def _print_summary(outcomes: list[RolloutOutcome], wall: float) -> None:
-    from rollart.infra.routing import Unit, unit_of
+    from rollart.spec.routing import Unit, unit_of
 
     done = [o.result for o in outcomes if o.result and o.status == "completed"]
     turns: dict[str, int] = {}  # per workflow: a group plays its longest member's turns, one call per turn for all

@@ -15,7 +15,7 @@ from rollart.cli.spec import add_temporal_args, load_spec
 
 if TYPE_CHECKING:
     from rollart.client.trajectory_view import CallInfo, TrajectoryView, TurnView
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "add_reader_args", "reader_ui", "run"]
 

@@ -18,7 +18,7 @@ from rollart.cli.errors import UserError
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 Model = TypeVar("Model", bound="BaseModel")  # a job spec, or a worker's settings
 
@@ -162,7 +162,7 @@ def load_spec(path: Path | None, args: argparse.Namespace) -> JobSpec:
     flag may change a pool that the placement rules check: `--max 0`)."""
     from pydantic import ValidationError
 
-    from rollart.infra.config import resolve
+    from rollart.spec.config import resolve
 
     source = str(path) if path else None
     job = override(read_spec(path) if path else default_job(), args, source)
@@ -174,7 +174,7 @@ def load_spec(path: Path | None, args: argparse.Namespace) -> JobSpec:
 
 def read_spec(path: Path) -> JobSpec:
     """The job spec at `path` as written; an unreadable or invalid file is a UserError naming file and field."""
-    from rollart.infra.config import JobSpecError, load_job
+    from rollart.spec.config import JobSpecError, load_job
 
     try:
         return load_job(path)
@@ -184,14 +184,14 @@ def read_spec(path: Path) -> JobSpec:
 
 def default_job() -> JobSpec:
     """The job `rollart up` serves without --job: FrozenLake with the embedded tiny model."""
-    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.spec.config import JobSpec, TaskSpec
 
     return JobSpec(tasks=[TaskSpec(name="frozenlake", env="frozenlake", reward="success")])
 
 
 def check_components(job: JobSpec, path: Path) -> None:
     """The job's envs and rewards resolve and build, before any workflow or worker starts."""
-    from rollart.client.rollout import JobCheckError, check_job_components
+    from rollart.spec.checks import JobCheckError, check_job_components
 
     try:
         check_job_components(job)
@@ -206,7 +206,7 @@ def _given(args: argparse.Namespace) -> list[tuple[Flag, object]]:
 
 
 def _describe(err: ValidationError, args: argparse.Namespace, source: str | None) -> str:
-    from rollart.infra.config import format_validation_error
+    from rollart.spec.config import format_validation_error
 
     given = _given(args)
     by_field = {flag.field.format_map(vars(args)): (flag, value) for flag, value in given}

@@ -20,7 +20,7 @@ from rollart.cli.model import ensure_model
 if TYPE_CHECKING:
     from temporalio.client import Client
 
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = [
     "CONNECT_WAIT_S",
@@ -72,7 +72,7 @@ def _positive(text: str) -> int:
 
 def stack_pools(pools: list[str], args: argparse.Namespace) -> list[str]:
     """The worker processes to start: `pools`, with --control-processes control workers where it has one."""
-    from rollart.infra.pools import Pool
+    from rollart.spec.pools import Pool
 
     extra = [Pool.CONTROL.value] * (args.control_processes - 1) if Pool.CONTROL in pools else []
     return [*pools, *extra]
@@ -80,7 +80,7 @@ def stack_pools(pools: list[str], args: argparse.Namespace) -> list[str]:
 
 def home(args: argparse.Namespace) -> Path:
     """The local stack's directory: --home, else `.rollart`."""
-    from rollart.infra.config import DEFAULT_HOME
+    from rollart.spec.config import DEFAULT_HOME
 
     return args.home or DEFAULT_HOME
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from rollart.client.train import MetricsWriter
     from rollart.contracts.training import TrainingResult
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "attach_command", "follow_job", "run", "write_run_report"]
 

@@ -13,7 +13,7 @@ from rollart.cli.spec import load_spec
 
 if TYPE_CHECKING:
     from rollart.client.job_trajectories import TrajectoryRow
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "run"]
 

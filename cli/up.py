@@ -14,7 +14,7 @@ from rollart.cli.spec import load_spec
 from rollart.cli.stack import add_stack_args, home, prepare_local_stack, stack_pools
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
 __all__ = ["add_parser", "run"]
 

@@ -11,7 +11,7 @@ from rollart.cli.errors import UserError
 from rollart.cli.spec import add_temporal_args, override, read_spec
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
     from rollart.workers.settings import TrainerNodes, WorkerSettings
 
 __all__ = ["add_parser", "check_store", "run", "worker_settings"]
@@ -19,7 +19,7 @@ __all__ = ["add_parser", "check_store", "run", "worker_settings"]
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register `worker` and its flags (the trainer-node flags in their own group)."""
-    from rollart.infra.pools import DEFAULT_POOLS
+    from rollart.spec.pools import DEFAULT_POOLS
 
     s = sub.add_parser("worker", help="run one Temporal worker for one pool (one per pool per machine)")
     s.add_argument(
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         settings = WorkerSettings.model_validate_json(args.settings_file.read_text())
     else:
         if not args.pool:
-            from rollart.infra.pools import DEFAULT_POOLS
+            from rollart.spec.pools import DEFAULT_POOLS
 
             raise UserError(f"--pool is required ({', '.join(DEFAULT_POOLS)}, or a pool the job declares)")
         settings = worker_settings(args, read_spec(args.job) if args.job else None)
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 def worker_settings(args: argparse.Namespace, job: JobSpec | None) -> WorkerSettings:
     """This worker's settings: the job's for its pool (the defaults without a job) with the flags laid over them."""
     from rollart.cli.model import check_model_dir
-    from rollart.infra.pools import DEFAULT_POOLS
+    from rollart.spec.pools import DEFAULT_POOLS
     from rollart.workers.settings import WorkerSettings
 
     pool = args.pool

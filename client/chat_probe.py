@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.ids import EVAL_SEED_BASE
-from rollart.infra.config import TaskSpec
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import TaskSpec
 
 __all__ = ["ChatProbe", "probe_chat_task"]
 
@@ -44,7 +44,7 @@ def probe_chat_task(
 
     from rollart.activities.engines.conversation import ChatTokens
     from rollart.activities.engines.tool_parsing import ToolParsing
-    from rollart.infra.registry import lookup_env
+    from rollart.spec.registry import lookup_env
 
     chat = ChatTokens(Path(model_dir))
     tok = chat.tokenizer

@@ -12,8 +12,8 @@ import time
 from rollart.activities.engines.base import Engine
 from rollart.activities.engines.conversation import ChatTokens
 from rollart.activities.envs.tool_calls import CALC_TOOL, question
-from rollart.contracts.chat import ChatMessage
-from rollart.infra.config import SamplingParams
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import SamplingParams
 
 __all__ = ["TOOL_OUTPUT", "ChatTokens", "play_conversation"]
 

@@ -18,9 +18,9 @@ from typing import TypeVar
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.temporal.connection import NamespaceNotFound, TemporalAddressError, connect
 from rollart.infra.temporal.tls import TemporalSecurityError, is_tls_failure
+from rollart.spec.config import StoreConfig, TemporalConfig
 
 __all__ = ["Outage", "connect_retrying", "is_refused", "is_unreachable", "probe", "retry_unreachable"]
 

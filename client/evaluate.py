@@ -19,8 +19,8 @@ from rollart.client.rollout import rollout_units
 from rollart.client.snapshots import from_checkpoint, from_store, load_into
 from rollart.contracts.ids import EVAL_SEED_BASE
 from rollart.contracts.rollouts import TrajectoryInput
-from rollart.infra.config import JobSpec, TaskSpec
 from rollart.infra.store.payload import open_store
+from rollart.spec.config import JobSpec, TaskSpec
 
 __all__ = ["EvalReport", "evaluate"]
 
@@ -54,7 +54,7 @@ async def evaluate(
     versions are its adapters, served on the model dir's weights.
 
     The episodes run through the rollout driver with the activity code in this process (one at a time), each in
-    the unit training plays the task in (infra/routing.py), as a group of one: the same env, generation and
+    the unit training plays the task in (spec/routing.py), as a group of one: the same env, generation and
     reward calls as in training, only greedy and on seeds training never draws (`EVAL_SEED_BASE`).
     """
     if task.is_agent:  # its turns are updates of a trajectory workflow, served by an env worker's endpoint

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from rollart.infra.config import JobSpec, MetricsConfig, WandbConfig
+    from rollart.spec.config import JobSpec, MetricsConfig, WandbConfig
 
 __all__ = [
     "Exporter",

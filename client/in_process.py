@@ -31,8 +31,8 @@ from rollart.client.rollout import unit_input
 from rollart.contracts.activities import ActivityName
 from rollart.contracts.generation import LiveEnginesInput, LiveEnginesResult
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
-from rollart.infra.config import EngineConfig, StoreConfig
 from rollart.infra.store.payload import open_store
+from rollart.spec.config import EngineConfig, StoreConfig
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.grouped import play_groups

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.config import LoraConfig, TrainerConfig, WeightsConfig
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weights import WeightsSource
+from rollart.spec.config import LoraConfig, TrainerConfig, WeightsConfig
 
 if TYPE_CHECKING:
     import torch

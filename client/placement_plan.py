@@ -1,9 +1,9 @@
 """`rollart plan` / `rollart k8s plan`: which generation pool each task should use, from a run's token profile.
 
 A run's metrics.jsonl records each task's trajectories and tokens per step (`task_tokens`: prompt, uncached
-prompt, completion). Each generation pool's engine rates come from its GPUs' roofline (infra/hardware.py: the
+prompt, completion). Each generation pool's engine rates come from its GPUs' roofline (spec/hardware.py: the
 pool's `gpu.product`, `gpu.count` or the engine's tensor-parallel size, the model's parameter count) or from
-rates measured elsewhere (`rates`). infra/placement.py then finds the assignment with the shortest step and,
+rates measured elsewhere (`rates`). spec/placement.py then finds the assignment with the shortest step and,
 given a step time, the engines each pool needs.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollart.client.plot import read_jsonl
-from rollart.infra.config import AUTO_POOL, JobSpec
-from rollart.infra.hardware import engine_rates
-from rollart.infra.placement import Placement, PoolRates, TaskLoad, evaluate, plan, reasons, size_pools
+from rollart.spec.config import AUTO_POOL, JobSpec
+from rollart.spec.hardware import engine_rates
+from rollart.spec.placement import Placement, PoolRates, TaskLoad, evaluate, plan, reasons, size_pools
 
 __all__ = ["PlacementReport", "job_rates", "plan_from_run", "profile"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rollart.contracts.training import played_success
-from rollart.infra.pools import DEFAULT_POOLS, ROLES
 from rollart.infra.temporal.history import busy_seconds
+from rollart.spec.pools import DEFAULT_POOLS, ROLES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -14,32 +14,23 @@ from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
-from rollart.activities.envs.base import ChatEnv, declares_actions
 from rollart.client.connection import Outage, retry_unreachable
 from rollart.contracts import ids
-from rollart.contracts.agent import AgentArgs
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
-from rollart.infra.config import JobSpec, TaskSpec
-from rollart.infra.pools import Pool, queue_name
-from rollart.infra.registry import lookup_env, lookup_reward
-from rollart.infra.routing import Unit, unit_of
 from rollart.infra.temporal import search_attributes as sa
+from rollart.spec.config import JobSpec
+from rollart.spec.pools import Pool, queue_name
+from rollart.spec.routing import Unit, unit_of
 from rollart.workflows.ui_summary import group_summary, trajectory_summary
 
 __all__ = [
-    "JobCheckError",
     "RolloutOutcome",
-    "check_job_components",
     "new_job_id",
     "plan_trajectories",
     "rollout_units",
     "run_rollout",
     "unit_input",
 ]
-
-
-class JobCheckError(ValueError):
-    """A job names an env or reward that cannot be used; raised before any workflow starts."""
 
 
 @dataclass(frozen=True)
@@ -61,54 +52,6 @@ class RolloutOutcome:
 def new_job_id(job: JobSpec) -> str:
     """`<job name>-<UTC time>-<random>`: sortable and unique."""
     return f"{job.name}-{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:4]}"
-
-
-def check_job_components(job: JobSpec) -> None:
-    """Resolve every task's env and reward, build each env once with its env_args (and each env server's), check
-    the reward_args; an agent program's env_args are checked as such (`env: agent`: no env class)."""
-    problems = []
-    for i, task in enumerate(job.tasks):
-        problems += [f"tasks.{i} ({task.name}): {p}" for p in _env_problems(job, task)]
-        try:
-            entry = lookup_reward(task.reward)
-            entry.check_args(task.reward_args)
-        except Exception as e:
-            problems.append(f"tasks.{i} ({task.name}): reward: {e}")
-    for i, server in enumerate(job.env_servers):
-        try:
-            lookup_env(server.env).cls(**server.env_args)
-        except Exception as e:
-            problems.append(f"env_servers.{i} ({server.name}): env: {e}")
-    if problems:
-        raise JobCheckError("job cannot run:\n  " + "\n  ".join(problems))
-
-
-def _env_problems(job: JobSpec, task: TaskSpec) -> list[str]:
-    """What is wrong with a task's env: not found, refusing its args, or unfit for the task."""
-    if task.is_agent:
-        try:
-            AgentArgs.parse(task.env_args)
-        except ValueError as e:
-            return [f"env_args: {e}"]
-        return []
-    try:
-        entry = lookup_env(task.env)
-        entry.cls(**task.env_args)
-    except Exception as e:
-        return [f"env: {e}"]
-    problems = []
-    if job.trainer.loss.entropy_over == "actions" and not declares_actions(entry.cls):
-        problems.append(
-            "trainer.loss.entropy_over: actions needs an env that "
-            f"declares its actions (Env.action_of); env {task.env!r} does not"
-        )
-    if issubclass(entry.cls, ChatEnv) and (task.max_turns == 1 or task.rollout_unit != "trajectory"):
-        problems.append(
-            f"env {task.env!r} is a chat env, which plays each episode as its own "
-            "trajectory: set rollout_unit: trajectory and max_turns above 1 (a one-turn chat task ends "
-            "on its first step)"
-        )
-    return problems
 
 
 def plan_trajectories(job: JobSpec, n: int, seed: int, job_id: str = "") -> list[TrajectoryInput]:
@@ -148,7 +91,7 @@ async def run_rollout(
     A server outage is waited out (`outage` says when it starts and ends): starts and result waits that
     fail because the server is unreachable are tried again.
 
-    Each unit plays as training plays it (infra/routing.py): the members of a group of a single-turn or
+    Each unit plays as training plays it (spec/routing.py): the members of a group of a single-turn or
     `rollout_unit: group` task (consecutive inputs on one seed) in one GroupRolloutWorkflow, every other input in
     a TrajectoryWorkflow of its own. Each carries
     a one-line summary for the Temporal UI, and `RollartJobId` and `RollartTask` once the namespace has

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from rollart.activities.training.sft import SftOptions, SftProgress, SftResult
 from rollart.activities.training.sft_data import SftSequence
-from rollart.infra.config import JobSpec, TrainerConfig
+from rollart.spec.config import JobSpec, TrainerConfig
 
 if TYPE_CHECKING:
     from rollart.activities.training.policy import Policy

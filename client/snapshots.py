@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 from rollart.activities.engines.base import Engine
 from rollart.activities.rl.weights_io import latest_checkpoint
-from rollart.infra.config import WeightsConfig
 from rollart.infra.store.adapters import ADAPTER_FILES, PublishedAdapter, adapter_key, latest_adapter, read_adapter
 from rollart.infra.store.payload import LocalStore, Store, StoreKeyError
 from rollart.infra.store.weight_stream import read_all, write_all
 from rollart.infra.store.weights import WeightsManifest, WeightsSource, latest_weights, manifest_key, read_manifest
+from rollart.spec.config import WeightsConfig
 
 if TYPE_CHECKING:
     import torch

@@ -14,9 +14,9 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from rollart.infra.pools import DEFAULT_POOLS, PoolSpec
 from rollart.infra.temporal.history import activity_spans
 from rollart.infra.temporal.search_attributes import JOB_ID
+from rollart.spec.pools import DEFAULT_POOLS, PoolSpec
 
 __all__ = ["collect_timeline", "write_timeline"]
 

@@ -22,9 +22,9 @@ from rollart.contracts.training import (
     TrainingStatus,
     played_success,
 )
-from rollart.infra.config import JobSpec, resolve
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal import search_attributes as sa
+from rollart.spec.config import JobSpec, resolve
+from rollart.spec.pools import Pool, queue_name
 
 __all__ = [
     "MetricsWriter",

@@ -37,10 +37,10 @@ from rollart.contracts.rollouts import (
     TrajectoryResult,
 )
 from rollart.contracts.store import StoredTurn
-from rollart.infra.routing import Unit, unit_of
 from rollart.infra.store.keys import key_word
 from rollart.infra.store.payload import Store, StoreError
 from rollart.infra.temporal.history import ActivitySpan, activity_spans
+from rollart.spec.routing import Unit, unit_of
 
 __all__ = ["TrajectoryNotFound", "load_trajectory", "workflow_candidates"]
 

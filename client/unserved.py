@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from temporalio.client import Client, WorkflowHandle
 
 from rollart.client.connection import is_unreachable
-from rollart.infra.config import TemporalConfig
 from rollart.infra.temporal.backlog import POLLER_FRESH_S, queue_stats
 from rollart.infra.temporal.liveness import HEARTBEAT_GRACE_S, last_seen_s_ago, queue_liveness
+from rollart.spec.config import TemporalConfig
 
 __all__ = ["Unserved", "unserved"]
 

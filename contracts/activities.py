@@ -13,9 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.contracts.chat import ChatMessage
-from rollart.infra.config import FaultModel, TaskSpec, TrainerConfig, WeightsConfig
 from rollart.infra.store.keys import key_word
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import FaultModel, TaskSpec, TrainerConfig, WeightsConfig
 
 __all__ = [
     "STICKY_START_S",

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from rollart.contracts.chat import ChatMessage
+from rollart.spec.chat import ChatMessage
 
 __all__ = ["TurnPlan", "canonical", "canonical_tools", "history_digest", "plan_turn"]
 

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollart.contracts.chat import ChatMessage
-from rollart.infra.config import PromptFormat, SamplingParams
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import PromptFormat, SamplingParams
 
 __all__ = [
     "Completion",

@@ -8,8 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.contracts.generation import EnginePressure
 from rollart.contracts.ids import member_id
-from rollart.infra.config import AffinityConfig, GroupPlay, PriorityPolicy, TaskSpec
-from rollart.infra.pools import QUEUE_PREFIX_PATTERN
+from rollart.spec.config import AffinityConfig, GroupPlay, PriorityPolicy, TaskSpec
+from rollart.spec.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
     "BatchRolloutInput",

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.generation import EnginePressure
-from rollart.infra.config import (
+from rollart.spec.config import (
     AUTO_POOL,
     AffinityConfig,
     JobSpec,
@@ -20,8 +20,8 @@ from rollart.infra.config import (
     TrainingConfig,
     WeightsConfig,
 )
-from rollart.infra.hardware import GPUS, engine_rates
-from rollart.infra.pools import QUEUE_PREFIX_PATTERN
+from rollart.spec.hardware import GPUS, engine_rates
+from rollart.spec.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
     "ENGINES_KEPT",
@@ -52,7 +52,7 @@ ENGINES_KEPT = 32
 
 class TaskTokens(BaseModel):
     """One task's trajectories in a step's batch and their generation tokens: the profile automatic affinity
-    plans on (infra/placement.py). `uncached_prompt`: the prompt tokens a prefix cache would not hold."""
+    plans on (spec/placement.py). `uncached_prompt`: the prompt tokens a prefix cache would not hold."""
 
     trajectories: int = 0
     prompt: int = 0

@@ -7,12 +7,12 @@ project may move its rooms without breaking your envs. Light: importing it loads
 worker (docs/envs.md).
 """
 
-from rollart.activities.envs.base import ChatEnv, Env, EnvSessionLost, StepOutcome
 from rollart.contracts.activities import RewardResult, Transcript, TurnRecord
-from rollart.contracts.chat import ChatMessage
-from rollart.infra.config import JobSpec
-from rollart.infra.config.load import load_job
-from rollart.infra.registry import env, reward
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import JobSpec
+from rollart.spec.config.load import load_job
+from rollart.spec.env import ChatEnv, Env, EnvSessionLost, StepOutcome
+from rollart.spec.registry import env, reward
 
 __all__ = [
     "ChatEnv",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollart.infra.hardware import GPUS as HW  # the peaks rollart plans with (`rollart plan`): one table
+from rollart.spec.hardware import GPUS as HW  # the peaks rollart plans with (`rollart plan`): one table
 
 __all__ = ["GPUS", "H20", "H800", "MODELS", "EngineRoofline", "GpuSpec", "ModelSpec"]
 

@@ -21,10 +21,10 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.local.devserver import dynamic_config_args, find_temporal_cli, free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect, data_converter, runtime
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 from tests.support.spawn_guard import no_spawning
 from tests.support.tasks import frozenlake_task

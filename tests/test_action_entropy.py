@@ -14,7 +14,6 @@ from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
 from rollart.activities.envs.arithmetic import Arithmetic
-from rollart.activities.envs.base import declares_actions
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.activities.envs.tool_use import ToolUse
 from rollart.activities.rl.action_entropy import (
@@ -26,10 +25,11 @@ from rollart.activities.rl.action_entropy import (
     token_action_entropy,
 )
 from rollart.activities.trainer import TrainerActivities
-from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import JobSpec, LossConfig, TaskEnv
 from rollart.infra.store.payload import LocalStore
+from rollart.spec.checks import JobCheckError, check_job_components
+from rollart.spec.config import JobSpec, LossConfig, TaskEnv
+from rollart.spec.env import declares_actions
 from rollart.workflows.entropy_control import measured
 from tests.support.batches import frozenlake_batch, load_model
 from tests.test_trainer import step_input

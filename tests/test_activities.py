@@ -15,7 +15,6 @@ from temporalio.testing import ActivityEnvironment
 from rollart.activities.engines.base import Completion as EngineCompletion
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.env import EnvActivities
-from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities, as_reward_result
 from rollart.contracts.activities import (
@@ -33,9 +32,10 @@ from rollart.contracts.activities import (
     TurnRecord,
 )
 from rollart.contracts.generation import GenerateInput
-from rollart.infra.config import SamplingParams
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weights import WeightsSource
+from rollart.spec.config import SamplingParams
+from rollart.spec.env import Env, StepOutcome
 
 ENV = ActivityEnvironment()
 

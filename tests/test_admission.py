@@ -7,7 +7,7 @@ from collections import Counter
 from rollart.contracts.ids import derive_seed
 from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, TrajectoryInput
 from rollart.contracts.training import InFlight, TrainingState
-from rollart.infra.routing import Unit
+from rollart.spec.routing import Unit
 from rollart.workflows.training import admission
 from tests.support.tasks import frozenlake_task
 from tests.support.training_plans import arithmetic_task, plan, sample

@@ -13,7 +13,7 @@ from rollart.contracts.activities import ActivityName, RewardResult, StepResult
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import Completion, EnginePressure, GenerateResult, LiveEnginesResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
-from rollart.infra.config import AffinityConfig, EngineConfig
+from rollart.spec.config import AffinityConfig, EngineConfig
 from rollart.workflows.driver.affinity import Pin, falls_back, generate_on, split_wave
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
@@ -216,6 +216,6 @@ def test_the_affinity_config_reads_well_and_names_bad_values() -> None:
 
 def _arg() -> BaseModel:
     from rollart.contracts.generation import GenerateInput
-    from rollart.infra.config import SamplingParams
+    from rollart.spec.config import SamplingParams
 
     return GenerateInput(prompt="p", sampling=SamplingParams(), data_key="k")

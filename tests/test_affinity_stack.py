@@ -22,11 +22,11 @@ from temporalio.client import Client
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.client.train import start_training
 from rollart.contracts.training import TrainingResult, TrainingStatus
-from rollart.infra.config import AffinityConfig, EngineConfig, JobSpec, StoreConfig, TrainingConfig
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.history import activity_spans
+from rollart.spec.config import AffinityConfig, EngineConfig, JobSpec, StoreConfig, TrainingConfig
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 from tests.support.tasks import frozenlake_task
 

@@ -20,9 +20,9 @@ from rollart.activities.queues import QueueActivities
 from rollart.contracts.generation import LiveEnginesInput
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import AffinityConfig, EngineConfig, JobSpec, TrainingConfig
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.spec.config import AffinityConfig, EngineConfig, JobSpec, TrainingConfig
+from rollart.spec.pools import Pool, queue_name
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 from tests.support.training_plans import arithmetic_task

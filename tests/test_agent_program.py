@@ -29,10 +29,10 @@ from rollart.client.trajectory_loader import load_trajectory
 from rollart.contracts.agent import ChatInput
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.store import StoredTurn
-from rollart.infra.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
-from rollart.infra.pools import queue_name
 from rollart.infra.store.payload import Store, open_store
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
+from rollart.spec.pools import queue_name
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.integration

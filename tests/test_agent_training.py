@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from rollart.contracts.store import StoredTurn
-from rollart.infra.config import EngineConfig, load_job
 from rollart.infra.local.devserver import free_port
 from rollart.infra.tiny_model import build_tiny_model
+from rollart.spec.config import EngineConfig, load_job
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 

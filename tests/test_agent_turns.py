@@ -7,11 +7,12 @@ import pytest
 
 from rollart.activities.agent_endpoint import EndpointConfig, chat_input, completion_body, stream_chunks
 from rollart.activities.agent_program import _last_line_result, as_result
-from rollart.contracts.agent import AgentArgs, ChatReply, RunAgentResult
-from rollart.contracts.chat import ChatMessage, ToolCall, ToolFunction
+from rollart.contracts.agent import ChatReply, RunAgentResult
 from rollart.contracts.conversation import canonical, history_digest, plan_turn
-from rollart.infra.config import TaskSpec
-from rollart.infra.routing import Unit, unit_of
+from rollart.spec.chat import ChatMessage, ToolCall, ToolFunction
+from rollart.spec.config import TaskSpec
+from rollart.spec.config.agent import AgentArgs
+from rollart.spec.routing import Unit, unit_of
 
 TOOLS = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
 
@@ -162,7 +163,7 @@ def test_eval_refuses_an_agent_task_saying_what_plays_it() -> None:
     import asyncio
 
     from rollart.client.evaluate import evaluate
-    from rollart.infra.config import load_job
+    from rollart.spec.config import load_job
     from tests.support.paths import REPO
 
     job = load_job(REPO / "examples" / "agent_program.yaml")
@@ -171,8 +172,8 @@ def test_eval_refuses_an_agent_task_saying_what_plays_it() -> None:
 
 
 def test_a_job_checks_an_agent_tasks_args_as_such() -> None:
-    from rollart.client.rollout import JobCheckError, check_job_components
-    from rollart.infra.config import JobSpec
+    from rollart.spec.checks import JobCheckError, check_job_components
+    from rollart.spec.config import JobSpec
 
     def job(env_args: dict) -> JobSpec:
         return JobSpec(name="j", tasks=[TaskSpec(name="a", env="agent", reward="success", env_args=env_args)])

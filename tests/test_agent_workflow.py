@@ -14,14 +14,14 @@ from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.conversation import history_digest
 from rollart.contracts.generation import GenerateInput
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, TaskSpec, TrainingConfig, resolve_task
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import JobSpec, TaskSpec, TrainingConfig, resolve_task
+from rollart.spec.pools import Pool, queue_name
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import with_queue_prefix
 

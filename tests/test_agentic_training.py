@@ -15,8 +15,8 @@ from temporalio.client import Client
 
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import TrainingStatus
-from rollart.infra.config import JobSpec, TaskSpec, TrainingConfig, load_job
 from rollart.infra.local.devserver import free_port
+from rollart.spec.config import JobSpec, TaskSpec, TrainingConfig, load_job
 from rollart.workers.env_server import wait_healthy
 from tests.support.paths import REPO
 

@@ -9,10 +9,10 @@ import time
 import pytest
 
 from rollart.activities.envs.arithmetic import Arithmetic, is_integer, render
-from rollart.activities.envs.base import Env
 from rollart.activities.rewards.rule_based import exact_match
 from rollart.contracts.activities import Transcript, TurnRecord
-from rollart.infra.registry import lookup_env
+from rollart.spec.env import Env
+from rollart.spec.registry import lookup_env
 
 PROMPT = re.compile(r"(-?[0-9]+)([+\-*][0-9]+)+=")
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import InFlight, StepRecord, TaskTokens, TrainingPlan, TrainingState
-from rollart.infra.config import JobSpec, TrainingConfig
+from rollart.spec.config import JobSpec, TrainingConfig
 from rollart.workflows import stalls
 from rollart.workflows.training import admission, placement
 from tests.support.tasks import frozenlake_task

@@ -14,8 +14,8 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.training import TrainingStatus
-from rollart.infra.config import JobSpec, TrainingConfig
 from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.spec.config import JobSpec, TrainingConfig
 from tests.support.standins import StandIns, full_marks, standin_workers, start_training
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 

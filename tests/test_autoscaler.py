@@ -20,11 +20,11 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from rollart.infra.config import StoreConfig, TemporalConfig, WorkerTuning
 from rollart.infra.local.devserver import DevServer, free_port
-from rollart.infra.pools import ElasticPoolConfig, Pool
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.config import StoreConfig, TemporalConfig, WorkerTuning
+from rollart.spec.pools import ElasticPoolConfig, Pool
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses
 from rollart.workers.settings import WorkerSettings
 from tests.support.fanout import FanOutRewards

@@ -78,7 +78,7 @@ def test_scale_results_carry_the_two_vs_one_control_ratio(tmp_path, monkeypatch)
 
 def test_the_trl_baseline_follows_the_jobs_learning_rate_schedule() -> None:
     from bench.trl_grpo import _lr_schedule
-    from rollart.infra.config import LRScheduleConfig
+    from rollart.spec.config import LRScheduleConfig
 
     assert _lr_schedule(LRScheduleConfig()) == {"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 0}
     cosine = _lr_schedule(LRScheduleConfig(kind="cosine", warmup_steps=5, min_ratio=0.05))

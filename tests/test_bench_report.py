@@ -11,8 +11,8 @@ from bench.report import format_table, plot_modes, summarize, write_results
 from bench.weight_sync import as_modes
 from bench.workload import LATENCY, SOKOBAN_LATENCY, multitask_job
 from rollart.activities.envs.gem_env import GemEnv
-from rollart.infra.pools import Pool
-from rollart.infra.routing import Unit, unit_of
+from rollart.spec.pools import Pool
+from rollart.spec.routing import Unit, unit_of
 
 
 def test_summarize_takes_medians_and_ratios_against_the_baseline() -> None:

@@ -30,10 +30,10 @@ from temporalio.service import RPCError
 from rollart.client.train import start_training
 from rollart.contracts.activities import TrainStepInput
 from rollart.contracts.training import TrainingResult, TrainingStatus
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TrainerConfig, TrainingConfig
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TrainerConfig, TrainingConfig
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 from tests.support.tasks import frozenlake_task
 

@@ -12,13 +12,13 @@ from temporalio.testing import ActivityEnvironment
 from rollart.activities.engines.conversation import ChatTokens, ConversationError
 from rollart.activities.engines.tool_parsing import ToolParsing, UnknownToolParser
 from rollart.activities.env import EnvActivities
-from rollart.activities.envs.base import StepOutcome
 from rollart.activities.envs.tool_calls import CALC_TOOL, ToolCalls
-from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.contracts.activities import GroupResetInput, ResetInput, RestoreInput, StepInput
-from rollart.contracts.chat import ChatMessage, ToolCall, ToolFunction
 from rollart.contracts.store import StoredCompletion, StoredTurn, whole_prompt
-from rollart.infra.config import JobSpec
+from rollart.spec.chat import ChatMessage, ToolCall, ToolFunction
+from rollart.spec.checks import JobCheckError, check_job_components
+from rollart.spec.config import JobSpec
+from rollart.spec.env import StepOutcome
 
 ENV = ActivityEnvironment()
 

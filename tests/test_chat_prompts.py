@@ -15,8 +15,8 @@ from rollart.activities.engines.chat import PromptFormatError, PromptRenderer
 from rollart.activities.engines.factory import create_engine
 from rollart.activities.generate import GenerateActivities
 from rollart.contracts.generation import GenerateBatchInput, GenerateInput
-from rollart.infra.config import EngineConfig, PromptFormat, SamplingParams, TaskSpec
 from rollart.infra.store.payload import LocalStore
+from rollart.spec.config import EngineConfig, PromptFormat, SamplingParams, TaskSpec
 
 OBS = "AFFF\nFHFH\nFFFH\nHFFG\nmove:"
 TEMPLATE = (

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rollart.client.rollout import plan_trajectories
-from rollart.infra.config import EngineConfig, load_job
 from rollart.infra.local.devserver import DevServer, free_port
+from rollart.spec.config import EngineConfig, load_job
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 

@@ -16,9 +16,9 @@ from rollart.cli.train import attach_command
 from rollart.client.connection import Outage, is_unreachable, probe, retry_unreachable
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
-from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.local.devserver import DevServer, free_port
 from rollart.infra.temporal.connection import NamespaceNotFound, TemporalAddressError
+from rollart.spec.config import JobSpec, StoreConfig, TemporalConfig
 from tests.support.tasks import frozenlake_task
 
 

@@ -23,9 +23,9 @@ from rollart.client.connection import Outage
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, StoreConfig, TemporalConfig, TrainingConfig
 from rollart.infra.local.devserver import DevServer, free_port
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import JobSpec, StoreConfig, TemporalConfig, TrainingConfig
 from tests.support.paths import REPO
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rollart.infra.config import JobSpec, JobSpecError, StopWhen, TrainingConfig, load_job
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec, JobSpecError, StopWhen, TrainingConfig, load_job
+from rollart.spec.pools import Pool
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollart.infra.config import TemporalLimits
+from rollart.spec.config import TemporalLimits
 from rollart.workflows.training.continuation import MIN_RUN_S, RunUse, reason
 
 DEFAULTS = TemporalLimits()

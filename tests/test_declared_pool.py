@@ -17,8 +17,8 @@ import pytest
 from temporalio.client import Client
 
 from rollart.client.rollout import plan_trajectories, run_rollout
-from rollart.infra.config import JobSpec
 from rollart.infra.temporal.history import activity_spans
+from rollart.spec.config import JobSpec
 from rollart.workers.local_stack import LocalStack
 from tests.support.paths import REPO
 from tests.support.processes import wait_for_output

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from rollart.infra.config import load_job
-from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from rollart.infra.deploy.render import render
 from rollart.infra.deploy.workloads import IMAGE_GID
+from rollart.spec.config import load_job
+from rollart.spec.config.kubernetes import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from tests.support.paths import REPO
 
 DOCKERFILES = sorted((REPO / "docker").glob("Dockerfile.*"))

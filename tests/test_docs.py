@@ -17,7 +17,7 @@ import yaml
 
 from bench.report import RESULTS
 from bench.tables import DOCS, VIEWS, TableError, marked_pages, regenerate, render, stale_pages, table_names
-from rollart.infra.config import JobSpec, MooncakeConfig, TrainingConfig
+from rollart.spec.config import JobSpec, MooncakeConfig, TrainingConfig
 
 REPO = DOCS.parent
 README_OPENING = "# rollart\n\n```\nmake run\nmake test\n```\n"

@@ -16,12 +16,12 @@ from transformers import AutoTokenizer
 
 from rollart.client.rollout import plan_trajectories, run_rollout
 from rollart.contracts.rollouts import TrajectoryInput
-from rollart.infra.config import JobSpec, WorkerTuning
 from rollart.infra.local.devserver import find_temporal_cli
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.temporal.connection import data_converter
 from rollart.infra.temporal.history import activity_spans
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.config import JobSpec, WorkerTuning
 from rollart.workers.local_stack import LocalStack
 from rollart.workflows import ALL_WORKFLOWS
 from tests.support.cli import rollart

@@ -29,11 +29,11 @@ from rollart.activities.engines.base import (
 from rollart.activities.engines.factory import create_engine
 from rollart.client.local import publish_model
 from rollart.contracts.generation import EnginePressure
-from rollart.infra.config import EngineConfig, SamplingParams, WeightsConfig
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weight_stream import WeightsTransferError
 from rollart.infra.store.weights import WeightsSource, read_manifest
 from rollart.infra.tiny_model import build_tiny_model
+from rollart.spec.config import EngineConfig, SamplingParams, WeightsConfig
 
 log = logging.getLogger(__name__)
 

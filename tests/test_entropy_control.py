@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import TrainStepInput
-from rollart.infra.config import LossConfig, TrainerConfig
+from rollart.spec.config import LossConfig, TrainerConfig
 from rollart.workflows.entropy_control import next_coef, trainer_for_step
 from tests.test_training_workflow import assert_ledger, job, train, world
 

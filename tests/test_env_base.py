@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rollart.activities.envs.base import Env, StepOutcome
+from rollart.spec.env import Env, StepOutcome
 
 
 class _Echo(Env):

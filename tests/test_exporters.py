@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rollart.client.exporters import ExporterUnavailable, TensorBoardExporter, check_installed, flatten, open_exporters
 from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
-from rollart.infra.config import JobSpec, JobSpecError, MetricsConfig, load_job
+from rollart.spec.config import JobSpec, JobSpecError, MetricsConfig, load_job
 from tests.support.tasks import frozenlake_task
 
 

@@ -16,9 +16,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, TrainingConfig
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.spec.config import JobSpec, TrainingConfig
+from rollart.spec.pools import Pool, queue_name
 from tests.support.standins import StandIns, reward_per_turn, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 

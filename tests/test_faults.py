@@ -23,7 +23,7 @@ from rollart.contracts.activities import (
     RestoreInput,
     StepInput,
 )
-from rollart.infra.config import FaultModel, LatencyModel
+from rollart.spec.config import FaultModel, LatencyModel
 from tests.support.tasks import frozenlake_task
 
 ENV = ActivityEnvironment()

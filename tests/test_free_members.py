@@ -18,8 +18,8 @@ from rollart.client.in_process import InProcessCalls
 from rollart.contracts.generation import Completion, GenerateInput, GenerateResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import JobSpec, TrainingConfig
-from rollart.infra.routing import Unit
+from rollart.spec.config import JobSpec, TrainingConfig
+from rollart.spec.routing import Unit
 from rollart.workflows.driver.free_members import play_free
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play

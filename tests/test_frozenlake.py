@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.envs.frozenlake import (
     STANDARD_MAP,
     FrozenLake,
@@ -15,7 +14,8 @@ from rollart.activities.envs.frozenlake import (
     render,
     shortest_path_length,
 )
-from rollart.infra.registry import lookup_env
+from rollart.spec.env import Env, StepOutcome
+from rollart.spec.registry import lookup_env
 
 # Standard map: SFFF / FHFH / FFFH / HFFG. A shortest winning walk: D D R R D R.
 WINNING_WALK = ["D", "D", "R", "R", "D", "R"]

@@ -13,8 +13,8 @@ import pytest
 from rollart.activities.envs.gem_env import GemEnv
 from rollart.activities.rewards.rule_based import env_return
 from rollart.contracts.activities import Transcript, TurnRecord
-from rollart.infra.config import JobSpec, load_job
-from rollart.infra.registry import lookup_env, lookup_reward
+from rollart.spec.config import JobSpec, load_job
+from rollart.spec.registry import lookup_env, lookup_reward
 from rollart.workers.local_stack import LocalStack
 from tests.support.cli import rollart
 from tests.support.paths import REPO

@@ -17,11 +17,11 @@ import yaml
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError, api_exception
 
-from rollart.infra.config import load_job
 from rollart.infra.deploy.apply import ApplyError, apply_manifests, connect
 from rollart.infra.deploy.names import Manifest
 from rollart.infra.deploy.render import render
 from rollart.infra.local.devserver import free_port
+from rollart.spec.config import load_job
 from tests.support.cli import rollart
 from tests.support.k8s import EXAMPLES, K8S_VERSION, container, write_job
 

@@ -14,11 +14,11 @@ import yaml
 
 from rollart.cli.main import build_parser
 from rollart.cli.worker import worker_settings
-from rollart.infra.config import JobSpecError, load_job
-from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
 from rollart.infra.deploy.names import K8sRenderError
 from rollart.infra.deploy.render import render
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpecError, load_job
+from rollart.spec.config.kubernetes import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
+from rollart.spec.pools import Pool
 from rollart.workers.settings import TrainerNodes
 from tests.support.k8s import (
     EXAMPLES,

@@ -14,11 +14,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from rollart.infra.config import JobSpec, JobSpecError, load_job
-from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, KubernetesConfig
 from rollart.infra.deploy.names import K8sRenderError
 from rollart.infra.deploy.render import render
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec, JobSpecError, load_job
+from rollart.spec.config.kubernetes import DEFAULT_CPU_IMAGE, KubernetesConfig
+from rollart.spec.pools import Pool
 from tests.support.k8s import (
     EXAMPLES,
     K8S_VERSION,

@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from rollart.cli.main import build_parser
-from rollart.infra.config import JobSpec, JobSpecError, load_job
 from rollart.infra.deploy.names import K8sRenderError, Manifest
 from rollart.infra.deploy.render import render
 from rollart.infra.deploy.security import secret_command
-from rollart.infra.pools import DEFAULT_POOLS
+from rollart.spec.config import JobSpec, JobSpecError, load_job
+from rollart.spec.pools import DEFAULT_POOLS
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"

@@ -15,9 +15,9 @@ from temporalio.api.worker.v1 import WorkerHeartbeat
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.liveness import alive, queue_liveness
+from rollart.spec.config import StoreConfig, TemporalConfig
 
 
 def beat(age_s: float, interval_s: float, status: int = WorkerStatus.WORKER_STATUS_RUNNING) -> WorkerHeartbeat:

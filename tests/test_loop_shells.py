@@ -19,14 +19,14 @@ from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.activities import RewardResult, SampleRef
 from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult
-from rollart.infra.config import JobSpec, TrainerConfig, TrainingConfig
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
 from rollart.simulator import calls as sim_calls
 from rollart.simulator.cluster import PoolSpec
 from rollart.simulator.models import TaskProfile, TrainerModel
 from rollart.simulator.roofline import MODELS
 from rollart.simulator.run import Setup, simulate
+from rollart.spec.config import JobSpec, TrainerConfig, TrainingConfig
+from rollart.spec.pools import Pool, queue_name
 from rollart.workflows.training import loop
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix

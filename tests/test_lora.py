@@ -31,8 +31,6 @@ from rollart.activities.training.torch_policy import TorchPolicy
 from rollart.client.local import trainer_logprobs
 from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult
 from rollart.contracts.generation import GenerateInput, WeightsRef
-from rollart.infra.config import JobSpec, LoraConfig, LossConfig, SamplingParams, TrainerConfig, load_job
-from rollart.infra.config.load import JobSpecError
 from rollart.infra.store.adapters import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -44,6 +42,8 @@ from rollart.infra.store.adapters import (
 )
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weights import WeightsManifest, WeightsSource, commit, manifest_key
+from rollart.spec.config import JobSpec, LoraConfig, LossConfig, SamplingParams, TrainerConfig, load_job
+from rollart.spec.config.load import JobSpecError
 from tests.support.batches import JOB, frozenlake_batch, load_model
 from tests.support.cli import rollart
 

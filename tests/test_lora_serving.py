@@ -23,9 +23,9 @@ from rollart.activities.generate import GenerateActivities
 from rollart.client.local import LocalTrainer, publish_model, trainer_logprobs
 from rollart.contracts.activities import SampleRef, TrainStepInput, turn_key
 from rollart.contracts.generation import GenerateBatchInput, WeightsRef
-from rollart.infra.config import EngineConfig, JobSpec, LoraConfig, SamplingParams, TrainerConfig
 from rollart.infra.store.adapters import adapter_key
 from rollart.infra.store.payload import LocalStore
+from rollart.spec.config import EngineConfig, JobSpec, LoraConfig, SamplingParams, TrainerConfig
 from tests.support.batches import JOB, PROMPTS, frozenlake_batch, load_model
 
 pytestmark = pytest.mark.integration

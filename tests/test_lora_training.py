@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from rollart.infra.config import JobSpec
 from rollart.infra.store.adapters import latest_adapter
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weights import latest_weights
+from rollart.spec.config import JobSpec
 from rollart.workers.local_stack import LocalStack
 from tests.support.paths import REPO
 from tests.support.processes import wait_for_output

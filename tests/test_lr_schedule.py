@@ -8,7 +8,7 @@ import pytest
 
 from rollart.activities.training.lr_schedule import lr_at, scheduled
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import JobSpec, TrainerConfig
+from rollart.spec.config import JobSpec, TrainerConfig
 
 TASK = {"name": "a", "env": "x", "reward": "y"}
 

@@ -22,7 +22,7 @@ from rollart.activities.rl.action_entropy import ActionSpace, ActionTerm
 from rollart.activities.rl.batch import TrainSequence, collate
 from rollart.activities.training.megatron.convert import hf_to_megatron, megatron_to_hf
 from rollart.activities.training.megatron.hf_layout import HfArch, UnsupportedModel
-from rollart.infra.config import LossConfig, TrainerConfig
+from rollart.spec.config import LossConfig, TrainerConfig
 from tests.support.gloo import run_on_ranks
 
 BASE = {

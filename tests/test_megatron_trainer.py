@@ -23,9 +23,9 @@ from transformers import AutoTokenizer
 from rollart.activities.trainer import TrainerActivities, step_record_path
 from rollart.client.local import published_tensors
 from rollart.contracts.activities import SampleRef, TrainStepInput
-from rollart.infra.config import StoreConfig, TrainerConfig
 from rollart.infra.local.devserver import free_port
 from rollart.infra.store.payload import LocalStore
+from rollart.spec.config import StoreConfig, TrainerConfig
 from rollart.workers.trainer_ranks import RankGroup
 from tests.support.batches import frozenlake_batch, load_model
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollart.infra.config import MooncakeConfig, StoreConfig
 from rollart.infra.local.mooncake_service import MooncakeService
 from rollart.infra.store.mooncake import MooncakeStore
 from rollart.infra.store.payload import MirroredStore, StoreKeyError, StoreUnavailable, open_store
 from rollart.infra.store.weight_stream import WeightsTransferError, read_all
 from rollart.infra.store.weights import manifest_key, read_manifest
+from rollart.spec.config import MooncakeConfig, StoreConfig
 from tests.support.cli import rollart
 from tests.support.weights import latest_tensors
 from tests.support.weights import publish_tensors as publish
@@ -61,7 +61,7 @@ def _in_other_process(cfg: StoreConfig, code: str) -> str:
     script = (
         textwrap.dedent("""
         import os, sys
-        from rollart.infra.config import StoreConfig
+        from rollart.spec.config import StoreConfig
         from rollart.infra.store.payload import open_store
         store = open_store(StoreConfig.model_validate_json(sys.argv[1]))
     """)
@@ -208,7 +208,7 @@ def test_master_killed_with_local_fallback_loses_nothing(fresh_mooncake: Mooncak
 def test_config_rejects_a_bad_master_address() -> None:
     from pydantic import ValidationError
 
-    from rollart.infra.config import JobSpec, format_validation_error
+    from rollart.spec.config import JobSpec, format_validation_error
 
     with pytest.raises(ValidationError) as err:
         JobSpec.model_validate(

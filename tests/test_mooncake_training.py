@@ -16,13 +16,13 @@ import pytest
 from temporalio.client import Client
 
 from rollart.contracts.training import TrainingResult
-from rollart.infra.config import JobSpec, MooncakeConfig, StoreConfig
 from rollart.infra.local.devserver import free_port
-from rollart.infra.pools import Pool
 from rollart.infra.store.mooncake import MooncakeStore
 from rollart.infra.store.payload import MirroredStore, StoreUnavailable, open_store
 from rollart.infra.store.weights import PublishedWeights, latest_weights, manifest_key, read_manifest
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import JobSpec, MooncakeConfig, StoreConfig
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 from tests.support.training_runs import run_job
 from tests.support.weights import latest_tensors, publish_tensors

@@ -30,13 +30,13 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from rollart.activities.env import EnvActivities
-from rollart.activities.envs.base import Env, EnvSessionLost, StepOutcome
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.activities.envs.openenv_client import OpenEnv
 from rollart.activities.envs.openenv_server import openenv_app
 from rollart.contracts.activities import ResetInput, RestoreInput, StepInput
-from rollart.infra.config import JobSpec, load_job
 from rollart.infra.local.devserver import free_port
+from rollart.spec.config import JobSpec, load_job
+from rollart.spec.env import Env, EnvSessionLost, StepOutcome
 from rollart.workers.env_server import wait_healthy
 from tests.support.paths import REPO
 
@@ -306,7 +306,7 @@ def test_the_example_job_loads_with_its_server() -> None:
     ],
 )
 def test_bad_env_servers_fail_on_load_naming_the_field(tmp_path: Path, job: dict, message: str) -> None:
-    from rollart.infra.config import JobSpecError
+    from rollart.spec.config import JobSpecError
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job))

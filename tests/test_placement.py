@@ -1,4 +1,4 @@
-"""Automatic affinity: the planner (infra/placement.py), the GPU rooflines it can start from (infra/hardware.py) and
+"""Automatic affinity: the planner (spec/placement.py), the GPU rooflines it can start from (spec/hardware.py) and
 the token profile a run records for it (uncached prompt tokens per trajectory, tokens per task per step)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from rollart.cli.main import run as cli_run
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.generation import Completion, GenerateResult
 from rollart.contracts.training import StepRecord, TaskTokens
-from rollart.infra import placement
-from rollart.infra.hardware import engine_rates
-from rollart.infra.placement import PoolRates, TaskLoad, evaluate, plan, reasons, size_pools
+from rollart.spec import placement
+from rollart.spec.hardware import engine_rates
+from rollart.spec.placement import PoolRates, TaskLoad, evaluate, plan, reasons, size_pools
 from rollart.workflows.driver.episode import uncached_prompt_tokens
 from rollart.workflows.training.records import task_tokens
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rollart.infra.config import JobSpec, load_job
-from rollart.infra.pools import (
+from rollart.spec.config import JobSpec, load_job
+from rollart.spec.pools import (
     DEFAULT_POOLS,
     Pool,
     PoolSpec,
@@ -279,7 +279,7 @@ def test_a_job_takes_its_pools_from_the_cluster_file_it_names(tmp_path: Path) ->
 
 
 def test_a_cluster_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
-    from rollart.infra.config import JobSpecError
+    from rollart.spec.config import JobSpecError
 
     spec = tmp_path / "job.yaml"
     spec.write_text("cluster: nowhere.yaml\ntasks:\n  - {name: a, env: frozenlake, reward: success}\n")

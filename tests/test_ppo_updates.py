@@ -21,7 +21,7 @@ from rollart.activities.training.updates import (
     updates,
     with_proximal_logprobs,
 )
-from rollart.infra.config import JobSpec, LossConfig, TrainerConfig
+from rollart.spec.config import JobSpec, LossConfig, TrainerConfig
 
 
 class Bandit(Policy):

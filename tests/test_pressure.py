@@ -10,7 +10,7 @@ from rollart.contracts.activities import TrainStepResult
 from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
-from rollart.infra.config import AdmissionConfig, TrainingConfig
+from rollart.spec.config import AdmissionConfig, TrainingConfig
 from rollart.workflows.training import admission, ledger, pressure, records
 from tests.support.tasks import frozenlake_task
 from tests.support.training_plans import completed, plan, sample

@@ -20,7 +20,7 @@ from rollart.client.rollout import plan_trajectories
 from rollart.contracts.generation import Completion, GenerateBatchInput, GenerateInput, GenerateResult
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import EngineConfig, JobSpec
+from rollart.spec.config import EngineConfig, JobSpec
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
 from rollart.workflows.driver.lockstep import play

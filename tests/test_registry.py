@@ -8,9 +8,9 @@ import pytest
 
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.activities.rewards.rule_based import exact_match, success
-from rollart.infra.imports import ImportPathError, is_import_path, resolve_import_path
-from rollart.infra.pools import Pool
-from rollart.infra.registry import Registry, UnknownComponentError, env, lookup_env, lookup_reward, reward
+from rollart.spec.imports import ImportPathError, is_import_path, resolve_import_path
+from rollart.spec.pools import Pool
+from rollart.spec.registry import Registry, UnknownComponentError, env, lookup_env, lookup_reward, reward
 
 
 def test_builtins_are_registered_with_their_pools() -> None:
@@ -76,7 +76,7 @@ def test_declarations_are_checked_when_declared() -> None:
 
 def test_a_name_cannot_be_taken_twice() -> None:
     reg = Registry()
-    from rollart.infra.registry import EnvEntry
+    from rollart.spec.registry import EnvEntry
 
     reg.add_env(EnvEntry(name="x", cls=FrozenLake))
     reg.add_env(EnvEntry(name="x", cls=FrozenLake))  # re-declaring the same class is fine (module reload)
@@ -108,7 +108,7 @@ def test_builtins_load_by_name_in_a_fresh_process() -> None:
 
     code = (
         "import sys\n"
-        "from rollart.infra.registry import lookup_env, lookup_reward, registry\n"
+        "from rollart.spec.registry import lookup_env, lookup_reward, registry\n"
         "assert lookup_env('frozenlake').cls.__name__ == 'FrozenLake'\n"
         "assert 'rollart.activities.rewards.model_based' not in sys.modules\n"
         "assert lookup_reward('exact_match').fn.__name__ == 'exact_match'\n"
@@ -121,7 +121,7 @@ def test_builtins_load_by_name_in_a_fresh_process() -> None:
 
 def test_the_registry_names_no_implementation() -> None:
     """The inversion: infra finds the built-ins by entry point; it never names the activities package."""
-    import rollart.infra.registry as registry_module
+    import rollart.spec.registry as registry_module
 
     assert "rollart.activities" not in Path(registry_module.__file__).read_text()
 
@@ -135,7 +135,7 @@ class BesideTheEngine(FrozenLake):
 
 
 def test_an_env_runs_on_the_pool_it_declares() -> None:
-    from rollart.infra.config import JobSpec, TaskSpec, resolve_task
+    from rollart.spec.config import JobSpec, TaskSpec, resolve_task
     from rollart.workers.local_stack import pools_for_job
     from rollart.workers.settings import WorkerSettings
 
@@ -153,7 +153,7 @@ def test_an_env_runs_on_the_pool_it_declares() -> None:
 
 def test_rollart_up_warns_when_pools_leave_the_envs_or_rewards_unserved(capsys: pytest.CaptureFixture[str]) -> None:
     from rollart.cli.up import _warn_unserved
-    from rollart.infra.config import JobSpec, TaskSpec, resolve
+    from rollart.spec.config import JobSpec, TaskSpec, resolve
 
     job = resolve(JobSpec(tasks=[TaskSpec(name="t", env="on-h20-for-test", reward="success", generate_pool="h800")]))
     _warn_unserved(job, [Pool.CONTROL, Pool.CPU, Pool.H800])
@@ -170,7 +170,7 @@ def test_an_env_on_a_pool_that_cannot_hold_sessions_is_refused_when_declared() -
         env("x", pool="no such pool")
     from pydantic import ValidationError
 
-    from rollart.infra.config import JobSpec, TaskSpec
+    from rollart.spec.config import JobSpec, TaskSpec
 
     task = TaskSpec(name="t", env="frozenlake", reward="success", env_pool="trainer")  # the job checks it
     with pytest.raises(ValidationError, match=r"tasks.0.env_pool: pool 'trainer' has role trainer, not env or gen"):
@@ -185,7 +185,7 @@ class InASandbox(FrozenLake):
 def test_an_env_on_a_pool_of_its_own_needs_a_job_that_declares_it() -> None:
     from pydantic import ValidationError
 
-    from rollart.infra.config import JobSpec, TaskSpec, resolve, resolve_task
+    from rollart.spec.config import JobSpec, TaskSpec, resolve, resolve_task
     from rollart.workers.local_stack import pools_for_job
 
     unresolved = TaskSpec(name="t", env="in-a-sandbox-for-test", reward="success")
@@ -203,16 +203,16 @@ def test_an_env_on_a_pool_of_its_own_needs_a_job_that_declares_it() -> None:
 def test_an_env_not_importable_where_the_spec_loads_keeps_the_default_pool(caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
-    from rollart.infra.config import TaskSpec, resolve_task
+    from rollart.spec.config import TaskSpec, resolve_task
 
-    with caplog.at_level(logging.DEBUG, logger="rollart.infra.registry"):
+    with caplog.at_level(logging.DEBUG, logger="rollart.spec.registry"):
         task = resolve_task(TaskSpec(name="t", env="only_on_the_workers.envs:Maze", reward="success"))
     assert task.env_pool is None and task.env_queue == "cpu"
     assert "only_on_the_workers.envs:Maze" in caplog.text
 
 
 def test_a_reward_declared_not_serverless_runs_on_the_generation_pool() -> None:
-    from rollart.infra.config import JobSpec, TaskSpec, resolve_task
+    from rollart.spec.config import JobSpec, TaskSpec, resolve_task
     from rollart.workers.settings import WorkerSettings
 
     task = TaskSpec(name="t", env="frozenlake", reward="tests.support.rewards:beside_generation", generate_pool="h20")

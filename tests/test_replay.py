@@ -16,8 +16,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from rollart.infra.config import WorkerTuning
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.config import WorkerTuning
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.patches import RELEASED_PATCHES
 from tests.support.record_histories import FIXTURES, RECORDERS

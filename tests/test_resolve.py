@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from rollart.infra.config import JobSpec, JobSpecError, TaskSpec, load_job, resolve, resolve_task
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec, JobSpecError, TaskSpec, load_job, resolve, resolve_task
+from rollart.spec.pools import Pool
 
 USER_MODULE = """
 from rollart.activities.envs.frozenlake import FrozenLake
-from rollart.infra.registry import env, reward
+from rollart.spec.registry import env, reward
 
 
 @env("maze-of-{tag}", pool="h20")

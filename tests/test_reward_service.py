@@ -17,12 +17,12 @@ from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 
 from rollart.activities.reward import RewardActivities
 from rollart.activities.rewards.model_based import RewardModel, render
-from rollart.client.rollout import JobCheckError, check_job_components
 from rollart.contracts.activities import RewardBatchInput, RewardInput, Transcript, TurnRecord
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
-from rollart.infra.config import JobSpec, TaskSpec, resolve
-from rollart.infra.pools import Pool, queue_name
-from rollart.infra.registry import lookup_reward
+from rollart.spec.checks import JobCheckError, check_job_components
+from rollart.spec.config import JobSpec, TaskSpec, resolve
+from rollart.spec.pools import Pool, queue_name
+from rollart.spec.registry import lookup_reward
 from rollart.workers.settings import WorkerSettings
 from rollart.workflows import GroupRolloutWorkflow, TrajectoryWorkflow
 from tests.support.paths import REPO
@@ -227,7 +227,7 @@ def test_default_stack_job_autoscales_serverless_between_1_and_4(tmp_path: Path)
 
 
 def test_reward_model_example_checks() -> None:
-    from rollart.infra.config import load_job
+    from rollart.spec.config import load_job
 
     job = load_job(REPO / "examples" / "reward_model.yaml")
     check_job_components(job)

@@ -17,7 +17,7 @@ from rollart.activities.rl.losses import (
     token_logprobs,
     token_logprobs_and_entropy,
 )
-from rollart.infra.config import LossConfig
+from rollart.spec.config import LossConfig
 
 LN = math.log
 

@@ -1,4 +1,4 @@
-"""One routing decision (infra/routing.py) and one module of ids and seeds (contracts/ids.py): the unit each
+"""One routing decision (spec/routing.py) and one module of ids and seeds (contracts/ids.py): the unit each
 kind of task plays in, for training and `rollart rollout` alike, and the values every id and seed keeps."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from temporalio.testing import WorkflowEnvironment
 from rollart.client.rollout import plan_trajectories, rollout_units, run_rollout, unit_input
 from rollart.contracts import ids
 from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryInput, TrajectoryResult
-from rollart.infra.config import JobSpec, TrainingConfig
-from rollart.infra.routing import Unit, unit_of
+from rollart.spec.config import JobSpec, TrainingConfig
+from rollart.spec.routing import Unit, unit_of
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 from tests.support.training_plans import arithmetic_task

@@ -17,7 +17,7 @@ from rollart.client.job_trajectories import TrajectoryRow
 from rollart.client.report import Ledger, ReportData, Sample, TaskSamples, gather_report, ledger_of, write_report
 from rollart.client.trajectory_view import CallInfo, TrajectoryView, TurnView, summarize_logprobs
 from rollart.contracts.rollouts import TrajectoryResult
-from rollart.infra.config import JobSpec
+from rollart.spec.config import JobSpec
 from tests.support.paths import REPO
 from tests.support.tasks import frozenlake_task
 

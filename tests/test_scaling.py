@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rollart.infra.pools import ElasticPoolConfig, Pool
 from rollart.infra.temporal.backlog import QueueStats
+from rollart.spec.pools import ElasticPoolConfig, Pool
 from rollart.workers import autoscaler as mod
 from rollart.workers.scaling import ScaleState, decide, recommend
 from rollart.workers.settings import WorkerSettings

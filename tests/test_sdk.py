@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import rollart.sdk as sdk
-from rollart.activities.envs.base import Env
-from rollart.infra.registry import env
+from rollart.spec.env import Env
+from rollart.spec.registry import env
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 

@@ -17,9 +17,9 @@ from rollart.activities.training.sft_data import (
     tokenize_transcript,
 )
 from rollart.activities.training.sft_synthetic import tool_calls_transcripts, transcript_seed
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.ids import EVAL_SEED_BASE, SFT_SEED_BASE
-from rollart.infra.config import JobSpec, TaskSpec, TrainerConfig
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import JobSpec, TaskSpec, TrainerConfig
 from tests.support.cli import rollart
 
 
@@ -239,7 +239,7 @@ def test_a_lora_job_writes_its_adapter_merged_into_a_plain_model(chat_model: Pat
     from safetensors.torch import load_file
 
     from rollart.client.sft import plan_sft, run_sft, write_synthetic
-    from rollart.infra.config import LoraConfig
+    from rollart.spec.config import LoraConfig
 
     data = tmp_path / "data.jsonl"
     write_synthetic("tool_calls", 4, 0, data, {})

@@ -165,7 +165,7 @@ def test_the_paper_setup_sizes_its_pools_from_its_knobs() -> None:
 
 
 def test_the_placement_planner_picks_the_hand_written_placement_the_simulator_finds_best() -> None:
-    """infra/placement.py on the paper-like setup's own profiles and rooflines: multi-turn tasks on h800 and the
+    """spec/placement.py on the paper-like setup's own profiles and rooflines: multi-turn tasks on h800 and the
     long single-turn answers on h20, as declared (the swap simulates 5 % slower, docs/simulator.md)."""
     from bench.simulate.placement import HAND_WRITTEN, planned
 

@@ -27,10 +27,10 @@ from rollart.client.connection import Outage
 from rollart.client.train import MetricsWriter, follow
 from rollart.contracts.generation import GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, TemporalConfig, TrainingConfig, WorkerTuning
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.search_attributes import ensure_registered
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.config import JobSpec, TemporalConfig, TrainingConfig, WorkerTuning
+from rollart.spec.pools import Pool, queue_name
 from rollart.workers.role_workers import pool_workers
 from rollart.workers.settings import WorkerSettings
 from rollart.workflows import ALL_WORKFLOWS

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from rollart.contracts.activities import QueueState
 from rollart.contracts.training import StallWatch, TrainingPlan, TrainingStatus
-from rollart.infra.config import JobSpec, StallConfig, TrainingConfig
+from rollart.spec.config import JobSpec, StallConfig, TrainingConfig
 from rollart.workflows import stalls
 from tests.support.tasks import frozenlake_task
 

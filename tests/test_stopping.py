@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rollart.contracts.training import TrainingResult
-from rollart.infra.config import StopWhen
+from rollart.spec.config import StopWhen
 from rollart.workflows.stopping import held, held_over, should_stop
 
 RULE = StopWhen(success=0.95, steps=3)

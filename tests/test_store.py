@@ -11,9 +11,9 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from rollart.infra.config import StoreConfig
 from rollart.infra.store.payload import LocalStore, StoreKeyError
 from rollart.infra.temporal.connection import data_converter
+from rollart.spec.config import StoreConfig
 from tests.support.blob import BlobWorkflow, make_blob
 from tests.support.history import payload_sizes
 

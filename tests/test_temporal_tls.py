@@ -31,11 +31,11 @@ from rollart.cli.train import attach_command
 from rollart.cli.worker import worker_settings
 from rollart.client.connection import is_unreachable
 from rollart.client.rollout import new_job_id, plan_trajectories, run_rollout
-from rollart.infra.config import JobSpec, JobSpecError, StoreConfig, TemporalConfig, TemporalTLS, load_job
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.connection import TemporalSecurityError, connect
 from rollart.infra.temporal.tls import certificate_verdict, closed_connection_hint, security_problem
 from rollart.infra.waiting import Backoff
+from rollart.spec.config import JobSpec, JobSpecError, StoreConfig, TemporalConfig, TemporalTLS, load_job
+from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 from rollart.workers.pool_worker import serve
 from rollart.workers.settings import WorkerSettings

@@ -24,8 +24,8 @@ from rollart.activities.envs.sandbox import (
     run_python,
 )
 from rollart.activities.envs.tool_use import ToolUse, make_problem, parse_action
-from rollart.infra.config import JobSpec, TaskSpec
-from rollart.infra.registry import lookup_env
+from rollart.spec.config import JobSpec, TaskSpec
+from rollart.spec.registry import lookup_env
 from rollart.workers.local_stack import LocalStack
 from tests.support.cli import rollart
 

@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.training import TrainingInput, TrainingResult
-from rollart.infra.config import StoreConfig, TemporalConfig, TracingConfig
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.connection import connect
 from rollart.infra.temporal.search_attributes import ensure_registered
 from rollart.infra.temporal.tracing import flush_traces
+from rollart.spec.config import StoreConfig, TemporalConfig, TracingConfig
+from rollart.spec.pools import Pool, queue_name
 from tests.support.standins import standin_workers
 from tests.support.tasks import with_queue_prefix
 from tests.test_training_workflow import job, world

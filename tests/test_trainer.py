@@ -22,9 +22,9 @@ from rollart.client.local import published_tensors
 from rollart.contracts.activities import SampleRef, TrainStepInput, TrainStepResult, turn_key
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.store import StoredTurn
-from rollart.infra.config import LossConfig, TrainerConfig
 from rollart.infra.store.payload import LocalStore, StoreUnavailable
 from rollart.infra.store.weights import latest_weights, manifest_key
+from rollart.spec.config import LossConfig, TrainerConfig
 from rollart.workflows import policies
 from tests.support.batches import JOB, frozenlake_batch, load_model
 

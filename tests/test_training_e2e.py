@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from rollart.infra.config import JobSpec, TrainerConfig
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weights import latest_weights
+from rollart.spec.config import JobSpec, TrainerConfig
 from tests.support.training_runs import run_job
 
 pytestmark = pytest.mark.integration

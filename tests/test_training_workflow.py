@@ -19,10 +19,10 @@ from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.ids import derive_seed
 from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, StopWhen, TrainingConfig
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal.history import activity_spans
 from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.spec.config import JobSpec, StopWhen, TrainingConfig
+from rollart.spec.pools import Pool, queue_name
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task, with_queue_prefix
 

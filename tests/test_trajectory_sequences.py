@@ -22,11 +22,11 @@ from rollart.activities.engines.base import EngineOutput
 from rollart.activities.rl.batch import InvalidSample, TrainSequence, collate, load_sequences
 from rollart.activities.rl.losses import policy_loss
 from rollart.contracts.activities import SampleRef, turn_key
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.generation import GenerateInput
 from rollart.contracts.store import StoredCompletion, StoredTurn
-from rollart.infra.config import LossConfig, SamplingParams, TrainerConfig
 from rollart.infra.store.payload import LocalStore, Store
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import LossConfig, SamplingParams, TrainerConfig
 
 JOB = "job"
 

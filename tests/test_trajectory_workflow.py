@@ -16,8 +16,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
-from rollart.infra.config import SamplingParams
-from rollart.infra.pools import Pool, queue_name
+from rollart.spec.config import SamplingParams
+from rollart.spec.pools import Pool, queue_name
 from rollart.workflows import TrajectoryWorkflow
 from tests.support.standins import StandIns, standin_workers
 from tests.support.tasks import frozenlake_task

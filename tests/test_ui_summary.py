@@ -29,10 +29,10 @@ from rollart.contracts.rollouts import (
     TrajectoryResult,
 )
 from rollart.contracts.training import TrainingInput, TrainingResult
-from rollart.infra.config import JobSpec, TrainingConfig, WorkerTuning
-from rollart.infra.pools import Pool, queue_name
 from rollart.infra.temporal import search_attributes as sa
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.config import JobSpec, TrainingConfig, WorkerTuning
+from rollart.spec.pools import Pool, queue_name
 from rollart.workflows import ALL_WORKFLOWS
 from rollart.workflows.ui_summary import (
     SUMMARY_MAX_BYTES,

@@ -6,7 +6,7 @@ import tomllib
 
 import pytest
 
-from rollart.infra.deploy.layout import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
+from rollart.spec.config.kubernetes import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE
 from tests.support.cli import rollart
 from tests.support.paths import REPO
 

@@ -12,11 +12,11 @@ import torch
 
 from rollart.activities.training.publish import Publisher, publish_version
 from rollart.activities.training.ranks import OneProcess
-from rollart.infra.config import WeightsConfig
 from rollart.infra.store.payload import LocalStore
 from rollart.infra.store.weight_delta import DeltaMirror, engine_stream, group_of
 from rollart.infra.store.weight_stream import BucketWriter, WeightsTransferError, iter_manifest, read_all
 from rollart.infra.store.weights import WeightsManifest, latest_weights, manifest_key, read_manifest
+from rollart.spec.config import WeightsConfig
 
 MIB = 1 << 20
 

@@ -18,9 +18,9 @@ import pytest
 from temporalio.worker import Worker
 
 from rollart.contracts.activities import EnvHandle
-from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.local.devserver import DevServer, free_port
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import StoreConfig, TemporalConfig
 from rollart.workers import lifeline
 from tests.support.cli import rollart
 from tests.support.one_reset import OneReset

@@ -25,10 +25,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollart.infra.pools import ElasticPoolConfig, queue_name
 from rollart.infra.temporal.backlog import QueueStats, queue_stats
 from rollart.infra.temporal.connection import connect
 from rollart.infra.waiting import Backoff, unless_stopped
+from rollart.spec.pools import ElasticPoolConfig, queue_name
 from rollart.workers.scaling import ScaleDecision, ScaleState, decide
 from rollart.workers.settings import WorkerSettings
 

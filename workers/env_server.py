@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rollart.infra.config import EnvServerSpec
+    from rollart.spec.config import EnvServerSpec
 
 __all__ = ["EnvServerError", "EnvServerProcesses", "serve", "wait_healthy"]
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollart.infra.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
 from rollart.infra.local.devserver import DevServer
-from rollart.infra.pools import Pool
 from rollart.infra.temporal.search_attributes import dev_server_flags
+from rollart.spec.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
+from rollart.spec.pools import Pool
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
 from rollart.workers.env_server import EnvServerError, EnvServerProcesses
 from rollart.workers.settings import WorkerSettings

@@ -17,9 +17,9 @@ import uuid
 
 from temporalio.client import Client
 
-from rollart.infra.config import StoreConfig, TrainerConfig
 from rollart.infra.temporal.connection import connect
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
+from rollart.spec.config import StoreConfig, TrainerConfig
 from rollart.workers import lifeline
 from rollart.workers.role_workers import pool_workers, trainer_rank_group
 from rollart.workers.settings import WorkerSettings

@@ -20,7 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
-from rollart.infra.config import StoreConfig, TrainerConfig
+from rollart.spec.config import StoreConfig, TrainerConfig
 
 __all__ = ["LaunchSpec", "RankCommand", "RankError", "RankReply", "key"]
 

@@ -29,9 +29,9 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from rollart.activities.engines.base import Engine
-from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.search_attributes import try_register
 from rollart.infra.temporal.worker_tuning import activity_worker_options, workflow_worker_options
+from rollart.spec.pools import queue_name, session_queue
 from rollart.workers import lifeline
 from rollart.workers.settings import WorkerSettings
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from rollart.infra.pools import ElasticPoolConfig
+from rollart.spec.pools import ElasticPoolConfig
 
 __all__ = ["IDLE_ADD_RATE", "ScaleDecision", "ScaleState", "decide", "recommend"]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart.infra.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
-from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolRole
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
+from rollart.spec.pools import DEFAULT_POOLS, PoolName, PoolRole
 
 __all__ = ["TrainerNodes", "WorkerSettings"]
 

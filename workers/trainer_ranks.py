@@ -28,7 +28,7 @@ from temporalio.exceptions import ApplicationError
 
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.contracts.errors import ErrorType
-from rollart.infra.config import StoreConfig
+from rollart.spec.config import StoreConfig
 from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
 
 __all__ = ["RankGroup"]

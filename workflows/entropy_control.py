@@ -8,7 +8,7 @@ a resumed job (continue-as-new) use the same one. Pure and deterministic: workfl
 
 from __future__ import annotations
 
-from rollart.infra.config import LossConfig, TrainerConfig
+from rollart.spec.config import LossConfig, TrainerConfig
 
 __all__ = ["measured", "next_coef", "trainer_for_step"]
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from rollart.contracts.activities import QueueState
 from rollart.contracts.training import Stall, StallWatch, stall_summary
-from rollart.infra.config import AUTO_POOL, StallConfig, TaskSpec
-from rollart.infra.pools import Pool
+from rollart.spec.config import AUTO_POOL, StallConfig, TaskSpec
+from rollart.spec.pools import Pool
 
 __all__ = [
     "FINISHES_KEPT",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rollart.infra.config import StopWhen
+from rollart.spec.config import StopWhen
 
 __all__ = ["TOLERANCE", "held", "held_over", "should_stop"]
 

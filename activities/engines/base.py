@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollart.contracts.generation import EnginePressure, FinishReason
-from rollart.infra.config import SamplingParams
 from rollart.infra.store.weights import WeightsManifest, WeightsSource
+from rollart.spec.config import SamplingParams
 
 __all__ = [
     "TIED_HEAD",

@@ -1,6 +1,6 @@
 """Observation → prompt text: through the model's chat template, or raw.
 
-An env's observation is the whole next prompt (activities/envs/base.py), written for any model. An
+An env's observation is the whole next prompt (spec/env.py), written for any model. An
 instruct model was trained on conversations rendered by its own chat template, so it should see the
 observation as the user's message of such a conversation; a base model, or the tiny model (no
 template), sees the raw text. The rendering happens here, on the generation worker, once per request:
@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollart.infra.config import PromptFormat
+from rollart.spec.config import PromptFormat
 
 __all__ = ["PromptFormatError", "PromptRenderer"]
 

@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from rollart.contracts.chat import ChatMessage
+from rollart.spec.chat import ChatMessage
 
 __all__ = ["ChatTokens", "ConversationError"]
 

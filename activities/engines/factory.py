@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rollart.activities.engines.base import Engine
-from rollart.infra.config import EngineConfig
+from rollart.spec.config import EngineConfig
 
 __all__ = ["create_engine"]
 

@@ -33,8 +33,8 @@ from rollart.activities.engines.base import (
     check_source,
 )
 from rollart.contracts.generation import EnginePressure
-from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
+from rollart.spec.config import EngineConfig, SamplingParams
 
 __all__ = ["HfEngine"]
 

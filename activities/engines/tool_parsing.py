@@ -12,7 +12,7 @@ import json
 import threading
 from typing import Any
 
-from rollart.contracts.chat import ChatMessage, ToolCall, ToolFunction
+from rollart.spec.chat import ChatMessage, ToolCall, ToolFunction
 
 __all__ = ["ToolParsing", "UnknownToolParser"]
 

@@ -39,8 +39,8 @@ from rollart.activities.engines.base import (
 )
 from rollart.activities.engines.vllm_adapters import MAX_LORAS, VllmAdapters, vllm_lora_rank
 from rollart.contracts.generation import EnginePressure
-from rollart.infra.config import EngineConfig, SamplingParams
 from rollart.infra.store.weights import WeightsSource
+from rollart.spec.config import EngineConfig, SamplingParams
 
 __all__ = ["VllmEngine"]
 

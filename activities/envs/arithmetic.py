@@ -28,8 +28,8 @@ from __future__ import annotations
 import re
 from typing import Any, Final
 
-from rollart.activities.envs.base import Env, StepOutcome
-from rollart.infra.registry import env
+from rollart.spec.env import Env, StepOutcome
+from rollart.spec.registry import env
 
 __all__ = ["Arithmetic", "is_integer", "render"]
 

@@ -15,9 +15,9 @@ import threading
 import time
 import zlib
 
-from rollart.activities.envs.base import Env, StepOutcome
 from rollart.contracts.ids import derive_seed
-from rollart.infra.config import FaultModel, LatencyModel
+from rollart.spec.config import FaultModel, LatencyModel
+from rollart.spec.env import Env, StepOutcome
 
 __all__ = ["FaultInjector", "FaultyEnv", "InjectedResetFault", "TransientStepFault", "sample_latency"]
 

@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final, Literal
 
-from rollart.activities.envs.base import Env, StepOutcome
-from rollart.infra.registry import env
+from rollart.spec.env import Env, StepOutcome
+from rollart.spec.registry import env
 
 __all__ = [
     "ACTIONS",

@@ -72,8 +72,8 @@ import threading
 from pathlib import Path
 from typing import Any, Final
 
-from rollart.activities.envs.base import Env, StepOutcome
-from rollart.infra.registry import env
+from rollart.spec.env import Env, StepOutcome
+from rollart.spec.registry import env
 
 __all__ = ["OBSERVATION_MODES", "GemEnv", "compose_prompt"]
 

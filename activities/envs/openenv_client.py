@@ -29,8 +29,8 @@ import logging
 import time
 from typing import Any
 
-from rollart.activities.envs.base import Env, EnvSessionLost, StepOutcome
-from rollart.infra.registry import env
+from rollart.spec.env import Env, EnvSessionLost, StepOutcome
+from rollart.spec.registry import env
 
 __all__ = ["OpenEnv"]
 

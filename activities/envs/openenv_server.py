@@ -30,7 +30,7 @@ from openenv.core.env_server import (
 )
 from pydantic import Field
 
-from rollart.infra.registry import lookup_env
+from rollart.spec.registry import lookup_env
 
 if TYPE_CHECKING:
     from fastapi import FastAPI

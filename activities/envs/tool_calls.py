@@ -1,6 +1,6 @@
 """Tool use with native tool calls: integer arithmetic the model works out by calling a `calc` function tool.
 
-`tool_use`'s task as a chat env (activities/envs/base.py `ChatEnv`): the episode opens with a user
+`tool_use`'s task as a chat env (spec/env.py `ChatEnv`): the episode opens with a user
 message ("Compute 47+85. ..."), the tool's JSON schema goes to the model's chat template, and the
 model calls the tool in its family's format (Qwen's: `<tool_call>{"name": "calc", "arguments":
 {"expression": "47+85"}}</tool_call>`), which the generation worker parses with vLLM's tool parser
@@ -19,11 +19,11 @@ from __future__ import annotations
 import re
 from typing import Any, ClassVar, Final
 
-from rollart.activities.envs.base import ChatEnv, StepOutcome
 from rollart.activities.envs.sandbox import SandboxLimits, run_calc
 from rollart.activities.envs.tool_use import _validate_problem_args, make_problem
-from rollart.contracts.chat import ChatMessage
-from rollart.infra.registry import env
+from rollart.spec.chat import ChatMessage
+from rollart.spec.env import ChatEnv, StepOutcome
+from rollart.spec.registry import env
 
 __all__ = ["CALC_TOOL", "ToolCalls", "question"]
 

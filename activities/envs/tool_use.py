@@ -40,14 +40,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.envs.sandbox import (
     SandboxLimits,
     SandboxResult,
     run_calc,
     run_python,
 )
-from rollart.infra.registry import env
+from rollart.spec.env import Env, StepOutcome
+from rollart.spec.registry import env
 
 __all__ = ["TOOLS", "ToolCall", "ToolUse", "make_problem", "parse_action"]
 

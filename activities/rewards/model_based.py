@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.contracts.activities import RewardResult, Transcript
-from rollart.infra.registry import lookup_reward, reward
+from rollart.spec.registry import lookup_reward, reward
 
 __all__ = ["RewardModel", "RewardModelArgs"]
 

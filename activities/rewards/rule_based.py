@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rollart.contracts.activities import RewardResult, Transcript
-from rollart.infra.registry import reward
+from rollart.spec.registry import reward
 
 __all__ = ["PROGRESS_WEIGHT", "VALID_ACTION_BONUS", "env_return", "exact_match", "progress", "success"]
 

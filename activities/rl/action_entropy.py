@@ -24,9 +24,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from rollart.activities.envs.base import Env, declares_actions
-from rollart.infra.config import TaskEnv
-from rollart.infra.registry import lookup_env
+from rollart.spec.config import TaskEnv
+from rollart.spec.env import Env, declares_actions
+from rollart.spec.registry import lookup_env
 
 __all__ = [
     "ActionSpace",

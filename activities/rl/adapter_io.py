@@ -16,8 +16,8 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from rollart.infra.config import LoraConfig
 from rollart.infra.store.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from rollart.spec.config import LoraConfig
 
 __all__ = [
     "adapter_files",

@@ -24,8 +24,8 @@ from pydantic import ValidationError
 
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.store import StoredTurn
-from rollart.infra.config import SequenceMode
 from rollart.infra.store.payload import Store, StoreKeyError
+from rollart.spec.config import SequenceMode
 
 __all__ = [
     "InvalidSample",

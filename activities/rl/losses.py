@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rollart.infra.config import LossConfig
+from rollart.spec.config import LossConfig
 
 __all__ = [
     "LossTerms",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["lr_at", "scheduled"]
 

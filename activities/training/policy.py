@@ -26,7 +26,7 @@ import torch
 from rollart.activities.rl.action_entropy import ActionTerm
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.training.precision import MasterWeights
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["Policy", "StepOutcome", "worth_applying"]
 

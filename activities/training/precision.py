@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["MasterWeights", "clip_scale"]
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from rollart.activities.training.ranks import Ranks
-from rollart.infra.config.weights import WeightsConfig
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weight_delta import DeltaBase
 from rollart.infra.store.weight_stream import DTYPES, BucketWriter
 from rollart.infra.store.weights import BucketRef, PublishedWeights, WeightsManifest, commit
+from rollart.spec.config.weights import WeightsConfig
 
 __all__ = ["Publisher", "publish_version"]
 

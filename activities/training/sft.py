@@ -25,7 +25,7 @@ from rollart.activities.training.policy import Policy
 from rollart.activities.training.records import checkpoint_dir
 from rollart.activities.training.sft_data import SftSequence
 from rollart.contracts.ids import derive_seed
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["SftOptions", "SftProgress", "SftResult", "batch_indices", "collate_sft", "reply_nll", "train_sft"]
 

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from rollart.activities.engines.conversation import ChatTokens
-from rollart.contracts.chat import ChatMessage
+from rollart.spec.chat import ChatMessage
 
 __all__ = ["SftSequence", "Transcript", "TranscriptError", "read_transcripts", "tokenize_transcript"]
 

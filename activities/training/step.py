@@ -37,12 +37,12 @@ from rollart.activities.training.records import (
 from rollart.activities.training.updates import updates
 from rollart.contracts.activities import TrainStepInput, TrainStepResult
 from rollart.contracts.errors import ErrorType
-from rollart.infra.config import TrainerConfig
 from rollart.infra.memory import PeakRss
 from rollart.infra.store.adapters import is_adapter_key, publish_adapter
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weight_stream import read_all
 from rollart.infra.store.weights import read_manifest
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["TrainerState", "resume", "state_mismatch", "train_step"]
 

@@ -24,7 +24,7 @@ from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entr
 from rollart.activities.rl.weights_io import load_checkpoint, load_tensors_into, save_checkpoint, unique_tensors
 from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["TorchPolicy", "load_hf_model"]
 

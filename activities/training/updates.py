@@ -26,7 +26,7 @@ from rollart.activities.rl.losses import policy_loss
 from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.ranks import Ranks
 from rollart.contracts.ids import derive_seed
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = [
     "LOSS_METRICS",

@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
     what.add_argument(
         "--placement",
         action="store_true",
-        help="automatic affinity: infra/placement.py's choice for the paper-like setup against the hand-written ones",
+        help="automatic affinity: spec/placement.py's choice for the paper-like setup against the hand-written ones",
     )
     what.add_argument(
         "--priority",

@@ -1,11 +1,11 @@
-"""Automatic affinity in simulation: what infra/placement.py (`rollart plan`) chooses for the paper-like setup,
+"""Automatic affinity in simulation: what spec/placement.py (`rollart plan`) chooses for the paper-like setup,
 from the same task profiles and GPU peaks the simulator plays, and how the choice fares against the
 hand-written placements when simulated.
 
 The profile is the planner's input a run would record (`task_tokens`): each task's trajectories per step and,
 per trajectory, uncached prompt tokens (the first prompt, then each later observation) and decode tokens
 (expected turns x the mean tokens sampled per turn), computed from the simulator's `TaskProfile`s. The rates
-are infra/hardware.py's rooflines for the setup's model on each pool's tensor-parallel engines.
+are spec/hardware.py's rooflines for the setup's model on each pool's tensor-parallel engines.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import random
 import statistics
 
 from bench.simulate.setups import PAPER_POOLS, PAPER_PROFILES, paper
-from rollart.infra.hardware import engine_rates
-from rollart.infra.placement import Placement, PoolRates, TaskLoad, evaluate, plan
 from rollart.simulator.models import TaskProfile
 from rollart.simulator.roofline import MODELS
+from rollart.spec.hardware import engine_rates
+from rollart.spec.placement import Placement, PoolRates, TaskLoad, evaluate, plan
 
 __all__ = ["HAND_WRITTEN", "loads", "planned", "rates"]
 

@@ -19,11 +19,11 @@ from pathlib import Path
 
 from bench.workload import LATENCY, SOKOBAN_LATENCY, arithmetic_task, frozenlake_task, multitask_job, sokoban_task
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import AUTO_POOL, EngineConfig, JobSpec, PlacementConfig, StoreConfig, TrainingConfig
 from rollart.simulator.cluster import PoolSpec
 from rollart.simulator.models import Lognormal, Overheads, TaskProfile, TrainerModel
 from rollart.simulator.roofline import GPUS, MODELS, GpuSpec, ModelSpec
 from rollart.simulator.run import Setup
+from rollart.spec.config import AUTO_POOL, EngineConfig, JobSpec, PlacementConfig, StoreConfig, TrainingConfig
 
 __all__ = ["MODES", "calibration", "paper"]
 

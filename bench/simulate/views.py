@@ -64,7 +64,7 @@ _UNITS = (
 )
 _PLACEMENT = (
     Col("placement", "name", align="l"),
-    Col("planned (infra/placement.py)", lambda r: "chosen" if r["chosen"] else "", align="l"),
+    Col("planned (spec/placement.py)", lambda r: "chosen" if r["chosen"] else "", align="l"),
     Col("planned step s", "predicted_step_s", ".2f"),
     Col("trained / s", "trained_per_s", ".2f"),
     Col("vs best hand-written", "vs_best", fixed(3, "x")),

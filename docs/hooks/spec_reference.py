@@ -1,7 +1,7 @@
 """mkdocs hook: the job spec reference, generated from the pydantic models at build time, so it cannot drift.
 
 A page holding the line `<!-- spec-reference -->` gets, in its place, one section per model reached from
-`JobSpec` (infra/config/; `kubernetes:` is `KubernetesConfig` of infra/deploy/layout.py): each field's path in
+`JobSpec` (spec/config/; `kubernetes:` is `KubernetesConfig` of spec/config/kubernetes.py): each field's path in
 a job's YAML, type and constraints, default, and description (the field's `description`, or the docstring
 written under it).
 """
@@ -31,7 +31,7 @@ _BOUNDS = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER not in markdown:
         return markdown
-    from rollart.infra.config import JobSpec
+    from rollart.spec.config import JobSpec
 
     return markdown.replace(MARKER, reference(JobSpec))
 

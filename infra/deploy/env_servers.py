@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.infra.config import EnvServerSpec, JobSpec
-from rollart.infra.deploy.layout import KubernetesConfig
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_labels, app_name, pod_selector
+from rollart.spec.config import EnvServerSpec, JobSpec
+from rollart.spec.config.kubernetes import KubernetesConfig
 
 __all__ = ["env_server_deployment", "env_server_service", "env_server_url"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from rollart.infra.config import JobSpec
-from rollart.infra.deploy.layout import KubernetesConfig
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec
+from rollart.spec.config.kubernetes import KubernetesConfig
+from rollart.spec.pools import Pool
 
 __all__ = [
     "K8sRenderError",

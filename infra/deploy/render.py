@@ -29,15 +29,15 @@ from typing import Any
 
 import yaml
 
-from rollart.infra.config import JobSpec
 from rollart.infra.deploy.env_servers import env_server_deployment, env_server_service, env_server_url
-from rollart.infra.deploy.layout import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_name, object_meta
 from rollart.infra.deploy.scaling import scaled_object, serverless_hpa, temporal_trigger_auth
 from rollart.infra.deploy.security import SECRET_KEYS, TEMPORAL_MOUNT, mooncake_network_policies
 from rollart.infra.deploy.trainer import trainer_service, trainer_statefulset
 from rollart.infra.deploy.workloads import pool_deployment
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec
+from rollart.spec.config.kubernetes import DEFAULT_TEMPORAL_ADDRESS, KubernetesConfig, ResolvedPool
+from rollart.spec.pools import Pool
 
 __all__ = [
     "cluster_job",

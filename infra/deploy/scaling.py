@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.infra.config import JobSpec, TemporalConfig
-from rollart.infra.deploy.layout import KubernetesConfig
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_name, object_meta
 from rollart.infra.deploy.security import API_KEY_KEY, SECRET_KEYS, temporal_secret_name
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec, TemporalConfig
+from rollart.spec.config.kubernetes import KubernetesConfig
+from rollart.spec.pools import Pool
 
 __all__ = ["scaled_object", "serverless_hpa", "temporal_trigger_auth"]
 

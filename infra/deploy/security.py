@@ -9,9 +9,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from rollart.infra.config import JobSpec
-from rollart.infra.deploy.layout import KubernetesConfig
 from rollart.infra.deploy.names import Manifest, app_name, object_meta, pools_selector
+from rollart.spec.config import JobSpec
+from rollart.spec.config.kubernetes import KubernetesConfig
 
 __all__ = [
     "API_KEY_KEY",

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.infra.config import JobSpec
-from rollart.infra.deploy.layout import KubernetesConfig, ResolvedPool
 from rollart.infra.deploy.names import Manifest, app_labels, app_name, object_meta, pod_selector, trainer_name
 from rollart.infra.deploy.workloads import pod_spec
-from rollart.infra.pools import Pool
+from rollart.spec.config import JobSpec
+from rollart.spec.config.kubernetes import KubernetesConfig, ResolvedPool
+from rollart.spec.pools import Pool
 
 __all__ = ["trainer_service", "trainer_statefulset"]
 

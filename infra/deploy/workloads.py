@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.infra.config import JobSpec
-from rollart.infra.deploy.layout import KubernetesConfig, ResolvedPool
 from rollart.infra.deploy.names import Manifest, app_labels, app_name, object_meta, pod_selector, rendezvous_address
 from rollart.infra.deploy.security import temporal_credentials
+from rollart.spec.config import JobSpec
+from rollart.spec.config.kubernetes import KubernetesConfig, ResolvedPool
 
 __all__ = ["IMAGE_GID", "JOB_MOUNT", "pod_spec", "pool_deployment"]
 

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollart.infra.config import StoreConfig
 from rollart.infra.local.devserver import free_port
 from rollart.infra.local.parent_death import guarded
 from rollart.infra.store.mooncake import mooncake_env
 from rollart.infra.store.payload import StoreError
+from rollart.spec.config import StoreConfig
 
 __all__ = ["MooncakeService", "mooncake_binary"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from rollart.infra.config import MooncakeConfig
 from rollart.infra.store.payload import Store, StoreError, StoreKeyError, StoreUnavailable, check_key
+from rollart.spec.config import MooncakeConfig
 
 __all__ = ["MooncakeStore", "mooncake_env"]
 

@@ -21,8 +21,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from rollart.infra.config import StoreConfig
 from rollart.infra.store.keys import check_key, key_word
+from rollart.spec.config import StoreConfig
 
 __all__ = [
     "LocalStore",

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from rollart.infra.config.weights import WeightsConfig
 from rollart.infra.store.payload import Store, StoreError, StoreKeyError
 from rollart.infra.store.weights import BucketRef, TensorRef, WeightsManifest, bucket_key
+from rollart.spec.config.weights import WeightsConfig
 
 __all__ = [
     "DTYPES",

@@ -19,9 +19,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rollart.infra.config.store import StoreConfig
 from rollart.infra.store.keys import key_word
 from rollart.infra.store.payload import Store, StoreError, StoreKeyError
+from rollart.spec.config.store import StoreConfig
 
 __all__ = [
     "BucketRef",

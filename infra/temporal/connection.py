@@ -15,7 +15,6 @@ from temporalio.converter import DataConverter
 from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
-from rollart.infra.config import StoreConfig, TemporalConfig
 from rollart.infra.store.payload import open_store
 from rollart.infra.temporal.payload_storage import external_storage
 from rollart.infra.temporal.tls import (
@@ -26,6 +25,7 @@ from rollart.infra.temporal.tls import (
     security_problem,
 )
 from rollart.infra.waiting import Backoff, wait_for
+from rollart.spec.config import StoreConfig, TemporalConfig
 
 __all__ = [
     "DEFAULT_ADDRESS",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from rollart.infra.config import TemporalConfig
+from rollart.spec.config import TemporalConfig
 
 __all__ = [
     "TemporalSecurityError",

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from temporalio.client import Interceptor
 
-from rollart.infra.config import TracingConfig
+from rollart.spec.config import TracingConfig
 
 __all__ = ["flush_traces", "tracing_interceptors"]
 

@@ -11,7 +11,7 @@ from typing import Any
 from temporalio.worker import PollerBehaviorSimpleMaximum, UnsandboxedWorkflowRunner, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from rollart.infra.config import WorkerTuning
+from rollart.spec.config import WorkerTuning
 
 __all__ = ["SANDBOX_PASSTHROUGH", "activity_worker_options", "workflow_runner", "workflow_worker_options"]
 

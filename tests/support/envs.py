@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar
 
-from rollart.activities.envs.base import Env, StepOutcome
 from rollart.activities.envs.faults import TransientStepFault
+from rollart.spec.env import Env, StepOutcome
 
 
 class BrokenStepEnv(Env):

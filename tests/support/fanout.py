@@ -8,7 +8,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts.activities import RewardInput, RewardResult, Transcript, TurnRecord
-    from rollart.infra.pools import Pool
+    from rollart.spec.pools import Pool
     from rollart.workflows import policies
 
 

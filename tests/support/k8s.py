@@ -9,8 +9,8 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
-from rollart.infra.config import JobSpec, load_job
 from rollart.infra.deploy.names import Manifest
+from rollart.spec.config import JobSpec, load_job
 from tests.support.paths import REPO
 
 K8S_VERSION = "1.30.0"

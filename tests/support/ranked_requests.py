@@ -9,7 +9,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts.activities import ActivityName
     from rollart.contracts.generation import GenerateInput, GenerateResult
-    from rollart.infra.config import SamplingParams
+    from rollart.spec.config import SamplingParams
     from rollart.workflows.temporal_calls import TemporalCalls
 
 

@@ -28,9 +28,9 @@ from temporalio.testing import WorkflowEnvironment
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingInput, TrainingResult
-from rollart.infra.config import JobSpec, TrainingConfig, resolve
 from rollart.infra.local.devserver import find_temporal_cli
 from rollart.infra.temporal import search_attributes as sa
+from rollart.spec.config import JobSpec, TrainingConfig, resolve
 from rollart.workflows.ui_summary import trajectory_summary
 from tests.support.standins import StandIns, full_marks, standin_workers
 from tests.support.tasks import frozenlake_task

@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from rollart.contracts.activities import RewardResult, Transcript
-from rollart.infra.registry import reward
+from rollart.spec.registry import reward
 
 
 def slow(transcript: Transcript) -> RewardResult:

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from rollart.infra.config import StoreConfig
 from rollart.infra.local.devserver import DevServer, free_port
 from rollart.infra.local.mooncake_service import MooncakeService
+from rollart.spec.config import StoreConfig
 
 if __name__ == "__main__":
     home = Path(sys.argv[1])

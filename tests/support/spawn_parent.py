@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.pools import Pool
+from rollart.spec.config import StoreConfig, TemporalConfig
+from rollart.spec.pools import Pool
 from rollart.workers.autoscaler import spawn_worker
 from rollart.workers.settings import WorkerSettings
 

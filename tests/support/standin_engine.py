@@ -12,9 +12,9 @@ from pathlib import Path
 
 from temporalio.worker import Worker
 
-from rollart.infra.config import StoreConfig, TemporalConfig
-from rollart.infra.pools import queue_name
 from rollart.infra.temporal.connection import connect
+from rollart.spec.config import StoreConfig, TemporalConfig
+from rollart.spec.pools import queue_name
 from tests.support.standins import StandIns, full_marks
 
 

@@ -48,13 +48,13 @@ from rollart.contracts.activities import (
     Transcript,
 )
 from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import Completion, EnginePressure, GenerateBatchInput, GenerateInput, GenerateResult
 from rollart.contracts.training import TrainingInput, TrainingResult
-from rollart.infra.config import JobSpec, WorkerTuning
-from rollart.infra.pools import queue_name, session_queue
 from rollart.infra.temporal.worker_tuning import workflow_runner
+from rollart.spec.chat import ChatMessage
+from rollart.spec.config import JobSpec, WorkerTuning
+from rollart.spec.pools import queue_name, session_queue
 from rollart.workflows import ALL_WORKFLOWS
 
 __all__ = [

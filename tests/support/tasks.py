@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rollart.infra.config import JobSpec, TaskSpec, resolve_task
+from rollart.spec.config import JobSpec, TaskSpec, resolve_task
 
 __all__ = ["frozenlake_task", "with_queue_prefix"]
 

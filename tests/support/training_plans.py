@@ -5,7 +5,7 @@ from __future__ import annotations
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import TrainingPlan
-from rollart.infra.config import JobSpec, TaskSpec, TrainingConfig
+from rollart.spec.config import JobSpec, TaskSpec, TrainingConfig
 from tests.support.tasks import frozenlake_task
 
 __all__ = ["arithmetic_task", "completed", "plan", "sample"]

@@ -9,7 +9,7 @@ from temporalio.client import Client
 
 from rollart.client.train import MetricsWriter, follow, start_training
 from rollart.contracts.training import TrainingResult, TrainingStatus
-from rollart.infra.config import JobSpec, TrainerConfig, TrainingConfig
+from rollart.spec.config import JobSpec, TrainerConfig, TrainingConfig
 from tests.support.tasks import frozenlake_task
 
 __all__ = ["run_job"]

@@ -6,10 +6,10 @@ import torch
 
 from rollart.activities.training.publish import Publisher, publish_version
 from rollart.activities.training.ranks import OneProcess
-from rollart.infra.config import WeightsConfig
 from rollart.infra.store.payload import Store
 from rollart.infra.store.weight_stream import read_all
 from rollart.infra.store.weights import PublishedWeights, latest_weights, read_manifest
+from rollart.spec.config import WeightsConfig
 
 
 def publish_tensors(

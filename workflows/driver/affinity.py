@@ -26,7 +26,7 @@ from pydantic import BaseModel
 from rollart.contracts.activities import ActivityName
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import EnginePressure, GenerateResult
-from rollart.infra.config import AffinityConfig
+from rollart.spec.config import AffinityConfig
 from rollart.workflows.driver.calls import CallFailed, Calls
 
 __all__ = ["Pin", "falls_back", "generate_on", "split_wave"]

@@ -20,12 +20,13 @@ from typing import Any
 from temporalio.exceptions import ApplicationError
 
 from rollart.contracts.activities import ActivityName, TurnRecord, turn_key
-from rollart.contracts.agent import AgentArgs, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
-from rollart.contracts.chat import ChatMessage, messages_text
+from rollart.contracts.agent import ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
 from rollart.contracts.conversation import TurnPlan, history_digest, plan_turn
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.rollouts import TrajectoryResult
+from rollart.spec.chat import ChatMessage, messages_text
+from rollart.spec.config.agent import AgentArgs
 from rollart.workflows.driver.affinity import generate_on
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode

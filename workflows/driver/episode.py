@@ -19,10 +19,10 @@ from rollart.contracts.activities import (
     TurnRecord,
     turn_key,
 )
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.generation import GenerateInput, GenerateResult, WeightsRef
 from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
-from rollart.infra.pools import queue_name
+from rollart.spec.chat import ChatMessage
+from rollart.spec.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on
 from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.priority import request_priority

@@ -21,7 +21,7 @@ from rollart.contracts.activities import (
 )
 from rollart.contracts.generation import GenerateBatchInput, GenerateResult, WeightsRef
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
-from rollart.infra.pools import queue_name
+from rollart.spec.pools import queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on
 from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.episode import Episode

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
-from rollart.infra.routing import Unit, unit_of
+from rollart.spec.routing import Unit, unit_of
 from rollart.workflows.driver.calls import Calls
 from rollart.workflows.driver.free_members import play_free
 from rollart.workflows.driver.group import GroupEpisode

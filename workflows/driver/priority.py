@@ -16,7 +16,7 @@ orders each of a queue's partitions on its own).
 
 from __future__ import annotations
 
-from rollart.infra.config import PriorityPolicy
+from rollart.spec.config import PriorityPolicy
 
 __all__ = ["MAX_TURNS_RANKED", "QUEUE_PRIORITY_KEYS", "queue_priority_key", "request_priority"]
 

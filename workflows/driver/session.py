@@ -16,9 +16,9 @@ from rollart.contracts.activities import (
     RestoreInput,
     TurnRecord,
 )
-from rollart.contracts.chat import ChatMessage
 from rollart.contracts.rollouts import TrajectoryInput
-from rollart.infra.pools import queue_name
+from rollart.spec.chat import ChatMessage
+from rollart.spec.pools import queue_name
 from rollart.workflows.driver.calls import CallFailed, Calls
 from rollart.workflows.policies import MAX_RESTORES
 

@@ -34,8 +34,8 @@ from rollart.contracts.generation import (
     WeightsRef,
 )
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryResult
-from rollart.infra.config import SamplingParams
-from rollart.infra.pools import Pool, queue_name
+from rollart.spec.config import SamplingParams
+from rollart.spec.pools import Pool, queue_name
 from rollart.workflows.driver.affinity import Pin, generate_on, split_wave
 from rollart.workflows.driver.calls import CallFailed, Calls
 from rollart.workflows.driver.priority import request_priority

@@ -3,7 +3,7 @@
 At most `training.in_flight_limit` ((bound + 1) × batch, more with dynamic sampling's oversample) trajectories
 are in flight or buffered, and with `training.admission.adaptive` at most the engine-pressure cap of
 workflows/training/pressure.py in flight. A launch draws groups while the next one fits and says which child
-workflow plays each (infra/routing.py decides the unit); the training workflow only starts them. Pure and deterministic:
+workflow plays each (spec/routing.py decides the unit); the training workflow only starts them. Pure and deterministic:
 it updates the `TrainingState` it is given (the ids drawn, the members tracked as in flight) and returns what
 to start, in the order the workflow starts it.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from rollart.contracts import ids
 from rollart.contracts.rollouts import BatchRolloutInput, GroupRolloutInput, GroupSeed, TrajectoryInput
 from rollart.contracts.training import InFlight, TrainingPlan, TrainingState
-from rollart.infra.config import TaskSpec
-from rollart.infra.routing import Unit, unit_of
+from rollart.spec.config import TaskSpec
+from rollart.spec.routing import Unit, unit_of
 from rollart.workflows.training import lengths, placement, pressure
 
 __all__ = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rollart.infra.config import TemporalLimits
+from rollart.spec.config import TemporalLimits
 
 __all__ = ["MIN_RUN_S", "RunUse", "reason"]
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from rollart.contracts.activities import SampleRef, TrainStepResult
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import StepRecord, TrainingPlan, TrainingState
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 from rollart.workflows import entropy_control
 from rollart.workflows.training import admission, ledger, lengths, placement, pressure, records, staleness
 

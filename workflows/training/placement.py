@@ -13,7 +13,7 @@ last plan:
   to the engine's `max_batch` (a decode step reads the weights once for the whole batch: its time barely grows
   with the batch), or a lightly loaded pool would look slow and never be given work. A pool none of whose
   engines has reported takes the plan's prior rates (given, or its GPU's roofline), else the measured mean;
-- infra/placement.py's assignment with the shortest step, tasks with a fixed `generate_pool` held where they are
+- spec/placement.py's assignment with the shortest step, tasks with a fixed `generate_pool` held where they are
   (they load their pool all the same).
 
 A new plan replaces the current one only when it predicts a step at least `MIN_GAIN` shorter, so noise in the
@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from rollart.contracts.generation import EnginePressure
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import EngineMeter, PlacementState, TaskTokens, TrainingPlan, TrainingState
-from rollart.infra.config import AUTO_POOL, TaskSpec
-from rollart.infra.placement import Placement, PoolRates, TaskLoad, evaluate, plan, reasons
+from rollart.spec.config import AUTO_POOL, TaskSpec
+from rollart.spec.placement import Placement, PoolRates, TaskLoad, evaluate, plan, reasons
 
 __all__ = ["MIN_GAIN", "decode_capacity", "due", "loads", "observe", "placed", "pool_rates", "replan", "start"]
 

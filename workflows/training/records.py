@@ -21,7 +21,7 @@ from rollart.contracts.training import (
     TrainingState,
     TrainingStatus,
 )
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 from rollart.workflows import entropy_control, stopping
 from rollart.workflows.training import pressure
 

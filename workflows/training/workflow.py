@@ -35,9 +35,9 @@ with workflow.unsafe.imports_passed_through():
     from rollart.contracts.errors import ErrorType
     from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
     from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult, TrainingState, TrainingStatus
-    from rollart.infra.config import TaskSpec
-    from rollart.infra.pools import Pool, queue_name
     from rollart.infra.temporal import search_attributes as sa
+    from rollart.spec.config import TaskSpec
+    from rollart.spec.pools import Pool, queue_name
     from rollart.workflows import policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from rollart.activities.training.megatron.hf_layout import HfArch
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["build_gpt", "causal_mask", "init_model_parallel", "wrap_ddp"]
 

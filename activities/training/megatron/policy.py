@@ -31,7 +31,7 @@ from rollart.activities.training.megatron.vocab_parallel import (
 )
 from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
-from rollart.infra.config import TrainerConfig
+from rollart.spec.config import TrainerConfig
 
 __all__ = ["MegatronPolicy"]
 

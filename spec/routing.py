@@ -19,7 +19,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:  # the job spec's own rules ask this module too (JobSpec)
-    from rollart.infra.config.task import TaskSpec
+    from rollart.spec.config.task import TaskSpec
 
 __all__ = ["RolloutMode", "Unit", "unit_of"]
 

@@ -8,19 +8,19 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.infra.config.base import DEFAULT_HOME, Section
-from rollart.infra.config.engine import EngineConfig
-from rollart.infra.config.env_servers import OPENENV, EnvServerSpec, fill_env_server_urls
-from rollart.infra.config.pools import check_placement_pools, check_routes
-from rollart.infra.config.store import StoreConfig
-from rollart.infra.config.task import AUTO_POOL, TaskSpec
-from rollart.infra.config.temporal import TemporalConfig
-from rollart.infra.config.trainer import TrainerConfig
-from rollart.infra.config.training import MetricsConfig, TrainingConfig
-from rollart.infra.config.weights import WeightsConfig
-from rollart.infra.deploy.layout import JobNeeds, KubernetesConfig, Route
-from rollart.infra.pools import DEFAULT_POOLS, PoolName, PoolSpec, is_generation, merge_declared, pools_with_role
-from rollart.infra.routing import Unit, unit_of
+from rollart.spec.config.base import DEFAULT_HOME, Section
+from rollart.spec.config.engine import EngineConfig
+from rollart.spec.config.env_servers import OPENENV, EnvServerSpec, fill_env_server_urls
+from rollart.spec.config.kubernetes import JobNeeds, KubernetesConfig, Route
+from rollart.spec.config.pools import check_placement_pools, check_routes
+from rollart.spec.config.store import StoreConfig
+from rollart.spec.config.task import AUTO_POOL, TaskSpec
+from rollart.spec.config.temporal import TemporalConfig
+from rollart.spec.config.trainer import TrainerConfig
+from rollart.spec.config.training import MetricsConfig, TrainingConfig
+from rollart.spec.config.weights import WeightsConfig
+from rollart.spec.pools import DEFAULT_POOLS, PoolName, PoolSpec, is_generation, merge_declared, pools_with_role
+from rollart.spec.routing import Unit, unit_of
 
 __all__ = ["JobSpec"]
 
@@ -46,7 +46,7 @@ class JobSpec(Section):
     pools: dict[PoolName, PoolSpec] = Field(
         default_factory=lambda: dict(DEFAULT_POOLS),
         description="the job's pools by name: role, GPUs and (reward pools) scaling, merged over the six "
-        "defaults (control, cpu, h800, h20, serverless, trainer); see infra/pools.py",
+        "defaults (control, cpu, h800, h20, serverless, trainer); see spec/pools.py",
     )
     env_servers: list[EnvServerSpec] = Field(
         default_factory=list, description="OpenEnv servers run beside the workers (see EnvServerSpec)"

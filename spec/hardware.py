@@ -5,7 +5,7 @@ A prefill is compute bound: each prompt token costs ~2 × params FLOPs, so an en
 each request's KV cache (its context), so at batch B it emits B tokens per
 `max((weight bytes + B × context × KV bytes per token) / (HBM bandwidth × mbu), 2 × params × B / (FLOPs × mfu))` s.
 Attention FLOPs and scheduling gaps are left out: a planning prior, to be replaced by measured rates
-(`infra/placement.py` takes either). Per GPU the H20 decodes about as fast as the H800 and prefills ~7x slower:
+(`spec/placement.py` takes either). Per GPU the H20 decodes about as fast as the H800 and prefills ~7x slower:
 it is the decode pool because it costs a fraction of the H800, not because it is faster.
 
 Specs (dense BF16 tensor FLOPs, HBM bandwidth), from NVIDIA's datasheets: H800 SXM 989 TFLOPS, 3.35 TB/s (the H100

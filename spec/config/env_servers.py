@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from rollart.infra.config.base import Section
+from rollart.spec.config.base import Section
 
 __all__ = ["OPENENV", "EnvServerSpec", "fill_env_server_urls"]
 

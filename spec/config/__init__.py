@@ -8,25 +8,25 @@ than the whole job. A module per part of the job:
 - `engine`, `trainer`, `training`: the inference engine; the trainer and its loss; the loop and its metrics
 - `temporal`, `store`, `weights`: the Temporal connection and workers; where bulk data lives; how published
   weights travel
-- `pools`: the rules on which pool may do what (the declarations themselves: infra/pools.py)
+- `pools`: the rules on which pool may do what (the declarations themselves: spec/pools.py)
 - `env_servers`: OpenEnv servers run beside the workers
 - `job`: the whole job (`JobSpec`) and the rules that span its sections
 - `resolve`: the explicit step that reads the envs' and rewards' declarations (the only one importing user code)
 - `load`: reading a file (`load_job`: parse, validate, resolve)
 
-The `kubernetes:` section is `KubernetesConfig` of infra/deploy/layout.py. Workflow code imports these modules
+The `kubernetes:` section is `KubernetesConfig` of spec/config/kubernetes.py. Workflow code imports these modules
 (through the sandbox's pass-through), so they hold pydantic models only: no I/O at import time, no heavy imports.
-This package's names are its public API: import them from `rollart.infra.config`.
+This package's names are its public API: import them from `rollart.spec.config`.
 """
 
-from rollart.infra.config.base import DEFAULT_HOME
-from rollart.infra.config.engine import AffinityConfig, EngineConfig, PriorityPolicy
-from rollart.infra.config.env_servers import OPENENV, EnvServerSpec
-from rollart.infra.config.job import JobSpec
-from rollart.infra.config.load import JobSpecError, format_validation_error, load_job
-from rollart.infra.config.resolve import resolve, resolve_task
-from rollart.infra.config.store import MooncakeConfig, StoreConfig
-from rollart.infra.config.task import (
+from rollart.spec.config.base import DEFAULT_HOME
+from rollart.spec.config.engine import AffinityConfig, EngineConfig, PriorityPolicy
+from rollart.spec.config.env_servers import OPENENV, EnvServerSpec
+from rollart.spec.config.job import JobSpec
+from rollart.spec.config.load import JobSpecError, format_validation_error, load_job
+from rollart.spec.config.resolve import resolve, resolve_task
+from rollart.spec.config.store import MooncakeConfig, StoreConfig
+from rollart.spec.config.task import (
     AGENT_ENV,
     AUTO_POOL,
     FaultModel,
@@ -38,8 +38,8 @@ from rollart.infra.config.task import (
     TaskEnv,
     TaskSpec,
 )
-from rollart.infra.config.temporal import TemporalConfig, TemporalLimits, TemporalTLS, TracingConfig, WorkerTuning
-from rollart.infra.config.trainer import (
+from rollart.spec.config.temporal import TemporalConfig, TemporalLimits, TemporalTLS, TracingConfig, WorkerTuning
+from rollart.spec.config.trainer import (
     LoraConfig,
     LossConfig,
     LRScheduleConfig,
@@ -47,7 +47,7 @@ from rollart.infra.config.trainer import (
     SequenceMode,
     TrainerConfig,
 )
-from rollart.infra.config.training import (
+from rollart.spec.config.training import (
     AdmissionConfig,
     DynamicSamplingConfig,
     MetricsConfig,
@@ -57,7 +57,7 @@ from rollart.infra.config.training import (
     TrainingConfig,
     WandbConfig,
 )
-from rollart.infra.config.weights import WeightsConfig
+from rollart.spec.config.weights import WeightsConfig
 
 __all__ = [
     "AGENT_ENV",

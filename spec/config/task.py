@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rollart.infra.config.base import Section
-from rollart.infra.pools import Pool, PoolName
+from rollart.spec.config.base import Section
+from rollart.spec.pools import Pool, PoolName
 
 AUTO_POOL = "auto"
 """`generate_pool: auto`: the training workflow places the task (workflows/training/placement.py)."""

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.infra.config.base import Section
-from rollart.infra.pools import QUEUE_PREFIX_PATTERN
+from rollart.spec.config.base import Section
+from rollart.spec.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = ["TemporalConfig", "TemporalLimits", "TemporalTLS", "TracingConfig", "WorkerTuning"]
 

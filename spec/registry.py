@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, TypeVar
 
-from rollart.infra.imports import ImportPathError, is_import_path, resolve_import_path
-from rollart.infra.pools import DEFAULT_POOLS, POOL_NAME_PATTERN, SESSION_ROLES, Pool
+from rollart.spec.imports import ImportPathError, is_import_path, resolve_import_path
+from rollart.spec.pools import DEFAULT_POOLS, POOL_NAME_PATTERN, SESSION_ROLES, Pool
 
 __all__ = [
     "EnvEntry",

@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rollart.infra.pools import DEFAULT_POOLS, Pool, PoolName, PoolRole, PoolSpec, is_generation
+from rollart.spec.pools import DEFAULT_POOLS, Pool, PoolName, PoolRole, PoolSpec, is_generation
 
 __all__ = [
     "DEFAULT_CPU_IMAGE",

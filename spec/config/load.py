@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollart.infra.config.job import JobSpec
-from rollart.infra.config.resolve import resolve
+from rollart.spec.config.job import JobSpec
+from rollart.spec.config.resolve import resolve
 
 __all__ = ["JobSpecError", "format_validation_error", "load_job"]
 

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.infra.config.base import Section
+from rollart.spec.config.base import Section
 
 __all__ = [
     "AdmissionConfig",
@@ -169,9 +169,9 @@ class PlacementConfig(Section):
     They start spread over `pools` in turn, so every pool serves some and reports its rates. Every
     `every_steps` steps the training workflow re-plans (workflows/training/placement.py): each task's
     trajectories and tokens per step since the last plan (every one that finished, trained or not), each pool's
-    engines and their prefill and decode rates as they measure them, and infra/placement.py's assignment with the
+    engines and their prefill and decode rates as they measure them, and spec/placement.py's assignment with the
     shortest step. A pool none of whose engines has reported yet is planned with `rates` (tokens/s per engine), else the
-    roofline of its GPU for a `model_params` model (infra/hardware.py), else the mean of the measured pools.
+    roofline of its GPU for a `model_params` model (spec/hardware.py), else the mean of the measured pools.
     """
 
     every_steps: int = Field(5, ge=1, description="re-plan after every this many steps")

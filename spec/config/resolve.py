@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rollart.infra.config.job import JobSpec
-from rollart.infra.config.pools import check_rewards_have_workers, check_routes
-from rollart.infra.config.task import TaskSpec
-from rollart.infra.registry import declared_env_pool, declared_reward_serverless
+from rollart.spec.config.job import JobSpec
+from rollart.spec.config.pools import check_rewards_have_workers, check_routes
+from rollart.spec.config.task import TaskSpec
+from rollart.spec.registry import declared_env_pool, declared_reward_serverless
 
 __all__ = ["check_placement", "resolve", "resolve_task"]
 

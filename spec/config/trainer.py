@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rollart.infra.config.base import Section
-from rollart.infra.config.task import TaskEnv, TaskSpec
+from rollart.spec.config.base import Section
+from rollart.spec.config.task import TaskEnv, TaskSpec
 
 __all__ = ["LRScheduleConfig", "LoraConfig", "LossConfig", "ParallelConfig", "SequenceMode", "TrainerConfig"]
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollart.infra.config.base import Section
+from rollart.spec.config.base import Section
 
 __all__ = ["WeightsConfig", "WeightsDtype"]
 

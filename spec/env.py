@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from rollart.contracts.chat import ChatMessage, as_messages, messages_text
+from rollart.spec.chat import ChatMessage, as_messages, messages_text
 
 __all__ = ["ChatEnv", "Env", "EnvSessionLost", "StepOutcome", "declares_actions", "observation_text"]
 

@@ -1,5 +1,5 @@
 """The rules on which pool may do what: every pool a task routes work to is declared with the role that work
-needs (infra/pools.py holds the declarations and their queries).
+needs (spec/pools.py holds the declarations and their queries).
 
 Plain functions, called by `JobSpec`'s validator and again by `resolve`, once the envs' and rewards' own
 declarations of where they run (`env_pool`, `reward_serverless`) are filled in.
@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from rollart.infra.pools import SESSION_ROLES, PoolSpec, check_fixed_roles, pools_with_role, role_problem
+from rollart.spec.pools import SESSION_ROLES, PoolSpec, check_fixed_roles, pools_with_role, role_problem
 
 if TYPE_CHECKING:
-    from rollart.infra.config.task import TaskSpec
+    from rollart.spec.config.task import TaskSpec
 
 __all__ = ["check_placement_pools", "check_rewards_have_workers", "check_routes"]
 
-AUTO = "auto"  # a task's `generate_pool: auto` (infra/config/task.py's AUTO_POOL): placed by the training workflow
+AUTO = "auto"  # a task's `generate_pool: auto` (spec/config/task.py's AUTO_POOL): placed by the training workflow
 
 
 def check_routes(tasks: Sequence[TaskSpec], pools: Mapping[str, PoolSpec]) -> None:

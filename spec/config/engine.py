@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from rollart.infra.config.base import Section
+from rollart.spec.config.base import Section
 
 __all__ = ["AffinityConfig", "EngineConfig"]
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from rollart.infra.config.base import DEFAULT_HOME, Section
+from rollart.spec.config.base import DEFAULT_HOME, Section
 
 __all__ = ["MooncakeConfig", "StoreConfig"]
 
