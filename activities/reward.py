@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,7 @@ from rollart.contracts.activities import RewardBatchInput, RewardInput, RewardRe
 from rollart.contracts.errors import ErrorType
 from rollart.spec.registry import RewardEntry, UnknownComponentError, lookup_reward
 
-__all__ = ["HEARTBEAT_EVERY_S", "RewardActivities", "as_reward_result"]
+__all__ = ["HEARTBEAT_EVERY_S", "RewardActivities"]
 
 HEARTBEAT_EVERY_S = 2.0
 """A reward model may score for seconds: beat so a worker that died mid-call is noticed (policies.REWARD)."""
@@ -61,7 +60,7 @@ class RewardActivities:
                 values = await asyncio.to_thread(run_all)
             except Exception as e:
                 raise ErrorType.REWARD_ERROR.error(f"reward {name!r} raised {type(e).__name__}: {e}") from e
-        return [as_reward_result(v, name) for v in values]
+        return [RewardResult.of(v, name) for v in values]
 
     async def _scorer(self, entry: RewardEntry, args: dict[str, Any]) -> Callable[[Transcript], Any]:
         """The function itself, or the reward model for these args: loaded on first use (in a thread), then reused."""
@@ -83,16 +82,3 @@ class RewardActivities:
                 self._scorers[key] = await asyncio.to_thread(entry.load, args)
                 self.loads += 1
         return self._scorers[key]
-
-
-def as_reward_result(value: object, name: str) -> RewardResult:
-    """Accept a `RewardResult` or a plain number (a number r counts as a success when r ≥ 1)."""
-    if isinstance(value, RewardResult):
-        result = value
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        result = RewardResult(value=float(value), success=float(value) >= 1.0)
-    else:
-        raise ErrorType.INVALID_INPUT.error(f"reward {name!r} returned {value!r}; return a float or a RewardResult")
-    if not math.isfinite(result.value):
-        raise ErrorType.INVALID_INPUT.error(f"reward {name!r} returned {result.value}")
-    return result

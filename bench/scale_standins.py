@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import random
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,9 @@ from temporalio import activity
 from temporalio.worker import Worker
 
 from bench.workload import LATENCY
-from rollart.activities.envs.faults import FaultInjector
 from rollart.contracts.activities import EnvHandle, GroupHandle, GroupResetInput, GroupStepInput, ResetInput, StepInput
 from rollart.infra.temporal.connection import connect
-from rollart.spec.config import FaultModel, StoreConfig, TemporalConfig
+from rollart.spec.config import LatencyModel, StoreConfig, TemporalConfig
 from rollart.spec.pools import queue_name
 from tests.support.standins import StandIns
 
@@ -40,32 +40,30 @@ class EnvLatencyStandIns(StandIns):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        faults = {
-            "reset_latency": {"median_s": LATENCY["reset_median_s"], "p99_s": LATENCY["reset_p99_s"]},
-            "step_latency": {"median_s": LATENCY["step_median_s"], "p99_s": LATENCY["step_p99_s"]},
-        }
-        self.faults = FaultInjector(FaultModel.model_validate(faults), salt="scale")
+        self.reset_latency = LatencyModel(median_s=LATENCY["reset_median_s"], p99_s=LATENCY["reset_p99_s"])
+        self.step_latency = LatencyModel(median_s=LATENCY["step_median_s"], p99_s=LATENCY["step_p99_s"])
+        self.rng = random.Random(0)  # one event loop: no lock needed
 
     @activity.defn(name="reset")
     async def reset(self, inp: ResetInput) -> EnvHandle:
-        await asyncio.sleep(self.faults.reset_delay()[0])
+        await asyncio.sleep(self.reset_latency.draw(self.rng))
         handle = await super().reset(inp)
         return handle.model_copy(update={"sticky_start_s": EnvHandle.model_fields["sticky_start_s"].default})
 
     @activity.defn(name="reset_group")
     async def reset_group(self, inp: GroupResetInput) -> GroupHandle:
-        await asyncio.sleep(self.faults.reset_delay()[0])
+        await asyncio.sleep(self.reset_latency.draw(self.rng))
         handle = await super().reset_group(inp)
         return handle.model_copy(update={"sticky_start_s": GroupHandle.model_fields["sticky_start_s"].default})
 
     @activity.defn(name="step")
     async def step(self, inp: StepInput) -> Any:
-        await asyncio.sleep(self.faults.step_delay()[0])
+        await asyncio.sleep(self.step_latency.draw(self.rng))
         return await super().step(inp)
 
     @activity.defn(name="step_group")
     async def step_group(self, inp: GroupStepInput) -> Any:
-        await asyncio.sleep(self.faults.step_delay()[0])
+        await asyncio.sleep(self.step_latency.draw(self.rng))
         return await super().step_group(inp)
 
 

@@ -21,8 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollart.activities.reward import as_reward_result
-from rollart.contracts.activities import Transcript, TurnRecord
+from rollart.contracts.activities import RewardResult, Transcript, TurnRecord
 from rollart.contracts.ids import derive_seed
 from rollart.spec.config import JobSpec, LRScheduleConfig, TaskSpec
 from rollart.spec.registry import lookup_env, lookup_reward
@@ -82,7 +81,7 @@ class _TaskReward:
                 done=outcome.done,
                 info=outcome.info,
             )
-            result = as_reward_result(
+            result = RewardResult.of(
                 self.reward(Transcript(task=self.task.name, seed=int(s), turns=[turn])), self.task.reward
             )
             values.append(result.value)

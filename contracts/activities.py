@@ -8,11 +8,13 @@ keep decoding.
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rollart.contracts.errors import ErrorType
 from rollart.infra.store.keys import key_word
 from rollart.spec.chat import ChatMessage
 from rollart.spec.config import FaultModel, TaskSpec, TrainerConfig, WeightsConfig
@@ -257,6 +259,22 @@ class RewardResult(_Message):
 
     value: float
     success: bool
+
+    @classmethod
+    def of(cls, value: object, reward: str) -> RewardResult:
+        """What a reward function returned, as a result: a `RewardResult`, or a plain number (a number r counts as
+        a success when r ≥ 1). Anything else, or a value that is not finite, is the reward's bug: InvalidInput."""
+        if isinstance(value, RewardResult):
+            result = value
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            result = cls(value=float(value), success=float(value) >= 1.0)
+        else:
+            raise ErrorType.INVALID_INPUT.error(
+                f"reward {reward!r} returned {value!r}; return a float or a RewardResult"
+            )
+        if not math.isfinite(result.value):
+            raise ErrorType.INVALID_INPUT.error(f"reward {reward!r} returned {result.value}")
+        return result
 
 
 class SampleRef(_Message):

@@ -16,7 +16,7 @@ from rollart.activities.engines.base import Completion as EngineCompletion
 from rollart.activities.engines.base import Engine, EngineOutput, EngineRequestError
 from rollart.activities.env import EnvActivities
 from rollart.activities.generate import GenerateActivities
-from rollart.activities.reward import RewardActivities, as_reward_result
+from rollart.activities.reward import RewardActivities
 from rollart.contracts.activities import (
     CheckInput,
     CloseInput,
@@ -271,10 +271,10 @@ async def test_reward_activity_runs_builtin_and_user_rewards() -> None:
 
 
 def test_reward_values_are_normalised() -> None:
-    assert as_reward_result(1, "r").success and not as_reward_result(0.5, "r").success
+    assert RewardResult.of(1, "r").success and not RewardResult.of(0.5, "r").success
     for bad in (True, "1", None, float("nan")):
         with pytest.raises(ApplicationError):
-            as_reward_result(bad, "r")
+            RewardResult.of(bad, "r")
 
 
 async def test_generation_pulls_the_jobs_weights_and_never_serves_another_jobs(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from temporalio.testing import ActivityEnvironment
 
 from rollart.activities.env import EnvActivities
 from rollart.activities.env_pool import ResetPool
-from rollart.activities.envs.faults import FaultInjector, FaultyEnv, sample_latency
+from rollart.activities.envs.faults import FaultInjector, FaultyEnv
 from rollart.activities.envs.frozenlake import FrozenLake
 from rollart.contracts.activities import (
     EnvOptions,
@@ -33,10 +33,10 @@ LAKE = {"maps": "standard"}
 def test_lognormal_latency_has_the_median_and_p99_it_was_given() -> None:
     model = LatencyModel(median_s=0.1, p99_s=2.0)
     rng = random.Random(0)
-    draws = sorted(sample_latency(model, rng) for _ in range(200_000))
+    draws = sorted(model.draw(rng) for _ in range(200_000))
     assert statistics.median(draws) == pytest.approx(0.1, rel=0.02)
     assert draws[int(0.99 * len(draws))] == pytest.approx(2.0, rel=0.05)
-    assert sample_latency(LatencyModel(), rng) == 0.0
+    assert LatencyModel().draw(rng) == 0.0
 
 
 def test_fault_model_is_validated() -> None:

@@ -1,4 +1,4 @@
-"""The learning stand-in (bench/learning_standin.py) computes what the trainer computes, only cheaper."""
+"""The learning stand-in (client/standin.py) computes what the trainer computes, only cheaper."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from transformers import AutoTokenizer
 
 from bench.learning import bench_job
-from bench.learning_standin import SharedPromptPolicy, sample_groups, sequences, train
 from rollart.activities.rl.action_entropy import ActionTerm, load_action_spaces
 from rollart.activities.training.torch_policy import TorchPolicy
+from rollart.client.standin import SharedPromptPolicy, sample_groups, sequences, train
 
 
 def test_one_forward_per_state_gives_the_trainers_loss_and_update(tiny_model: Path) -> None:

@@ -9,19 +9,16 @@ intact and the step may be retried.
 
 from __future__ import annotations
 
-import math
 import random
 import threading
 import time
 import zlib
 
 from rollart.contracts.ids import derive_seed
-from rollart.spec.config import FaultModel, LatencyModel
+from rollart.spec.config import FaultModel
 from rollart.spec.env import Env, StepOutcome
 
-__all__ = ["FaultInjector", "FaultyEnv", "InjectedResetFault", "TransientStepFault", "sample_latency"]
-
-_Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
+__all__ = ["FaultInjector", "FaultyEnv", "InjectedResetFault", "TransientStepFault"]
 
 
 class InjectedResetFault(RuntimeError):
@@ -30,16 +27,6 @@ class InjectedResetFault(RuntimeError):
 
 class TransientStepFault(RuntimeError):
     """The fault model made this step fail before it reached the env (the env's state is unchanged)."""
-
-
-def sample_latency(model: LatencyModel, rng: random.Random) -> float:
-    """One draw, in seconds: median · exp(σ·z), σ = ln(p99/median)/z₀.₉₉; 0 when the median is 0."""
-    if model.median_s <= 0.0:
-        return 0.0
-    if model.p99_s <= model.median_s:
-        return model.median_s
-    sigma = math.log(model.p99_s / model.median_s) / _Z99
-    return model.median_s * math.exp(sigma * rng.gauss(0.0, 1.0))
 
 
 class FaultInjector:
@@ -53,12 +40,12 @@ class FaultInjector:
     def reset_delay(self) -> tuple[float, bool]:
         """(seconds to sleep, whether to fail) for one reset."""
         with self._lock:
-            return sample_latency(self.model.reset_latency, self._rng), self._rng.random() < self.model.reset_failure_p
+            return self.model.reset_latency.draw(self._rng), self._rng.random() < self.model.reset_failure_p
 
     def step_delay(self) -> tuple[float, bool]:
         """(seconds to sleep, whether to fail) for one step."""
         with self._lock:
-            return sample_latency(self.model.step_latency, self._rng), self._rng.random() < self.model.step_failure_p
+            return self.model.step_latency.draw(self._rng), self._rng.random() < self.model.step_failure_p
 
 
 class FaultyEnv(Env):

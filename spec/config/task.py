@@ -5,12 +5,16 @@ Pure validation: the env's and reward's own declarations of where they run are r
 
 from __future__ import annotations
 
+import math
+import random
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from rollart.spec.config.base import Section
 from rollart.spec.pools import Pool, PoolName
+
+_Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
 
 AUTO_POOL = "auto"
 """`generate_pool: auto`: the training workflow places the task (workflows/training/placement.py)."""
@@ -83,6 +87,16 @@ class LatencyModel(Section):
         if self.p99_s < self.median_s:
             raise ValueError(f"p99_s ({self.p99_s:g}) must be at least median_s ({self.median_s:g})")
         return self
+
+    def draw(self, rng: random.Random) -> float:
+        """One latency, in seconds: median · exp(σ·z); 0 when the median is 0. The one sampler of the model: the
+        env's fault injection and the benchmarks' stand-in envs both wait what it draws."""
+        if self.median_s <= 0.0:
+            return 0.0
+        if self.p99_s <= self.median_s:
+            return self.median_s
+        sigma = math.log(self.p99_s / self.median_s) / _Z99
+        return self.median_s * math.exp(sigma * rng.gauss(0.0, 1.0))
 
 
 class FaultModel(Section):
