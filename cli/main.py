@@ -30,7 +30,8 @@ from rollart.cli import (
     up,
     worker,
 )
-from rollart.cli.errors import EXIT_BAD_INPUT, UserError
+from rollart.cli.errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, UserError, job_failure
+from rollart.cli.train import is_workflow_failure
 from rollart.infra.local.devserver import DevServerError
 from rollart.workers.local_stack import StackError
 
@@ -80,7 +81,8 @@ def run(argv: list[str] | None = None) -> int:
     """Parse `argv`, run the command, and return its exit code: what tests and other programs call in process.
 
     0 on success; argparse's own (0 for --help, 2 for a bad flag); 2 for input the user can fix (`UserError`,
-    printed without a traceback); 1 when the local stack or dev server cannot start; 130 on Ctrl-C.
+    printed without a traceback); 1 when the local stack or dev server cannot start, or the job failed (its
+    reason printed: a stall, trajectories that keep failing); 130 on Ctrl-C.
     """
     try:
         args = build_parser().parse_args(argv)
@@ -97,6 +99,11 @@ def run(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:
+        if not is_workflow_failure(e):
+            raise
+        print(f"error: the job failed: {job_failure(e)}", file=sys.stderr)
+        return EXIT_JOB_FAILED
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -66,6 +66,7 @@ class ActivityName(str, Enum):
     TRAIN_STEP = "train_step"
     RESTORE = "restore"
     DESCRIBE_QUEUES = "describe_queues"
+    DESCRIBE_CHILDREN = "describe_children"
     LIVE_ENGINES = "live_engines"
     RUN_AGENT = "run_agent"
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from enum import Enum
 
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError, TerminatedError, TimeoutError
 
-__all__ = ["BAD_INPUT", "NEVER_RETRY", "ErrorType"]
+__all__ = ["BAD_INPUT", "JOB_FAULTS", "NEVER_RETRY", "ErrorType", "failure_of"]
 
 
 class ErrorType(str, Enum):
@@ -45,6 +45,7 @@ class ErrorType(str, Enum):
     TRAINER_STATE_MISMATCH = "TrainerStateMismatch", False  # the trainer holds other steps than the workflow sends
     ADAPTERS_NOT_SERVED = "AdaptersNotServed", False  # a LoRA job's turn on an engine built without LoRA
     JOB_STALLED = "JobStalled", False  # a pool had work and no live worker for `stall.fail_after_s`
+    JOB_FAILING = "JobFailing", False  # trajectories kept failing for one reason (`training.fail_after_failures`)
     # An agent's chat request the trajectory refuses (the endpoint answers HTTP 400): contracts.agent.TurnRefused
     MAX_TURNS_REACHED = "MaxTurnsReached", False
     NOT_AN_AGENT_TRAJECTORY = "NotAnAgentTrajectory", False
@@ -73,5 +74,34 @@ class ErrorType(str, Enum):
 BAD_INPUT: tuple[str, ...] = (ErrorType.INVALID_INPUT.value, ErrorType.UNKNOWN_COMPONENT.value)
 """Errors that mean a workflow's input is wrong: they fail the workflow, not just the episode."""
 
+JOB_FAULTS: tuple[str, ...] = (
+    ErrorType.INVALID_INPUT.value,
+    ErrorType.UNKNOWN_COMPONENT.value,
+    ErrorType.ENV_BROKEN.value,
+    ErrorType.REQUEST_REJECTED.value,
+    ErrorType.AGENT_FAILED.value,
+    ErrorType.ADAPTERS_NOT_SERVED.value,
+)
+"""Failures of the job itself (its input, env, prompts, agent program or engine settings), which no retry and no
+other worker cures: a run of them ends the job (`training.fail_after_failures`). A busy engine or a lost
+session is the system's state, not the job's fault."""
+
 NEVER_RETRY: tuple[str, ...] = tuple(t.value for t in ErrorType if not t.retryable)
 """Error types no retry can fix: the activity retry policies' `non_retryable_error_types`."""
+
+
+def failure_of(err: BaseException) -> tuple[str, str | None]:
+    """A failed workflow's (or a child's) cause, as a message and the error type when no retry can cure it: how a
+    unit that ended without reporting is counted (failed, masked). The cause is the exception Temporal gives
+    both a parent (`ChildWorkflowError.cause`) and a client (`WorkflowFailureError.cause`)."""
+    cause = err.__cause__ if err.__cause__ is not None else getattr(err, "cause", None) or err
+    if isinstance(cause, ApplicationError):
+        kind = cause.type or "ApplicationError"
+        return f"{kind}: {cause.message}", (kind if cause.non_retryable else None)
+    if isinstance(cause, TimeoutError):
+        return f"timed out ({cause.type.name.lower() if cause.type else 'workflow'})", None
+    if isinstance(cause, TerminatedError):
+        return f"terminated: {cause.message}", None
+    if isinstance(cause, CancelledError):
+        return "cancelled", None
+    return f"{type(cause).__name__}: {cause}", None

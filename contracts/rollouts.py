@@ -13,6 +13,9 @@ from rollart.spec.pools import QUEUE_PREFIX_PATTERN
 
 __all__ = [
     "BatchRolloutInput",
+    "ChildOutcome",
+    "DescribeChildrenInput",
+    "DescribeChildrenResult",
     "GroupRolloutInput",
     "GroupSeed",
     "TrajectoryInput",
@@ -71,6 +74,7 @@ class TrajectoryResult(BaseModel):
     completion_index: int = 0  # single-turn groups: which completion of the group's generation is this one
     env_worker: str | None = None
     error: str | None = None
+    error_type: str | None = None  # a failure no retry can cure (an ErrorType value): training.fail_after_failures
     restores: int = 0  # times the env session moved to another worker (its worker died): replayed, not lost
     engine_worker: str | None = None  # the generation worker of its last turn
     engine_pool: str | None = None  # the generation pool its turns went to (where `generate_pool: auto` put it)
@@ -126,3 +130,25 @@ class BatchRolloutInput(BaseModel):
 
     trajectories: list[TrajectoryInput] = Field(min_length=1)
     report_to: str | None = None
+
+
+class DescribeChildrenInput(BaseModel):
+    """Units' workflows started by an earlier run of the training workflow, to tell which of them have closed."""
+
+    workflow_ids: list[str]
+
+
+class ChildOutcome(BaseModel):
+    """A unit's workflow that has closed: its results when it completed, else why it did not."""
+
+    workflow_id: str
+    status: str  # completed, failed, timed_out, terminated, canceled, not_found
+    results: list[TrajectoryResult] = Field(default_factory=list)
+    error: str | None = None
+    error_type: str | None = None  # the cause's type when no retry can cure it
+
+
+class DescribeChildrenResult(BaseModel):
+    """The asked-for workflows that have closed (those still running are left out)."""
+
+    closed: list[ChildOutcome] = Field(default_factory=list)

@@ -28,6 +28,7 @@ __all__ = [
     "AdmissionState",
     "EndedBy",
     "EngineMeter",
+    "FailureRun",
     "InFlight",
     "PlacementState",
     "Stall",
@@ -205,6 +206,14 @@ class InFlight(BaseModel):
     workflow: str
 
 
+class FailureRun(BaseModel):
+    """Trajectories failing in a row for one reason no retry can cure, none completed since (`failing.py`)."""
+
+    error_type: str
+    error: str  # the latest one's message
+    count: int
+
+
 class TrainingState(BaseModel):
     """Everything the loop needs to go on; carried across continue-as-new.
 
@@ -240,6 +249,7 @@ class TrainingState(BaseModel):
     )
     stop_held: int = 0  # consecutive steps, the last included, whose success met training.stop_when (0 without one)
     ended_by: EndedBy | None = None  # why the job ends: set when the stop rule holds, else at the end; None: running
+    failing: FailureRun | None = None  # the current run of non-retryable failures (training.fail_after_failures)
 
     @property
     def ledger_balanced(self) -> bool:

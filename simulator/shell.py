@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rollart.contracts.activities import TrainStepResult
+from rollart.contracts.errors import failure_of
 from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
 from rollart.contracts.training import TrainingPlan, TrainingState
 from rollart.simulator.calls import SimCalls
@@ -48,6 +49,7 @@ class Outcome:
     failed: int = 0
     placements: list[tuple[float, int, dict[str, str]]] = field(default_factory=list)
     """generate_pool: auto: (virtual time, step, the auto tasks' pools) at the first spread and at each move."""
+    gave_up: str | None = None  # why the job failed (`training.fail_after_failures`), as the workflow fails it
 
 
 class SimTraining:
@@ -118,7 +120,17 @@ class SimTraining:
             task.add_done_callback(self._children.discard)
 
     async def _child(self, launch: Launch) -> None:
-        """The child workflow of one launch, played as its workflow plays it."""
+        """The child workflow of one launch, played as its workflow plays it; one that fails (bad input raised out
+        of it) counts what it did not report as failed, as the workflow's watch of its child does."""
+        try:
+            await self._play(launch)
+        except Exception as err:
+            if not self._over:
+                error, error_type = failure_of(err)
+                loop.on_lost(self.plan, self.s, self.book, launch.workflow_id, error, error_type)
+                self._after_report()
+
+    async def _play(self, launch: Launch) -> None:
         o = self.calls.overheads
         if o.child_s or o.activity_cpu_s:
             await asyncio.sleep(o.child_s + self.calls.orchestration_wait() - o.activity_s)
@@ -148,6 +160,14 @@ class SimTraining:
                 else:
                     self.out.failed += 1
         loop.on_results(self.plan, self.s, self.book, results)
+        self._after_report()
+
+    def _after_report(self) -> None:
+        """Wake the loop; end the job if its trajectories keep failing (the workflow fails it then)."""
+        why = loop.giving_up(self.plan, self.s)
+        if why is not None and self.out.gave_up is None:
+            self.out.gave_up = why
+            self._end()
         self._wake.set()
 
     # ------------------------------------------------------------ train steps

@@ -56,11 +56,13 @@ async def pool_workers(settings: WorkerSettings, client: Client, worker_id: str)
         **activity_worker_options(settings.temporal.workers),
     }
     if settings.role == "control":
+        from rollart.activities.children import ChildActivities
         from rollart.activities.queues import QueueActivities
         from rollart.workflows import ALL_WORKFLOWS
 
         await _register_search_attributes(client)
-        # the training workflow's stall checks read queue descriptions through this worker's client
+        # the training workflow's stall checks read queue descriptions through this worker's client, and a run
+        # that continued as new the units an earlier run started
         queues = QueueActivities(client, settings.temporal.worker_heartbeat_s)
         yield [
             Worker(
@@ -68,7 +70,7 @@ async def pool_workers(settings: WorkerSettings, client: Client, worker_id: str)
                 task_queue=queue,
                 workflows=ALL_WORKFLOWS,
                 identity=worker_id,
-                activities=[queues.describe_queues],
+                activities=[queues.describe_queues, ChildActivities(client).describe_children],
                 **workflow_worker_options(settings.temporal.workers),
             )
         ]

@@ -13,6 +13,7 @@ from rollart.contracts.errors import NEVER_RETRY, ErrorType
 __all__ = [
     "CHECK",
     "CLOSE",
+    "DESCRIBE_CHILDREN",
     "DESCRIBE_QUEUES",
     "GENERATE",
     "MAX_RESTORES",
@@ -154,5 +155,14 @@ DESCRIBE_QUEUES = ActivityPolicy(
     # `live_engines` (one ListWorkers call) fails the same way: the wave then goes whole to the shared queue.
     start_to_close=timedelta(seconds=10),
     schedule_to_close=timedelta(seconds=20),
+    retry=_retry(attempts=2, first_s=1.0),
+)
+
+DESCRIBE_CHILDREN = ActivityPolicy(
+    # After a continue-as-new: which units started by an earlier run have closed (one DescribeWorkflowExecution
+    # each, and the result of those that did, on the control worker). A check that fails is skipped: the next
+    # comes `stall.check_every_s` later, and nothing waits on it.
+    start_to_close=timedelta(seconds=60),
+    schedule_to_close=timedelta(seconds=120),
     retry=_retry(attempts=2, first_s=1.0),
 )

@@ -210,6 +210,13 @@ class TrainingConfig(Section):
         description="a cap: the training workflow continues as new after this many steps in one run at the latest "
         "(it does so anyway as its history nears Temporal's limits: `temporal.limits`); null: no cap",
     )
+    fail_after_failures: int | None = Field(
+        32,
+        ge=1,
+        description="end the job (failed, with the reason) once this many trajectories in a row failed for the "
+        "same reason no retry can cure (bad input, an env that raises, a trajectory workflow that failed) with "
+        "none completed between; null: launch on whatever fails",
+    )
     seed: int = 0
     stall: StallConfig = StallConfig()
     dynamic_sampling: DynamicSamplingConfig = DynamicSamplingConfig()

@@ -26,6 +26,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from rollart.activities.children import ChildActivities
 from rollart.activities.errors import env_broken, unknown_component
 from rollart.activities.queues import QueueActivities
 from rollart.contracts.activities import (
@@ -428,10 +429,10 @@ async def standin_workers(
     """A worker per queue the workflows route to, serving what a real worker of that pool serves.
 
     Rewards are served on `reward_pools` (a colocated reward goes to the generation pool); `missing_pools` get
-    no worker (their work waits, as after a lost node). The control worker serves the real `describe_queues`
-    and `live_engines`. With `s.engines`, each named engine gets a worker on `h800` and one on its private
-    queue (`StandInPool.stop_engine` stops both). When the block ends without an error, any check a stand-in
-    failed fails the test.
+    no worker (their work waits, as after a lost node). The control worker serves the real `describe_queues`,
+    `live_engines` and `describe_children`. With `s.engines`, each named engine gets a worker on `h800` and one
+    on its private queue (`StandInPool.stop_engine` stops both). When the block ends without an error, any check a
+    stand-in failed fails the test.
     """
     p = s.prefix
     engine = [s.generate, s.generate_batch]
@@ -452,7 +453,7 @@ async def standin_workers(
                 client,
                 task_queue=queue_name("control", p),
                 workflows=list(workflows),
-                activities=[live.describe_queues, live.live_engines],
+                activities=[live.describe_queues, live.live_engines, ChildActivities(client).describe_children],
                 workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),  # the checks the sandbox makes
             )
             await stack.enter_async_context(control)

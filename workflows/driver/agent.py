@@ -162,7 +162,8 @@ class AgentEpisode:
                 timeout_s=args.timeout_s + RUN_AGENT_SLACK_S,
             )
         except CallFailed as err:
-            ep.error = ep.error or err.mask(ep.calls, ep.owner_id)
+            if ep.error is None:
+                ep.error, ep.error_type = err.mask(ep.calls, ep.owner_id), err.job_fault
         async with self._lock:  # a turn still being played ends first
             self.over = True
         if self.bad_input is not None:

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from temporalio.exceptions import ApplicationError
 
 from rollart.contracts.activities import ActivityName
-from rollart.contracts.errors import BAD_INPUT, ErrorType
+from rollart.contracts.errors import BAD_INPUT, JOB_FAULTS, ErrorType
 
 __all__ = ["CallFailed", "Calls"]
 
@@ -29,6 +29,11 @@ class CallFailed(Exception):
     def message(self) -> str:
         """`step failed: EnvBroken: the env raised ...`: which activity, and why."""
         return f"{self.activity} failed: {self.why}"
+
+    @property
+    def job_fault(self) -> str | None:
+        """The error type when the failure is the job's own (contracts.errors.JOB_FAULTS), else None."""
+        return self.error_type if self.error_type in JOB_FAULTS else None
 
     @property
     def bad_input(self) -> bool:

@@ -56,6 +56,7 @@ class Episode:
     done: bool = False
     restores: int = 0
     error: str | None = None  # why the episode failed, once it has
+    error_type: str | None = None  # the job's own fault, when it is one (CallFailed.job_fault)
     pin: Pin = field(default_factory=Pin)  # the engine serving its turns (session affinity)
     new_messages: list[ChatMessage] | None = None  # a chat env's messages not yet sent to the model (None: text env)
     _pending: GenerateResult | None = None  # this turn's generation, until it is stepped
@@ -221,7 +222,7 @@ class Episode:
     def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]:
         """The unit's results: completed with its score, or failed with its error (never scored)."""
         if scores is None:
-            return [self.result(status="failed", error=self.error)]
+            return [self.result(status="failed", error=self.error, error_type=self.error_type)]
         return [self.result(status="completed", reward=scores[0].value, success=scores[0].success)]
 
     def result(self, **outcome: Any) -> TrajectoryResult:

@@ -39,6 +39,7 @@ class GroupEpisode:
         self.group = group
         self.handle: GroupHandle | None = None
         self.error: str | None = None  # why the group failed, once it has
+        self.error_type: str | None = None  # the job's own fault, when it is one (CallFailed.job_fault)
         self._generated: dict[str, GenerateResult] = {}  # this turn's generations, by member
         self.inp = TrajectoryInput(
             task=inp.task,
@@ -166,5 +167,5 @@ class GroupEpisode:
     def results(self, scores: list[RewardResult] | None) -> list[TrajectoryResult]:
         """Every member's result: completed with its score, or all failed with the group's error."""
         if scores is None:
-            return [ep.result(status="failed", error=self.error) for ep in self.members]
+            return [ep.result(status="failed", error=self.error, error_type=self.error_type) for ep in self.members]
         return [ep.result(status="completed", reward=s.value, success=s.success) for ep, s in zip(self.members, scores)]

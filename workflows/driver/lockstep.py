@@ -26,6 +26,7 @@ class Unit(Protocol):
 
     calls: Calls
     error: str | None
+    error_type: str | None  # the job's own fault, when it is one (CallFailed.job_fault)
 
     @property
     def owner_id(self) -> str: ...
@@ -110,4 +111,5 @@ async def guarded(unit: Unit, action: Callable[[], Awaitable[T]]) -> T | None:
         return await action()
     except CallFailed as err:
         unit.error = err.mask(unit.calls, unit.owner_id)
+        unit.error_type = err.job_fault
         return None

@@ -52,7 +52,9 @@ async def play_single_turn(calls: Calls, inp: GroupRolloutInput) -> list[Traject
     gens = await _generate_wave(calls, inp, prompts)
     ok = [(g, p, gen) for g, p, gen in zip(inp.groups, prompts, gens) if isinstance(gen, GenerateResult)]
     by_group = {
-        g.group_id: _failed(inp, g, gen.message) for g, gen in zip(inp.groups, gens) if isinstance(gen, CallFailed)
+        g.group_id: _failed(inp, g, gen.message, gen.job_fault)
+        for g, gen in zip(inp.groups, gens)
+        if isinstance(gen, CallFailed)
     }
     if ok:
         try:
@@ -69,7 +71,7 @@ def _all_failed(
 ) -> list[TrajectoryResult]:
     """A call every group in `groups` needed failed for good: they all end failed (a bad input fails the run)."""
     error = err.mask(calls, "single-turn groups " + ", ".join(g.group_id for g in groups))
-    return [r for g in groups for r in _failed(inp, g, error)]
+    return [r for g in groups for r in _failed(inp, g, error, err.job_fault)]
 
 
 async def _prompts(calls: Calls, inp: GroupRolloutInput) -> list[str]:
@@ -254,7 +256,9 @@ def _completed(
     return results
 
 
-def _failed(inp: GroupRolloutInput, group: GroupSeed, error: str) -> list[TrajectoryResult]:
+def _failed(
+    inp: GroupRolloutInput, group: GroupSeed, error: str, error_type: str | None = None
+) -> list[TrajectoryResult]:
     return [
         TrajectoryResult(
             trajectory_id=tid,
@@ -263,6 +267,7 @@ def _failed(inp: GroupRolloutInput, group: GroupSeed, error: str) -> list[Trajec
             group_id=group.group_id,
             status="failed",
             error=error,
+            error_type=error_type,
         )
         for tid in group.members(inp.task.group_size)
     ]

@@ -14,6 +14,8 @@ the same points, so a change to the loop's reaction is made here and seen in bot
             result = train(batch, trainer)
             after_step(plan, s, trainer, batch, result, now)
     on each report: on_results(plan, s, book, results)
+    on a unit that ended without reporting: on_lost(plan, s, book, workflow, error, error_type)
+    after either: giving_up(plan, s) ends the job with a reason
 
 `Ledger` answers the loop's questions about the buffer with the pure modules (ledger.py, staleness.py). The
 simulator may pass an index that gives the same answers faster at 10,000 in flight (same interface).
@@ -28,7 +30,7 @@ from rollart.contracts.rollouts import TrajectoryResult
 from rollart.contracts.training import StepRecord, TrainingPlan, TrainingState
 from rollart.spec.config import TrainerConfig
 from rollart.workflows import entropy_control
-from rollart.workflows.training import admission, ledger, lengths, placement, pressure, records, staleness
+from rollart.workflows.training import admission, failing, ledger, lengths, placement, pressure, records, staleness
 
 __all__ = [
     "Ledger",
@@ -36,7 +38,9 @@ __all__ = [
     "after_step",
     "awake",
     "before_launch",
+    "giving_up",
     "next_batch",
+    "on_lost",
     "on_results",
     "running",
     "step_due",
@@ -94,10 +98,36 @@ def on_results(plan: TrainingPlan, s: TrainingState, book: Ledger, results: list
     pressure.observe(plan, s, results)
     placement.observe(s, results)
     lengths.observe(plan, s, results)
+    failing.observe(s, results)
     book.accepting(s, results)
     accepted = ledger.accept(plan, s, results)
     book.accepted(s)
     return accepted
+
+
+def on_lost(
+    plan: TrainingPlan, s: TrainingState, book: Ledger, workflow: str, error: str, error_type: str | None = None
+) -> int:
+    """The trajectories of a unit's workflow that ended without reporting them (it failed, timed out or was
+    terminated, or its report never arrived): failed, masked, never lost. Nothing of theirs was measured, so only
+    the failure run and the ledger take them in. How many there were."""
+    lost = [
+        TrajectoryResult(trajectory_id=t, task="", seed=0, status="failed", error=error, error_type=error_type)
+        for t, x in s.in_flight.items()
+        if x.workflow == workflow
+    ]
+    if not lost:
+        return 0
+    failing.observe(s, lost)
+    book.accepting(s, lost)
+    accepted = ledger.accept(plan, s, lost)
+    book.accepted(s)
+    return accepted
+
+
+def giving_up(plan: TrainingPlan, s: TrainingState) -> str | None:
+    """After reports: why the job should fail now, its trajectories failing for one reason in a row (failing.py)."""
+    return failing.verdict(plan, s)
 
 
 def awake(plan: TrainingPlan, s: TrainingState, book: Ledger) -> bool:

@@ -5,7 +5,12 @@ the package's docstring). It keeps the signals and the query, the loop, the chil
 activity, stall watching and continue-as-new.
 
 - Trajectories start as child workflows (parent-close: abandon) and report back by signal, so nothing is lost
-  across continue-as-new (the id is stable).
+  across continue-as-new (the id is stable). No trajectory is lost when a report is not: the run that started a
+  unit watches it close (a unit that failed, timed out or was terminated counts its trajectories as failed;
+  one whose report never came gives its results), and a run that continued as new asks the control worker
+  about the units it carried (`describe_children`) until each has reported.
+- A job whose trajectories keep failing for one reason no retry cures ends with that reason
+  (`training.fail_after_failures`, workflows/training/failing.py).
 - `trajectory` mode runs every unit on its own; `batch` mode a whole batch in lockstep (the synchronous
   baseline), with the same accounting.
 - The job ends at `training.steps`, on the `stop` signal, or, with `training.stop_when`, once each step's
@@ -15,11 +20,10 @@ activity, stall watching and continue-as-new.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -32,8 +36,15 @@ with workflow.unsafe.imports_passed_through():
         TrainStepInput,
         TrainStepResult,
     )
-    from rollart.contracts.errors import ErrorType
-    from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryInput, TrajectoryResult
+    from rollart.contracts.errors import ErrorType, failure_of
+    from rollart.contracts.rollouts import (
+        BatchRolloutInput,
+        ChildOutcome,
+        DescribeChildrenInput,
+        DescribeChildrenResult,
+        TrajectoryInput,
+        TrajectoryResult,
+    )
     from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult, TrainingState, TrainingStatus
     from rollart.infra.temporal import search_attributes as sa
     from rollart.spec.config import TaskSpec
@@ -47,7 +58,10 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
 
-__all__ = ["TrainingWorkflow"]
+__all__ = ["CHILDREN_PER_CHECK", "TrainingWorkflow"]
+
+CHILDREN_PER_CHECK = 500
+"""Units asked about in one `describe_children` call (its input stays well under Temporal's payload limits)."""
 
 
 @workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
@@ -68,6 +82,8 @@ class TrainingWorkflow:
         self.signals = 0  # signals this run has taken (the server refuses them past `temporal.limits.signals`)
         self.run_started = 0.0  # workflow time this run started (set in `run`)
         self.steps_this_run = 0
+        self.started_here: set[str] = set()  # units' workflows this run started (it sees them close)
+        self.carried = {x.workflow for x in self.s.in_flight.values()}  # units an earlier run started
 
     # ------------------------------------------------------------ control surface
 
@@ -83,6 +99,7 @@ class TrainingWorkflow:
             return
         if loop.on_results(self.plan, self.s, self.book, results) and self.plan.training.stall.enabled:
             self.s.stall = stalls.progressed(self.s.stall, workflow.now().timestamp(), finished=True)
+        self._give_up_maybe()
 
     @workflow.signal
     def pause(self) -> None:
@@ -111,17 +128,20 @@ class TrainingWorkflow:
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingResult:
-        """The loop, watched for stalls beside it (`training.stall`): a stall past `fail_after_s` ends the job."""
+        """The loop, watched beside it for stalls (`training.stall`) and, after a continue-as-new, for the units
+        an earlier run started; a stall past `fail_after_s`, or trajectories that keep failing, end the job."""
         self.run_started = workflow.now().timestamp()
         if inp.state is None:
             self.s.started_at = self.run_started
-        if not self.plan.training.stall.enabled:
-            return await self._loop(inp)
-        watcher = asyncio.create_task(self._watch_stalls())
+        watchers = [asyncio.create_task(self._watch_stalls())] if self.plan.training.stall.enabled else []
+        if self.carried:
+            watchers.append(asyncio.create_task(self._watch_carried()))
         loop = asyncio.create_task(self._loop(inp))
         await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
-        watcher.cancel()
-        await workflow.wait([watcher])  # its cancellation lands before the run's last command, not after it
+        for watcher in watchers:
+            watcher.cancel()
+        if watchers:  # their cancellation lands before the run's last command, not after it
+            await workflow.wait(watchers)
         if not loop.done() and self.fatal is not None:
             loop.cancel()
             self.finishing = True
@@ -178,8 +198,8 @@ class TrainingWorkflow:
         if starts:
             await asyncio.gather(*starts)
 
-    def _start(self, launch: Launch) -> Awaitable[object]:
-        """The child workflow that plays one launch."""
+    async def _start(self, launch: Launch) -> None:
+        """The child workflow that plays one launch, watched until it closes."""
         step = self.s.step
         inp = admission.child_input(self.plan, launch, self.inp.job_id, step, workflow.info().workflow_id)
         if isinstance(inp, TrajectoryInput):
@@ -188,7 +208,7 @@ class TrainingWorkflow:
             run, summary = BatchRolloutWorkflow.run, batch_summary(inp, version=step)
         else:
             run, summary = GroupRolloutWorkflow.run, group_summary(inp, version=step)
-        return workflow.start_child_workflow(
+        handle = await workflow.start_child_workflow(
             run,  # type: ignore[arg-type]
             inp,
             id=launch.workflow_id,
@@ -197,6 +217,43 @@ class TrainingWorkflow:
             search_attributes=self._child_attributes(launch.groups[0].task),
             static_summary=summary,
         )
+        self.started_here.add(launch.workflow_id)
+        asyncio.create_task(self._watch_child(launch.workflow_id, handle))  # noqa: RUF006  # the run holds it
+
+    async def _watch_child(self, workflow_id: str, handle: workflow.ChildWorkflowHandle) -> None:
+        """A unit this run started, until it closes: what it did not report is taken from how it ended."""
+        try:
+            value = await handle
+        except ChildWorkflowError as err:
+            error, error_type = failure_of(err)
+            self._closed(ChildOutcome(workflow_id=workflow_id, status="failed", error=error, error_type=error_type))
+            return
+        values = value if isinstance(value, list) else [value]
+        self._closed(ChildOutcome(workflow_id=workflow_id, status="completed", results=values))
+
+    def _closed(self, child: ChildOutcome) -> None:
+        """A unit's workflow closed: its unreported results into the ledger; what it never reported, failed."""
+        if self.finishing:  # what is in flight as the job ends is cancelled, not failed
+            return
+        unreported = [r for r in child.results if r.trajectory_id in self.s.in_flight]
+        if unreported:
+            workflow.logger.warning(
+                "%s completed without its report: %d results taken", child.workflow_id, len(unreported)
+            )
+            loop.on_results(self.plan, self.s, self.book, unreported)
+        why = child.error or "it completed without reporting them"
+        lost = loop.on_lost(
+            self.plan, self.s, self.book, child.workflow_id, f"{child.workflow_id}: {why}", child.error_type
+        )
+        if lost:
+            workflow.logger.warning("%s ended (%s): %d trajectories counted as failed", child.workflow_id, why, lost)
+        self._give_up_maybe()
+
+    def _give_up_maybe(self) -> None:
+        """End the job once its trajectories keep failing for one reason no retry cures (loop.giving_up)."""
+        why = loop.giving_up(self.plan, self.s)
+        if why is not None and self.fatal is None and not self.finishing:
+            self.fatal = ErrorType.JOB_FAILING.error(f"job {self.inp.job_id} is failing: {why}")
 
     def _queue(self, pool: Pool) -> str:
         return queue_name(pool, self.plan.queue_prefix)
@@ -298,6 +355,34 @@ class TrainingWorkflow:
                 continue
             if not self.finishing:
                 self._checked(dict(zip(pools, res.queues)))
+
+    async def _watch_carried(self) -> None:
+        """Every `stall.check_every_s`, ask about the units an earlier run started and that have not reported
+        (`describe_children`, in chunks), until none is left: this run does not see them close."""
+        every = self.plan.training.stall.check_every_s
+        while not self.finishing:
+            await workflow.sleep(every)
+            running = {x.workflow for x in self.s.in_flight.values()}
+            pending = sorted(w for w in self.carried if w in running)
+            self.carried = set(pending)
+            if not pending:
+                return
+            for i in range(0, len(pending), CHILDREN_PER_CHECK):
+                try:
+                    res: DescribeChildrenResult = await workflow.execute_activity(
+                        ActivityName.DESCRIBE_CHILDREN.value,
+                        DescribeChildrenInput(workflow_ids=pending[i : i + CHILDREN_PER_CHECK]),
+                        task_queue=self._queue(Pool.CONTROL),
+                        result_type=DescribeChildrenResult,
+                        **policies.DESCRIBE_CHILDREN.kwargs(),
+                    )
+                except ActivityError as err:
+                    if is_cancelled_exception(err):
+                        raise
+                    workflow.logger.warning("check of carried units skipped: %s", err.cause or err)
+                    continue
+                for child in res.closed:
+                    self._closed(child)
 
     def _stalled_history_full(self) -> bool:
         """A long stall keeps adding checks to the history: start a fresh one (steps would, but none come)."""

@@ -1,0 +1,150 @@
+"""No trajectory is lost when its unit's workflow is (TrainingWorkflow against a dev server, stand-in activities).
+
+A unit that fails, is terminated or never reports still ends in the ledger: the run that started it sees it
+close; a run that continued as new asks the control worker (`describe_children`). A job whose trajectories all
+fail for one reason no retry cures ends with that reason instead of launching forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pytest
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
+from rollart.infra.temporal.search_attributes import ensure_registered
+from rollart.spec.config import JobSpec, TrainingConfig
+from rollart.spec.pools import Pool, queue_name
+from tests.support.standins import StandIns, full_marks, standin_workers
+from tests.support.tasks import frozenlake_task, with_queue_prefix
+
+pytestmark = pytest.mark.orchestration
+
+
+def job(prefix: str, **training: object) -> JobSpec:
+    """2-member multi-turn FrozenLake (a TrajectoryWorkflow per member), batches of 4."""
+    task = frozenlake_task(group_size=2, max_turns=2)
+    training = {"steps": 3, "batch_size": 4, "stall": {"check_every_s": 0.3}, **training}
+    return with_queue_prefix(JobSpec(name="lost", tasks=[task], training=TrainingConfig(**training)), prefix)
+
+
+async def start(client: Client, spec: JobSpec, prefix: str) -> WorkflowHandle:
+    await ensure_registered(client)
+    job_id = f"lost-{uuid.uuid4().hex[:8]}"
+    return await client.start_workflow(
+        "TrainingWorkflow",
+        TrainingInput(job=spec, job_id=job_id, run_dir="/tmp/unused"),
+        id=job_id,
+        task_queue=queue_name(Pool.CONTROL, prefix),
+        result_type=TrainingResult,
+    )
+
+
+def balanced(r: TrainingResult) -> bool:
+    return r.started == r.trained + r.dropped + r.filtered + r.failed + r.cancelled_in_flight + r.buffered_unused
+
+
+async def running_child(client: Client, job_id: str) -> str:
+    """A trajectory workflow of the job that is running."""
+    deadline = time.monotonic() + 30
+    query = "WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Running'"
+    while time.monotonic() < deadline:
+        async for wf in client.list_workflows(query):
+            if wf.id.startswith(job_id):
+                return wf.id
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"no running trajectory workflow of {job_id}")
+
+
+async def terminate(client: Client, find: Callable[[], Awaitable[str]]) -> str:
+    """Terminate a unit `find` names; another if it closed in between (terminating a closed one is refused)."""
+    for _ in range(20):
+        victim = await find()
+        try:
+            await client.get_workflow_handle(victim).terminate("a test's operator")
+            return victim
+        except RPCError:  # it completed between the look and the terminate
+            continue
+    raise AssertionError("every unit found closed before it could be terminated")
+
+
+async def carried_child(client: Client, job_id: str) -> str:
+    """A trajectory workflow still running whose run of the training workflow has continued as new, and that run."""
+    deadline, runs = time.monotonic() + 60, []
+    while time.monotonic() < deadline:
+        latest = (await client.get_workflow_handle(job_id).describe()).run_id
+        runs += [latest] if latest not in runs else []
+        for run_id in runs[:-1] if runs[-1] == latest else runs:
+            history = await client.get_workflow_handle(job_id, run_id=run_id).fetch_history()
+            for e in history.events:
+                if e.HasField("child_workflow_execution_started_event_attributes"):
+                    wid = e.child_workflow_execution_started_event_attributes.workflow_execution.workflow_id
+                    if (await client.get_workflow_handle(wid).describe()).status == WorkflowExecutionStatus.RUNNING:
+                        return wid
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no unit of {job_id} outlived the run that started it")
+
+
+async def test_a_job_whose_trajectories_all_fail_ends_with_the_reason(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    """Every trajectory workflow fails (its env is unknown: bad input, raised out of the workflow); none reports.
+    Before, the parent counted none of them and waited forever; now it counts each and gives up at the limit."""
+    w = StandIns(prefix=queue_prefix, turns=1, score=full_marks, unknown_env=True)
+    async with standin_workers(bare_env.client, w):
+        handle = await start(bare_env.client, job(queue_prefix, fail_after_failures=6), queue_prefix)
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 60)
+        status = await handle.query("status", result_type=TrainingStatus)
+    cause = failure.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "JobFailing" and cause.non_retryable
+    assert "in a row failed with UnknownComponent" in cause.message and "unknown env" in cause.message
+    assert status.failed >= 6 and status.trained == 0
+    assert status.started == status.failed + status.in_flight  # what was still running at the end is cancelled
+
+
+async def test_a_terminated_child_counts_as_failed_and_the_job_goes_on(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=0.4, train_delay_s=0.05)
+    async with standin_workers(bare_env.client, w):
+        handle = await start(bare_env.client, job(queue_prefix), queue_prefix)
+        await terminate(bare_env.client, lambda: running_child(bare_env.client, handle.id))
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.version == 3 and result.failed >= 1 and balanced(result)
+
+
+async def test_a_run_that_continued_as_new_finds_a_carried_child_that_was_terminated(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    """The run that started the unit is gone: the next one asks the control worker about the units it carried."""
+    # units (1.5-3 s) outlive their run (a step, >= 1 s); each run checks on what it carried every 0.2 s
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=1.5, train_delay_s=1.0)
+    spec = job(queue_prefix, steps=6, async_bound=2, continue_as_new_every=1, stall={"check_every_s": 0.2})
+    async with standin_workers(bare_env.client, w):
+        handle = await start(bare_env.client, spec, queue_prefix)
+        await terminate(bare_env.client, lambda: carried_child(bare_env.client, handle.id))
+        result = await asyncio.wait_for(handle.result(), 120)
+    assert result.version == 6 and result.failed >= 1 and balanced(result)
+    asked = []
+    run_id: str | None = None
+    while True:  # every run of the job, from the last back along the chain
+        history = await bare_env.client.get_workflow_handle(handle.id, run_id=run_id).fetch_history()
+        asked += [
+            e
+            for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == "describe_children"
+        ]
+        first = history.events[0].workflow_execution_started_event_attributes
+        if not first.continued_execution_run_id:
+            break
+        run_id = first.continued_execution_run_id
+    assert asked, "no run asked about the units it carried"
