@@ -121,3 +121,19 @@ def test_a_trajectory_launch_plays_its_groups_seed_for_the_parent() -> None:
     wave = admission.launches(plan(arithmetic_task(group_size=2)), TrainingState(), "j")
     assert [x.unit for x in wave] == [Unit.SINGLE_TURN_WAVE]
     assert not admission.child_input(p, wave[0], "j", 0, "parent").lockstep  # type: ignore[union-attr]
+
+
+def test_a_group_workflow_plays_at_most_groups_per_workflow_multi_turn_groups() -> None:
+    """20 multi-turn groups drawn at once go to workflows of at most 8 (each named after its first group, every
+    group played once); a single-turn wave takes them all: its history does not grow with them."""
+    lakeg = frozenlake_task(name="lakeg", group_size=2, rollout_unit="group")
+    state = TrainingState()
+    launches = admission.launches(plan(lakeg, async_bound=1, batch_size=20, groups_per_workflow=8), state, "j")
+    assert [len(x.groups) for x in launches] == [8, 8, 4]
+    assert [x.workflow_id for x in launches] == [f"j-g{g:06d}-w" for g in (0, 8, 16)]
+    assert sorted(g.group_id for x in launches for g in x.groups) == [f"j-g{g:06d}" for g in range(20)]
+    assert all(state.in_flight[tid].workflow == x.workflow_id for x in launches for tid, _ in x.members())
+    wave = admission.launches(plan(arithmetic_task(group_size=2), async_bound=1, batch_size=20), TrainingState(), "j")
+    assert [len(x.groups) for x in wave] == [20]
+    lockstep = plan(lakeg, async_bound=0, batch_size=20, groups_per_workflow=8, rollout_mode="batch")
+    assert [len(x.groups) for x in admission.launches(lockstep, TrainingState(), "j")] == [10]  # one barrier

@@ -148,3 +148,28 @@ async def test_a_run_that_continued_as_new_finds_a_carried_child_that_was_termin
             break
         run_id = first.continued_execution_run_id
     assert asked, "no run asked about the units it carried"
+
+
+async def test_cancelling_the_job_cancels_every_unit_playing_for_it(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    """Units are abandoned by a parent that closes (so they outlive a continue-as-new), so a cancelled job cancels
+    them itself, in one go: none plays on for a job that is gone."""
+    w = StandIns(prefix=queue_prefix, turns=1, stagger=1, score=full_marks, turn_delay_s=5.0)
+    async with standin_workers(bare_env.client, w):
+        handle = await start(bare_env.client, job(queue_prefix), queue_prefix)
+        unit = await running_child(bare_env.client, handle.id)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError):
+            await asyncio.wait_for(handle.result(), 30)
+        history = await handle.fetch_history()
+        cancelled = {
+            e.request_cancel_external_workflow_execution_initiated_event_attributes.workflow_execution.workflow_id
+            for e in history.events
+            if e.HasField("request_cancel_external_workflow_execution_initiated_event_attributes")
+        }
+        assert unit in cancelled and len(cancelled) == 8  # (bound 1 + 1) × 4 in flight, one workflow each
+        deadline = time.monotonic() + 20
+        while (await bare_env.client.get_workflow_handle(unit).describe()).status == WorkflowExecutionStatus.RUNNING:
+            assert time.monotonic() < deadline, f"{unit} still runs after its job was cancelled"
+            await asyncio.sleep(0.1)

@@ -210,6 +210,14 @@ class TrainingConfig(Section):
         description="a cap: the training workflow continues as new after this many steps in one run at the latest "
         "(it does so anyway as its history nears Temporal's limits: `temporal.limits`); null: no cap",
     )
+    groups_per_workflow: int = Field(
+        8,
+        ge=1,
+        description="multi-turn groups (`rollout_unit: group`, trajectory mode) one GroupRolloutWorkflow plays at "
+        "most: its history "
+        "grows with its groups' turns, and Temporal caps a run's events, bytes and pending activities "
+        "(a single-turn wave takes every group drawn at once: its history does not grow with them)",
+    )
     fail_after_failures: int | None = Field(
         32,
         ge=1,

@@ -116,12 +116,16 @@ def launches(plan: TrainingPlan, state: TrainingState, job_id: str) -> list[Laun
     Trajectory mode draws a group at a time, batch mode a batch's worth. Per-episode tasks start a
     TrajectoryWorkflow per member, or join one lockstep batch per draw in batch mode; the grouped groups of a
     task drawn now share one GroupRolloutWorkflow (a single-turn wave, or multi-turn groups each on its own, or
-    phase by phase with the others in batch mode). The batches and trajectories come first, in draw order, then
-    the grouped units in the order their tasks were first drawn.
+    phase by phase with the others in batch mode). In trajectory mode a workflow plays at most
+    `training.groups_per_workflow` multi-turn groups, so its history stays small whatever the batch (batch mode
+    keeps its one barrier; a single-turn wave's history does not grow with its groups).
+    The batches and trajectories come first, in draw order, then the grouped units: full ones as they filled, then
+    the rest in the order their tasks were first drawn.
     """
     mode = plan.training.rollout_mode
     starts: list[Launch] = []
     grouped: dict[str, tuple[str, Unit, list[Group]]] = {}  # task → (workflow id, unit, its groups)
+    full: list[Launch] = []  # multi-turn group workflows that reached training.groups_per_workflow
     while can_launch(plan, state):
         drawn: list[Group] = []
         target = plan.training.batch_size if mode == "batch" else 1
@@ -138,9 +142,12 @@ def launches(plan: TrainingPlan, state: TrainingState, job_id: str) -> list[Laun
         for d, unit in zip(drawn, units):
             if unit.grouped:
                 wid, _, groups = grouped.setdefault(d.task.name, (ids.wave_id(d.group_id), unit, []))
+                if unit is Unit.GROUP and mode == "trajectory" and len(groups) == plan.training.groups_per_workflow:
+                    full.append(Launch(unit, wid, tuple(groups)))  # full: the next group starts another
+                    wid, _, groups = grouped[d.task.name] = (ids.wave_id(d.group_id), unit, [])
                 groups.append(d)
                 _track(state, Launch(unit, wid, (d,)))  # tracked now: admission must see them
-    return starts + [Launch(unit, wid, tuple(groups)) for wid, unit, groups in grouped.values()]
+    return starts + full + [Launch(unit, wid, tuple(groups)) for wid, unit, groups in grouped.values()]
 
 
 def _track(state: TrainingState, launch: Launch) -> Launch:

@@ -58,10 +58,14 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
 
-__all__ = ["CHILDREN_PER_CHECK", "TrainingWorkflow"]
+__all__ = ["CHILDREN_PER_CHECK", "CHILDREN_PER_TASK", "TrainingWorkflow"]
 
 CHILDREN_PER_CHECK = 500
 """Units asked about in one `describe_children` call (its input stays well under Temporal's payload limits)."""
+
+CHILDREN_PER_TASK = 500
+"""Child workflows started (or cancelled) in one workflow task: its commands stay well under the 4 MB a task may
+carry, whatever a launch or the end of a job holds."""
 
 
 @workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
@@ -137,7 +141,13 @@ class TrainingWorkflow:
         if self.carried:
             watchers.append(asyncio.create_task(self._watch_carried()))
         loop = asyncio.create_task(self._loop(inp))
-        await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
+        try:
+            await workflow.wait_condition(lambda: loop.done() or self.fatal is not None or self._stalled_history_full())
+        except asyncio.CancelledError:  # the job was cancelled: so is every unit still playing for it
+            loop.cancel()
+            self.finishing = True
+            await self._cancel_in_flight()
+            raise
         for watcher in watchers:
             watcher.cancel()
         if watchers:  # their cancellation lands before the run's last command, not after it
@@ -191,12 +201,12 @@ class TrainingWorkflow:
     # ------------------------------------------------------------ child starts
 
     async def _launch(self) -> None:
-        """Start what admission allows (workflows/training/admission.py), all in one workflow task."""
+        """Start what admission allows (workflows/training/admission.py), `CHILDREN_PER_TASK` to a workflow task."""
         if loop.before_launch(self.plan, self.s):
             self._show_placement()
-        starts = [self._start(launch) for launch in admission.launches(self.plan, self.s, self.inp.job_id)]
-        if starts:
-            await asyncio.gather(*starts)
+        launches = admission.launches(self.plan, self.s, self.inp.job_id)
+        for i in range(0, len(launches), CHILDREN_PER_TASK):  # one workflow task's commands stay well under 4 MB
+            await asyncio.gather(*(self._start(launch) for launch in launches[i : i + CHILDREN_PER_TASK]))
 
     async def _start(self, launch: Launch) -> None:
         """The child workflow that plays one launch, watched until it closes."""
@@ -324,12 +334,18 @@ class TrainingWorkflow:
         return records.result(self.inp.job_id, self.plan, self.s)
 
     async def _cancel_in_flight(self) -> None:
-        """Cancel the workflows of the trajectories still in flight (a lockstep batch or a group wave is one)."""
-        for wid in sorted({x.workflow for x in self.s.in_flight.values()}):
-            try:
-                await workflow.get_external_workflow_handle(wid).cancel()
-            except Exception as err:  # already finished between its signal and now
-                workflow.logger.info("cancel of %s skipped: %s", wid, err)
+        """Cancel the workflows of the trajectories still in flight (a lockstep batch or a group wave is one),
+        `CHILDREN_PER_TASK` at once: a round trip per chunk, not per child."""
+        wids = sorted({x.workflow for x in self.s.in_flight.values()})
+        for i in range(0, len(wids), CHILDREN_PER_TASK):
+            await asyncio.gather(*(self._cancel_child(wid) for wid in wids[i : i + CHILDREN_PER_TASK]))
+
+    @staticmethod
+    async def _cancel_child(wid: str) -> None:
+        try:
+            await workflow.get_external_workflow_handle(wid).cancel()
+        except Exception as err:  # already finished between its signal and now
+            workflow.logger.info("cancel of %s skipped: %s", wid, err)
 
     # ------------------------------------------------------------ stalls
 
