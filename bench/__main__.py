@@ -24,6 +24,7 @@ BENCHMARKS = {
     "single_turn": "bench.single_turn",
     "peer_trl": "bench.peer_trl",
     "scale": "bench.scale",
+    "temporal": "bench.temporal_limits",
     "learning": "bench.learning",
     "learning_standin": "bench.learning_standin",
     "size": "bench.size",

@@ -200,6 +200,19 @@ def test_the_local_dev_server_gets_the_jobs_child_limit(tmp_path: Path) -> None:
 
     cmd = DevServer(db_file=tmp_path / "t.db", max_pending_children=4096).command()
     assert "limit.numPendingChildExecutions.error=4096" in cmd
+    assert "limit.historyCount.error=51200" in cmd and "history.maximumSignalsPerExecution=10000" in cmd
+
+
+def test_the_local_dev_server_enforces_the_jobs_history_and_signal_limits(tmp_path: Path) -> None:
+    """A job told of lower limits (`temporal.limits`, a Cloud namespace's say) meets the same ones locally."""
+    from rollart.infra.local.devserver import DevServer
+
+    job = JobSpec(
+        tasks=[{"name": "a", "env": "x", "reward": "y"}], temporal={"limits": {"history_events": 3200, "signals": 625}}
+    )
+    cmd = DevServer(db_file=tmp_path / "t.db", limits=job.temporal.limits).command()
+    assert "limit.historyCount.error=3200" in cmd and "limit.historyCount.warn=640" in cmd
+    assert "history.maximumSignalsPerExecution=625" in cmd and f"limit.historySize.error={50 * 1024 * 1024}" in cmd
 
 
 def test_task_lookup_lists_known_tasks() -> None:

@@ -185,6 +185,7 @@ class LocalStack:
             log_file=logs / "temporal.log",
             search_attributes=dev_server_flags(),
             max_pending_children=self.job.temporal.max_pending_children,
+            limits=self.job.temporal.limits,
         ).start()
         try:
             store = self.job.store

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollart.infra.local.parent_death import guarded
+from rollart.spec.config.temporal import TemporalLimits
 
 __all__ = [
     "DYNAMIC_CONFIG",
@@ -105,6 +106,9 @@ class DevServer:
     search_attributes: dict[str, str] = field(default_factory=dict)
     max_pending_children: int = 2000
     """Children one workflow may have running (`temporal.max_pending_children`; Temporal's default)."""
+    limits: TemporalLimits = field(default_factory=TemporalLimits)
+    """The per-workflow limits it enforces (`temporal.limits`): the job's, so a job told of lower limits (a Cloud
+    namespace's, say) meets the same ones here. Warnings come at a fifth of each, as Temporal's defaults do."""
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -141,10 +145,22 @@ class DevServer:
             "warn",
         ]
         cmd += ["--ui-port", str(self.ui_port), "--ui-disable-news-fetch"] if self.ui_port else ["--headless"]
-        cmd += dynamic_config_args(f"limit.numPendingChildExecutions.error={self.max_pending_children}")
+        cmd += dynamic_config_args(
+            f"limit.numPendingChildExecutions.error={self.max_pending_children}", *self._limits()
+        )
         for name, kind in self.search_attributes.items():
             cmd += ["--search-attribute", f"{name}={kind}"]
         return cmd
+
+    def _limits(self) -> list[str]:
+        lim = self.limits
+        return [
+            f"limit.historyCount.error={lim.history_events}",
+            f"limit.historyCount.warn={lim.history_events // 5}",
+            f"limit.historySize.error={lim.history_bytes}",
+            f"limit.historySize.warn={lim.history_bytes // 5}",
+            f"history.maximumSignalsPerExecution={lim.signals}",
+        ]
 
     def start(self, timeout_s: float = 60.0) -> DevServer:
         """Start the server and wait until `temporal operator cluster health` says SERVING."""
