@@ -223,6 +223,20 @@ _PRIORITY = (
     Col("preempted", "preempted", ".0f"),
     Col("repeats (makespan s)", repeats, align="l"),
 )
+_TEMPORAL = (
+    Col("unit", "name", align="l"),
+    Col("runs", lambda r: len(r["runs"])),
+    Col("most of a limit", lambda r: f"{100 * r['max_share']:.1f} %"),
+    Col("failed", "failed"),
+    Col("unit's events", "events_per_trajectory", ".1f"),
+    Col("unit's KB", lambda r: r["bytes_per_trajectory"] / 1000, ".1f"),
+    Col("unit's actions", "actions_per_trajectory", ".1f"),
+    Col("parent's events", "parent_events_per_trajectory", ".1f"),
+    Col("parent's KB", lambda r: r["parent_bytes_per_trajectory"] / 1000, ".1f"),
+    Col("parent's actions", "parent_actions_per_trajectory", ".2f"),
+)
+"""`bench temporal`: per unit, the training workflow's runs, and a trajectory's cost in its unit and its parent."""
+
 _SCALE = (
     Col("trajectories", "n", thousands),
     Col("control procs", "controls"),
@@ -336,6 +350,7 @@ VIEWS: dict[str, View] = {
     "reward_service": View(("reward_service",), modes, _REWARD_SERVICE),
     "reward_service-heavy": View(("reward_service-heavy",), modes, _REWARD_SERVICE),
     "scale": View(("scale",), modes, _SCALE),
+    "temporal": View(("temporal",), modes, _TEMPORAL),
     "priority": View(("priority",), modes, _PRIORITY),
     "learning.frozenlake-explore": View(
         (

@@ -2,7 +2,7 @@
 
 A thin shell: the decisions are pure modules beside it (admission, ledger, staleness, filtering, records; see
 the package's docstring). It keeps the signals and the query, the loop, the child starts, the train-step
-activity, stall watching and continue-as-new.
+activity and continue-as-new; what it watches beside the loop (its units, stalls) is in watching.py.
 
 - Trajectories start as child workflows (parent-close: abandon) and report back by signal, so nothing is lost
   across continue-as-new (the id is stable). No trajectory is lost when a report is not: the run that started a
@@ -23,53 +23,40 @@ import asyncio
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, is_cancelled_exception
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from rollart.contracts.activities import (
         ActivityName,
-        DescribeQueuesInput,
-        DescribeQueuesResult,
-        QueueState,
         TrainStepInput,
         TrainStepResult,
     )
-    from rollart.contracts.errors import ErrorType, failure_of
     from rollart.contracts.rollouts import (
         BatchRolloutInput,
-        ChildOutcome,
-        DescribeChildrenInput,
-        DescribeChildrenResult,
         TrajectoryInput,
         TrajectoryResult,
     )
     from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingResult, TrainingState, TrainingStatus
     from rollart.infra.temporal import search_attributes as sa
     from rollart.spec.config import TaskSpec
-    from rollart.spec.pools import Pool, queue_name
+    from rollart.spec.pools import Pool
     from rollart.workflows import policies, stalls
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.group_rollout import GroupRolloutWorkflow
     from rollart.workflows.reporting import TRAJECTORIES_DONE
     from rollart.workflows.training import admission, continuation, loop, records
     from rollart.workflows.training.admission import Launch
+    from rollart.workflows.training.watching import CHILDREN_PER_TASK, Watching
     from rollart.workflows.trajectory import TrajectoryWorkflow
     from rollart.workflows.ui_summary import batch_summary, group_summary, trajectory_summary
 
-__all__ = ["CHILDREN_PER_CHECK", "CHILDREN_PER_TASK", "TrainingWorkflow"]
-
-CHILDREN_PER_CHECK = 500
-"""Units asked about in one `describe_children` call (its input stays well under Temporal's payload limits)."""
-
-CHILDREN_PER_TASK = 500
-"""Child workflows started (or cancelled) in one workflow task: its commands stay well under the 4 MB a task may
-carry, whatever a launch or the end of a job holds."""
+__all__ = ["TrainingWorkflow"]
 
 
 @workflow.defn(name="TrainingWorkflow", failure_exception_types=[ValidationError])
-class TrainingWorkflow:
+class TrainingWorkflow(Watching):
     """One training job: rollout and training overlapped under the async bound."""
 
     @workflow.init
@@ -85,6 +72,7 @@ class TrainingWorkflow:
         self.book = loop.Ledger(self.plan)
         self.signals = 0  # signals this run has taken (the server refuses them past `temporal.limits.signals`)
         self.run_started = 0.0  # workflow time this run started (set in `run`)
+        self.run_start_history = (0, 0)  # its history's events and bytes then (the carried state is in them)
         self.steps_this_run = 0
         self.started_here: set[str] = set()  # units' workflows this run started (it sees them close)
         self.carried = {x.workflow for x in self.s.in_flight.values()}  # units an earlier run started
@@ -135,6 +123,8 @@ class TrainingWorkflow:
         """The loop, watched beside it for stalls (`training.stall`) and, after a continue-as-new, for the units
         an earlier run started; a stall past `fail_after_s`, or trajectories that keep failing, end the job."""
         self.run_started = workflow.now().timestamp()
+        info = workflow.info()
+        self.run_start_history = (info.get_current_history_length(), info.get_current_history_size())
         if inp.state is None:
             self.s.started_at = self.run_started
         watchers = [asyncio.create_task(self._watch_stalls())] if self.plan.training.stall.enabled else []
@@ -192,6 +182,8 @@ class TrainingWorkflow:
             suggested=info.is_continue_as_new_suggested(),
             steps=self.steps_this_run,
             seconds=workflow.now().timestamp() - self.run_started,
+            start_events=self.run_start_history[0],
+            start_bytes=self.run_start_history[1],
         )
         return continuation.reason(self.plan.limits, self.plan.training.continue_as_new_every, use)
 
@@ -229,44 +221,6 @@ class TrainingWorkflow:
         )
         self.started_here.add(launch.workflow_id)
         asyncio.create_task(self._watch_child(launch.workflow_id, handle))  # noqa: RUF006  # the run holds it
-
-    async def _watch_child(self, workflow_id: str, handle: workflow.ChildWorkflowHandle) -> None:
-        """A unit this run started, until it closes: what it did not report is taken from how it ended."""
-        try:
-            value = await handle
-        except ChildWorkflowError as err:
-            error, error_type = failure_of(err)
-            self._closed(ChildOutcome(workflow_id=workflow_id, status="failed", error=error, error_type=error_type))
-            return
-        values = value if isinstance(value, list) else [value]
-        self._closed(ChildOutcome(workflow_id=workflow_id, status="completed", results=values))
-
-    def _closed(self, child: ChildOutcome) -> None:
-        """A unit's workflow closed: its unreported results into the ledger; what it never reported, failed."""
-        if self.finishing:  # what is in flight as the job ends is cancelled, not failed
-            return
-        unreported = [r for r in child.results if r.trajectory_id in self.s.in_flight]
-        if unreported:
-            workflow.logger.warning(
-                "%s completed without its report: %d results taken", child.workflow_id, len(unreported)
-            )
-            loop.on_results(self.plan, self.s, self.book, unreported)
-        why = child.error or "it completed without reporting them"
-        lost = loop.on_lost(
-            self.plan, self.s, self.book, child.workflow_id, f"{child.workflow_id}: {why}", child.error_type
-        )
-        if lost:
-            workflow.logger.warning("%s ended (%s): %d trajectories counted as failed", child.workflow_id, why, lost)
-        self._give_up_maybe()
-
-    def _give_up_maybe(self) -> None:
-        """End the job once its trajectories keep failing for one reason no retry cures (loop.giving_up)."""
-        why = loop.giving_up(self.plan, self.s)
-        if why is not None and self.fatal is None and not self.finishing:
-            self.fatal = ErrorType.JOB_FAILING.error(f"job {self.inp.job_id} is failing: {why}")
-
-    def _queue(self, pool: Pool) -> str:
-        return queue_name(pool, self.plan.queue_prefix)
 
     def _child_attributes(self, task: TaskSpec) -> TypedSearchAttributes:
         return TypedSearchAttributes(
@@ -332,96 +286,3 @@ class TrainingWorkflow:
         self.s.ended_by = records.ended_by(self.plan, self.s)
         self.done = True
         return records.result(self.inp.job_id, self.plan, self.s)
-
-    async def _cancel_in_flight(self) -> None:
-        """Cancel the workflows of the trajectories still in flight (a lockstep batch or a group wave is one),
-        `CHILDREN_PER_TASK` at once: a round trip per chunk, not per child."""
-        wids = sorted({x.workflow for x in self.s.in_flight.values()})
-        for i in range(0, len(wids), CHILDREN_PER_TASK):
-            await asyncio.gather(*(self._cancel_child(wid) for wid in wids[i : i + CHILDREN_PER_TASK]))
-
-    @staticmethod
-    async def _cancel_child(wid: str) -> None:
-        try:
-            await workflow.get_external_workflow_handle(wid).cancel()
-        except Exception as err:  # already finished between its signal and now
-            workflow.logger.info("cancel of %s skipped: %s", wid, err)
-
-    # ------------------------------------------------------------ stalls
-
-    async def _watch_stalls(self) -> None:
-        """Every `check_every_s`: describe the job's queues (one small activity) and keep the stall bookkeeping."""
-        cfg = self.plan.training.stall
-        pools = stalls.watched_pools(self.plan.tasks, self.plan.placement_pools)
-        inp = DescribeQueuesInput(queues=[queue_name(p, self.plan.queue_prefix) for p in pools])
-        while not self.finishing:  # once the job ends no command may follow its completion: no new timer
-            await workflow.sleep(cfg.check_every_s)
-            try:
-                res: DescribeQueuesResult = await workflow.execute_activity(
-                    ActivityName.DESCRIBE_QUEUES.value,
-                    inp,
-                    task_queue=self._queue(Pool.CONTROL),
-                    result_type=DescribeQueuesResult,
-                    **policies.DESCRIBE_QUEUES.kwargs(),
-                )
-            except ActivityError as err:
-                if is_cancelled_exception(err):  # the watcher itself was cancelled (the run ends): stop here
-                    raise
-                workflow.logger.warning("stall check skipped: %s", err.cause or err)
-                continue
-            if not self.finishing:
-                self._checked(dict(zip(pools, res.queues)))
-
-    async def _watch_carried(self) -> None:
-        """Every `stall.check_every_s`, ask about the units an earlier run started and that have not reported
-        (`describe_children`, in chunks), until none is left: this run does not see them close."""
-        every = self.plan.training.stall.check_every_s
-        while not self.finishing:
-            await workflow.sleep(every)
-            running = {x.workflow for x in self.s.in_flight.values()}
-            pending = sorted(w for w in self.carried if w in running)
-            self.carried = set(pending)
-            if not pending:
-                return
-            for i in range(0, len(pending), CHILDREN_PER_CHECK):
-                try:
-                    res: DescribeChildrenResult = await workflow.execute_activity(
-                        ActivityName.DESCRIBE_CHILDREN.value,
-                        DescribeChildrenInput(workflow_ids=pending[i : i + CHILDREN_PER_CHECK]),
-                        task_queue=self._queue(Pool.CONTROL),
-                        result_type=DescribeChildrenResult,
-                        **policies.DESCRIBE_CHILDREN.kwargs(),
-                    )
-                except ActivityError as err:
-                    if is_cancelled_exception(err):
-                        raise
-                    workflow.logger.warning("check of carried units skipped: %s", err.cause or err)
-                    continue
-                for child in res.closed:
-                    self._closed(child)
-
-    def _stalled_history_full(self) -> bool:
-        """A long stall keeps adding checks to the history: start a fresh one (steps would, but none come)."""
-        full = workflow.info().get_current_history_length() >= self.plan.training.stall.history_events_max
-        return self.parked and bool(self.s.stall.stalls) and full
-
-    def _checked(self, queues: dict[str, QueueState]) -> None:
-        """Update the stalls from one check; say so in the log and the UI when they appear or clear."""
-        cfg = self.plan.training.stall
-        before = {(x.reason, x.pool) for x in self.s.stall.stalls}
-        self.s.stall = stalls.check(self.s.stall, queues, workflow.now().timestamp(), len(self.s.in_flight), cfg)
-        now = {(x.reason, x.pool) for x in self.s.stall.stalls}
-        for x in self.s.stall.stalls:
-            if (x.reason, x.pool) not in before:
-                workflow.logger.warning("job %s stalled: %s", self.inp.job_id, x.describe())
-        for reason, pool in before - now:
-            workflow.logger.info("job %s: stall cleared (%s%s)", self.inp.job_id, reason, f" on {pool}" if pool else "")
-        if before or now:
-            workflow.set_current_details(stalls.summary(self.s.stall.stalls))
-        over = stalls.overdue(self.s.stall, cfg)
-        if over is not None:
-            self.fatal = ErrorType.JOB_STALLED.error(
-                f"job {self.inp.job_id} stalled: {over.describe()}; gave up after training.stall.fail_after_s = "
-                f"{cfg.fail_after_s:g} s (start a worker for the pool, or raise or unset fail_after_s)",
-                {"reason": over.reason, "pool": over.pool, "since": over.since},
-            )
