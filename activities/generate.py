@@ -35,7 +35,9 @@ __all__ = ["GenerateActivities", "stored_turn"]
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_EVERY_S = 5.0
+HEARTBEAT_EVERY_S = 20.0
+"""A generation beats every 20 s, the first after 20 s (a turn shorter than that sends none), against the policy's
+60 s heartbeat timeout (workflows/policies.py GENERATE)."""
 
 
 class GenerateActivities:

@@ -116,8 +116,12 @@ async def parent_runs(client: Client, job_id: str, limits: TemporalLimits) -> li
         )
         signals = kinds["workflow_execution_signaled_event_attributes"]
         share = max(len(events) / limits.history_events, size / limits.history_bytes, signals / limits.signals)
+        by_kind = Counter()
+        for e in events:
+            by_kind[e.WhichOneof("attributes").removesuffix("_event_attributes")] += e.ByteSize()
         runs.append(
             {
+                "bytes_by_event": dict(by_kind),
                 "events": len(events),
                 "bytes": size,
                 "signals": signals,
@@ -191,6 +195,10 @@ async def measure(address: Any, unit: str, batch: int, steps: int) -> dict[str, 
         "parent_actions_per_trajectory": parent["actions"] / n,
         "parent_events_per_step": parent["events"] / max(result.steps, 1),
         "parent_bytes_per_step": parent["bytes"] / max(result.steps, 1),
+        "parent_bytes_by_event": {
+            kind: round(sum(r["bytes_by_event"].get(kind, 0) for r in runs) / n)
+            for kind in sorted({k for r in runs for k in r["bytes_by_event"]})
+        },
     }
     print(
         f"  {unit:<10} {wall:6.1f} s  {result.steps} steps, {len(runs)} runs (max {100 * row['max_share']:.1f} % of "

@@ -111,9 +111,11 @@ RESTORE = ActivityPolicy(
 )
 
 GENERATE = ActivityPolicy(
-    # Heartbeats detect a dead generation worker in seconds; another worker of the pool retries.
+    # Heartbeats detect a dead generation worker within a minute; another worker of the pool retries. Sized to an
+    # agentic turn (tens of seconds), not to seconds: each heartbeat the SDK sends is a billed action, and the SDK
+    # sends at most one per 0.8 x this timeout. A turn of 30 s beats once (was twice), one of 120 s 3 times (was 8).
     start_to_close=timedelta(minutes=5),
-    heartbeat=timedelta(seconds=20),
+    heartbeat=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=30),
     retry=_retry(attempts=5, first_s=0.5, max_s=10.0),
 )
