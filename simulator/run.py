@@ -16,6 +16,7 @@ from rollart.simulator.cluster import Cluster, PoolSpec
 from rollart.simulator.models import Overheads, TaskProfile, TrainerModel
 from rollart.simulator.roofline import ModelSpec
 from rollart.simulator.shell import Outcome, SimTraining
+from rollart.simulator.temporal_load import temporal_load
 
 __all__ = ["Setup", "simulate", "summarize"]
 
@@ -102,10 +103,13 @@ def summarize(setup: Setup, out: Outcome, cluster: Cluster, calls: SimCalls, wal
         "ledger_balanced": s.ledger_balanced,
         "busy_trainer": out.train_busy_s / elapsed,
         "calls": sum(calls.counts.calls.values()),
+        "units": out.units,
+        "reports": out.reports,
         "wall_s": wall_s,
         "gpus": cluster.gpus + setup.trainer.gpus,
     }
     row.update({f"busy_{pool}": share for pool, share in cluster.utilisation(elapsed).items()})
+    row |= temporal_load(row["calls"], out.units, out.reports, steps, elapsed, setup.plan.limits)
     if s.placement is not None:  # generate_pool: auto: where the tasks started and ended, and the moves between
         row |= {
             "placement_start": out.placements[0][2] if out.placements else {},

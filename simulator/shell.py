@@ -50,6 +50,8 @@ class Outcome:
     placements: list[tuple[float, int, dict[str, str]]] = field(default_factory=list)
     """generate_pool: auto: (virtual time, step, the auto tasks' pools) at the first spread and at each move."""
     gave_up: str | None = None  # why the job failed (`training.fail_after_failures`), as the workflow fails it
+    units: int = 0  # child workflows started (a trajectory, a group workflow, a lockstep batch)
+    reports: int = 0  # report signals the training workflow took
 
 
 class SimTraining:
@@ -122,6 +124,7 @@ class SimTraining:
     async def _child(self, launch: Launch) -> None:
         """The child workflow of one launch, played as its workflow plays it; one that fails (bad input raised out
         of it) counts what it did not report as failed, as the workflow's watch of its child does."""
+        self.out.units += 1
         try:
             await self._play(launch)
         except Exception as err:
@@ -148,6 +151,7 @@ class SimTraining:
         """The `trajectories_done` signal: the engines' reports, then the ledger."""
         if self._over:
             return
+        self.out.reports += 1
         now = asyncio.get_running_loop().time()
         for r in results:
             if r.trajectory_id in self.s.in_flight:

@@ -21,9 +21,10 @@ from rollart.workflows.training import failing, loop
 from tests.support.tasks import frozenlake_task
 
 
-def plan(limit: int | None = 3) -> TrainingPlan:
+def plan(limit: int | None = 3, batch_size: int = 2, async_bound: int = 0) -> TrainingPlan:
+    """A job of FrozenLake groups of 2 whose admission window is batch_size × (async_bound + 1) (2 by default)."""
     task = frozenlake_task(group_size=2, max_turns=2)
-    training = TrainingConfig(steps=3, batch_size=4, fail_after_failures=limit)
+    training = TrainingConfig(steps=3, batch_size=batch_size, async_bound=async_bound, fail_after_failures=limit)
     return TrainingPlan.of(JobSpec(name="f", tasks=[task], training=training))
 
 
@@ -64,6 +65,17 @@ def test_the_verdict_names_the_reason_and_a_null_limit_never_gives_up() -> None:
     other = in_flight(("w", "g0", ["a", "b", "c"]))
     failing.observe(other, [failed("a", "InvalidInput"), failed("b", "EnvBroken"), failed("c", "InvalidInput")])
     assert other.failing is not None and other.failing.count == 1  # another reason starts a new run
+
+
+def test_it_takes_a_whole_admission_window_failing_at_least() -> None:
+    """At scale failures come back in seconds and completions in minutes, so a job's first reports may all be
+    failures: only a whole window of them (every trajectory that was in flight) says none can complete."""
+    p = plan(limit=3, batch_size=4, async_bound=1)  # 8 may be in flight
+    s = in_flight(("w", "g0", [f"t{i}" for i in range(8)]))
+    failing.observe(s, [failed(f"t{i}", "EnvBroken") for i in range(7)])
+    assert failing.threshold(p) == 8 and failing.verdict(p, s) is None
+    failing.observe(s, [failed("t7", "EnvBroken")])
+    assert failing.verdict(p, s) is not None
 
 
 def test_a_repeated_report_does_not_extend_the_run() -> None:

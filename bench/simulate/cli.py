@@ -46,6 +46,17 @@ COLUMNS = [
     ("ledger_balanced", "ledger ok", ""),
     ("wall_s", "wall s", ".1f"),
 ]
+TEMPORAL = [
+    ("name", "run", ""),
+    ("temporal_events_per_s", "events/s", ",.0f"),
+    ("temporal_actions_per_s", "actions/s", ",.0f"),
+    ("temporal_signals_per_s", "signals/s", ".1f"),
+    ("temporal_units_per_s", "workflows/s", ".1f"),
+    ("parent_events_per_step", "parent events/step", ",.0f"),
+    ("parent_runs_per_hour", "parent runs/h", ".1f"),
+]
+"""What each run asks of Temporal (estimates priced by `bench temporal`'s measurements: simulator/temporal_load.py)."""
+
 CALIBRATION = [
     ("name", "mode", ""),
     ("predicted_s", "sim s", ".1f"),
@@ -168,6 +179,8 @@ def _paper(args: argparse.Namespace) -> int:
         r["vs_traj_sync"] = r["trained_per_s"] / verl["trained_per_s"] if verl["trained_per_s"] else None
     print(f"\nsimulate --paper: {rows[0]['gpus']:,} GPUs, {args.hours:g} h each (vs sync: trained samples per second)")
     print(format_table(rows, COLUMNS))
+    print("\nwhat each run asks of Temporal (estimated from bench temporal's measured costs):")
+    print(format_table(rows, TEMPORAL))
     for key, against in (("vs_sync", BASELINE), ("vs_traj_sync", VERL_SYNC)):
         asyncs = [r[key] for r in rows if r["name"] in ("traj b1", "traj b2")]
         inside = all(PAPER_RANGE[0] <= x <= PAPER_RANGE[1] for x in asyncs)

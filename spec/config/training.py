@@ -221,9 +221,10 @@ class TrainingConfig(Section):
     fail_after_failures: int | None = Field(
         32,
         ge=1,
-        description="end the job (failed, with the reason) once this many trajectories in a row failed for the "
-        "same reason no retry can cure (bad input, an env that raises, a trajectory workflow that failed) with "
-        "none completed between; null: launch on whatever fails",
+        description="end the job (failed, with the reason) once a whole admission window of trajectories in a row "
+        "(`(async_bound + 1) × batch_size`, and at least this many) failed for the same reason no retry cures "
+        "(bad input, an env that raises, a trajectory workflow that failed) with none completed between; "
+        "null: launch on whatever fails",
     )
     seed: int = 0
     stall: StallConfig = StallConfig()
