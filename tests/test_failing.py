@@ -123,7 +123,7 @@ def test_the_simulator_gives_up_as_the_workflow_does(limit: int | None, gives_up
         profiles={"frozenlake": TaskProfile("frozenlake", step_failure_p=1.0, prompt_tokens=32)},  # every step raises
         trainer=TrainerModel(fixed_s=1.0),
         seed=0,
-        horizon_s=60.0,
+        horizon_s=20.0,
     )
     out, _ = simulate(setup)
     if gives_up:
