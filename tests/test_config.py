@@ -189,7 +189,8 @@ def test_children_in_flight_are_checked_only_where_episodes_are_children() -> No
     JobSpec(tasks=[{**episode, "rollout_unit": "group"}], training=big)
     JobSpec(tasks=[{**episode, "max_turns": 1}], training=big)
     JobSpec(tasks=[episode], training={**big, "rollout_mode": "batch"})
-    JobSpec(tasks=[episode], training=big, temporal={"max_pending_children": 2048})
+    raised = {"max_pending_children": 2048, "workers": {"max_cached_workflows": 4096}}  # the cache holds them too
+    JobSpec(tasks=[episode], training=big, temporal=raised)
     JobSpec(tasks=[episode], training={**big, "async_bound": 0})  # 1,024: bench scale's largest
     with pytest.raises(ValueError, match="max_pending_children is 2,047"):
         JobSpec(tasks=[episode], training=big, temporal={"max_pending_children": 2047})
@@ -230,7 +231,7 @@ def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) 
 
     default = JobSpec(tasks=[{"name": "a", "env": "x", "reward": "y"}]).temporal.workers
     opts = workflow_worker_options(default)
-    assert opts["workflow_task_poller_behavior"].maximum == 32 and opts["max_cached_workflows"] == 1000
+    assert opts["workflow_task_poller_behavior"].maximum == 32 and opts["max_cached_workflows"] == 2048
     assert isinstance(opts["workflow_runner"], UnsandboxedWorkflowRunner)
     assert activity_worker_options(default)["activity_task_poller_behavior"].maximum == 32
     path = write(
@@ -269,3 +270,16 @@ def test_stop_when_is_off_unless_given_and_takes_the_whole_range() -> None:
         with pytest.raises(ValueError, match=r"in \(0, 1\]"):
             StopWhen(success=bad, steps=5)
     assert StopWhen(success=0.8, steps=1).describe() == "success ≥ 0.8 held for 1 step"
+
+
+def test_a_job_whose_workflows_in_flight_outnumber_the_sticky_cache_is_refused() -> None:
+    """An evicted workflow replays its whole history on every workflow task: every episode in flight (and the
+    training workflow) must fit the control worker's cache; groups need far fewer workflows."""
+    episode = {"name": "a", "env": "x", "reward": "y", "max_turns": 2, "group_size": 8}
+    big = {"batch_size": 512, "async_bound": 1}  # 1,024 episodes in flight
+    with pytest.raises(ValueError, match="max_cached_workflows is 1,000"):
+        JobSpec(tasks=[episode], training=big, temporal={"workers": {"max_cached_workflows": 1000}})
+    JobSpec(tasks=[episode], training=big)  # the default, 2,048, holds them
+    JobSpec(
+        tasks=[{**episode, "rollout_unit": "group"}], training=big, temporal={"workers": {"max_cached_workflows": 100}}
+    )

@@ -200,7 +200,8 @@ def paper(
         ),
         engine=EngineConfig(max_model_len=32768, priority=priority),
         store=StoreConfig(path=HOME / "store"),
-        temporal={"max_pending_children": 1_000_000},
+        # a cluster sized for the job: children and the control workers' sticky caches are not the limit here
+        temporal={"max_pending_children": 1_000_000, "workers": {"max_cached_workflows": 1_000_000}},
     )
     model = MODELS["32b"]
     trainer_gpus = max(8, int(PAPER_TRAINER_GPUS * scale))

@@ -186,6 +186,24 @@ class JobSpec(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _workflows_fit_the_sticky_cache(self) -> JobSpec:
+        """Every workflow in flight stays in the control worker's memory (sticky execution): one evicted replays
+        its whole history on each of its workflow tasks, which at hundreds of trajectories a step turns the
+        control worker's CPU into replay."""
+        t, cache = self.training, self.temporal.workers.max_cached_workflows
+        episodes = [task.name for task in self.tasks if unit_of(task) is Unit.TRAJECTORY]
+        workflows = t.in_flight_limit + 1  # the episodes' and the training workflow
+        if t.rollout_mode == "trajectory" and episodes and workflows > cache:
+            raise ValueError(
+                f"training: {t.in_flight_limit:,} episodes of {', '.join(episodes)} in flight, each a workflow, and "
+                f"the training workflow are {workflows:,}, but temporal.workers.max_cached_workflows is {cache:,}: "
+                "a workflow the control worker cannot keep in memory replays its whole history on every workflow "
+                "task; raise max_cached_workflows, lower async_bound or batch_size, or play the task as groups "
+                "(rollout_unit: group)"
+            )
+        return self
+
     def elastic(self, pool: str) -> PoolSpec:
         """The declaration of a reward pool, whose scaling fields say how its workers scale (it is elastic)."""
         spec = self.pools.get(pool)

@@ -24,9 +24,11 @@ class WorkerTuning(Section):
     """Concurrent workflow-task polls of the control worker (sticky and non-sticky together; the SDK's is 5)."""
     activity_task_pollers: int = Field(32, ge=1, le=500)
     """Concurrent activity-task polls per queue of an activity worker (the SDK's is 5)."""
-    max_cached_workflows: int = Field(1000, ge=1)
+    max_cached_workflows: int = Field(2048, ge=1)
     """Workflows the control worker keeps in memory (sticky execution): at least the workflows in flight, or
-    each workflow task of an evicted one replays its whole history."""
+    each workflow task of an evicted one replays its whole history (a job is refused when its episodes in flight
+    could outnumber it). 2,048 holds every child the server lets one workflow have running (2,000) and the
+    training workflow; the SDK's default is 1,000."""
     max_concurrent_workflow_tasks: int = Field(200, ge=2)
     sandbox: Literal["strict", "off"] = "off"
     """`strict`: the SDK's sandbox, which re-imports each workflow's module for every run and checks calls made
