@@ -30,8 +30,9 @@ from rollart.cli import (
     up,
     worker,
 )
-from rollart.cli.errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, UserError, job_failure
+from rollart.cli.errors import EXIT_BAD_INPUT, EXIT_JOB_FAILED, UserError
 from rollart.cli.train import is_workflow_failure
+from rollart.contracts.errors import failure_of
 from rollart.infra.local.devserver import DevServerError
 from rollart.workers.local_stack import StackError
 
@@ -102,7 +103,7 @@ def run(argv: list[str] | None = None) -> int:
     except Exception as e:
         if not is_workflow_failure(e):
             raise
-        print(f"error: the job failed: {job_failure(e)}", file=sys.stderr)
+        print(f"error: the job failed: {failure_of(e)[0]}", file=sys.stderr)  # its cause, not the wrapper
         return EXIT_JOB_FAILED
 
 
