@@ -1,4 +1,4 @@
-"""The one error a command raises for input the user can fix, and the exit codes: 2 for that, 1 for a job that failed."""
+"""The one error a command raises for input the user can fix, and the exit codes: 2 for it, 1 for a failed job."""
 
 from __future__ import annotations
 
