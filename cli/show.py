@@ -95,7 +95,8 @@ def _ui_link(view: TrajectoryView, job: JobSpec, args: argparse.Namespace) -> st
 
 def _as_json(view: TrajectoryView, ui: str) -> dict:
     out = dataclasses.asdict(view)
-    out["result"] = view.result.model_dump(mode="json") if view.result else None
+    # every turn key, as written in the store: a history's JSON writes a run of them as a prefix and a count
+    out["result"] = view.result.model_dump(mode="json") | {"turn_keys": view.result.turn_keys} if view.result else None
     out["ui"] = ui
     return out
 

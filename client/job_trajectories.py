@@ -1,5 +1,6 @@
 """A job's trajectories, one row each, as `rollart trajectories` and the report list them: found through Temporal's
-visibility (the job's rollout workflows), read from their results, filtered by task, failure or reward."""
+visibility (the job's rollout workflows), read from their histories (what each reported or returned), filtered by
+task, failure or reward."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus
 
 from rollart.client.trajectory_view import ROLLOUT_WORKFLOWS
+from rollart.client.unit_history import results_of
 from rollart.contracts.rollouts import TrajectoryResult
 from rollart.infra.temporal.search_attributes import JOB_ID, TASK
 
@@ -57,10 +59,11 @@ async def list_trajectories(
 
 
 async def _rows(client: Client, wf: Any) -> list[TrajectoryRow]:
-    if wf.status == WorkflowExecutionStatus.COMPLETED:
-        rtype = TrajectoryResult if wf.workflow_type == "TrajectoryWorkflow" else list[TrajectoryResult]
-        got = await client.get_workflow_handle(wf.id, run_id=wf.run_id, result_type=rtype).result()
-        return [_row(r, wf.id) for r in (got if isinstance(got, list) else [got])]
+    """Its trajectories' rows from what it reported or returned (client/unit_history.py); a unit that did not complete
+    adds one row for the rest, with how it ended."""
+    reported = [_row(r, wf.id) for r in await results_of(client, wf.id, wf.run_id)]
+    if wf.status == WorkflowExecutionStatus.COMPLETED or (wf.workflow_type == "TrajectoryWorkflow" and reported):
+        return reported
     status = (
         "running"
         if wf.status == WorkflowExecutionStatus.RUNNING
@@ -70,13 +73,14 @@ async def _rows(client: Client, wf: Any) -> list[TrajectoryRow]:
     )
     task = wf.typed_search_attributes.get(TASK) or "?"
     return [
+        *reported,
         TrajectoryRow(
             trajectory_id=wf.id,
             workflow_id=wf.id,
             task=task,
             status=status,
             error=None if status == "running" else f"workflow {wf.status.name.lower()}",
-        )
+        ),
     ]
 
 

@@ -15,6 +15,7 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.client.trajectory_view import ROLLOUT_WORKFLOWS, CallInfo, TrajectoryView, TurnView, summarize_logprobs
+from rollart.client.unit_history import unit_input, unit_results
 from rollart.contracts.activities import (
     EnvHandle,
     GroupHandle,
@@ -67,11 +68,6 @@ _RESULTS: dict[str, Any] = {
     "reward": RewardResult,
     "reward_batch": list[RewardResult],
 }
-_WORKFLOW_INPUTS: dict[str, Any] = {
-    "TrajectoryWorkflow": TrajectoryInput,
-    "GroupRolloutWorkflow": GroupRolloutInput,
-    "BatchRolloutWorkflow": BatchRolloutInput,
-}
 
 
 class TrajectoryNotFound(LookupError):
@@ -107,16 +103,12 @@ async def _view(
     client: Client, history: WorkflowHistory, wf_type: str, tid: str, store: Store | None
 ) -> TrajectoryView | None:
     decode = client.data_converter.decode
-    wf_input, results, status, error = None, None, "running", None
+    wf_input = await unit_input(client, history, wf_type)
+    results = await unit_results(client, list(history.events))
+    status, error = "running", None
     for e in history.events:
-        if e.HasField("workflow_execution_started_event_attributes"):
-            wf_input = await _decoded(
-                decode, e.workflow_execution_started_event_attributes.input.payloads, _WORKFLOW_INPUTS[wf_type]
-            )
-        elif e.HasField("workflow_execution_completed_event_attributes"):
-            rtype = TrajectoryResult if wf_type == "TrajectoryWorkflow" else list[TrajectoryResult]
-            got = await _decoded(decode, e.workflow_execution_completed_event_attributes.result.payloads, rtype)
-            results, status = ([got] if isinstance(got, TrajectoryResult) else got or []), "completed"
+        if e.HasField("workflow_execution_completed_event_attributes"):
+            status = "completed"
         elif e.HasField("workflow_execution_failed_event_attributes"):
             status, error = "failed", e.workflow_execution_failed_event_attributes.failure.message
         elif e.HasField("workflow_execution_terminated_event_attributes"):
@@ -125,7 +117,7 @@ async def _view(
             status = "timed out"
         elif e.HasField("workflow_execution_canceled_event_attributes"):
             status = "canceled"
-    result = next((r for r in results or [] if r.trajectory_id == tid), None)
+    result = next((r for r in results if r.trajectory_id == tid), None)
     if result is None and not _holds(wf_type, wf_input, history.workflow_id, tid):
         return None
     calls = await _calls(decode, history)

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.contracts.errors import ErrorType
+from rollart.contracts.ids import TurnKeys
 from rollart.infra.store.keys import key_word
 from rollart.spec.chat import ChatMessage
 from rollart.spec.config import FaultModel, TaskSpec, TrainerConfig, WeightsConfig
@@ -286,7 +287,7 @@ class SampleRef(_Message):
     group_id: str
     reward: float
     success: bool
-    turn_keys: list[str]
+    turn_keys: TurnKeys
     policy_version_min: int
     policy_version_max: int
     completion_tokens: int = 0

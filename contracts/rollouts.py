@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollart.contracts.generation import EnginePressure
-from rollart.contracts.ids import member_id
+from rollart.contracts.ids import TurnKeys, member_id
 from rollart.spec.config import AffinityConfig, GroupPlay, PriorityPolicy, TaskSpec
 from rollart.spec.pools import QUEUE_PREFIX_PATTERN
 
@@ -16,8 +16,10 @@ __all__ = [
     "ChildOutcome",
     "DescribeChildrenInput",
     "DescribeChildrenResult",
+    "GroupRolloutArgs",
     "GroupRolloutInput",
     "GroupSeed",
+    "TrajectoryArgs",
     "TrajectoryInput",
     "TrajectoryResult",
     "TrajectoryStatus",
@@ -26,12 +28,13 @@ __all__ = [
 TrajectoryStatus = Literal["completed", "failed"]
 
 
-class TrajectoryInput(BaseModel):
-    """One episode of one task from one seed. Unknown fields are rejected (a typo fails at once)."""
+class TrajectoryArgs(BaseModel):
+    """A `TrajectoryInput` without its task: how the training workflow starts a trajectory. The task goes as the
+    workflow's second argument, which the data converter stores once by content (infra/temporal/payload_storage.py):
+    the parent's history holds a claim for it, not a copy per trajectory (issue 48)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task: TaskSpec
     seed: int = Field(ge=0)
     job_id: str = ""
     group_id: str = ""
@@ -46,6 +49,31 @@ class TrajectoryInput(BaseModel):
     predicted_turns: float | None = Field(
         None, description="its predicted length in turns (engine.priority: predicted; None: not predicted)"
     )
+
+    @staticmethod
+    def whole(args: TrajectoryArgs | dict[str, Any], task: TaskSpec | None) -> TrajectoryInput:
+        """A unit's workflow arguments as one input: the args and the task a training workflow sends apart, or the
+        whole input a client sends alone. Alone it arrives as a dict (the SDK decodes arguments by their type hints
+        only when as many come as the signature has), validated here: bad input is a ValidationError."""
+        if isinstance(args, dict):
+            args = (TrajectoryInput if "task" in args else TrajectoryArgs).model_validate(args)
+        return args.with_task(task)
+
+    def with_task(self, task: TaskSpec | None) -> TrajectoryInput:
+        """The whole input (a pydantic ValidationError without a task: the workflow fails on bad input)."""
+        if isinstance(self, TrajectoryInput):
+            return self
+        return TrajectoryInput(**{k: getattr(self, k) for k in TrajectoryArgs.model_fields}, task=task)
+
+
+class TrajectoryInput(TrajectoryArgs):
+    """One episode of one task from one seed. Unknown fields are rejected (a typo fails at once)."""
+
+    task: TaskSpec
+
+    def split(self) -> tuple[TrajectoryArgs, TaskSpec]:
+        """The arguments a child is started with: the rest, and the task (stored once, by content)."""
+        return TrajectoryArgs(**{k: getattr(self, k) for k in TrajectoryArgs.model_fields}), self.task
 
 
 class TrajectoryResult(BaseModel):
@@ -70,7 +98,7 @@ class TrajectoryResult(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     uncached_prompt_tokens: int | None = None  # prompt tokens a prefix cache would not hold: new since the turn before
-    turn_keys: list[str] = Field(default_factory=list)
+    turn_keys: TurnKeys = Field(default_factory=list)
     completion_index: int = 0  # single-turn groups: which completion of the group's generation is this one
     env_worker: str | None = None
     error: str | None = None
@@ -98,12 +126,11 @@ class GroupSeed(BaseModel):
         return list(self.member_ids) or [member_id(self.group_id, m) for m in range(size)]
 
 
-class GroupRolloutInput(BaseModel):
-    """GRPO groups of one task, rolled out group by group; each member reports under its id in `GroupSeed.members`."""
+class GroupRolloutArgs(BaseModel):
+    """A `GroupRolloutInput` without its task, which goes as the second argument (stored once: see `TrajectoryArgs`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    task: TaskSpec
     groups: list[GroupSeed] = Field(min_length=1)
     job_id: str = ""
     min_version: int = Field(0, ge=0)
@@ -121,6 +148,31 @@ class GroupRolloutInput(BaseModel):
     group_play: GroupPlay = "lockstep"
     """Multi-turn, not `lockstep`: the members' turns together in one env session, or each member on its own (the
     task's `group_play`). Its default is what histories recorded before the field replay as."""
+
+    @staticmethod
+    def whole(args: GroupRolloutArgs | dict[str, Any], task: TaskSpec | None) -> GroupRolloutInput:
+        """A unit's workflow arguments as one input: the args and the task a training workflow sends apart, or the
+        whole input a client sends alone. Alone it arrives as a dict (the SDK decodes arguments by their type hints
+        only when as many come as the signature has), validated here: bad input is a ValidationError."""
+        if isinstance(args, dict):
+            args = (GroupRolloutInput if "task" in args else GroupRolloutArgs).model_validate(args)
+        return args.with_task(task)
+
+    def with_task(self, task: TaskSpec | None) -> GroupRolloutInput:
+        """The whole input (a pydantic ValidationError without a task)."""
+        if isinstance(self, GroupRolloutInput):
+            return self
+        return GroupRolloutInput(**{k: getattr(self, k) for k in GroupRolloutArgs.model_fields}, task=task)
+
+
+class GroupRolloutInput(GroupRolloutArgs):
+    """GRPO groups of one task, rolled out group by group; each member reports under its id in `GroupSeed.members`."""
+
+    task: TaskSpec
+
+    def split(self) -> tuple[GroupRolloutArgs, TaskSpec]:
+        """The arguments a child is started with: the rest, and the task (stored once, by content)."""
+        return GroupRolloutArgs(**{k: getattr(self, k) for k in GroupRolloutArgs.model_fields}), self.task
 
 
 class BatchRolloutInput(BaseModel):

@@ -12,12 +12,11 @@ import uuid
 from collections import Counter
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from rollart.client.unit_history import unit_input
 from rollart.contracts.activities import RewardResult, Transcript
 from rollart.contracts.ids import derive_seed
-from rollart.contracts.rollouts import GroupRolloutInput
 from rollart.contracts.training import TrainingInput, TrainingResult, TrainingStatus
 from rollart.infra.temporal.history import activity_spans
 from rollart.infra.temporal.search_attributes import ensure_registered
@@ -247,8 +246,7 @@ async def wave_activities(env: WorkflowEnvironment, job_id: str) -> list[tuple[i
     waves = []
     async for wf in env.client.list_workflows(f'WorkflowType="GroupRolloutWorkflow" AND RollartJobId="{job_id}"'):
         history = await env.client.get_workflow_handle(wf.id, run_id=wf.run_id).fetch_history()
-        started = history.events[0].workflow_execution_started_event_attributes
-        inp = pydantic_data_converter.payload_converter.from_payloads(started.input.payloads, [GroupRolloutInput])[0]
+        inp = await unit_input(env.client, history, "GroupRolloutWorkflow")
         waves.append((len(inp.groups), Counter(a.activity_type for a in activity_spans(history))))
     return waves
 

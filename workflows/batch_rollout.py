@@ -16,7 +16,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.contracts.rollouts import BatchRolloutInput, TrajectoryResult
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play
-    from rollart.workflows.reporting import reporter
+    from rollart.workflows.reporting import Reporter
     from rollart.workflows.temporal_calls import TemporalCalls
     from rollart.workflows.ui_summary import show_outcome
 
@@ -33,6 +33,7 @@ class BatchRolloutWorkflow:
         episodes = [
             Episode(calls, t, t.trajectory_id or batch_member_id(base, i)) for i, t in enumerate(inp.trajectories)
         ]
-        results = await play(episodes, reporter(inp.report_to))
+        send = Reporter(inp.report_to)
+        results = await play(episodes, send)
         show_outcome(results)
-        return results
+        return send.undelivered

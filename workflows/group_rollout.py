@@ -23,9 +23,10 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
+    from rollart.contracts.rollouts import GroupRolloutArgs, GroupRolloutInput, TrajectoryResult
+    from rollart.spec.config import TaskSpec
     from rollart.workflows.driver.grouped import play_groups
-    from rollart.workflows.reporting import reporter
+    from rollart.workflows.reporting import Reporter
     from rollart.workflows.temporal_calls import TemporalCalls
     from rollart.workflows.ui_summary import show_outcome
 
@@ -37,10 +38,13 @@ class GroupRolloutWorkflow:
     """Single-turn: prompts → generate_batch (n = group size) → check → reward_batch; multi-turn: see `GroupEpisode`."""
 
     @workflow.run
-    async def run(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
-        results = await self._play(inp)
+    async def run(
+        self, args: GroupRolloutInput | GroupRolloutArgs, task: TaskSpec | None = None
+    ) -> list[TrajectoryResult]:
+        """Play the groups; return the results whose report did not reach the training workflow (all of them when
+        there is none: a rollout a client waits on)."""
+        inp = GroupRolloutArgs.whole(args, task)
+        send = Reporter(inp.report_to)
+        results = await play_groups(TemporalCalls(), inp, send)
         show_outcome(results)
-        return results
-
-    async def _play(self, inp: GroupRolloutInput) -> list[TrajectoryResult]:
-        return await play_groups(TemporalCalls(), inp, reporter(inp.report_to))
+        return send.undelivered

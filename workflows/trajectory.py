@@ -16,11 +16,12 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
     from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, TurnRefused
-    from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+    from rollart.contracts.rollouts import TrajectoryArgs, TrajectoryInput, TrajectoryResult
+    from rollart.spec.config import TaskSpec
     from rollart.workflows.driver.agent import AgentEpisode
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play
-    from rollart.workflows.reporting import TRAJECTORIES_DONE, report, reporter
+    from rollart.workflows.reporting import TRAJECTORIES_DONE, Reporter, report
     from rollart.workflows.temporal_calls import TemporalCalls
     from rollart.workflows.ui_summary import show_outcome
 
@@ -61,13 +62,19 @@ class TrajectoryWorkflow:
         self._agent.check(req)
 
     @workflow.run
-    async def run(self, inp: TrajectoryInput) -> TrajectoryResult:
+    async def run(
+        self, args: TrajectoryInput | TrajectoryArgs, task: TaskSpec | None = None
+    ) -> TrajectoryResult | None:
+        """Play the episode. Started by a training workflow (`args` and its `task` apart), it returns its result only
+        if the report did not reach the parent; started alone (a `TrajectoryInput`), it returns it."""
+        inp = TrajectoryArgs.whole(args, task)
         self._episode = Episode(TemporalCalls(), inp, inp.trajectory_id or workflow.info().workflow_id)
+        send = Reporter(inp.report_to)
         if inp.task.is_agent:
             self._agent = AgentEpisode(self._episode)
-            result = await self._agent.play(reporter(inp.report_to))
+            result = await self._agent.play(send)
             await workflow.wait_condition(workflow.all_handlers_finished)
         else:
-            [result] = await play([self._episode], reporter(inp.report_to))
+            [result] = await play([self._episode], send)
         show_outcome([result])
-        return result
+        return result if send.undelivered else None

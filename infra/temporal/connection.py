@@ -16,7 +16,7 @@ from temporalio.runtime import Runtime, TelemetryConfig
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.infra.store.payload import open_store
-from rollart.infra.temporal.payload_storage import external_storage
+from rollart.infra.temporal.payload_storage import ClaimingPayloadConverter, external_storage
 from rollart.infra.temporal.tls import (
     TemporalSecurityError,
     certificate_verdict,
@@ -45,6 +45,7 @@ def data_converter(store: StoreConfig) -> DataConverter:
     """Pydantic JSON payloads; those over the store's threshold go to the store by reference."""
     return dataclasses.replace(
         pydantic_data_converter,
+        payload_converter_class=ClaimingPayloadConverter,
         external_storage=external_storage(open_store(store), store.payload_threshold_bytes),
     )
 

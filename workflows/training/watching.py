@@ -56,7 +56,7 @@ class Watching:
             error, error_type = failure_of(err)
             self._closed(ChildOutcome(workflow_id=workflow_id, status="failed", error=error, error_type=error_type))
             return
-        values = value if isinstance(value, list) else [value]
+        values = value if isinstance(value, list) else [] if value is None else [value]  # None: it reported
         self._closed(ChildOutcome(workflow_id=workflow_id, status="completed", results=values))
 
     def _closed(self, child: ChildOutcome) -> None:

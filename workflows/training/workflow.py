@@ -20,6 +20,7 @@ activity and continue-as-new; what it watches beside the loop (its units, stalls
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
@@ -204,15 +205,18 @@ class TrainingWorkflow(Watching):
         """The child workflow that plays one launch, watched until it closes."""
         step = self.s.step
         inp = admission.child_input(self.plan, launch, self.inp.job_id, step, workflow.info().workflow_id)
+        # a unit's task goes as its own argument, stored once by content: the history holds a claim (contracts)
         if isinstance(inp, TrajectoryInput):
             run, summary = TrajectoryWorkflow.run, trajectory_summary(inp, member=launch.member, version=step)
+            args: list[Any] = [*inp.split()]
         elif isinstance(inp, BatchRolloutInput):
-            run, summary = BatchRolloutWorkflow.run, batch_summary(inp, version=step)
+            run, summary, args = BatchRolloutWorkflow.run, batch_summary(inp, version=step), [inp]
         else:
             run, summary = GroupRolloutWorkflow.run, group_summary(inp, version=step)
+            args = [*inp.split()]
         handle = await workflow.start_child_workflow(
             run,  # type: ignore[arg-type]
-            inp,
+            args=args,
             id=launch.workflow_id,
             task_queue=self._queue(Pool.CONTROL),
             parent_close_policy=workflow.ParentClosePolicy.ABANDON,
