@@ -25,6 +25,7 @@ from rollart.cli import (
     sft_data,
     show,
     status,
+    store,
     train,
     trajectories,
     up,
@@ -58,6 +59,7 @@ COMMANDS = (
     status,
     trajectories,
     show,
+    store,
     k8s,
 )
 

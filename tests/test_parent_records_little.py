@@ -1,6 +1,7 @@
 """The training workflow's history records little per trajectory (issue 48): a unit's task is a claim stored once,
 a result reaches the parent once (by its report, not again as the unit's return), and turn keys are written as a
-prefix and a count. TrainingWorkflow against a dev server with stand-in activities, and the pieces without one.
+prefix and a count; claims go once their job's workflows are gone (`rollart store gc`). TrainingWorkflow against a
+dev server with stand-in activities, and the pieces without one.
 """
 
 from __future__ import annotations
@@ -11,14 +12,21 @@ from collections import Counter
 
 import pytest
 from pydantic import ValidationError
+from temporalio.converter import StorageDriverStoreContext, StorageDriverWorkflowInfo
 from temporalio.testing import WorkflowEnvironment
 
+from rollart.client.claims import owners, sweep
 from rollart.client.job_trajectories import list_trajectories
 from rollart.client.unit_history import results_of
 from rollart.contracts.activities import SampleRef, turn_key
 from rollart.contracts.rollouts import TrajectoryArgs, TrajectoryInput, TrajectoryResult
 from rollart.infra.store.payload import LocalStore
-from rollart.infra.temporal.payload_storage import CLAIM_METADATA, ClaimingPayloadConverter, external_storage
+from rollart.infra.temporal.payload_storage import (
+    CLAIM_METADATA,
+    ClaimingPayloadConverter,
+    StorePayloadDriver,
+    external_storage,
+)
 from rollart.spec.config import TaskSpec
 from rollart.workflows import reporting
 from tests.support.standins import StandIns, full_marks, standin_workers
@@ -130,3 +138,38 @@ async def test_the_parent_holds_a_claim_per_task_and_each_result_once(
     assert reported >= result.trained
     rows = {row.trajectory_id: row for row in await list_trajectories(client, handle.id)}
     assert sum(row.status == "completed" for row in rows.values()) == reported  # read back from the reports
+
+
+@pytest.mark.orchestration
+async def test_store_gc_removes_the_claims_of_jobs_whose_workflows_are_gone_and_keeps_the_rest(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    client = bare_env.client
+    driver = client.data_converter.external_storage.drivers[0]  # the store the workers' claims go to
+    assert isinstance(driver, StorePayloadDriver) and isinstance(driver.backend, LocalStore)
+    store, root = driver.backend, driver.backend.root
+    async with standin_workers(client, StandIns(prefix=queue_prefix, turns=1, score=full_marks)):
+        handle = await start(client, job(queue_prefix, steps=1), queue_prefix)
+        await asyncio.wait_for(handle.result(), 60)
+    # a job the server no longer holds (its histories gone with the retention), with a unit's claim of its own
+    gone = StorageDriverWorkflowInfo(namespace="default", id="gone-3f2a-g000001-0", run_id="r", type="Trajectory")
+    [claim] = await driver.store(
+        StorageDriverStoreContext(target=gone), [ClaimingPayloadConverter().to_payloads(["x"])[0]]
+    )
+    assert claim.claim_data["key"].startswith("payloads/gone-3f2a/")
+    assert set(owners(root)) >= {handle.id, "gone-3f2a"}
+
+    dry = await sweep(client, store, root, dry_run=True)
+    assert "gone-3f2a" in dry.removed and handle.id in dry.kept and dry.claims == 1
+    assert store.exists(claim.claim_data["key"])  # a dry run removes nothing
+    done = await sweep(client, store, root)
+    assert "gone-3f2a" in done.removed and handle.id in done.kept
+    assert not store.exists(claim.claim_data["key"]) and "gone-3f2a" not in owners(root)
+    history = await handle.fetch_history()  # the running job's claims still read back
+    start_event = next(
+        e.start_child_workflow_execution_initiated_event_attributes
+        for e in history.events
+        if e.HasField("start_child_workflow_execution_initiated_event_attributes")
+    )
+    [task] = await client.data_converter.decode([start_event.input.payloads[1]], [TaskSpec])
+    assert task.name == job(queue_prefix).tasks[0].name

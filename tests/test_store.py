@@ -122,7 +122,9 @@ async def test_payloads_over_threshold_go_to_the_store(tmp_path: Path) -> None:
             history = await handle.fetch_history()
     sizes = payload_sizes(history)
     assert sizes and max(sizes) < cfg.payload_threshold_bytes
-    stored = list((tmp_path / "store" / "payloads").iterdir())
+    [owned] = (tmp_path / "store" / "payloads").iterdir()  # under their owner, the workflow they were stored for
+    assert (owned / "owner").read_text() == queue
+    stored = [p for p in owned.iterdir() if p.name != "owner"]
     assert len(stored) == 2  # the activity result and the workflow result
     payload = Payload()
     payload.ParseFromString(stored[0].read_bytes())

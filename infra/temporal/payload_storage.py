@@ -7,14 +7,18 @@ claim; the SDK swaps it back on read. So is every payload that is a `TaskSpec`
 of its own (a rollout unit's second argument, `contracts/rollouts.py`), whatever
 its size: the training workflow starts hundreds of units of one task, and each
 would otherwise copy it into the parent's history (issue 48). Claims are written
-pinned: a store that evicts (Mooncake) never drops one. Client and workers must
-use the same converter (`data_converter`).
+pinned (a store that evicts, Mooncake, never drops one) under their owner: the
+training job, or the workflow they were stored for. `rollart store gc`
+(client/claims.py) removes an owner's claims once Temporal holds none of its
+workflows (its histories are gone with the namespace's retention). Client and
+workers must use the same converter (`data_converter`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 from collections.abc import Sequence
 
 from temporalio.api.common.v1 import Payload
@@ -28,12 +32,47 @@ from temporalio.converter import (
     StorageDriverStoreContext,
 )
 
+from rollart.infra.store.keys import key_word
 from rollart.infra.store.payload import Store
 from rollart.spec.config import TaskSpec
 
-__all__ = ["CLAIM_METADATA", "PAYLOAD_PREFIX", "ClaimingPayloadConverter", "StorePayloadDriver", "external_storage"]
+__all__ = [
+    "CLAIM_METADATA",
+    "OWNER_FILE",
+    "PAYLOAD_PREFIX",
+    "UNOWNED",
+    "ClaimingPayloadConverter",
+    "StorePayloadDriver",
+    "claim_owner",
+    "external_storage",
+    "owner_prefix",
+]
 
 PAYLOAD_PREFIX = "payloads"
+
+OWNER_FILE = "owner"
+"""Beside an owner's claims, its id as written (`rollart store gc` asks Temporal whether its workflows remain)."""
+
+UNOWNED = "_"
+"""The owner of a claim stored with no workflow to name (never collected)."""
+
+_UNIT_OF_JOB = re.compile(r"(?P<job>.+)-g\d{6}(?:-\d+|-b|-w)")  # a training job's unit: contracts/ids.py
+
+
+def claim_owner(context: StorageDriverStoreContext) -> str:
+    """Whose histories a claim serves: the training job a unit belongs to (`<job>-gNNNNNN-…`), else the workflow
+    itself (a training workflow's id is its job's); `UNOWNED` when the SDK names none."""
+    if context.target is None:
+        return UNOWNED
+    unit = _UNIT_OF_JOB.fullmatch(context.target.id)
+    return unit.group("job") if unit else context.target.id
+
+
+def owner_prefix(owner: str) -> str:
+    """The store prefix of an owner's claims: its id as a key word, made unique if that changed it."""
+    word = key_word(owner)
+    return f"{PAYLOAD_PREFIX}/{word if word == owner else f'{word}-{hashlib.sha256(owner.encode()).hexdigest()[:8]}'}"
+
 
 CLAIM_METADATA = "rollart-claim"
 """Payload metadata marking a payload for the store whatever its size (its value names what it holds)."""
@@ -54,7 +93,8 @@ class StorePayloadDriver(StorageDriver):
     """Stores each large payload once, under the hash of its bytes (retries and replays write the same key)."""
 
     def __init__(self, store: Store) -> None:
-        self._store = store
+        self.backend = store
+        self._owners: set[str] = set()  # owners whose OWNER_FILE this process has seen written
 
     def name(self) -> str:
         return "rollart-store"
@@ -63,20 +103,25 @@ class StorePayloadDriver(StorageDriver):
         return "rollart-store"
 
     async def store(self, context: StorageDriverStoreContext, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
-        return await asyncio.to_thread(self._store_all, payloads)
+        return await asyncio.to_thread(self._store_all, claim_owner(context), payloads)
 
     async def retrieve(
         self, context: StorageDriverRetrieveContext, claims: Sequence[StorageDriverClaim]
     ) -> list[Payload]:
         return await asyncio.to_thread(self._retrieve_all, claims)
 
-    def _store_all(self, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+    def _store_all(self, owner: str, payloads: Sequence[Payload]) -> list[StorageDriverClaim]:
+        prefix = owner_prefix(owner)
+        if owner not in self._owners:
+            if not self.backend.exists(f"{prefix}/{OWNER_FILE}"):
+                self.backend.put(f"{prefix}/{OWNER_FILE}", owner.encode(), pinned=True)
+            self._owners.add(owner)
         claims = []
         for payload in payloads:
             data = payload.SerializeToString()
-            key = f"{PAYLOAD_PREFIX}/{hashlib.sha256(data).hexdigest()}"
-            if not self._store.exists(key):
-                self._store.put(key, data, pinned=True)  # a cache must not evict what a history refers to
+            key = f"{prefix}/{hashlib.sha256(data).hexdigest()}"
+            if not self.backend.exists(key):
+                self.backend.put(key, data, pinned=True)  # a cache must not evict what a history refers to
             claims.append(StorageDriverClaim(claim_data={"key": key, "bytes": str(len(data))}))
         return claims
 
@@ -84,7 +129,7 @@ class StorePayloadDriver(StorageDriver):
         payloads = []
         for claim in claims:
             payload = Payload()
-            payload.ParseFromString(self._store.get(claim.claim_data["key"]))
+            payload.ParseFromString(self.backend.get(claim.claim_data["key"]))
             payloads.append(payload)
         return payloads
 

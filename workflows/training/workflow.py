@@ -205,15 +205,19 @@ class TrainingWorkflow(Watching):
         """The child workflow that plays one launch, watched until it closes."""
         step = self.s.step
         inp = admission.child_input(self.plan, launch, self.inp.job_id, step, workflow.info().workflow_id)
-        # a unit's task goes as its own argument, stored once by content: the history holds a claim (contracts)
+        # a unit's task goes as its own argument, stored once by content: the history holds a claim; the rest goes
+        # without its defaults, which the unit fills in again (contracts/rollouts.py)
         if isinstance(inp, TrajectoryInput):
             run, summary = TrajectoryWorkflow.run, trajectory_summary(inp, member=launch.member, version=step)
-            args: list[Any] = [*inp.split()]
         elif isinstance(inp, BatchRolloutInput):
-            run, summary, args = BatchRolloutWorkflow.run, batch_summary(inp, version=step), [inp]
+            run, summary = BatchRolloutWorkflow.run, batch_summary(inp, version=step)
         else:
             run, summary = GroupRolloutWorkflow.run, group_summary(inp, version=step)
-            args = [*inp.split()]
+        if isinstance(inp, BatchRolloutInput):
+            args: list[Any] = [inp]
+        else:
+            rest, task = inp.split()
+            args = [rest.model_dump(mode="json", exclude_defaults=True), task]
         handle = await workflow.start_child_workflow(
             run,  # type: ignore[arg-type]
             args=args,
