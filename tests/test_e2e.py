@@ -136,7 +136,8 @@ async def test_oversize_payloads_never_reach_history(client: Client, stack_job: 
     assert o.status == "failed" and "RequestRejected" in (o.result.error or ""), o.result
     history = await client.get_workflow_handle(o.workflow_id).fetch_history()
     assert max(payload_sizes(history)) < stack_job.store.payload_threshold_bytes
-    assert any(p.stat().st_size > 300 * 1024 for p in (stack_job.store.path / "payloads").iterdir())
+    owned = stack_job.store.path / "payloads" / o.workflow_id  # kept under their owner (store.md#claims)
+    assert any(p.stat().st_size > 300 * 1024 for p in owned.iterdir())
     attempts = [e for e in history.events if e.HasField("activity_task_started_event_attributes")]
     assert all(e.activity_task_started_event_attributes.attempt == 1 for e in attempts)  # rejected, not retried
 
