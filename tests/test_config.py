@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rollart.spec.config import JobSpec, JobSpecError, StopWhen, TrainingConfig, load_job
+from rollart.spec.config import JobSpec, JobSpecError, StopWhen, TrainingConfig, WorkerTuning, load_job
 from rollart.spec.pools import Pool
 
 REPO = Path(__file__).resolve().parent.parent
@@ -242,6 +242,10 @@ def test_worker_tuning_from_the_spec_reaches_the_worker_options(tmp_path: Path) 
     tuned = load_job(path).temporal.workers
     assert isinstance(workflow_worker_options(tuned)["workflow_runner"], SandboxedWorkflowRunner)
     assert activity_worker_options(tuned)["activity_task_poller_behavior"].maximum == 8
+    scaled = WorkerTuning(pollers="autoscaling", workflow_task_pollers=16)
+    polls = workflow_worker_options(scaled)["workflow_task_poller_behavior"]
+    assert (polls.minimum, polls.maximum, polls.initial) == (1, 16, 5)
+    assert activity_worker_options(scaled)["activity_task_poller_behavior"].maximum == 32
     with pytest.raises(JobSpecError, match="workflow_task_pollers"):
         load_job(
             write(

@@ -129,3 +129,17 @@ async def test_payloads_over_threshold_go_to_the_store(tmp_path: Path) -> None:
     payload = Payload()
     payload.ParseFromString(stored[0].read_bytes())
     assert payload.ByteSize() > 3 * 1024 * 1024
+
+
+@pytest.mark.orchestration
+async def test_workers_with_autoscaling_pollers_serve(bare_env: WorkflowEnvironment) -> None:
+    """`temporal.workers.pollers: autoscaling` gives workers the SDK's PollerBehaviorAutoscaling, and they serve."""
+    from rollart.infra.temporal.worker_tuning import activity_worker_options, workflow_worker_options
+    from rollart.spec.config import WorkerTuning
+
+    tuning = WorkerTuning(pollers="autoscaling")
+    queue = f"scaled-{uuid.uuid4().hex[:6]}"
+    options = {**workflow_worker_options(tuning), **activity_worker_options(tuning)}
+    async with Worker(bare_env.client, task_queue=queue, workflows=[BlobWorkflow], activities=[make_blob], **options):
+        result = await bare_env.client.execute_workflow(BlobWorkflow.run, 1, id=queue, task_queue=queue)
+    assert result == "x" * 1024 + "!"

@@ -30,6 +30,10 @@ class WorkerTuning(Section):
     could outnumber it). 2,048 holds every child the server lets one workflow have running (2,000) and the
     training workflow; the SDK's default is 1,000."""
     max_concurrent_workflow_tasks: int = Field(200, ge=2)
+    pollers: Literal["fixed", "autoscaling"] = "fixed"
+    """`fixed`: each queue keeps the poll counts above; `autoscaling`: the SDK scales each queue's polls between 1
+    and those counts by the server's feedback (`PollerBehaviorAutoscaling`), so a large fleet's idle workers hold
+    few long polls on the server."""
     sandbox: Literal["strict", "off"] = "off"
     """`strict`: the SDK's sandbox, which re-imports each workflow's module for every run and checks calls made
     from it; `off`: workflows run unsandboxed (half the control worker's CPU per workflow run). rollart's
