@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,6 +26,24 @@ __all__ = [
 ]
 
 TrajectoryStatus = Literal["completed", "failed"]
+
+Args = TypeVar("Args", bound=BaseModel)
+Whole = TypeVar("Whole", bound=BaseModel)
+
+
+def _fields(model: BaseModel, of: type[BaseModel]) -> dict[str, Any]:
+    return {k: getattr(model, k) for k in of.model_fields}
+
+
+def joined(args_type: type[Args], whole_type: type[Whole], args: Any, task: TaskSpec | None) -> Whole:
+    """A unit's workflow arguments as one input: the args and the task a training workflow sends apart, or the
+    whole input a client sends alone. Alone it arrives as a dict (the SDK decodes arguments by their type hints
+    only when as many come as the signature has), validated here: bad input is a pydantic ValidationError."""
+    if isinstance(args, dict):
+        args = (whole_type if "task" in args else args_type).model_validate(args)
+    if isinstance(args, whole_type):
+        return args
+    return whole_type(**_fields(args, args_type), task=task)
 
 
 class TrajectoryArgs(BaseModel):
@@ -52,18 +70,12 @@ class TrajectoryArgs(BaseModel):
 
     @staticmethod
     def whole(args: TrajectoryArgs | dict[str, Any], task: TaskSpec | None) -> TrajectoryInput:
-        """A unit's workflow arguments as one input: the args and the task a training workflow sends apart, or the
-        whole input a client sends alone. Alone it arrives as a dict (the SDK decodes arguments by their type hints
-        only when as many come as the signature has), validated here: bad input is a ValidationError."""
-        if isinstance(args, dict):
-            args = (TrajectoryInput if "task" in args else TrajectoryArgs).model_validate(args)
-        return args.with_task(task)
+        """The workflow's arguments as one input (`joined`)."""
+        return joined(TrajectoryArgs, TrajectoryInput, args, task)
 
     def with_task(self, task: TaskSpec | None) -> TrajectoryInput:
         """The whole input (a pydantic ValidationError without a task: the workflow fails on bad input)."""
-        if isinstance(self, TrajectoryInput):
-            return self
-        return TrajectoryInput(**{k: getattr(self, k) for k in TrajectoryArgs.model_fields}, task=task)
+        return joined(TrajectoryArgs, TrajectoryInput, self, task)
 
 
 class TrajectoryInput(TrajectoryArgs):
@@ -73,7 +85,7 @@ class TrajectoryInput(TrajectoryArgs):
 
     def split(self) -> tuple[TrajectoryArgs, TaskSpec]:
         """The arguments a child is started with: the rest, and the task (stored once, by content)."""
-        return TrajectoryArgs(**{k: getattr(self, k) for k in TrajectoryArgs.model_fields}), self.task
+        return TrajectoryArgs(**_fields(self, TrajectoryArgs)), self.task
 
 
 class TrajectoryResult(BaseModel):
@@ -151,18 +163,12 @@ class GroupRolloutArgs(BaseModel):
 
     @staticmethod
     def whole(args: GroupRolloutArgs | dict[str, Any], task: TaskSpec | None) -> GroupRolloutInput:
-        """A unit's workflow arguments as one input: the args and the task a training workflow sends apart, or the
-        whole input a client sends alone. Alone it arrives as a dict (the SDK decodes arguments by their type hints
-        only when as many come as the signature has), validated here: bad input is a ValidationError."""
-        if isinstance(args, dict):
-            args = (GroupRolloutInput if "task" in args else GroupRolloutArgs).model_validate(args)
-        return args.with_task(task)
+        """The workflow's arguments as one input (`joined`)."""
+        return joined(GroupRolloutArgs, GroupRolloutInput, args, task)
 
     def with_task(self, task: TaskSpec | None) -> GroupRolloutInput:
-        """The whole input (a pydantic ValidationError without a task)."""
-        if isinstance(self, GroupRolloutInput):
-            return self
-        return GroupRolloutInput(**{k: getattr(self, k) for k in GroupRolloutArgs.model_fields}, task=task)
+        """The whole input (a pydantic ValidationError without a task: the workflow fails on bad input)."""
+        return joined(GroupRolloutArgs, GroupRolloutInput, self, task)
 
 
 class GroupRolloutInput(GroupRolloutArgs):
@@ -172,7 +178,7 @@ class GroupRolloutInput(GroupRolloutArgs):
 
     def split(self) -> tuple[GroupRolloutArgs, TaskSpec]:
         """The arguments a child is started with: the rest, and the task (stored once, by content)."""
-        return GroupRolloutArgs(**{k: getattr(self, k) for k in GroupRolloutArgs.model_fields}), self.task
+        return GroupRolloutArgs(**_fields(self, GroupRolloutArgs)), self.task
 
 
 class BatchRolloutInput(BaseModel):
