@@ -47,7 +47,9 @@ async def unit_input(client: Client, history: WorkflowHistory, wf_type: str) -> 
     except _DECODE_ERRORS:
         return None
     first = args[0]
-    return first.with_task(args[1] if len(args) > 1 else None) if hasattr(first, "with_task") else first
+    if isinstance(first, TrajectoryArgs | GroupRolloutArgs):  # a batch carries its tasks inline
+        return first.with_task(args[1] if len(args) > 1 else None)
+    return first
 
 
 async def unit_results(client: Client, events: list[HistoryEvent]) -> list[TrajectoryResult]:
