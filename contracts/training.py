@@ -33,6 +33,7 @@ __all__ = [
     "PlacementState",
     "Stall",
     "StallWatch",
+    "StepCost",
     "StepRecord",
     "TaskTokens",
     "TrainingInput",
@@ -214,6 +215,16 @@ class FailureRun(BaseModel):
     count: int
 
 
+class StepCost(BaseModel):
+    """What one train step cost a run of the training workflow: its history between steps (launches, reports,
+    workflow tasks; the state it was carried in left out) and the signals it took (workflows/training/
+    continuation.py projects the next step from the costs of the last runs)."""
+
+    events: float = 0.0
+    bytes: float = 0.0
+    signals: float = 0.0
+
+
 class TrainingState(BaseModel):
     """Everything the loop needs to go on; carried across continue-as-new.
 
@@ -250,6 +261,7 @@ class TrainingState(BaseModel):
     stop_held: int = 0  # consecutive steps, the last included, whose success met training.stop_when (0 without one)
     ended_by: EndedBy | None = None  # why the job ends: set when the stop rule holds, else at the end; None: running
     failing: FailureRun | None = None  # the current run of non-retryable failures (training.fail_after_failures)
+    step_costs: list[StepCost] = Field(default_factory=list)  # the last runs' that stepped, newest last
 
     @property
     def ledger_balanced(self) -> bool:

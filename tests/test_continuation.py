@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from rollart.contracts.training import StepCost
 from rollart.spec.config import TemporalLimits
-from rollart.workflows.training.continuation import MIN_RUN_S, RunUse, reason
+from rollart.workflows.training.continuation import MIN_RUN_S, RUNS_REMEMBERED, RunUse, largest, reason, remember
 
-DEFAULTS = TemporalLimits()
+DEFAULTS = TemporalLimits(continue_at=0.1)  # Temporal's default limits, continuing at 10 % (round numbers)
 
 
 def use(**kw: object) -> RunUse:
@@ -55,3 +56,40 @@ def test_the_limits_wait_for_the_first_second_the_cap_does_not() -> None:
     young = MIN_RUN_S / 2
     assert reason(DEFAULTS, None, use(events=60_000, suggested=True, seconds=young)) is None
     assert reason(DEFAULTS, 1, use(steps=1, seconds=young)) is not None
+
+
+def test_before_a_step_the_reports_still_in_flight_count() -> None:
+    """A step is not watched while it runs, and the trajectories in flight report meanwhile: a run that has used
+    half its share continues before a step that their reports would take past it (a job's first run launches two
+    batches before it has a step to project from); a fresh run always takes its step."""
+    first_run = use(events=4_000, steps=0, in_flight=512)  # 4,000 + 3 × 512 ≥ 5,120
+    assert reason(DEFAULTS, None, first_run) is None  # while it waits, nothing is due yet
+    why = reason(DEFAULTS, None, first_run, before_step=True) or ""
+    assert "history events 4,000 (+1,536 from 512 trajectories in flight during the step)" in why
+    assert reason(DEFAULTS, None, use(events=4_000, steps=0, in_flight=300), before_step=True) is None
+    fresh = use(events=400, start_events=200, steps=0, in_flight=5_000)  # reports alone pass it: step anyway
+    assert reason(DEFAULTS, None, fresh, before_step=True) is None
+    signals = use(signals=600, steps=0, in_flight=512)
+    assert "signals 600 (+512 from 512" in (reason(DEFAULTS, None, signals, before_step=True) or "")
+
+
+def test_a_run_whose_step_came_early_projects_from_the_runs_before() -> None:
+    """A run whose batch was ready as it began steps at once, with nothing of its own to say what the launches and
+    reports after the step will cost: the last runs' step costs say it, the largest of them."""
+    early = use(events=230, start_events=200, steps=1)  # 30 events of its own so far
+    assert reason(DEFAULTS, None, early) is None
+    costs: list[StepCost] = []
+    for events in (3_000, 4_000, 2_500):
+        costs = remember(costs, use(events=200 + events, start_events=200, steps=1))
+    assert [c.events for c in costs] == [3_000, 4_000, 2_500]
+    past = largest(costs)
+    assert past is not None and past.events == 4_000
+    why = reason(DEFAULTS, None, use(events=230, start_events=200, steps=1, past=past)) or ""
+    assert "history events 230 (+6,000 a step)" in why  # 1.5 × the largest, not × its own 30
+    # a run that has not stepped is not remembered, and only the last few are
+    assert remember(costs, use(steps=0)) == costs
+    for _ in range(RUNS_REMEMBERED):
+        costs = remember(costs, use(events=300, start_events=200, steps=1))
+    assert len(costs) == RUNS_REMEMBERED and largest(costs) == StepCost(events=100, bytes=10_000, signals=10)
+    # before its own first step, a run projects nothing from them: it takes at least one step
+    assert reason(DEFAULTS, None, use(events=4_000, steps=0, past=past)) is None

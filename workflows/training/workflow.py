@@ -163,20 +163,29 @@ class TrainingWorkflow(Watching):
             self.parked = True  # between launches and steps: the state is whole (a stalled run may continue-as-new)
             await workflow.wait_condition(lambda: loop.awake(plan, s, self.book) or self._continue_reason() is not None)
             self.parked = False
+            why = None
             if loop.step_due(plan, s, self.book):
-                await self._train_step()
-                self.steps_this_run += 1
-            why = self._continue_reason()
+                why = self._continue_reason(before_step=True)  # else the step is this run's: it may take it
+                if why is None:
+                    await self._train_step()
+                    self.steps_this_run += 1
+            why = why or self._continue_reason()
             if why is not None and loop.running(plan, s):
                 workflow.logger.info("job %s continues as new at step %d: %s", inp.job_id, s.step, why)
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._carried(inp))
         return await self._finish()
 
-    def _continue_reason(self) -> str | None:
-        """Why this run should continue as new now, from what its history and signals have used (or None)."""
+    def _continue_reason(self, before_step: bool = False) -> str | None:
+        """Why this run should continue as new now, from what its history and signals have used (or None);
+        `before_step`: a train step is due, during which the trajectories in flight go on reporting."""
+        cap = self.plan.training.continue_as_new_every
+        return continuation.reason(self.plan.limits, cap, self._run_use(), before_step)
+
+    def _run_use(self) -> continuation.RunUse:
+        """What this run has used so far, and what a step cost the runs before it."""
         info = workflow.info()
-        use = continuation.RunUse(
+        return continuation.RunUse(
             events=info.get_current_history_length(),
             bytes=info.get_current_history_size(),
             signals=self.signals,
@@ -185,10 +194,13 @@ class TrainingWorkflow(Watching):
             seconds=workflow.now().timestamp() - self.run_started,
             start_events=self.run_start_history[0],
             start_bytes=self.run_start_history[1],
+            in_flight=len(self.s.in_flight),
+            past=continuation.largest(self.s.step_costs),
         )
-        return continuation.reason(self.plan.limits, self.plan.training.continue_as_new_every, use)
 
     def _carried(self, inp: TrainingInput) -> TrainingInput:
+        """The next run's input: the state, with what a step cost this run added to the costs it projects from."""
+        self.s.step_costs = continuation.remember(self.s.step_costs, self._run_use())
         return TrainingInput(plan=self.plan, job_id=inp.job_id, run_dir=inp.run_dir, state=self.s)
 
     # ------------------------------------------------------------ child starts
