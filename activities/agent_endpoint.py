@@ -142,17 +142,20 @@ class AgentEndpoint:
         self._runner: web.AppRunner | None = None
         self._port = 0
         self._starting = asyncio.Lock()
-        self._held: dict[str, tuple[list[ChatMessage], list[dict[str, Any]] | None]] = {}
-        """Per trajectory, the conversation its workflow holds after the last reply (what a next request continues)."""
+        self._held: dict[tuple[str, str], tuple[list[ChatMessage], list[dict[str, Any]] | None]] = {}
+        """Per (workflow, trajectory), the conversation its workflow holds after the last reply (what a next request
+        continues)."""
 
     @property
     def address(self) -> str:
         """`http://host:port` as agent programs reach it (the advertised host)."""
         return f"http://{self.config.advertise or self.config.host}:{self._port}"
 
-    def base_url(self, workflow_id: str) -> str:
-        """The OpenAI base URL of one trajectory: its chat requests become that workflow's turns."""
-        return f"{self.address}/t/{workflow_id}/v1"
+    def base_url(self, workflow_id: str, trajectory: str = "") -> str:
+        """The OpenAI base URL of one trajectory: its chat requests become that workflow's turns. `trajectory` names
+        one of the several a workflow plays (a group's free members); "": the workflow's own."""
+        member = f"/{trajectory}" if trajectory else ""
+        return f"{self.address}/t/{workflow_id}{member}/v1"
 
     async def start(self) -> None:
         """Listen, once per process (later calls return at once)."""
@@ -160,8 +163,9 @@ class AgentEndpoint:
             if self._runner is not None:
                 return
             app = web.Application(client_max_size=64 * 1024 * 1024)
-            app.router.add_post("/t/{workflow_id}/v1/chat/completions", self._chat)
-            app.router.add_get("/t/{workflow_id}/v1/models", self._models)
+            for path in ("/t/{workflow_id}/v1", "/t/{workflow_id}/{trajectory}/v1"):
+                app.router.add_post(f"{path}/chat/completions", self._chat)
+                app.router.add_get(f"{path}/models", self._models)
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             site = web.TCPSite(runner, self.config.host, self.config.port)
@@ -177,21 +181,26 @@ class AgentEndpoint:
             await self._runner.cleanup()
             self._runner = None
 
-    def forget(self, workflow_id: str) -> None:
+    def forget(self, workflow_id: str, trajectory: str = "") -> None:
         """Drop what is known of a trajectory's conversation (its program has ended)."""
-        self._held.pop(workflow_id, None)
+        self._held.pop((workflow_id, trajectory), None)
 
     async def _play(self, workflow_id: str, inp: ChatInput) -> ChatReply:
         """The `chat` update for `inp`: only its new messages when it continues what the workflow holds (as far as
         this endpoint knows; the workflow checks the digest, and a request it refuses so is sent again whole)."""
         handle = self.client.get_workflow_handle(workflow_id)
-        send = inp
-        held = self._held.get(workflow_id)
+        send, key = inp, (workflow_id, inp.trajectory)
+        held = self._held.get(key)
         if held is not None:
             plan = plan_turn(held[0], held[1], inp.messages, inp.tools)
             if plan.continues:
                 digest = history_digest(held[0], held[1])
-                send = ChatInput(messages=plan.messages, history_len=len(held[0]), history_digest=digest)
+                send = ChatInput(
+                    messages=plan.messages,
+                    history_len=len(held[0]),
+                    history_digest=digest,
+                    trajectory=inp.trajectory,
+                )
         try:
             reply = await handle.execute_update(CHAT_UPDATE, send, result_type=ChatReply)
         except WorkflowUpdateFailedError as e:
@@ -199,10 +208,10 @@ class AgentEndpoint:
             mismatch = isinstance(cause, ApplicationError) and cause.type == TurnRefused.HISTORY_MISMATCH
             if send is inp or not mismatch:
                 raise
-            self._held.pop(workflow_id, None)
+            self._held.pop(key, None)
             reply = await handle.execute_update(CHAT_UPDATE, inp, result_type=ChatReply)
         said = ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)
-        self._held[workflow_id] = ([*inp.messages, said], inp.tools)
+        self._held[key] = ([*inp.messages, said], inp.tools)
         return reply
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -210,10 +219,10 @@ class AgentEndpoint:
         return web.json_response({"object": "list", "data": [model]})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        workflow_id = request.match_info["workflow_id"]
+        workflow_id, trajectory = request.match_info["workflow_id"], request.match_info.get("trajectory", "")
         try:
             body = await request.json()
-            inp = chat_input(body)
+            inp = chat_input(body).model_copy(update={"trajectory": trajectory})
         except ValueError as e:  # json.JSONDecodeError is one
             return _error(400, f"bad chat request: {e}", "invalid_request_error")
         try:
@@ -224,10 +233,11 @@ class AgentEndpoint:
             return _error(400, str(cause.message if isinstance(cause, ApplicationError) else cause or e), kind)
         except RPCError as e:
             if e.status == RPCStatusCode.NOT_FOUND:
-                return _error(404, f"no running trajectory {workflow_id!r}: {e.message}", "not_found_error")
+                named = f"{workflow_id}/{trajectory}" if trajectory else workflow_id
+                return _error(404, f"no running trajectory {named!r}: {e.message}", "not_found_error")
             return _error(503, f"Temporal: {e.message}", "server_error")
         model = str(body.get("model") or MODEL_NAME)
-        request_id = f"chatcmpl-{workflow_id}-{reply.turn}"
+        request_id = f"chatcmpl-{trajectory or workflow_id}-{reply.turn}"
         if not body.get("stream"):
             return web.json_response(completion_body(reply, model, request_id))
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})

@@ -89,7 +89,7 @@ class AgentActivities:
         """Run the program to its end (heartbeating), its base URL naming the calling trajectory's workflow."""
         await self.endpoint.start()
         workflow_id = activity.info().workflow_id
-        base_url = self.endpoint.base_url(workflow_id)
+        base_url = self.endpoint.base_url(workflow_id, inp.trajectory)
         args = inp.args
         async with heartbeating(HEARTBEAT_EVERY_S, first_now=True):
             try:
@@ -99,7 +99,7 @@ class AgentActivities:
             except TimeoutError as e:
                 raise _failed(f"the agent program ran past its timeout_s ({args.timeout_s:g} s)") from e
             finally:
-                self.endpoint.forget(workflow_id)
+                self.endpoint.forget(workflow_id, inp.trajectory)
 
     async def _call(self, args: AgentArgs, base_url: str, seed: int) -> RunAgentResult:
         assert args.entry is not None

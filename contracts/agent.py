@@ -54,6 +54,9 @@ class ChatInput(_Message):
     `messages` are the new ones only, and `tools` are the held ones); 0: `messages` is the whole request."""
     history_digest: str = ""
     """With `history_len`: the held conversation's digest (contracts/conversation.py), checked by the workflow."""
+    trajectory: str = ""
+    """The trajectory the request is for, in a workflow that plays several (a group's free members); "": the
+    workflow's own."""
 
 
 class ChatReply(_Message):
@@ -74,6 +77,9 @@ class RunAgentInput(_Message):
 
     args: AgentArgs
     seed: int
+    trajectory: str = ""
+    """The trajectory the program plays when its workflow plays several (a group's free members): its base URL
+    names it. "": the workflow's own."""
 
 
 class RunAgentResult(_Message):

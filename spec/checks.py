@@ -60,10 +60,30 @@ def _env_problems(job: JobSpec, task: TaskSpec) -> list[str]:
             "trainer.loss.entropy_over: actions needs an env that "
             f"declares its actions (Env.action_of); env {task.env!r} does not"
         )
-    if issubclass(entry.cls, ChatEnv) and (task.max_turns == 1 or task.rollout_unit != "trajectory"):
-        problems.append(
-            f"env {task.env!r} is a chat env, which plays each episode as its own "
-            "trajectory: set rollout_unit: trajectory and max_turns above 1 (a one-turn chat task ends "
-            "on its first step)"
-        )
+    if issubclass(entry.cls, ChatEnv):
+        problems += _chat_env_problems(job, task)
     return problems
+
+
+def _chat_env_problems(job: JobSpec, task: TaskSpec) -> list[str]:
+    """A chat env's episode grows a conversation token by token, each its own: it plays as a trajectory or as a free
+    member of its group, never in lockstep with others (a lockstep turn is one batched text prompt each)."""
+    if task.max_turns == 1:
+        return [
+            f"env {task.env!r} is a chat env, whose episodes are conversations: set max_turns above 1 (a one-turn "
+            "chat task ends on its first step)"
+        ]
+    if task.rollout_unit != "group":
+        return []
+    if task.group_play != "free":
+        return [
+            f"env {task.env!r} is a chat env, whose members cannot play in lockstep (one batched text prompt a "
+            "turn): set group_play: free (each member its own session, inside the group's workflow), or "
+            "rollout_unit: trajectory"
+        ]
+    if job.training.rollout_mode == "batch":
+        return [
+            f"env {task.env!r} is a chat env, and batch mode plays groups in lockstep: set rollout_unit: "
+            "trajectory for the synchronous baseline"
+        ]
+    return []

@@ -4,8 +4,8 @@ benches all take.
 A task's *unit* is the piece of work one workflow plays:
 
 - `trajectory`: one episode in its own TrajectoryWorkflow, advancing on its own (multi-turn tasks, the default);
-- `group`: a GRPO group in lockstep inside one env session (multi-turn, `rollout_unit: group`), in a
-  GroupRolloutWorkflow;
+- `group`: GRPO groups inside one GroupRolloutWorkflow (multi-turn, `rollout_unit: group`), each in lockstep in
+  one env session or its members free (`group_play`);
 - `single_turn_wave`: single-turn groups, a wave of them in one GroupRolloutWorkflow (prompts → generate n →
   check → reward_batch: no env session);
 - `lockstep_batch`: the per-episode tasks of a batch-mode batch, phase by phase in one BatchRolloutWorkflow.
@@ -60,11 +60,12 @@ def unit_of(task: TaskSpec, mode: RolloutMode = "trajectory") -> Unit:
 
     A single-turn episode needs no env session, so its groups always play as waves; a multi-turn task plays as
     its `rollout_unit` says, its groups phase by phase with the others in batch mode (`GroupRolloutInput.lockstep`),
-    its episodes in one lockstep batch. An agent program's episode (`env: agent`) is always a trajectory of its own:
-    the program, not a phase barrier, decides when each of its turns comes.
+    its episodes in one lockstep batch. An agent program's episode (`env: agent`) is never in lockstep, whatever the
+    mode: the program, not a phase barrier, decides when each of its turns comes. It plays as its own trajectory, or
+    as a free member of its group (`rollout_unit: group`, `group_play: free`).
     """
     if task.is_agent:
-        return Unit.TRAJECTORY
+        return Unit.GROUP if task.rollout_unit == "group" else Unit.TRAJECTORY
     if task.max_turns == 1:
         return Unit.SINGLE_TURN_WAVE
     if task.rollout_unit == "group":

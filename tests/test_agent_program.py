@@ -27,12 +27,13 @@ from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.trajectory_loader import load_trajectory
 from rollart.contracts.agent import ChatInput
-from rollart.contracts.rollouts import TrajectoryInput, TrajectoryResult
+from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.contracts.store import StoredTurn
 from rollart.infra.store.payload import Store, open_store
 from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.spec.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
 from rollart.spec.pools import queue_name
+from rollart.workflows.group_rollout import GroupRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.integration
@@ -139,6 +140,17 @@ class ScriptedEngine(Engine):
         return 0
 
 
+class AnswersTheTool(ScriptedEngine):
+    """Calls the tool until the prompt holds its output, then answers: right for each of several conversations
+    played at once, whatever order their turns come in."""
+
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
+        self.replies = ["It is 5." if "<tool_response>" in self.tokenizer.decode(prompt) else TOOL_CALL]
+        return await super().generate(prompt, sampling, request_id, priority)
+
+
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from rollart.infra.tiny_model import build_tiny_model
@@ -156,7 +168,7 @@ async def workers(client: Client, prefix: str, engine: Engine, store: Store, mod
         Worker(
             client,
             task_queue=queue_name("control", prefix),
-            workflows=[TrajectoryWorkflow],
+            workflows=[TrajectoryWorkflow, GroupRolloutWorkflow],
             workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
         ),
         Worker(client, task_queue=queue_name("cpu", prefix), activities=[agents.run_agent]),
@@ -293,3 +305,52 @@ async def test_a_crashed_or_hung_agent_fails_its_trajectory_unscored(
     assert result.status == "failed" and result.reward is None and result.success is None, result
     assert "AgentFailed" in (result.error or "") and why in (result.error or ""), result.error
     assert result.turns == 1 and len(engine.prompts) == 1  # its one turn was played (and is not trained on)
+
+
+async def test_a_groups_agent_programs_play_free_inside_one_workflow_each_at_its_own_url(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    """`rollout_unit: group` with `group_play: free`: the members' programs run at once, each at a base URL naming
+    its member, and each one's requests are its own trajectory's turns, token by token, in the group's one
+    workflow (no child workflow each); the history replays."""
+    from transformers import AutoTokenizer
+
+    engine = AnswersTheTool(AutoTokenizer.from_pretrained(chat_model), [])
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task(
+        {"entry": "tests.test_agent_program:calculator_agent"}, group_size=3, rollout_unit="group", group_play="free"
+    )
+    workflow_id = f"agent-group-{uuid.uuid4().hex[:8]}"
+    group = GroupSeed(group_id=f"{workflow_id}-g0", seed=3)
+    inp = GroupRolloutInput(task=task, groups=[group], job_id="agent-test", queue_prefix=queue_prefix)
+    async with workers(bare_env.client, queue_prefix, engine, store, chat_model):
+        results = await bare_env.client.execute_workflow(
+            "GroupRolloutWorkflow",
+            inp,
+            id=workflow_id,
+            task_queue=queue_name("control", queue_prefix),
+            result_type=list[TrajectoryResult],
+        )
+
+    assert len(results) == 3 and len({r.trajectory_id for r in results}) == 3
+    assert all(r.status == "completed" and r.reward == 1.0 and r.turns == 2 for r in results), results
+    for r in results:  # each member's second turn continues its own first, token by token
+        first, second = (StoredTurn.from_bytes(store.get(k)) for k in r.turn_keys)
+        assert first.prefix_key is None and second.prefix_key == r.turn_keys[0] and second.format == 2
+    history = await bare_env.client.get_workflow_handle(workflow_id).fetch_history()
+    accepted = [
+        e.workflow_execution_update_accepted_event_attributes
+        for e in history.events
+        if e.HasField("workflow_execution_update_accepted_event_attributes")
+    ]
+    requests = [
+        (await bare_env.client.data_converter.decode(a.accepted_request.input.args.payloads, [ChatInput]))[0]
+        for a in accepted
+    ]
+    assert sorted(u.trajectory for u in requests) == sorted(r.trajectory_id for r in results for _ in range(2))
+    replayer = Replayer(
+        workflows=[GroupRolloutWorkflow],
+        data_converter=bare_env.client.data_converter,
+        workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
+    )
+    await replayer.replay_workflow(history)

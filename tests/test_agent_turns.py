@@ -141,8 +141,10 @@ def test_agent_tasks_and_their_args() -> None:
     task = TaskSpec(name="a", env="agent", reward="success", env_args={"entry": "m:run"})
     assert task.is_agent and unit_of(task) is Unit.TRAJECTORY and unit_of(task, "batch") is Unit.TRAJECTORY
     assert unit_of(task.model_copy(update={"max_turns": 1})) is Unit.TRAJECTORY
-    with pytest.raises(ValueError, match="rollout_unit: trajectory"):
+    with pytest.raises(ValueError, match="cannot play in lockstep: set group_play: free"):
         TaskSpec(name="a", env="agent", reward="success", rollout_unit="group")
+    free = TaskSpec(name="a", env="agent", reward="success", rollout_unit="group", group_play="free")
+    assert unit_of(free) is Unit.GROUP and unit_of(free, "batch") is Unit.GROUP  # never in lockstep
     with pytest.raises(ValueError, match="exactly one of"):
         AgentArgs()
     with pytest.raises(ValueError, match="exactly one of"):

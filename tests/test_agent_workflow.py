@@ -33,14 +33,17 @@ def agent_task(**overrides: object) -> TaskSpec:
     return resolve_task(TaskSpec.model_validate({**base, **overrides}))
 
 
+@pytest.mark.parametrize("unit", [{}, {"rollout_unit": "group", "group_play": "free"}], ids=["trajectory", "free"])
 async def test_agent_trajectories_train_and_a_crashed_program_is_masked(
-    bare_env: WorkflowEnvironment, queue_prefix: str
+    bare_env: WorkflowEnvironment, queue_prefix: str, unit: dict[str, str]
 ) -> None:
+    """As trajectories, or as free members of their group's one workflow (each program's requests name its
+    member): the same turns, masks and ledger."""
     await ensure_registered(bare_env.client)
     s = StandIns(prefix=queue_prefix, agent_turns=2, fail_seeds={1}, train_delay_s=0.05)
     spec = JobSpec(
         name="agent",
-        tasks=[agent_task(group_size=2)],
+        tasks=[agent_task(group_size=2, **unit)],
         training=TrainingConfig(steps=3, batch_size=4, async_bound=1),
     )
     spec = with_queue_prefix(spec, queue_prefix)
@@ -65,6 +68,11 @@ async def test_agent_trajectories_train_and_a_crashed_program_is_masked(
     assert seconds and all(g.prefix_key == g.data_key.replace("turn-001", "turn-000") for g in seconds)
     assert all([m.content for m in g.messages or []] == ["after turn 0"] for g in seconds)
     assert all(g.prefix_key is None and g.messages and len(g.messages) == 1 for g in gens if g.data_key.endswith("0"))
+    programs: list[RunAgentInput] = s.inputs("run_agent")
+    grouped = bool(unit)  # a member's program names its trajectory; a trajectory's own program needs not
+    assert all(bool(p.trajectory) == grouped for p in programs)
+    if grouped:
+        assert {sample.trajectory_id for sample in trained} <= {p.trajectory for p in programs}
 
 
 async def test_a_request_past_max_turns_is_refused_and_never_generated(

@@ -20,11 +20,15 @@ from rollart.activities.reward import RewardActivities
 from rollart.client.in_process import InProcessCalls
 from rollart.contracts.activities import ActivityName, PromptsInput
 from rollart.contracts.generation import Completion, GenerateBatchInput, GenerateInput, GenerateResult
+from rollart.contracts.ids import member_id
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput
+from rollart.spec.chat import ChatMessage, ToolCall, ToolFunction
+from rollart.spec.config import TaskSpec, resolve_task
 from rollart.workflows.driver import lockstep
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.group import GroupEpisode
+from rollart.workflows.driver.grouped import play_groups
 from rollart.workflows.driver.lockstep import play
 from rollart.workflows.driver.single_turn import play_single_turn
 from tests.support.tasks import frozenlake_task
@@ -250,3 +254,54 @@ async def test_a_playing_unit_closed_by_the_worker_waits_for_nothing() -> None:
     playing = play([unit])  # type: ignore[list-item]
     playing.send(None)  # runs up to the start that never returns
     playing.close()
+
+
+class ChatReplies(ScriptedGenerator):
+    """A chat turn's reply as an assistant message: a `calc` tool call first, then the final answer `text`; keeps
+    each turn's input."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.inputs: list[GenerateInput] = []
+
+    async def generate(self, inp: GenerateInput) -> GenerateResult:
+        self.inputs.append(inp)
+        result = self._result(inp.prompt, inp.data_key, 1)
+        if inp.prefix_key is None:
+            call = ToolCall(id="c0", function=ToolFunction(name="calc", arguments='{"expression": "1+2"}'))
+            message = ChatMessage(role="assistant", tool_calls=[call])
+        else:
+            message = ChatMessage(role="assistant", content=self.text)
+        said = Completion(text=message.content or "", num_tokens=1, finish_reason="stop", message=message)
+        return result.model_copy(update={"completions": [said]})
+
+
+@pytest.mark.integration  # the tool_calls env's calc runs in a sandboxed child process
+async def test_a_chat_envs_group_plays_free_each_member_its_own_conversation(envs: EnvActivities) -> None:
+    """A chat env's members play free (`group_play: free`): a session and a conversation each, its first turn the
+    env's messages and tools, the next continuing its own first (`prefix_key`), no lockstep batch."""
+    gen = ChatReplies("7")
+    c = calls(envs, gen)
+    task = resolve_task(
+        TaskSpec(
+            name="tc",
+            env="tool_calls",
+            env_args={"digits": 1, "num_terms": 2, "operators": "+", "invalid_action": "noop"},
+            reward="success",
+            tool_parser="hermes",
+            max_turns=2,
+            group_size=3,
+            rollout_unit="group",
+            group_play="free",
+        )
+    )
+    inp = GroupRolloutInput(task=task, groups=[GroupSeed(group_id="g", seed=3)], group_play="free")
+    results = await play_groups(c, inp, None)
+    assert sorted(r.trajectory_id for r in results) == [member_id("g", m) for m in range(3)]
+    assert all(r.status == "completed" and r.turns == 2 for r in results), results
+    assert c.counts["reset"] == c.counts["close"] == 3 and c.counts["generate_batch"] == 0
+    firsts = [g for g in gen.inputs if g.prefix_key is None]
+    assert len(firsts) == 3 and all(g.messages and g.messages[0].role == "user" and g.tools for g in firsts)
+    continued = [g for g in gen.inputs if g.prefix_key]
+    assert len(continued) == 3 and all(g.messages and g.messages[0].role == "tool" for g in continued)
+    assert all(g.prefix_key.rsplit("turn-", 1)[0] == g.data_key.rsplit("turn-", 1)[0] for g in continued)

@@ -15,10 +15,10 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, TurnRefused
+    from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply
     from rollart.contracts.rollouts import TrajectoryArgs, TrajectoryInput, TrajectoryResult
     from rollart.spec.config import TaskSpec
-    from rollart.workflows.driver.agent import AgentEpisode
+    from rollart.workflows.driver.agent import AgentEpisode, AgentRoster
     from rollart.workflows.driver.episode import Episode
     from rollart.workflows.driver.lockstep import play
     from rollart.workflows.reporting import TRAJECTORIES_DONE, Reporter, report
@@ -34,7 +34,7 @@ class TrajectoryWorkflow:
 
     def __init__(self) -> None:
         self._episode: Episode | None = None
-        self._agent: AgentEpisode | None = None
+        self._agents = AgentRoster()
 
     @workflow.query(name="turns")
     def turns(self) -> int:
@@ -44,22 +44,14 @@ class TrajectoryWorkflow:
     @workflow.update(name=CHAT_UPDATE)
     async def chat(self, req: ChatInput) -> ChatReply:
         """One chat request of the agent program playing this trajectory: a turn, sampled and recorded."""
-        if self._agent is None:
-            raise TurnRefused.NOT_AN_AGENT.error(
-                "this trajectory is not played by an agent program (its task's env is not `agent`)"
-            )
-        return await self._agent.chat(req)
+        return await self._agents.find(req).chat(req)
 
     @chat.validator
     def _admit_chat(self, req: ChatInput) -> None:
         """Refuse a request that cannot be played (not an agent's trajectory, over, past max_turns, continuing a
         history it does not hold) before it is accepted: a refused request leaves nothing in the history (the
         handler checks again, under its lock)."""
-        if self._agent is None:
-            raise TurnRefused.NOT_AN_AGENT.error(
-                "this trajectory is not played by an agent program (its task's env is not `agent`)"
-            )
-        self._agent.check(req)
+        self._agents.find(req).check(req)
 
     @workflow.run
     async def run(
@@ -71,8 +63,7 @@ class TrajectoryWorkflow:
         self._episode = Episode(TemporalCalls(), inp, inp.trajectory_id or workflow.info().workflow_id)
         send = Reporter(inp.report_to)
         if inp.task.is_agent:
-            self._agent = AgentEpisode(self._episode)
-            result = await self._agent.play(send)
+            result = await self._agents.add(AgentEpisode(self._episode)).play(send)
             await workflow.wait_condition(workflow.all_handlers_finished)
         else:
             [result] = await play([self._episode], send)

@@ -157,15 +157,19 @@ class TaskSpec(Section):
     rollout_unit: Literal["trajectory", "group"] = Field(
         "trajectory",
         description="multi-turn tasks: `trajectory` runs every episode as its own workflow, advancing on its own; "
-        "`group` plays a GRPO group in lockstep in one env session, one batched activity per turn (8x fewer "
-        "activities for groups of 8; a slow member holds its group back). Single-turn tasks always run as groups.",
+        "`group` plays GRPO groups inside one workflow (no child workflow or result signal per episode), as "
+        "`group_play` says: in lockstep in one env session, one batched activity per turn (8x fewer activities "
+        "for groups of 8; a slow member holds its group back), or free. Single-turn tasks always run as groups. "
+        "Chat envs and agent programs play groups free only, which lets a job of them hold more episodes in flight "
+        "than the server's pending children (2,000).",
     )
     group_play: GroupPlay = Field(
         "lockstep",
         description="`rollout_unit: group`: `lockstep` plays the members' turns together in one env session (one "
         "generate_batch and one step_group per turn: a turn waits for the slowest member); `free` lets each member "
         "advance on its own, with its own env session and calls, inside the group's one workflow (no child workflow "
-        "or result signal per episode). In batch mode groups play in lockstep whatever this says.",
+        "or result signal per episode). In batch mode groups play in lockstep whatever this says (an agent program's "
+        "members play free in any mode).",
     )
 
     faults: FaultModel | None = Field(None, description="inject env latency and failures (see FaultModel)")
@@ -213,11 +217,12 @@ class TaskSpec(Section):
         return self.generate_pool if beside_generation else self.reward_pool
 
     @model_validator(mode="after")
-    def _agent_plays_trajectories(self) -> TaskSpec:
-        if self.is_agent and self.rollout_unit != "trajectory":
+    def _agent_members_play_free(self) -> TaskSpec:
+        if self.is_agent and self.rollout_unit == "group" and self.group_play != "free":
             raise ValueError(
-                "env: agent runs each episode as its own trajectory (the program drives it): set rollout_unit: "
-                "trajectory (use group_size for GRPO groups)"
+                "env: agent: each program drives its own episode, so a group's members cannot play in lockstep: "
+                "set group_play: free (each member its own program, inside the group's workflow), or rollout_unit: "
+                "trajectory (a workflow each)"
             )
         return self
 

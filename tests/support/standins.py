@@ -293,7 +293,9 @@ class StandIns:
         handle = activity.client().get_workflow_handle(activity.info().workflow_id)
         messages = [ChatMessage(role="user", content=f"seed {inp.seed}")]
         for k in range(self.agent_turns):
-            reply = await handle.execute_update(CHAT_UPDATE, ChatInput(messages=messages), result_type=ChatReply)
+            reply = await handle.execute_update(
+                CHAT_UPDATE, ChatInput(messages=messages, trajectory=inp.trajectory), result_type=ChatReply
+            )
             if inp.seed in self.fail_seeds:
                 raise ApplicationError("the agent program exited 1", type=ErrorType.AGENT_FAILED, non_retryable=True)
             said = ChatMessage(role="assistant", content=reply.content, tool_calls=reply.tool_calls)

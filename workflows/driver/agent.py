@@ -33,7 +33,7 @@ from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.lockstep import guarded
 from rollart.workflows.driver.priority import request_priority
 
-__all__ = ["RUN_AGENT_SLACK_S", "AgentEpisode"]
+__all__ = ["RUN_AGENT_SLACK_S", "AgentEpisode", "AgentRoster"]
 
 RUN_AGENT_SLACK_S = 60.0
 """How much longer than the program's own `timeout_s` the `run_agent` call may take (the activity kills the program
@@ -51,6 +51,7 @@ class AgentEpisode:
     """
 
     episode: Episode
+    trajectory: str = ""  # the member it is, in a workflow that plays several (a group's free members); "": its own
     history: list[ChatMessage] = field(default_factory=list)
     tools: list[dict[str, Any]] | None = None
     over: bool = False
@@ -156,7 +157,7 @@ class AgentEpisode:
         try:
             out = await ep.calls.call(
                 ActivityName.RUN_AGENT,
-                RunAgentInput(args=args, seed=ep.inp.seed),
+                RunAgentInput(args=args, seed=ep.inp.seed, trajectory=self.trajectory),
                 queue=ep.queue(task.env_queue),
                 result_type=RunAgentResult,
                 timeout_s=args.timeout_s + RUN_AGENT_SLACK_S,
@@ -183,3 +184,25 @@ class AgentEpisode:
             success = out.success if out.success is not None else out.reward > 0
             return [ep.result(status="completed", reward=out.reward, success=success)]
         return ep.results(await guarded(ep, ep.score))
+
+
+class AgentRoster:
+    """The agent episodes one workflow plays, by the trajectory a chat request names ("": the workflow's own): where
+    its `chat` update and the update's validator find the episode a request is for."""
+
+    def __init__(self) -> None:
+        self._by_trajectory: dict[str, AgentEpisode] = {}
+
+    def add(self, agent: AgentEpisode) -> AgentEpisode:
+        self._by_trajectory[agent.trajectory] = agent
+        return agent
+
+    def find(self, req: ChatInput) -> AgentEpisode:
+        """The episode `req` is for; the ApplicationError a request gets when this workflow plays none such."""
+        agent = self._by_trajectory.get(req.trajectory)
+        if agent is None:
+            which = f"trajectory {req.trajectory!r} of this workflow" if req.trajectory else "this trajectory"
+            raise TurnRefused.NOT_AN_AGENT.error(
+                f"{which} is not played by an agent program (its task's env is not `agent`, or it has no such member)"
+            )
+        return agent
