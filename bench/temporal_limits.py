@@ -14,7 +14,9 @@ other activity is a stand-in (bench/scale_standins.py), so only orchestration is
   counted from the histories as Temporal Cloud bills them (a workflow start, an activity attempt, a timer, a
   signal sent or taken, a child started, a search-attribute upsert, a cancel request); heartbeats never reach a
   history and the stand-ins send none, so they are not in these numbers;
-- the ledger: every trajectory trained, dropped, failed or cancelled, none lost; a run fails on a failure.
+- the ledger: every trajectory trained, dropped, failed or cancelled, none lost; a run fails on a failure;
+- the peak of trajectories in flight at a step, and the largest unit workflow's share of the event and size
+  limits (`--batch 2000 --units free --name temporal-4000`: a chat or agent job's 4,000 in flight as free groups).
 
 `--batch 512 --steps 30` is the paper's shape on Temporal's own limits, the soak (`temporal-soak.json`).
 """
@@ -148,10 +150,13 @@ async def unit_histories(client: Client, job_id: str, concurrency: int = 16) -> 
     async def one(wid: str, run_id: str) -> None:
         async with gate:
             history = await client.get_workflow_handle(wid, run_id=run_id).fetch_history()
+        size = sum(e.ByteSize() for e in history.events)
         out["workflows"] += 1
         out["events"] += len(history.events)
-        out["bytes"] += sum(e.ByteSize() for e in history.events)
+        out["bytes"] += size
         out["actions"] += actions_of(list(history.events))
+        out["max_events"] = max(out["max_events"], len(history.events))  # the largest unit, against the limits
+        out["max_bytes"] = max(out["max_bytes"], size)
 
     await asyncio.gather(*(one(w, r) for w, r in ids))
     return dict(out)
@@ -187,6 +192,11 @@ async def measure(address: Any, unit: str, batch: int, steps: int) -> dict[str, 
         "runs": runs,
         "max_share": max(r["share"] for r in runs),
         "unit_workflows": units.get("workflows", 0),
+        "unit_max_share": max(
+            units.get("max_events", 0) / job.temporal.limits.history_events,
+            units.get("max_bytes", 0) / job.temporal.limits.history_bytes,
+        ),
+        "peak_in_flight": max((r.in_flight for r in status.history), default=0),
         "events_per_trajectory": units.get("events", 0) / n,
         "bytes_per_trajectory": units.get("bytes", 0) / n,
         "actions_per_trajectory": units.get("actions", 0) / n,
@@ -217,6 +227,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--units", default=",".join(UNITS), help=f"of {', '.join(UNITS)}")
     parser.add_argument("--quick", action="store_true", help="batch 16, 4 steps")
     parser.add_argument("--generate-s", type=float, default=0.02, help="the stand-in engine's latency per call")
+    parser.add_argument(
+        "--name", help="the results file (default: temporal; temporal-soak from batch 512; temporal-quick)"
+    )
     args = parser.parse_args(argv)
     batch, steps = (16, 4) if args.quick else (args.batch, args.steps)
     units = args.units.split(",")
@@ -236,7 +249,8 @@ def main(argv: list[str]) -> int:
             standins.terminate()
             standins.wait(30)
     # a quick run leaves the docs' numbers alone; a paper-sized one (the soak, default limits) is kept apart
-    report(rows, "temporal-quick" if args.quick else "temporal-soak" if batch >= PAPER_BATCH else "temporal")
+    name = args.name or ("temporal-quick" if args.quick else "temporal-soak" if batch >= PAPER_BATCH else "temporal")
+    report(rows, name)
     bad = [r for r in rows if r["failed"] or not r["ledger_balanced"] or r["max_share"] > 0.1 + 0.05]
     return 1 if bad else 0
 
@@ -251,6 +265,8 @@ COLUMNS = [
     ("parent_events_per_trajectory", "parent events/traj", ".1f"),
     ("parent_kb_per_trajectory", "parent KB/traj", ".2f"),
     ("parent_actions_per_trajectory", "parent actions/traj", ".2f"),
+    ("peak_in_flight", "in flight at a step", ""),
+    ("unit_max_share", "largest unit", ".1%"),
     ("failed", "failed", ""),
     ("ledger_balanced", "ledger ok", ""),
 ]

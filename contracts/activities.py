@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,7 @@ from rollart.spec.chat import ChatMessage
 from rollart.spec.config import FaultModel, TaskSpec, TrainerConfig, WeightsConfig
 
 __all__ = [
+    "BULK_CLAIM_BYTES",
     "STICKY_START_S",
     "ActivityName",
     "CheckInput",
@@ -296,11 +297,20 @@ class SampleRef(_Message):
     uncached_prompt_tokens: int | None = None  # what a prefix cache would not hold (None: recorded before it was)
 
 
+BULK_CLAIM_BYTES = 8 * 1024
+"""Where a bulk input (a train step's, the training workflow's) goes to the store by its `claim_over_bytes`
+(infra/temporal/payload_storage.py): a small job's stays readable in the UI (a plan is 2.5–3 KB), a large job's
+samples and carried state stay out of the parent's history."""
+
+
 class TrainStepInput(_Message):
     """Train step `step` of a job: updates policy version `step` to `step + 1` and publishes it.
 
-    Idempotent: a step the trainer already ran returns its recorded result.
+    Idempotent: a step the trainer already ran returns its recorded result. A large one (its samples) goes to
+    the store, its history event a claim (`BULK_CLAIM_BYTES`).
     """
+
+    claim_over_bytes: ClassVar[int] = BULK_CLAIM_BYTES
 
     job_id: str
     step: int = Field(ge=0)

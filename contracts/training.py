@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rollart.contracts.activities import SampleRef
+from rollart.contracts.activities import BULK_CLAIM_BYTES, SampleRef
 from rollart.contracts.generation import EnginePressure
 from rollart.spec.config import (
     AUTO_POOL,
@@ -347,9 +347,11 @@ def prior_rates(job: JobSpec) -> dict[str, tuple[float, float]]:
 
 class TrainingInput(BaseModel):
     """A job to train: its `plan` (what `rollart train` sends), or the whole job spec as `job` (what a
-    `temporal workflow start` user may send; the plan is taken from it). `state` is set only by continue-as-new."""
+    `temporal workflow start` user may send; the plan is taken from it). `state` is set only by continue-as-new.
+    A large one (the state a paper-sized job carries) goes to the store, its history events a claim."""
 
     model_config = ConfigDict(extra="forbid")
+    claim_over_bytes: ClassVar[int] = BULK_CLAIM_BYTES
 
     job: JobSpec | None = None
     plan: TrainingPlan | None = None

@@ -6,6 +6,9 @@ one control and one trainer. Generation uses the plain transformers engine
 (the chaos is in the orchestration, not in vLLM). The job runs with injected
 env faults (lognormal reset latency, 5 % reset failures) and the pre-reset pool.
 
+`control`: the job continues as new every step or so (lowered `temporal.limits`), and the control worker,
+which runs every workflow, is killed as a new run begins.
+
 Each run must reach its step count with the ledger balanced (started = trained
 + dropped + failed + in flight + buffered) and no trajectory trained twice.
 Set ROLLART_CHAOS_REPORT=path to append each run's timings as a JSON line.
@@ -32,7 +35,7 @@ from rollart.contracts.activities import TrainStepInput
 from rollart.contracts.training import TrainingResult, TrainingStatus
 from rollart.infra.local.devserver import free_port
 from rollart.infra.temporal.connection import connect
-from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TrainerConfig, TrainingConfig
+from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TemporalLimits, TrainerConfig, TrainingConfig
 from rollart.spec.pools import Pool
 from rollart.workers.local_stack import LocalStack
 from tests.support.tasks import frozenlake_task
@@ -83,8 +86,25 @@ def _replenish(stack: LocalStack) -> None:
     for pool in TWO_EACH:
         while len(stack.live_workers(pool)) < 2:
             stack.add_worker(pool)
-    if not stack.live_workers(Pool.TRAINER):
-        stack.add_worker(Pool.TRAINER)
+    for pool in (Pool.TRAINER, Pool.CONTROL):
+        if not stack.live_workers(pool):
+            stack.add_worker(pool)
+
+
+async def _kill_control_as_a_run_begins(stack: LocalStack, handle: WorkflowHandle, timeout_s: float = 120) -> float:
+    """SIGKILL the control worker as soon as the training workflow has continued as new (its new run's first
+    workflow task, which takes the carried state and launches, is then on the dead worker or not yet taken), and
+    start a replacement; the wall time of the kill."""
+    first = (await handle.describe()).run_id
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (await handle.describe()).run_id != first:
+            kill_wall = time.time()
+            stack.kill_worker(stack.live_workers(Pool.CONTROL)[0])
+            stack.add_worker(Pool.CONTROL)
+            return kill_wall
+        await asyncio.sleep(0.02)
+    pytest.fail(f"{handle.id} did not continue as new within {timeout_s:g}s, so no kill could land as a run began")
 
 
 async def _status(handle: WorkflowHandle) -> TrainingStatus | None:
@@ -197,7 +217,7 @@ def _trainer_ranks(stack: LocalStack) -> list[psutil.Process]:
     return [p for p in psutil.Process(pid).children() if "rollart.workers.trainer_rank" in " ".join(p.cmdline())]
 
 
-@pytest.mark.parametrize("victim", ["cpu", "h800", "serverless", "trainer", "trainer-rank", "server"])
+@pytest.mark.parametrize("victim", ["cpu", "h800", "serverless", "trainer", "trainer-rank", "server", "control"])
 async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, tmp_path: Path, victim: str) -> None:
     """`trainer-rank`: the job trains with the megatron backend on 2 tensor-parallel ranks, and one rank is killed."""
     _replenish(chaos_stack)
@@ -208,6 +228,9 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
         job = job.model_copy(
             update={"trainer": TrainerConfig(backend="megatron", parallel={"tensor": 2}, checkpoint_every=2)}
         )
+    if victim == "control":  # a run continues as new at 100 events: every step or so
+        limits = TemporalLimits(history_events=1_000, continue_at=0.1)
+        job = job.model_copy(update={"temporal": job.temporal.model_copy(update={"limits": limits})})
     handle = await start_training(chaos_client, job, job_id, tmp_path / job_id)
     t_step1 = await _wait_step(handle, 1)
     t_step2 = await _wait_step(handle, 2)
@@ -223,6 +246,9 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
             chaos_stack.add_worker(Pool.TRAINER)  # the replacement resumes from the checkpoint and step records
 
         kill_wall = await _kill_mid_step(handle, kill_trainer)
+        t_kill = time.monotonic() - (time.time() - kill_wall)
+    elif victim == "control":
+        kill_wall = await _kill_control_as_a_run_begins(chaos_stack, handle)
         t_kill = time.monotonic() - (time.time() - kill_wall)
     elif victim == "trainer-rank":
         killed: list[int] = []
@@ -256,6 +282,9 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
     if victim == "trainer-rank":
         assert len(_trainer_ranks(chaos_stack)) == 2 and not set(killed) & {p.pid for p in _trainer_ranks(chaos_stack)}
+    if victim == "control":  # it went on continuing as new after the kill
+        runs = [wf async for wf in chaos_client.list_workflows(f'WorkflowId="{job_id}"')]
+        assert sum(wf.start_time.timestamp() > kill_wall for wf in runs) >= 1, "no run began after the kill"
     if victim == "cpu":  # sessions the dead worker held (if any: timing decides) were restored, none failed
         assert result.failed == 0, f"{result.failed} trajectories failed after their env worker died"
     resumed = await _resumed_after(chaos_client, job_id, kill_wall)

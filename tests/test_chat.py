@@ -164,9 +164,7 @@ async def test_a_chat_env_session_speaks_messages_through_the_env_activities() -
 def test_a_chat_task_plays_its_episodes_as_trajectories_or_free_members() -> None:
     task = {"name": "tc", "env": "tool_calls", "reward": "success", "tool_parser": "hermes"}
     in_groups = task | {"rollout_unit": "group"}
-    with pytest.raises(
-        JobCheckError, match=r"tasks.0 \(tc\): env 'tool_calls' is a chat env.*set group_play: free"
-    ):
+    with pytest.raises(JobCheckError, match=r"tasks.0 \(tc\): env 'tool_calls' is a chat env.*set group_play: free"):
         check_job_components(JobSpec(tasks=[in_groups]))
     with pytest.raises(JobCheckError, match="max_turns above 1"):
         check_job_components(JobSpec(tasks=[task | {"max_turns": 1}]))
@@ -182,7 +180,7 @@ def test_a_chat_job_holds_4000_episodes_in_flight_as_free_groups_not_as_trajecto
     says so at load; as free groups they are a few hundred group workflows."""
     task = {"name": "tc", "env": "tool_calls", "reward": "success", "tool_parser": "hermes", "group_size": 8}
     training = {"batch_size": 2000, "async_bound": 1}
-    with pytest.raises(ValueError, match="4,000 episodes of tc in flight.*max_pending_children is 2,000"):
+    with pytest.raises(ValueError, match=r"4,000 episodes of tc in flight.*max_pending_children is 2,000"):
         JobSpec(tasks=[task], training=training)
     job = JobSpec(tasks=[task | {"rollout_unit": "group", "group_play": "free"}], training=training)
     check_job_components(job)

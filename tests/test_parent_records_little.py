@@ -71,13 +71,58 @@ def test_a_trajectory_input_splits_into_args_and_task_and_joins_back() -> None:
 def test_a_task_payload_goes_to_the_store_whatever_its_size_and_others_only_when_large(tmp_path) -> None:
     converter = ClaimingPayloadConverter()
     task, args = converter.to_payloads([frozenlake_task(), TrajectoryArgs(seed=1)])
-    assert task.metadata[CLAIM_METADATA] == b"task" and CLAIM_METADATA not in args.metadata
+    assert task.metadata[CLAIM_METADATA] == b"TaskSpec" and CLAIM_METADATA not in args.metadata
     storage = external_storage(LocalStore(tmp_path), threshold_bytes=4096)
     driver = storage.drivers[0]
     pick = storage.driver_selector
     assert pick is not None
     big = converter.to_payloads(["x" * 5000])[0]
     assert [pick(None, p) for p in (task, args, big)] == [driver, None, driver]  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
+async def test_a_large_train_step_or_carried_state_goes_to_the_store_and_comes_back(tmp_path) -> None:
+    """A train step's samples and the state a run carries are written once a step or a run: from
+    `BULK_CLAIM_BYTES` each is a claim in the history (a paper-sized job's would be ~0.4 KB a trajectory each), a
+    small one stays readable."""
+    from rollart.contracts.activities import BULK_CLAIM_BYTES, TrainStepInput
+    from rollart.contracts.training import TrainingInput, TrainingPlan, TrainingState
+    from rollart.infra.temporal.connection import data_converter
+    from rollart.spec.config import JobSpec, StoreConfig, TrainerConfig
+
+    def step(n: int) -> TrainStepInput:
+        ids = [f"job-g{i:06d}-0" for i in range(n)]
+        samples = [
+            SampleRef(
+                trajectory_id=t,
+                task="frozenlake",
+                group_id=t[:-2],
+                reward=1.0,
+                success=True,
+                turn_keys=[turn_key("job", t, 0)],
+                policy_version_min=3,
+                policy_version_max=3,
+            )
+            for t in ids
+        ]
+        trainer = TrainerConfig()
+        return TrainStepInput(job_id="job", step=3, samples=samples, model_dir="m", run_dir="r", trainer=trainer)
+
+    small, large = step(2), step(100)
+    plan = TrainingPlan.of(JobSpec(tasks=[frozenlake_task()]))
+    state = TrainingState(buffer=large.samples)
+    carried = TrainingInput(plan=plan, job_id="job", run_dir="r", state=state)
+    converter = ClaimingPayloadConverter()
+    marks = [p.metadata.get(CLAIM_METADATA) for p in converter.to_payloads([small, large, carried])]
+    assert marks == [None, b"TrainStepInput", b"TrainingInput"]
+    assert len(converter.to_payloads([large])[0].data) > BULK_CLAIM_BYTES
+    dc = data_converter(StoreConfig(path=tmp_path))
+    for value in (large, carried):
+        [payload] = await dc.encode([value])
+        assert payload.metadata["messageType"] == REFERENCE and payload.ByteSize() < 1024
+        assert await dc.decode([payload], [type(value)]) == [value]
+    [payload] = await dc.encode([small])
+    assert payload.metadata.get("messageType") != REFERENCE
 
 
 @pytest.mark.unit

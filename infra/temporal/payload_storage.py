@@ -3,10 +3,14 @@ is in the store once, not in every history that starts a unit of it.
 
 Any payload at or over the job's threshold (256 KiB by default) is written to
 the store under a content-addressed key and replaced in history by a small
-claim; the SDK swaps it back on read. So is every payload that is a `TaskSpec`
-of its own (a rollout unit's second argument, `contracts/rollouts.py`), whatever
-its size: the training workflow starts hundreds of units of one task, and each
-would otherwise copy it into the parent's history (issue 48). Claims are written
+claim; the SDK swaps it back on read. So is every payload whose type says so by a
+`claim_over_bytes` class attribute, once it reaches that size: a `TaskSpec` (a
+rollout unit's second argument, `contracts/rollouts.py`) whatever its size, as the
+training workflow starts hundreds of units of one task and each would otherwise
+copy it into the parent's history; a train step's input (its samples) and the
+training workflow's input (the state it carries across continue-as-new) from
+8 KiB (`contracts.activities.BULK_CLAIM_BYTES`), written once a step or a run, each ~0.4 KB a trajectory of the
+parent's history at a batch of 512 (issue 48). Claims are written
 pinned (a store that evicts, Mooncake, never drops one) under their owner: the
 training job, or the workflow they were stored for. `rollart store gc`
 (client/claims.py) removes an owner's claims once Temporal holds none of its
@@ -34,7 +38,6 @@ from temporalio.converter import (
 
 from rollart.infra.store.keys import key_word
 from rollart.infra.store.payload import Store
-from rollart.spec.config import TaskSpec
 
 __all__ = [
     "CLAIM_METADATA",
@@ -75,17 +78,19 @@ def owner_prefix(owner: str) -> str:
 
 
 CLAIM_METADATA = "rollart-claim"
-"""Payload metadata marking a payload for the store whatever its size (its value names what it holds)."""
+"""Payload metadata marking a payload for the store whatever the store's threshold (its value: the type's name)."""
 
 
 class ClaimingPayloadConverter(PydanticPayloadConverter):
-    """The pydantic converter, marking each `TaskSpec` payload for the store (`CLAIM_METADATA`)."""
+    """The pydantic converter, marking for the store (`CLAIM_METADATA`) each payload whose type has a
+    `claim_over_bytes` class attribute and is at least that large."""
 
     def to_payloads(self, values: Sequence[object]) -> list[Payload]:
         payloads = super().to_payloads(values)
         for value, payload in zip(values, payloads):
-            if isinstance(value, TaskSpec):
-                payload.metadata[CLAIM_METADATA] = b"task"
+            over = getattr(type(value), "claim_over_bytes", None)
+            if over is not None and payload.ByteSize() >= over:
+                payload.metadata[CLAIM_METADATA] = type(value).__name__.encode()
         return payloads
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -128,6 +128,10 @@ class TaskSpec(Section):
     read once, by `resolve` where the job is loaded, into `env_pool` and `reward_serverless`, so that
     it travels with the spec to the workflows as data. Validating a task reads no declaration.
     """
+
+    claim_over_bytes: ClassVar[int] = 0
+    """Stored once by content whatever its size, its payloads a claim (infra/temporal/payload_storage.py): the
+    training workflow starts hundreds of units of one task."""
 
     name: str = Field(min_length=1)
     env: str = Field(min_length=1)
