@@ -7,7 +7,7 @@ one control and one trainer. Generation uses the plain transformers engine
 env faults (lognormal reset latency, 5 % reset failures) and the pre-reset pool.
 
 `control`: the job continues as new every step or so (lowered `temporal.limits`), and the control worker,
-which runs every workflow, is killed as a new run begins.
+which runs every workflow, is killed as a run nears its continue-as-new.
 
 Each run must reach its step count with the ledger balanced (started = trained
 + dropped + failed + in flight + buffered) and no trajectory trained twice.
@@ -91,20 +91,26 @@ def _replenish(stack: LocalStack) -> None:
             stack.add_worker(pool)
 
 
-async def _kill_control_as_a_run_begins(stack: LocalStack, handle: WorkflowHandle, timeout_s: float = 120) -> float:
-    """SIGKILL the control worker as soon as the training workflow has continued as new (its new run's first
-    workflow task, which takes the carried state and launches, is then on the dead worker or not yet taken), and
-    start a replacement; the wall time of the kill."""
-    first = (await handle.describe()).run_id
+async def _kill_control_as_a_run_nears_its_end(
+    stack: LocalStack, handle: WorkflowHandle, events: int = 50, timeout_s: float = 120
+) -> tuple[float, str, str]:
+    """SIGKILL the control worker, which runs every workflow, once a run of the training workflow (not the one
+    running now) has `events` events, about half of what it continues as new at, and start a replacement: the run's
+    continue-as-new is then decided on the replacement, after it replayed the run. The wall time of the kill, the
+    run and the killed worker's identity."""
+    current = (await handle.describe()).run_id
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if (await handle.describe()).run_id != first:
+        desc = await handle.describe()
+        if desc.run_id != current and desc.raw_description.workflow_execution_info.history_length >= events:
+            [pid] = stack.live_workers(Pool.CONTROL)
+            killed = stack.worker_id(pid)
             kill_wall = time.time()
-            stack.kill_worker(stack.live_workers(Pool.CONTROL)[0])
+            stack.kill_worker(pid)
             stack.add_worker(Pool.CONTROL)
-            return kill_wall
-        await asyncio.sleep(0.02)
-    pytest.fail(f"{handle.id} did not continue as new within {timeout_s:g}s, so no kill could land as a run began")
+            return kill_wall, desc.run_id, killed
+        await asyncio.sleep(0.01)
+    pytest.fail(f"no new run of {handle.id} reached {events} events within {timeout_s:g}s")
 
 
 async def _status(handle: WorkflowHandle) -> TrainingStatus | None:
@@ -248,7 +254,7 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
         kill_wall = await _kill_mid_step(handle, kill_trainer)
         t_kill = time.monotonic() - (time.time() - kill_wall)
     elif victim == "control":
-        kill_wall = await _kill_control_as_a_run_begins(chaos_stack, handle)
+        kill_wall, run_id, killed = await _kill_control_as_a_run_nears_its_end(chaos_stack, handle)
         t_kill = time.monotonic() - (time.time() - kill_wall)
     elif victim == "trainer-rank":
         killed: list[int] = []
@@ -282,9 +288,11 @@ async def test_training_survives(chaos_stack: LocalStack, chaos_client: Client, 
     assert len(trained) == len(set(trained)) == result.trained, "a trajectory was trained twice"
     if victim == "trainer-rank":
         assert len(_trainer_ranks(chaos_stack)) == 2 and not set(killed) & {p.pid for p in _trainer_ranks(chaos_stack)}
-    if victim == "control":  # it went on continuing as new after the kill
-        runs = [wf async for wf in chaos_client.list_workflows(f'WorkflowId="{job_id}"')]
-        assert sum(wf.start_time.timestamp() > kill_wall for wf in runs) >= 1, "no run began after the kill"
+    if victim == "control":  # the run it died in continued as new on the replacement, after replaying it
+        events = list((await chaos_client.get_workflow_handle(job_id, run_id=run_id).fetch_history()).events)
+        assert events[-1].HasField("workflow_execution_continued_as_new_event_attributes"), events[-1]
+        last_task = next(e for e in reversed(events) if e.HasField("workflow_task_completed_event_attributes"))
+        assert last_task.workflow_task_completed_event_attributes.identity != killed
     if victim == "cpu":  # sessions the dead worker held (if any: timing decides) were restored, none failed
         assert result.failed == 0, f"{result.failed} trajectories failed after their env worker died"
     resumed = await _resumed_after(chaos_client, job_id, kill_wall)
