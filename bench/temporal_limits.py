@@ -3,7 +3,7 @@
     python -m bench temporal [--batch 32] [--steps 30] [--units trajectory,group,free] [--quick]
 
 Each unit (`rollout_unit: trajectory`, `group` in lockstep, `group` with free members) trains a FrozenLake-shaped
-job (groups of 8, `TURNS` turns, bound 1) for `--steps` steps on a dev server whose per-execution limits are
+job (groups of 8, `--turns` turns (2), bound 1) for `--steps` steps on a dev server whose per-execution limits are
 Temporal's defaults scaled by batch / 512 (a batch of 32 meets a sixteenth of them, as a job of the paper's 512
 meets all of them), with the job told the same (`temporal.limits`). The control worker is the real one; every
 other activity is a stand-in (bench/scale_standins.py), so only orchestration is measured. Reported:
@@ -76,9 +76,9 @@ def scaled_limits(batch: int) -> TemporalLimits:
     )
 
 
-def unit_job(unit: str, batch: int, steps: int) -> JobSpec:
+def unit_job(unit: str, batch: int, steps: int, turns: int = TURNS) -> JobSpec:
     rollout_unit, play = UNITS[unit]
-    task = frozenlake_task(NO_LATENCY, pool=Pool.H800, max_turns=TURNS, rollout_unit=rollout_unit, group_play=play)
+    task = frozenlake_task(NO_LATENCY, pool=Pool.H800, max_turns=turns, rollout_unit=rollout_unit, group_play=play)
     training = TrainingConfig(steps=steps, batch_size=batch, async_bound=1, stall={"enabled": False})
     return JobSpec(
         name=f"temporal-{unit}",
@@ -162,11 +162,11 @@ async def unit_histories(client: Client, job_id: str, concurrency: int = 16) -> 
     return dict(out)
 
 
-async def measure(address: Any, unit: str, batch: int, steps: int) -> dict[str, Any]:
+async def measure(address: Any, unit: str, batch: int, steps: int, turns: int = TURNS) -> dict[str, Any]:
     """One job of `unit` to its last step; its parent's runs, its units' histories and its ledger."""
     stack_temporal, store = address
     client = await connect(stack_temporal, store)
-    job = unit_job(unit, batch, steps).model_copy(update={"temporal": stack_temporal})
+    job = unit_job(unit, batch, steps, turns).model_copy(update={"temporal": stack_temporal})
     job_id = f"temporal-{unit}-{uuid.uuid4().hex[:6]}"
     t0 = time.monotonic()
     handle = await start_training(client, job, job_id, HOME / "runs" / job_id)
@@ -227,6 +227,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--units", default=",".join(UNITS), help=f"of {', '.join(UNITS)}")
     parser.add_argument("--quick", action="store_true", help="batch 16, 4 steps")
     parser.add_argument("--generate-s", type=float, default=0.02, help="the stand-in engine's latency per call")
+    parser.add_argument("--turns", type=int, default=TURNS, help="turns of each episode")
     parser.add_argument(
         "--name", help="the results file (default: temporal; temporal-soak from batch 512; temporal-quick)"
     )
@@ -235,22 +236,22 @@ def main(argv: list[str]) -> int:
     units = args.units.split(",")
     home = HOME / "stack"
     shutil.rmtree(home, ignore_errors=True)
-    job = unit_job(units[0], batch, steps)
+    job = unit_job(units[0], batch, steps, args.turns)
     print(f"temporal: batch {batch}, {steps} steps, limits {job.temporal.limits.model_dump()}", flush=True)
     with stack_for(job, home, [Pool.CONTROL]) as stack:
         cmd = [sys.executable, "-m", "bench.scale_standins", stack.address, "--store", str(job.store.path)]
-        cmd += ["--generate-s", str(args.generate_s), "--turns", str(TURNS)]
+        cmd += ["--generate-s", str(args.generate_s), "--turns", str(args.turns)]
         standins = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
         try:
             if standins.stdout is None or standins.stdout.readline().strip() != "READY":
                 raise RuntimeError(f"the stand-in activity process did not start (exit {standins.poll()})")
-            rows = [asyncio.run(measure((stack.temporal, stack.store), u, batch, steps)) for u in units]
+            rows = [asyncio.run(measure((stack.temporal, stack.store), u, batch, steps, args.turns)) for u in units]
         finally:
             standins.terminate()
             standins.wait(30)
     # a quick run leaves the docs' numbers alone; a paper-sized one (the soak, default limits) is kept apart
     name = args.name or ("temporal-quick" if args.quick else "temporal-soak" if batch >= PAPER_BATCH else "temporal")
-    report(rows, name)
+    report(rows, name, args.turns)
     bad = [r for r in rows if r["failed"] or not r["ledger_balanced"] or r["max_share"] > 0.1 + 0.05]
     return 1 if bad else 0
 
@@ -272,10 +273,10 @@ COLUMNS = [
 ]
 
 
-def report(rows: list[dict[str, Any]], name: str = "temporal") -> None:
+def report(rows: list[dict[str, Any]], name: str = "temporal", turns: int = TURNS) -> None:
     for r in rows:
         r["run_count"] = len(r["runs"])
         r["kb_per_trajectory"] = r["bytes_per_trajectory"] / 1000
         r["parent_kb_per_trajectory"] = r["parent_bytes_per_trajectory"] / 1000
     print(format_table(rows, COLUMNS))
-    write_results(name, rows, turns=TURNS)
+    write_results(name, rows, turns=turns)

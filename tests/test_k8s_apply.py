@@ -50,7 +50,9 @@ def test_cli_render_writes_one_valid_file_per_object(capsys: pytest.CaptureFixtu
     assert files and done.stdout.count("wrote ") == len(files)
     manifests = [yaml.safe_load(f.read_text()) for f in files]
     assert [m["kind"] for m in manifests][:2] == ["Namespace", "ConfigMap"]  # numbered in apply order
-    assert manifests[-1]["kind"] == "HorizontalPodAutoscaler"
+    assert [m["kind"] for m in manifests][-2:] == ["HorizontalPodAutoscaler", "CronJob"]  # then the claims' sweep
+    (gc,) = manifests[-1]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert gc["image"] == "registry.example/rollart:2-cpu" and gc["command"][-1] == "t.example:7233"
     for m in manifests:
         kubernetes_validate.validate(m, K8S_VERSION, strict=True)
     images = {}

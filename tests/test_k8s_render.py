@@ -77,6 +77,29 @@ def test_the_configmap_holds_the_job_as_the_pods_see_it(tmp_path: Path) -> None:
         assert {"name": "job", "configMap": {"name": configmap["metadata"]["name"]}} in pod(d)["volumes"]
 
 
+def test_a_cronjob_sweeps_the_stores_claims_daily_against_the_jobs_temporal() -> None:
+    """`rollart store gc` as a CronJob: the job spec and the store volume every worker has, the cluster's Temporal;
+    a schedule of the user's, or none at all."""
+    job = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"temporal_address": "temporal.prod.svc:7233"})
+    manifests = render(job)
+    (cron,) = by_kind(manifests, "CronJob").values()
+    assert cron["spec"]["schedule"] == "17 3 * * *" and cron["spec"]["concurrencyPolicy"] == "Forbid"
+    spec = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert c["command"] == [
+        "rollart", "store", "gc", "--job", "/etc/rollart/job.yaml", "--temporal-address", "temporal.prod.svc:7233"
+    ]  # fmt: skip
+    claims = {v["name"]: v for v in spec["volumes"]}
+    assert claims["store"]["persistentVolumeClaim"]["claimName"] in by_kind(manifests, "PersistentVolumeClaim")
+    assert claims["job"]["configMap"]["name"] in by_kind(manifests, "ConfigMap")
+    assert manifests[-1] is cron  # after everything it reads
+    validate_all([cron])
+    hourly = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"store_gc_schedule": "0 * * * *"})
+    assert next(iter(by_kind(render(hourly), "CronJob").values()))["spec"]["schedule"] == "0 * * * *"
+    never = with_kubernetes(load_job(EXAMPLES["frozenlake"]), {"store_gc_schedule": None})
+    assert not by_kind(render(never), "CronJob")
+
+
 # ---------------------------------------------------------------- serverless autoscaling
 
 

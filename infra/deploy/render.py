@@ -18,7 +18,8 @@ this one), so the output can be inspected, validated and diffed before anything 
   TriggerAuthentication. The Secret is not rendered (its contents are not the job's): `secret_command` says
   how to create it (`security`, `scaling`);
 - with a Mooncake store: NetworkPolicies that let only the pools' pods reach the Mooncake master and keeper pods
-  and the pools' own transfer-engine listeners (`security`).
+  and the pools' own transfer-engine listeners (`security`);
+- with a local store: a CronJob running `rollart store gc` on `kubernetes.store_gc_schedule` (`store_gc`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rollart.infra.deploy.env_servers import env_server_deployment, env_server_s
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_name, object_meta
 from rollart.infra.deploy.scaling import scaled_object, serverless_hpa, temporal_trigger_auth
 from rollart.infra.deploy.security import SECRET_KEYS, TEMPORAL_MOUNT, mooncake_network_policies
+from rollart.infra.deploy.store_gc import store_gc_cronjob
 from rollart.infra.deploy.trainer import trainer_service, trainer_statefulset
 from rollart.infra.deploy.workloads import pool_deployment
 from rollart.spec.config import JobSpec
@@ -86,7 +88,8 @@ def render(job: JobSpec) -> list[Manifest]:
         manifests += [serverless_hpa(app, cfg, address, job.temporal.namespace, pool) for pool in elastic]
     for server in job.env_servers:
         manifests += [env_server_service(job, server), env_server_deployment(job, server)]
-    return manifests
+    gc = store_gc_cronjob(job, address)
+    return [*manifests, gc] if gc is not None else manifests
 
 
 def resolved_pools(job: JobSpec) -> dict[str, ResolvedPool]:

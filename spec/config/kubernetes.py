@@ -270,6 +270,12 @@ class KubernetesConfig(_Strict):
     )
     rdzv_port: int = Field(DEFAULT_RDZV_PORT, ge=1, le=65535, description="trainer node 0's rendezvous port")
     store_mount: str = Field("/var/lib/rollart/store", pattern=r"^/", description="where the store volume is mounted")
+    store_gc_schedule: str | None = Field(
+        "17 3 * * *",
+        min_length=9,
+        description="when a CronJob runs `rollart store gc` (cron syntax; daily by default), removing the stored "
+        "claims of jobs whose workflows Temporal no longer holds; null: no CronJob. A local store only",
+    )
     runs_mount: str = Field("/var/lib/rollart/runs", pattern=r"^/", description="where the trainer's volume is mounted")
 
     @field_validator("namespace", "name")
