@@ -67,6 +67,20 @@ def test_trajectory_mode_starts_a_trajectory_per_member_up_to_the_capacity() -> 
     assert admission.launches(p, state, "j") == [] and state.started == 8  # full: nothing more
 
 
+def test_a_large_window_is_launched_in_rounds_between_which_a_run_may_continue() -> None:
+    """`most` stops the drawing at a round's worth of trajectories (whole groups); the next call draws on from
+    there, until the window is full."""
+    p, state = plan(frozenlake_task(group_size=8), async_bound=1, batch_size=512), TrainingState()
+    rounds = []
+    while launched := admission.launches(p, state, "j", most=admission.LAUNCH_ROUND):
+        rounds.append(len(launched))
+    assert rounds == [admission.LAUNCH_ROUND] * (1024 // admission.LAUNCH_ROUND)
+    assert state.started == len(state.in_flight) == admission.capacity(p) == 1024
+    assert state.next_group == 128  # groups drawn once each, in order, across the rounds
+    odd, s2 = plan(frozenlake_task(group_size=3), async_bound=0, batch_size=9), TrainingState()
+    assert len(admission.launches(odd, s2, "j", most=4)) == 6  # a round ends after the group that reaches it
+
+
 def test_grouped_tasks_drawn_together_share_one_workflow_per_task() -> None:
     """Per-episode trajectories first, in draw order, then one wave per grouped task (named after its first
     group); every member tracked as in flight on the workflow that plays it."""

@@ -206,10 +206,12 @@ class TrainingWorkflow(Watching):
     # ------------------------------------------------------------ child starts
 
     async def _launch(self) -> None:
-        """Start what admission allows (workflows/training/admission.py), `CHILDREN_PER_TASK` to a workflow task."""
+        """Start what admission allows (workflows/training/admission.py), a round of at most `LAUNCH_ROUND`
+        trajectories (the loop comes back for the rest, and may continue as new between rounds),
+        `CHILDREN_PER_TASK` to a workflow task."""
         if loop.before_launch(self.plan, self.s):
             self._show_placement()
-        launches = admission.launches(self.plan, self.s, self.inp.job_id)
+        launches = admission.launches(self.plan, self.s, self.inp.job_id, most=admission.LAUNCH_ROUND)
         for i in range(0, len(launches), CHILDREN_PER_TASK):  # one workflow task's commands stay well under 4 MB
             await asyncio.gather(*(self._start(launch) for launch in launches[i : i + CHILDREN_PER_TASK]))
 
