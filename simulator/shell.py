@@ -114,12 +114,14 @@ class SimTraining:
         loop.before_launch(self.plan, self.s)
         if self.s.placement is not None and not self.out.placements:  # the spread, or a start the caller set
             self._placed(now)
-        for launch in admission.launches(self.plan, self.s, JOB_ID):
-            for tid, _ in launch.members():
-                self._started_at[tid] = now
-            task = asyncio.ensure_future(self._child(launch))
-            self._children.add(task)
-            task.add_done_callback(self._children.discard)
+        # in rounds, as the workflow draws them (the same groups in the same units); no time passes between them
+        while launches := admission.launches(self.plan, self.s, JOB_ID, most=admission.LAUNCH_ROUND):
+            for launch in launches:
+                for tid, _ in launch.members():
+                    self._started_at[tid] = now
+                task = asyncio.ensure_future(self._child(launch))
+                self._children.add(task)
+                task.add_done_callback(self._children.discard)
 
     async def _child(self, launch: Launch) -> None:
         """The child workflow of one launch, played as its workflow plays it; one that fails (bad input raised out
