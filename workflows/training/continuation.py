@@ -52,8 +52,8 @@ RUNS_REMEMBERED = 4
 
 REPORT_EVENTS = 3
 """What a trajectory in flight still adds to the parent's history, in events: its report signal, its unit's
-completion and a share of the workflow tasks they wake (`python -m bench temporal`: 7.7 a trajectory in all,
-of which its start takes 2 and theirs)."""
+completion and a share of the workflow tasks they wake (`python -m bench temporal`: a trajectory costs the parent
+7 to 8 events in all, its start 2 of them and a share of the workflow tasks)."""
 
 REPORT_BYTES = 1_200
 """The same in bytes: a report signal is 0.6–0.7 KB a trajectory, a completion 0.2 KB, a workflow task's
