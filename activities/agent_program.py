@@ -1,9 +1,12 @@
 """The `run_agent` activity: runs one episode of a user's agent program against its trajectory's endpoint.
 
-The program is `env_args.entry` (`module:function`, called as `run(base_url, seed)`: sync in a thread, async
-awaited) or `env_args.command` (a subprocess with `ROLLART_BASE_URL`, `ROLLART_SEED`, and `OPENAI_BASE_URL` /
-`OPENAI_API_KEY` for an unmodified `openai` client; the last line it prints may be its reward as JSON). It
-returns the episode's reward — a number, `{"value": ..., "success": ...}`, or an object with those attributes —
+The program is `env_args.entry` (`module:function`, called as `run(base_url, seed, api_key=...)`: sync in a thread,
+async awaited) or `env_args.command` (a subprocess with `ROLLART_BASE_URL`, `ROLLART_SEED`, `ROLLART_API_KEY`, and
+`OPENAI_BASE_URL` / `OPENAI_API_KEY` for an unmodified `openai` client; the last line it prints may be its reward as
+JSON). The API key is a secret granted for this episode alone and revoked when it ends: with it the program's
+requests reach its own trajectory and no other. A command's environment is an allowlist of the worker's basics
+(`INHERITED_ENV`) and `env_args.env`, never the worker's whole environment (which may hold Temporal's credentials).
+It returns the episode's reward — a number, `{"value": ..., "success": ...}`, or an object with those attributes —
 or None for the task's reward to score the transcript. A crash, a non-zero exit, a kill or a run past
 `timeout_s` is `AgentFailed`: the trajectory fails (infra, masked), it is never scored 0.
 """
@@ -15,8 +18,10 @@ import contextlib
 import inspect
 import json
 import os
+import re
 import signal
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 from temporalio import activity
@@ -34,6 +39,14 @@ __all__ = ["AgentActivities", "as_result"]
 
 HEARTBEAT_EVERY_S = 5.0
 OUTPUT_TAIL_CHARS = 2000
+
+INHERITED_ENV = re.compile(
+    r"PATH|HOME|USER|LOGNAME|SHELL|LANG|LANGUAGE|LC_\w+|TZ|TERM|TMPDIR|TEMP|TMP|PYTHONPATH|VIRTUAL_ENV|"
+    r"SSL_CERT_FILE|SSL_CERT_DIR|REQUESTS_CA_BUNDLE|"
+    r"SYSTEMROOT|SYSTEMDRIVE|WINDIR|COMSPEC|PATHEXT|USERPROFILE|APPDATA|LOCALAPPDATA"
+)
+"""The worker's variables an agent `command` inherits (the rest it gets only from `env_args.env`): what a program
+needs to find its interpreter, its packages, its locale, certificates and a temporary directory: no credentials."""
 
 
 def _failed(why: str) -> ApplicationError:
@@ -74,6 +87,25 @@ def _last_line_result(stdout: str) -> RunAgentResult:
     return as_result(value)
 
 
+def _command_env(args: AgentArgs, base_url: str, seed: int, api_key: str) -> dict[str, str]:
+    """An agent command's environment: the worker's basics, `env_args.env`, then rollart's variables (which no
+    `env_args.env` overrides: the key is the only one its endpoint takes)."""
+    inherited = {k: v for k, v in os.environ.items() if INHERITED_ENV.fullmatch(k)}
+    ours = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key}
+    ours |= {"ROLLART_BASE_URL": base_url, "ROLLART_SEED": str(seed), "ROLLART_API_KEY": api_key}
+    return {**inherited, **args.env, **ours}
+
+
+def _takes_api_key(fn: Any) -> bool:
+    """Whether `fn` can be called with `api_key=` (a parameter of that name, or **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a callable whose signature Python cannot read: called as documented
+        return True
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD or (p.name == "api_key" and p.kind in named) for p in params)
+
+
 class AgentActivities:
     """Binds `run_agent` to this worker's agent endpoint (one HTTP server per process, started on first use)."""
 
@@ -86,32 +118,49 @@ class AgentActivities:
 
     @activity.defn(name="run_agent")
     async def run_agent(self, inp: RunAgentInput) -> RunAgentResult:
-        """Run the program to its end (heartbeating), its base URL naming the calling trajectory's workflow."""
+        """Run the program to its end (heartbeating), its base URL naming the calling trajectory's workflow and its
+        API key granted for that trajectory alone (revoked when the program ends, however it ends)."""
         await self.endpoint.start()
         workflow_id = activity.info().workflow_id
         base_url = self.endpoint.base_url(workflow_id, inp.trajectory)
         args = inp.args
-        async with heartbeating(HEARTBEAT_EVERY_S, first_now=True):
-            try:
-                if args.entry is not None:
-                    return await asyncio.wait_for(self._call(args, base_url, inp.seed), args.timeout_s)
-                return await self._command(args, base_url, inp.seed)
-            except TimeoutError as e:
-                raise _failed(f"the agent program ran past its timeout_s ({args.timeout_s:g} s)") from e
-            finally:
-                self.endpoint.forget(workflow_id, inp.trajectory)
+        with self._granted(workflow_id, inp.trajectory) as api_key:
+            async with heartbeating(HEARTBEAT_EVERY_S, first_now=True):
+                try:
+                    if args.entry is not None:
+                        return await asyncio.wait_for(self._call(args, base_url, inp.seed, api_key), args.timeout_s)
+                    return await self._command(args, base_url, inp.seed, api_key)
+                except TimeoutError as e:
+                    raise _failed(f"the agent program ran past its timeout_s ({args.timeout_s:g} s)") from e
 
-    async def _call(self, args: AgentArgs, base_url: str, seed: int) -> RunAgentResult:
+    @contextlib.contextmanager
+    def _granted(self, workflow_id: str, trajectory: str) -> Iterator[str]:
+        """A secret that opens this trajectory's endpoint while the program runs; revoked, and its conversation
+        forgotten, when it ends, however it ends."""
+        api_key = self.endpoint.grant(workflow_id, trajectory)
+        try:
+            yield api_key
+        finally:
+            self.endpoint.revoke(api_key)
+            self.endpoint.forget(workflow_id, trajectory)
+
+    async def _call(self, args: AgentArgs, base_url: str, seed: int, api_key: str) -> RunAgentResult:
         assert args.entry is not None
         try:
             fn = resolve_import_path(args.entry)
         except ImportPathError as e:
             raise ErrorType.INVALID_INPUT.error(str(e)) from e
+        if not _takes_api_key(fn):
+            raise ErrorType.INVALID_INPUT.error(
+                f"the agent program {args.entry} must take the API key of its endpoint: define it as "
+                "`def run(base_url, seed, api_key)` and give the key to its client "
+                "(`OpenAI(base_url=base_url, api_key=api_key)`)"
+            )
         try:
             if inspect.iscoroutinefunction(fn):
-                value = await fn(base_url, seed)
+                value = await fn(base_url, seed, api_key=api_key)
             else:  # a sync program blocks: a thread of its own (one past its timeout is abandoned, not killed)
-                value = await asyncio.to_thread(fn, base_url, seed)
+                value = await asyncio.to_thread(fn, base_url, seed, api_key=api_key)
                 if inspect.isawaitable(value):
                     value = await value
         except (ApplicationError, asyncio.CancelledError):
@@ -121,20 +170,12 @@ class AgentActivities:
             raise _failed(f"the agent program {args.entry} raised {type(e).__name__}: {e}\n{tail}") from e
         return as_result(value)
 
-    async def _command(self, args: AgentArgs, base_url: str, seed: int) -> RunAgentResult:
+    async def _command(self, args: AgentArgs, base_url: str, seed: int, api_key: str) -> RunAgentResult:
         assert args.command is not None
-        env = {
-            **os.environ,
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": "rollart",
-            **args.env,
-            "ROLLART_BASE_URL": base_url,
-            "ROLLART_SEED": str(seed),
-        }
         try:
             proc = await asyncio.create_subprocess_exec(
                 *args.command,
-                env=env,
+                env=_command_env(args, base_url, seed, api_key),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # its children are killed with it

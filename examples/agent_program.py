@@ -3,9 +3,10 @@
 The task: a sum of two numbers, with a calculator tool. The agent asks the model; while the model calls the
 tool it runs it and sends the result back (a model that answers without it is asked once to use it); its
 reply without a tool call is its answer, rewarded 1.0 when its first number is the sum. rollart calls
-`run(base_url, seed)` (`env_args.entry`), or runs this file as a command (`env_args.command`: ROLLART_BASE_URL
-and ROLLART_SEED set, the reward printed last).
-Nothing here knows about rollart beyond the base URL: every request is a turn of the trajectory being trained.
+`run(base_url, seed, api_key)` (`env_args.entry`), or runs this file as a command (`env_args.command`:
+ROLLART_BASE_URL, ROLLART_SEED and ROLLART_API_KEY set, the reward printed last).
+Nothing here knows about rollart beyond the base URL and its key (the episode's own, which opens its trajectory's
+endpoint and no other): every request is a turn of the trajectory being trained.
 """
 
 from __future__ import annotations
@@ -54,9 +55,9 @@ def problem(seed: int) -> tuple[int, int]:
     return rng.randint(1, 49), rng.randint(1, 49)
 
 
-def run(base_url: str, seed: int, max_rounds: int = 3) -> float:
+def run(base_url: str, seed: int, api_key: str, max_rounds: int = 3) -> float:
     """One episode: at most `max_rounds` chat requests (the task's max_turns bounds them too)."""
-    client = OpenAI(base_url=base_url, api_key="rollart")
+    client = OpenAI(base_url=base_url, api_key=api_key)
     a, b = problem(seed)
     messages: list[dict] = [
         {"role": "system", "content": "Use the calc tool, then answer with the number."},
@@ -85,4 +86,6 @@ def run(base_url: str, seed: int, max_rounds: int = 3) -> float:
 
 
 if __name__ == "__main__":  # env_args.command: [python, examples/agent_program.py]
-    print(json.dumps(run(os.environ["ROLLART_BASE_URL"], int(os.environ["ROLLART_SEED"]))))
+    print(
+        json.dumps(run(os.environ["ROLLART_BASE_URL"], int(os.environ["ROLLART_SEED"]), os.environ["ROLLART_API_KEY"]))
+    )

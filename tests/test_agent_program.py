@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from temporalio.client import Client
@@ -51,9 +52,9 @@ TOOLS = [
 TOOL_CALL = '<tool_call>{"name": "calc", "arguments": {"expr": "2+3"}}</tool_call>'
 
 
-def calculator_agent(base_url: str, seed: int) -> dict:
+def calculator_agent(base_url: str, seed: int, api_key: str) -> dict:
     """An agent as users write them: ask, run the tool the model calls, send its output, read the answer."""
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     assert [m.id for m in client.models.list()] == ["rollart-policy"]
     messages: list[dict] = [{"role": "user", "content": f"What is 2+3? (seed {seed})"}]
     first = client.chat.completions.create(model="any", messages=messages, tools=TOOLS)
@@ -76,38 +77,83 @@ def calculator_agent(base_url: str, seed: int) -> dict:
     return {"value": 1.0 if "5" in answer else 0.0, "success": "5" in answer}
 
 
-async def silent_agent(base_url: str, seed: int) -> None:
+async def silent_agent(base_url: str, seed: int, api_key: str) -> None:
     """An async agent that leaves its score to the task's reward (returns None)."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     await client.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
 
 
-def rewriting_agent(base_url: str, seed: int) -> None:
-    """An agent that rewrites its history (a summary instead of the conversation): a new segment."""
-    client = openai.OpenAI(base_url=base_url, api_key="x", max_retries=0)
+def rewriting_agent(base_url: str, seed: int, **kw: str) -> None:
+    """An agent that rewrites its history (a summary instead of the conversation): a new segment. (It takes its
+    api_key among keyword arguments, as a program with more options may.)"""
+    client = openai.OpenAI(base_url=base_url, api_key=kw["api_key"], max_retries=0)
     client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is 2+3?"}])
     summary = [{"role": "system", "content": "Summary: asked for 2+3."}, {"role": "user", "content": "Go on."}]
     client.chat.completions.create(model="any", messages=summary)
 
 
-def raising_agent(base_url: str, seed: int) -> float:
-    openai.OpenAI(base_url=base_url, api_key="x").chat.completions.create(
+def raising_agent(base_url: str, seed: int, api_key: str) -> float:
+    openai.OpenAI(base_url=base_url, api_key=api_key).chat.completions.create(
         model="any", messages=[{"role": "user", "content": "hi"}]
     )
     raise RuntimeError("the agent's own bug")
 
 
-async def hanging_agent(base_url: str, seed: int) -> float:
-    await openai.AsyncOpenAI(base_url=base_url, api_key="x").chat.completions.create(
+async def hanging_agent(base_url: str, seed: int, *, api_key: str) -> float:
+    await openai.AsyncOpenAI(base_url=base_url, api_key=api_key).chat.completions.create(
         model="any", messages=[{"role": "user", "content": "hi"}]
     )
     await asyncio.sleep(3600)
     return 1.0
 
 
+ASK = [{"role": "user", "content": "What is 2+3?"}]
+
+
+def retrying_agent(base_url: str, seed: int, api_key: str) -> float:
+    """Sends each request more than once, as clients retry: with the same Idempotency-Key (even with another body),
+    after its client timed out (the engine is slow on the second turn), and the very same request with no key.
+    Each is one turn, and each retry gets the first call's reply."""
+    client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    key = {"Idempotency-Key": f"call-0-of-seed-{seed}"}
+    first = client.chat.completions.create(model="any", messages=ASK, extra_headers=key)
+    again = client.chat.completions.create(model="any", messages=[*ASK, *ASK], extra_headers=key)
+    more = [*ASK, first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Sure?"}]
+    sent: list[httpx.Request] = []
+    watched = httpx.Client(event_hooks={"request": [sent.append]})
+    impatient = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=0.5, max_retries=4, http_client=watched)
+    second = impatient.chat.completions.create(model="any", messages=more)
+    assert len(sent) >= 2, sent  # it timed out at least once, and was retried
+    last = [*more, second.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Bye."}]
+    third = client.chat.completions.create(model="any", messages=last)
+    repeated = client.chat.completions.create(model="any", messages=last)
+    replies = [(r.id.rsplit("-", 1)[1], r.choices[0].message.content) for r in (first, again, second, third, repeated)]
+    assert replies == [("0", "one"), ("0", "one"), ("1", "two"), ("2", "three"), ("2", "three")], replies
+    return 1.0
+
+
+async def racing_agent(base_url: str, seed: int, api_key: str) -> float:
+    """Two requests that continue the same turn at once. The second passes the update's validator while the first
+    is being played, then is refused by its handler (the history moved on), a refusal Temporal keeps under its
+    update id: the endpoint plays it whole under a second id, and its retry finds that turn again."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    first = await client.chat.completions.create(model="any", messages=ASK)
+    held = [*ASK, first.choices[0].message.model_dump(exclude_none=True)]
+    slow = [*held, {"role": "user", "content": "Sure?"}]
+    playing = asyncio.create_task(client.chat.completions.create(model="any", messages=slow))
+    await asyncio.sleep(0.5)  # the engine is slow on this turn: the next request comes while it is played
+    other = [*held, {"role": "user", "content": "Why?"}]
+    raced = await client.chat.completions.create(model="any", messages=other)
+    retried = await client.chat.completions.create(model="any", messages=other)
+    await playing
+    assert (raced.id, raced.choices[0].message.content) == (retried.id, retried.choices[0].message.content), retried
+    assert raced.id.endswith("-2") and (await playing).id.endswith("-1"), raced
+    return 1.0
+
+
 KILLED_AGENT = """
 import os, signal, openai
-client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY are set for it
+client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY (its endpoint's secret) are set for it
 client.chat.completions.create(model="any", messages=[{"role": "user", "content": "What is 2+3?"}])
 os.kill(os.getpid(), signal.SIGKILL)
 """
@@ -138,6 +184,21 @@ class ScriptedEngine(Engine):
 
     def tokens_generated(self) -> int:
         return 0
+
+
+@dataclass
+class SlowOn(ScriptedEngine):
+    """A scripted engine that takes `delay_s` over the turn it is asked for k-th (0 first), for each k in `slow`."""
+
+    slow: tuple[int, ...] = (0,)
+    delay_s: float = 1.5
+
+    async def generate(
+        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
+    ) -> EngineOutput:
+        if len(self.prompts) in self.slow:
+            await asyncio.sleep(self.delay_s)
+        return await super().generate(prompt, sampling, request_id, priority)
 
 
 class AnswersTheTool(ScriptedEngine):
@@ -199,10 +260,17 @@ UPDATES: dict[str, list[ChatInput]] = {}
 
 
 async def run(
-    env: WorkflowEnvironment, task: TaskSpec, prefix: str, engine: Engine, store: Store, model: Path
+    env: WorkflowEnvironment,
+    task: TaskSpec,
+    prefix: str,
+    engine: Engine,
+    store: Store,
+    model: Path,
+    refused_in_handler: int = 0,
 ) -> TrajectoryResult:
-    """One agent trajectory of seed 3, to its end; its history must replay (the turns came as updates), and the
-    trajectory loader must find each turn in it."""
+    """One agent trajectory of seed 3, to its end; its history must replay (the turns came as updates), hold one
+    accepted update per turn (and `refused_in_handler` more that failed), and the trajectory loader must find each
+    turn in it."""
     workflow_id = f"agent-{uuid.uuid4().hex[:8]}"
     async with workers(env.client, prefix, engine, store, model):
         result = await env.client.execute_workflow(
@@ -219,11 +287,22 @@ async def run(
         workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
     )
     await replayer.replay_workflow(history)
-    accepted = [e for e in history.events if e.HasField("workflow_execution_update_accepted_event_attributes")]
-    assert len(accepted) == result.turns  # a refused request (past max_turns) left nothing in the history
+    played = {
+        e.workflow_execution_update_completed_event_attributes.meta.update_id
+        for e in history.events
+        if e.HasField("workflow_execution_update_completed_event_attributes")
+        and e.workflow_execution_update_completed_event_attributes.outcome.HasField("success")
+    }
+    accepted = [
+        e.workflow_execution_update_accepted_event_attributes
+        for e in history.events
+        if e.HasField("workflow_execution_update_accepted_event_attributes")
+    ]
+    turns = [a for a in accepted if a.accepted_request.meta.update_id in played]
+    assert len(turns) == result.turns  # one update per turn: a request retried, or refused, played none more
+    assert len(accepted) - len(turns) == refused_in_handler  # one past max_turns left nothing in the history
     UPDATES[result.trajectory_id] = [
-        (await env.client.data_converter.decode(a.accepted_request.input.args.payloads, [ChatInput]))[0]
-        for a in (e.workflow_execution_update_accepted_event_attributes for e in accepted)
+        (await env.client.data_converter.decode(a.accepted_request.input.args.payloads, [ChatInput]))[0] for a in turns
     ]
     view = await load_trajectory(env.client, workflow_id, store)  # `rollart trajectories show` sees its turns
     assert [t.data_key for t in view.turns] == result.turn_keys and all(t.prompt_tokens for t in view.turns)
@@ -283,6 +362,37 @@ async def test_an_agent_that_rewrites_its_history_starts_a_new_segment(
     second = StoredTurn.from_bytes(store.get(result.turn_keys[1]))
     assert second.prefix_key is None and second.format == 1 and "Summary" in second.prompt
     assert engine.prompts[1][: len(engine.prompts[0])] != engine.prompts[0]
+
+
+async def test_a_retried_request_is_played_once_and_answered_alike(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    """A retry with the same Idempotency-Key, a client that timed out and retried, and the same request sent twice
+    with no key: three turns in the history, three generations, each retry answered with its first call's reply."""
+    from transformers import AutoTokenizer
+
+    engine = SlowOn(AutoTokenizer.from_pretrained(chat_model), ["one", "two", "three"], slow=(1,), delay_s=1.0)
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task({"entry": "tests.test_agent_program:retrying_agent"}, max_turns=3)
+    result = await run(bare_env, task, queue_prefix, engine, store, chat_model)
+    assert result.status == "completed" and result.reward == 1.0 and result.turns == 3, result
+    assert len(engine.prompts) == 3
+
+
+async def test_a_request_refused_by_the_turns_handler_is_played_whole_once(
+    bare_env: WorkflowEnvironment, queue_prefix: str, chat_model: Path, tmp_path: Path
+) -> None:
+    """The update refused in its handler (kept by Temporal under its id) is in the history; the request is then
+    played whole, once, and its retry is answered with that turn."""
+    from transformers import AutoTokenizer
+
+    engine = SlowOn(AutoTokenizer.from_pretrained(chat_model), ["one", "two", "three"], slow=(1,), delay_s=1.5)
+    store = open_store(StoreConfig(path=tmp_path / "store"))
+    task = agent_task({"entry": "tests.test_agent_program:racing_agent"}, max_turns=3)
+    result = await run(bare_env, task, queue_prefix, engine, store, chat_model, refused_in_handler=1)
+    assert result.status == "completed" and result.reward == 1.0 and result.turns == 3, result
+    whole = UPDATES[result.trajectory_id][2]
+    assert whole.history_len == 0 and [m.content for m in whole.messages][-1] == "Why?"
 
 
 @pytest.mark.parametrize(

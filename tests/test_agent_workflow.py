@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowFailureError, WorkflowUpdateFailedError
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 
 from rollart.contracts.agent import CHAT_UPDATE, ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
@@ -106,7 +107,36 @@ async def test_bad_agent_args_fail_the_workflow_saying_why(bare_env: WorkflowEnv
                 task_queue=queue_name(Pool.CONTROL, queue_prefix),
                 result_type=TrajectoryResult,
             )
-    assert "must be 'module:function'" in str(failed.value.cause) and not s.called("run_agent")
+    assert "must be 'module:" in str(failed.value.cause) and not s.called("run_agent")
+
+
+@dataclass
+class ReturnsNoReward(StandIns):
+    """A program that plays its turns and returns no reward."""
+
+    @activity.defn(name="run_agent")
+    async def run_agent(self, inp: RunAgentInput) -> RunAgentResult:
+        await super().run_agent(inp)
+        return RunAgentResult()
+
+
+async def test_a_program_returning_no_reward_for_a_task_without_one_fails_the_workflow_saying_so(
+    bare_env: WorkflowEnvironment, queue_prefix: str
+) -> None:
+    s = ReturnsNoReward(prefix=queue_prefix, agent_turns=1)
+    inp = TrajectoryInput(task=agent_task(reward=None), seed=5, queue_prefix=queue_prefix)
+    async with standin_workers(bare_env.client, s):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await bare_env.client.execute_workflow(
+                "TrajectoryWorkflow",
+                inp,
+                id=f"ag-{uuid.uuid4().hex[:8]}",
+                task_queue=queue_name(Pool.CONTROL, queue_prefix),
+                result_type=TrajectoryResult,
+            )
+    cause = failed.value.cause
+    assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput" and cause.non_retryable
+    assert "return the reward from run()" in cause.message and not s.called("reward")
 
 
 @dataclass
