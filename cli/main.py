@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     after the command succeeded); what is flushed is all there is to keep. SIGTERM (a scheduler, `kill`) stops
     as Ctrl-C does, so a local stack is torn down, never orphaned.
     """
+    _import_from_here()
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background by a shell
         signal.signal(signal.SIGINT, _raise_keyboard_interrupt)
@@ -78,6 +79,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(rc)
+
+
+def _import_from_here() -> None:
+    """A job's import paths (envs, rewards, agent programs and workflows) resolve from the directory `rollart` runs
+    in, as they do in the workers it starts there (`python -m`, whose path begins with that directory): the
+    console script's own path begins with its bin directory instead."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def run(argv: list[str] | None = None) -> int:

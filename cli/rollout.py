@@ -1,4 +1,5 @@
-"""`rollart rollout`: run N trajectories of a job and print their outcomes, one row each."""
+"""`rollart rollout`: run N trajectories of a job and print their outcomes, one row each, and each failure's reason
+whole under the table."""
 
 from __future__ import annotations
 
@@ -65,8 +66,30 @@ async def _rollout(job: JobSpec, args: argparse.Namespace, ui: str) -> int:
         outcomes = await run_rollout(client, inputs, job_id, on_done=done, outage=outage)
     wall = time.monotonic() - t0
     _print_table(job_id, outcomes, ui, job.temporal.namespace)
+    for line in failure_lines(outcomes):
+        print(line)
     _print_summary(outcomes, wall)
     return 0 if all(o.status == "completed" for o in outcomes) else 1
+
+
+def _failure(o: RolloutOutcome) -> tuple[str, str]:
+    """How a trajectory that did not complete ended: its status, and its result's error or else its workflow's."""
+    return o.status, (o.result.error if o.result else o.error) or "(no reason given)"
+
+
+def _failures(outcomes: list[RolloutOutcome]) -> dict[tuple[str, str], int]:
+    """Each distinct failure (status, reason) and how many ended so, in order of first appearance."""
+    counts: dict[tuple[str, str], int] = {}
+    for o in outcomes:
+        if o.status != "completed":
+            counts[_failure(o)] = counts.get(_failure(o), 0) + 1
+    return counts
+
+
+def failure_lines(outcomes: list[RolloutOutcome]) -> list[str]:
+    """One line per distinct failure, its reason whole (the table's status column gives only its number):
+    `failed #1: 3 × <reason>`."""
+    return [f"{status} #{k}: {n} × {reason}" for k, ((status, reason), n) in enumerate(_failures(outcomes).items(), 1)]
 
 
 def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace: str) -> None:
@@ -79,10 +102,11 @@ def _print_table(job_id: str, outcomes: list[RolloutOutcome], ui: str, namespace
     for col in ("#", "task", "seed", "status", "reward", "success", "turns", "versions"):
         table.add_column(col, overflow="fold")
     table.add_column("Temporal UI", no_wrap=True)
+    numbered = {f: k for k, f in enumerate(_failures(outcomes), 1)}  # the reasons: whole, under it (failure_lines)
     for i, o in enumerate(outcomes):
         r = o.result
         versions = f"{r.policy_version_min}..{r.policy_version_max}" if r and r.policy_version_min is not None else "-"
-        status = o.status if o.status == "completed" else f"[red]{o.status}[/red]: {(r.error if r else o.error) or ''}"
+        status = o.status if o.status == "completed" else f"[red]{o.status}[/red] #{numbered[_failure(o)]}"
         table.add_row(
             str(i),
             o.inp.task.name,

@@ -3,6 +3,8 @@ shapes, what a program's return value means, and the `agent` task's config."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rollart.activities.agent_endpoint import EndpointConfig, chat_input, completion_body, stream_chunks
@@ -173,12 +175,15 @@ def test_eval_refuses_an_agent_task_saying_what_plays_it() -> None:
         asyncio.run(evaluate(job, job.tasks[0], None, None, 1))
 
 
-def test_a_job_checks_an_agent_tasks_args_as_such() -> None:
+def test_a_job_checks_an_agent_tasks_args_as_such(tmp_path: Path) -> None:
     from rollart.spec.checks import JobCheckError, check_job_components
     from rollart.spec.config import JobSpec
 
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")  # an agent program's model needs one
+
     def job(env_args: dict) -> JobSpec:
-        return JobSpec(name="j", tasks=[TaskSpec(name="a", env="agent", reward="success", env_args=env_args)])
+        task = TaskSpec(name="a", env="agent", reward="success", env_args=env_args)
+        return JobSpec(name="j", tasks=[task], model_dir=tmp_path)
 
     check_job_components(job({"command": ["python", "agent.py"]}))  # no env class is looked up
     with pytest.raises(JobCheckError, match=r"tasks.0 \(a\): env_args: .*exactly one of"):

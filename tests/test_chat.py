@@ -161,28 +161,38 @@ async def test_a_chat_env_session_speaks_messages_through_the_env_activities() -
         await ENV.run(acts.reset_group, GroupResetInput(env="tool_calls", seed=0, size=2, group_id="g"))
 
 
-def test_a_chat_task_plays_its_episodes_as_trajectories_or_free_members() -> None:
+def _templated(model_dir: Path) -> Path:
+    """A model dir as the job check reads it: a tokenizer config and a chat template (no weights)."""
+    model_dir.mkdir(exist_ok=True)
+    (model_dir / "tokenizer_config.json").write_text("{}")
+    (model_dir / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}{% endfor %}")
+    return model_dir
+
+
+def test_a_chat_task_plays_its_episodes_as_trajectories_or_free_members(tmp_path: Path) -> None:
     task = {"name": "tc", "env": "tool_calls", "reward": "success", "tool_parser": "hermes"}
     in_groups = task | {"rollout_unit": "group"}
+    model = {"model_dir": _templated(tmp_path)}
     with pytest.raises(JobCheckError, match=r"tasks.0 \(tc\): env 'tool_calls' is a chat env.*set group_play: free"):
-        check_job_components(JobSpec(tasks=[in_groups]))
+        check_job_components(JobSpec(tasks=[in_groups], **model))
     with pytest.raises(JobCheckError, match="max_turns above 1"):
-        check_job_components(JobSpec(tasks=[task | {"max_turns": 1}]))
-    check_job_components(JobSpec(tasks=[task]))
-    check_job_components(JobSpec(tasks=[in_groups | {"group_play": "free"}]))
+        check_job_components(JobSpec(tasks=[task | {"max_turns": 1}], **model))
+    check_job_components(JobSpec(tasks=[task], **model))
+    check_job_components(JobSpec(tasks=[in_groups | {"group_play": "free"}], **model))
     with pytest.raises(JobCheckError, match="batch mode plays groups in lockstep"):
         batch = {"rollout_mode": "batch", "async_bound": 0}
-        check_job_components(JobSpec(tasks=[in_groups | {"group_play": "free"}], training=batch))
+        check_job_components(JobSpec(tasks=[in_groups | {"group_play": "free"}], training=batch, **model))
 
 
-def test_a_chat_job_holds_4000_episodes_in_flight_as_free_groups_not_as_trajectories() -> None:
+def test_a_chat_job_holds_4000_episodes_in_flight_as_free_groups_not_as_trajectories(tmp_path: Path) -> None:
     """4,000 episodes in flight as a child workflow each pass the server's 2,000 pending children, and the job
     says so at load; as free groups they are a few hundred group workflows."""
     task = {"name": "tc", "env": "tool_calls", "reward": "success", "tool_parser": "hermes", "group_size": 8}
     training = {"batch_size": 2000, "async_bound": 1}
     with pytest.raises(ValueError, match=r"4,000 episodes of tc in flight.*max_pending_children is 2,000"):
         JobSpec(tasks=[task], training=training)
-    job = JobSpec(tasks=[task | {"rollout_unit": "group", "group_play": "free"}], training=training)
+    free = task | {"rollout_unit": "group", "group_play": "free"}
+    job = JobSpec(tasks=[free], training=training, model_dir=_templated(tmp_path))
     check_job_components(job)
     assert job.training.in_flight_limit == 4_000
 

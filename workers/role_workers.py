@@ -3,7 +3,8 @@
 - control (`control`): the workflows (orchestration only; kept apart from engines so a
   restarting engine never stalls workflow progress)
 - env (`cpu`, or a pool a job declares, e.g. `sandbox`): `reset`, `restore` on the shared queue,
-  `step`/`close` on this process's own queue; `run_agent` (agent programs, served by this process's endpoint)
+  `step`/`close` on this process's own queue; `run_agent` (agent programs, served by this process's endpoint);
+  and the job's Temporal-native agent workflows on `<pool>-agents` (workers/agent_worker.py)
 - generation (`h20`, `h800`, or e.g. `l40s`): `generate` on one inference engine, batched continuously, on the
   pool's queue and on this process's own (`h800@<worker>`: the later turns of the trajectories it served,
   session affinity); `reward` too when the job colocates rewards with generation, and the env activities
@@ -29,6 +30,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from rollart.activities.engines.base import Engine
+from rollart.contracts.agent_workflow import agent_queue
 from rollart.infra.temporal.search_attributes import try_register
 from rollart.infra.temporal.worker_tuning import activity_worker_options, workflow_worker_options
 from rollart.spec.pools import queue_name, session_queue
@@ -80,10 +82,16 @@ async def pool_workers(settings: WorkerSettings, client: Client, worker_id: str)
         envs = _env_activities(worker_id, pool, settings.temporal.task_queue_prefix)
         agents = AgentActivities(client)  # agent programs (`env: agent`), their endpoint started on first use
         try:
-            yield [
+            workers = [
                 Worker(client, task_queue=queue, activities=[*_shared_env(envs), agents.run_agent], **common),
                 _session_worker(client, envs, common),
             ]
+            if settings.agent_workflows:  # Temporal-native agents: the user's workflows, on the pool's agent queue
+                from rollart.workers.agent_worker import agent_worker
+
+                flows, acts = settings.agent_workflows, settings.agent_activities
+                workers.append(agent_worker(client, agent_queue(queue), flows, acts, agents.endpoint, **common))
+            yield workers
         finally:
             envs.shutdown()
             await agents.shutdown()

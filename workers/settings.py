@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rollart.spec.config import EngineConfig, JobSpec, StoreConfig, TemporalConfig, TrainerConfig
+from rollart.spec.config.agent import AgentArgs
 from rollart.spec.pools import DEFAULT_POOLS, PoolName, PoolRole
 
 __all__ = ["TrainerNodes", "WorkerSettings"]
@@ -54,6 +55,11 @@ class WorkerSettings(BaseModel):
     """Generation pools: also register the reward activities (`reward_placement: colocated`)."""
     serve_envs: bool = False
     """Generation pools: also hold env sessions (a task whose env declares this pool, `@env(pool=...)`)."""
+    agent_workflows: tuple[str, ...] = ()
+    """Env pools: the Temporal-native agent workflows (`env_args.workflow`) of the job's tasks whose env queue is
+    this pool's, which this worker registers on the pool's agent queue (workers/agent_worker.py)."""
+    agent_activities: tuple[str, ...] = ()
+    """Env pools: the activities those agent workflows use as tools (`env_args.activities`)."""
     trainer: TrainerConfig = TrainerConfig()
     """Trainer pool: the job's trainer section (the megatron backend's ranks are laid out by it)."""
     nodes: TrainerNodes = TrainerNodes()
@@ -97,4 +103,8 @@ class WorkerSettings(BaseModel):
         if spec.role == "generation":
             base["serve_rewards"] = job.colocates_rewards(pool)
             base["serve_envs"] = job.hosts_envs(pool)
+        if spec.role == "env":
+            agents = [AgentArgs.parse(t.env_args) for t in job.tasks if t.is_agent and t.env_queue == pool]
+            base["agent_workflows"] = tuple(sorted({a.workflow for a in agents if a.workflow is not None}))
+            base["agent_activities"] = tuple(sorted({path for a in agents for path in a.activities}))
         return cls(**{**base, **overrides})

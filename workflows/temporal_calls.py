@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.common import Priority
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 from rollart.contracts.activities import ActivityName
+from rollart.contracts.agent_workflow import agent_workflow_id
 from rollart.workflows import policies
 from rollart.workflows.driver.calls import CallFailed
 from rollart.workflows.driver.priority import queue_priority_key
@@ -62,6 +64,35 @@ class TemporalCalls:
             )
         except ActivityError as err:
             raise call_failed(err) from err
+
+    async def agent_workflow(
+        self, workflow_type: str, arg: Any, *, trajectory: str, queue: str, timeout_s: float
+    ) -> Any:
+        """Run a Temporal-native agent's workflow as this workflow's child (its id names `trajectory`, so that its
+        model calls find it), once: a rerun would replay its model calls into a conversation that has moved on."""
+        try:
+            return await workflow.execute_child_workflow(
+                workflow_type,
+                arg,
+                id=agent_workflow_id(workflow.info().workflow_id, trajectory),
+                task_queue=queue,
+                execution_timeout=timedelta(seconds=timeout_s),
+            )
+        except ChildWorkflowError as err:
+            raise _child_failed(f"agent workflow {workflow_type}", err.cause) from err
+
+
+def _child_failed(what: str, cause: BaseException | None) -> CallFailed:
+    """Why a child workflow failed: the ApplicationError it raised (an Agents SDK error's type is its class name),
+    a timeout, or the failure of an activity it ran (a model call that kept failing)."""
+    if isinstance(cause, ActivityError):
+        inner = call_failed(cause)
+        return CallFailed(what, inner.message, timed_out=inner.timed_out)
+    if isinstance(cause, ApplicationError):
+        return CallFailed(what, f"{cause.type}: {cause.message}" if cause.type else cause.message, cause.type)
+    if isinstance(cause, TemporalTimeoutError):
+        return CallFailed(what, "ran past its timeout_s", timed_out=True)
+    return CallFailed(what, str(cause) if cause is not None else "failed")
 
 
 def call_failed(err: ActivityError) -> CallFailed:

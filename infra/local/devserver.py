@@ -160,6 +160,7 @@ class DevServer:
             f"limit.historySize.error={lim.history_bytes}",
             f"limit.historySize.warn={lim.history_bytes // 5}",
             f"history.maximumSignalsPerExecution={lim.signals}",
+            f"history.maxTotalUpdates={lim.updates}",
         ]
 
     def start(self, timeout_s: float = 60.0) -> DevServer:

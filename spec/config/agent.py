@@ -1,7 +1,9 @@
 """A task's `env_args` when `env: agent`: the program rollart runs for each episode, and its time limit.
 
-An agent program is a user's program written against the OpenAI chat API (docs/envs.md). Its env_args are checked
-with the job (`spec/checks.py`), before any workflow starts, and parsed again by the workflow that runs it.
+An agent program is a user's program written against the OpenAI chat API, or a Temporal-native agent: a workflow
+written for Temporal's OpenAI Agents SDK integration, started as a child of each trajectory (docs/envs.md). Its
+env_args are checked with the job (`spec/checks.py`), before any workflow starts, and parsed again by the workflow
+that runs it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,30 @@ class AgentArgs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    entry: str | None = Field(None, min_length=1, description="`module:function` called as run(base_url, seed)")
+    entry: str | None = Field(
+        None, min_length=1, description="`module:function` called as run(base_url, seed, api_key=<its secret>)"
+    )
     command: list[str] | None = Field(
-        None, min_length=1, description="a subprocess given ROLLART_BASE_URL and ROLLART_SEED in its environment"
+        None,
+        min_length=1,
+        description="a subprocess given OPENAI_BASE_URL, OPENAI_API_KEY (its secret), ROLLART_BASE_URL and "
+        "ROLLART_SEED in its environment",
+    )
+    workflow: str | None = Field(
+        None,
+        min_length=1,
+        description="`module:Class` of a Temporal workflow written for Temporal's OpenAI Agents SDK integration: each "
+        "trajectory starts it as its child, with the seed's input, and its model calls are the trajectory's turns",
+    )
+    workflow_type: str | None = Field(
+        None, min_length=1, description="the workflow's registered name, when `@workflow.defn(name=...)` gives one"
+    )
+    activities: list[str] = Field(
+        default_factory=list, description="`workflow`: `module:function` of each activity its agents use as a tool"
+    )
+    input: Any = Field(None, description="`workflow`: the input every episode starts it with")
+    inputs: list[Any] | None = Field(
+        None, min_length=1, description="`workflow`: the inputs to start it with; seed s gets inputs[s % len(inputs)]"
     )
     timeout_s: float = Field(300.0, gt=0.0, description="the episode's wall-clock limit: past it, it fails (masked)")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of a `command`")
@@ -36,11 +59,29 @@ class AgentArgs(BaseModel):
 
     @model_validator(mode="after")
     def _one_program(self) -> AgentArgs:
-        if (self.entry is None) == (self.command is None):
+        if sum(x is not None for x in (self.entry, self.command, self.workflow)) != 1:
             raise ValueError(
-                "env: agent needs exactly one of env_args.entry ('mypkg.agent:run', called as run(base_url, seed)) "
-                "or env_args.command (a program run with ROLLART_BASE_URL and ROLLART_SEED set)"
+                "env: agent needs exactly one of env_args.entry ('mypkg.agent:run', called as run(base_url, seed, "
+                "api_key)), env_args.command (a program run with OPENAI_BASE_URL and OPENAI_API_KEY set) or "
+                "env_args.workflow ('mypkg.agents:MyAgentWorkflow', a Temporal workflow using the OpenAI Agents SDK)"
             )
-        if self.entry is not None and ":" not in self.entry:
-            raise ValueError(f"env_args.entry {self.entry!r} must be 'module:function'")
+        paths = {"entry": (self.entry, "function"), "workflow": (self.workflow, "Class")}
+        paths.update({f"activities.{i}": (a, "function") for i, a in enumerate(self.activities)})
+        for name, (path, kind) in paths.items():
+            if path is not None and ":" not in path:
+                raise ValueError(f"env_args.{name} {path!r} must be 'module:{kind}'")
+        if self.workflow is None and (self.activities or self.input is not None or self.inputs is not None):
+            raise ValueError("env_args.activities, input and inputs belong to an agent workflow (env_args.workflow)")
+        if self.input is not None and self.inputs is not None:
+            raise ValueError("env_args: give the agent workflow's input or inputs, not both")
         return self
+
+    @property
+    def workflow_name(self) -> str:
+        """The agent workflow's type: `workflow_type`, else its class name (`@workflow.defn`'s default)."""
+        assert self.workflow is not None
+        return self.workflow_type or self.workflow.rpartition(":")[2]
+
+    def input_of(self, seed: int) -> Any:
+        """The input an episode of `seed` starts the agent workflow with."""
+        return self.inputs[seed % len(self.inputs)] if self.inputs is not None else self.input

@@ -187,6 +187,32 @@ class JobSpec(Section):
         return self
 
     @model_validator(mode="after")
+    def _agent_turns_fit_the_server(self) -> JobSpec:
+        """Each model call of an agent is an update of the workflow playing its trajectory, and the server takes
+        `temporal.limits.updates` in one execution: the turns one workflow may play must fit, with room for a
+        request played a second time whole (refused for its history: two updates)."""
+        t, limit = self.training, self.temporal.limits.updates
+        for i, task in enumerate(self.tasks):
+            if not task.is_agent:
+                continue
+            if unit_of(task) is Unit.TRAJECTORY:
+                members = 1
+            elif t.rollout_mode == "batch":
+                members = t.batch_size  # one workflow plays the step's groups
+            else:
+                members = t.groups_per_workflow * task.group_size
+            turns = members * task.max_turns
+            if 2 * turns > limit:
+                raise ValueError(
+                    f"tasks.{i} ({task.name}): one workflow plays up to {members:,} agent episodes of up to "
+                    f"{task.max_turns} turns: {turns:,} model calls, each an update ({2 * turns:,} with each "
+                    f"request played twice, refused for its history), but temporal.limits.updates is {limit:,} "
+                    "(the server's history.maxTotalUpdates): lower max_turns or training.groups_per_workflow, or "
+                    "play the task as trajectories (rollout_unit: trajectory)"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _workflows_fit_the_sticky_cache(self) -> JobSpec:
         """Every workflow in flight stays in the control worker's memory (sticky execution): one evicted replays
         its whole history on each of its workflow tasks, which at hundreds of trajectories a step turns the
@@ -214,7 +240,9 @@ class JobSpec(Section):
 
     def colocates_rewards(self, pool: str) -> bool:
         """Whether some task runs its reward on `pool`'s generation workers (colocated, or declared so)."""
-        return is_generation(self.pools, pool) and any(t.reward_queue == pool for t in self.tasks)
+        return is_generation(self.pools, pool) and any(
+            t.reward is not None and t.reward_queue == pool for t in self.tasks
+        )
 
     def hosts_envs(self, pool: str) -> bool:
         """Whether some task's env sessions live on `pool`'s workers (its `env_pool`)."""
@@ -226,7 +254,8 @@ class JobSpec(Section):
         for t in self.tasks:
             routes += [Route(t.name, "its env", t.env, t.env_queue)]
             routes += [Route(t.name, "its generation", None, pool) for pool in self.generate_pools_of(t)]
-            routes += [Route(t.name, "its reward", t.reward, t.reward_queue)]
+            if t.reward is not None:  # an agent program's task whose run() returns its reward has none
+                routes += [Route(t.name, "its reward", t.reward, t.reward_queue)]
         parallel = self.trainer.parallel
         return JobNeeds(
             pools=self.pools,

@@ -27,13 +27,12 @@ def check_routes(tasks: Sequence[TaskSpec], pools: Mapping[str, PoolSpec]) -> No
     if AUTO in pools:
         problems.append(f"pools.{AUTO}: `auto` is not a pool name (a task's `generate_pool: auto` means placed)")
     for i, t in enumerate(tasks):
-        routes = [
-            ("env_pool", t.env_queue, SESSION_ROLES),
-            ("reward_pool", t.reward_pool, ("reward",)),
-        ]
+        routes = [("env_pool", t.env_queue, SESSION_ROLES)]
+        if t.reward is not None:  # none: an agent program's task whose run() returns its reward
+            routes.append(("reward_pool", t.reward_pool, ("reward",)))
         if t.generate_pool != AUTO:
             routes.insert(0, ("generate_pool", t.generate_pool, ("generation",)))
-        elif t.reward_queue == AUTO:
+        elif t.reward is not None and t.reward_queue == AUTO:
             routes.pop()
             problems.append(
                 f"tasks.{i} ({t.name}): its reward runs beside its generation (colocated), which generate_pool: "
@@ -65,7 +64,7 @@ def check_rewards_have_workers(tasks: Sequence[TaskSpec], pools: Mapping[str, Po
     """No task's reward goes to an elastic (reward) pool that may have no worker. Where a reward goes depends on
     its declaration (`@reward(serverless=...)`), so `resolve` checks this, once it has read the declarations."""
     for i, t in enumerate(tasks):
-        scaling = pools.get(t.reward_queue)
+        scaling = pools.get(t.reward_queue) if t.reward is not None else None
         if scaling is not None and scaling.role == "reward" and scaling.max_workers == 0:
             raise ValueError(
                 f"tasks.{i} ({t.name}) places its reward on pool {t.reward_queue!r}, but pools.{t.reward_queue}"

@@ -31,7 +31,7 @@ def resolve_task(task: TaskSpec) -> TaskSpec:
     filled: dict[str, Any] = {}
     if task.env_pool is None:
         filled["env_pool"] = declared_env_pool(task.env)
-    if task.reward_serverless is None:
+    if task.reward_serverless is None and task.reward is not None:
         filled["reward_serverless"] = declared_reward_serverless(task.reward)
     return task.model_copy(update=filled) if filled else task
 

@@ -9,7 +9,8 @@ import math
 import random
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from rollart.spec.config.base import Section
 from rollart.spec.pools import Pool, PoolName
@@ -119,7 +120,8 @@ class TaskSpec(Section):
     """One task of a job: which env and reward, where it generates, how it samples.
 
     `env` and `reward` are registered names (`frozenlake`) or import paths of a
-    user's own (`mypkg.envs:Maze`). `reward_placement` says where the reward runs:
+    user's own (`mypkg.envs:Maze`); an agent program's task (`env: agent`) may name no reward, when its run()
+    returns it (`reward` None: nothing is routed to a reward pool). `reward_placement` says where the reward runs:
     `serverless` (on `reward_pool`, elastic, the default) or `colocated` (on the worker of
     `generate_pool`, competing with generation: the monolithic baseline). The pools are names the job
     declares (`JobSpec.pools`); the job checks each has the role its work needs.
@@ -135,7 +137,14 @@ class TaskSpec(Section):
 
     name: str = Field(min_length=1)
     env: str = Field(min_length=1)
-    reward: str = Field(min_length=1)
+    reward: str | None = Field(
+        None,
+        min_length=1,
+        validate_default=True,
+        description="what scores an episode's transcript: a registered reward (`success`) or an import path "
+        "(`mypkg.rewards:score`). Required, except for `env: agent` tasks whose program's run() returns the reward: "
+        "without one, an episode whose run() returns None fails the job, saying so (never scored 0)",
+    )
     env_args: dict[str, Any] = Field(default_factory=dict)
     reward_args: dict[str, Any] = Field(
         default_factory=dict, description="arguments of a reward model's `from_args` (function rewards take none)"
@@ -219,6 +228,19 @@ class TaskSpec(Section):
         when colocated or when the reward is declared `serverless=False`."""
         beside_generation = self.reward_placement == "colocated" or self.reward_serverless is False
         return self.generate_pool if beside_generation else self.reward_pool
+
+    @field_validator("reward")
+    @classmethod
+    def _reward_unless_a_program_returns_it(cls, reward: str | None, info: ValidationInfo) -> str | None:
+        env = info.data.get("env")  # absent when env itself is invalid: that error is reported
+        if reward is None and env is not None and env != AGENT_ENV:
+            raise PydanticCustomError(
+                "missing",
+                f"Field required: env {env!r} is scored by the task's reward; name one (`reward: success`, or an "
+                "import path `mypkg.rewards:score`). Only `env: agent` tasks, whose run() returns the reward, may "
+                "leave it out",
+            )
+        return reward
 
     @model_validator(mode="after")
     def _agent_members_play_free(self) -> TaskSpec:

@@ -107,6 +107,12 @@ class TemporalLimits(Section):
         50 * 1024 * 1024, ge=100_000, description="`limit.historySize.error`: bytes of one run's history"
     )
     signals: int = Field(10_000, ge=10, description="`history.maximumSignalsPerExecution`: signals one run takes")
+    updates: int = Field(
+        2_000,
+        ge=10,
+        description="`history.maxTotalUpdates`: updates one workflow execution takes; each model call of an agent "
+        "is one (its retries are the same one), so an agent task's turns per workflow must fit",
+    )
     continue_at: float = Field(
         0.08,
         gt=0.0,

@@ -13,6 +13,7 @@ the task's reward scores the transcript when it returns None.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from temporalio.exceptions import ApplicationError
 
 from rollart.contracts.activities import ActivityName, TurnRecord, turn_key
 from rollart.contracts.agent import ChatInput, ChatReply, RunAgentInput, RunAgentResult, TurnRefused
+from rollart.contracts.agent_workflow import agent_queue
 from rollart.contracts.conversation import TurnPlan, history_digest, plan_turn
 from rollart.contracts.errors import ErrorType
 from rollart.contracts.generation import GenerateInput, GenerateResult, WeightsRef
@@ -33,7 +35,13 @@ from rollart.workflows.driver.episode import Episode
 from rollart.workflows.driver.lockstep import guarded
 from rollart.workflows.driver.priority import request_priority
 
-__all__ = ["RUN_AGENT_SLACK_S", "AgentEpisode", "AgentRoster"]
+__all__ = ["POLICY_ENDINGS", "RUN_AGENT_SLACK_S", "AgentEpisode", "AgentRoster"]
+
+POLICY_ENDINGS = frozenset({"MaxTurnsExceeded", "ModelBehaviorError"})
+"""The Agents SDK errors that end a Temporal-native agent's episode by the policy's doing: the episode is scored."""
+
+AGENTS_USER_ERROR = "UserError"
+"""The Agents SDK's error for an agent set up wrong: the job's bad input."""
 
 RUN_AGENT_SLACK_S = 60.0
 """How much longer than the program's own `timeout_s` the `run_agent` call may take (the activity kills the program
@@ -155,13 +163,16 @@ class AgentEpisode:
             raise ErrorType.INVALID_INPUT.error(why) from e
         out: RunAgentResult | None = None
         try:
-            out = await ep.calls.call(
-                ActivityName.RUN_AGENT,
-                RunAgentInput(args=args, seed=ep.inp.seed, trajectory=self.trajectory),
-                queue=ep.queue(task.env_queue),
-                result_type=RunAgentResult,
-                timeout_s=args.timeout_s + RUN_AGENT_SLACK_S,
-            )
+            if args.workflow is not None:
+                out = await self._run_workflow(args)
+            else:
+                out = await ep.calls.call(
+                    ActivityName.RUN_AGENT,
+                    RunAgentInput(args=args, seed=ep.inp.seed, trajectory=self.trajectory),
+                    queue=ep.queue(task.env_queue),
+                    result_type=RunAgentResult,
+                    timeout_s=args.timeout_s + RUN_AGENT_SLACK_S,
+                )
         except CallFailed as err:
             if ep.error is None:
                 ep.error, ep.error_type = err.mask(ep.calls, ep.owner_id), err.job_fault
@@ -174,6 +185,35 @@ class AgentEpisode:
             await report(results)
         return results[0]
 
+    async def _run_workflow(self, args: AgentArgs) -> RunAgentResult:
+        """A Temporal-native agent: the user's agent workflow, started as this trajectory's child on the env pool's
+        agent queue; its model calls come in as this trajectory's turns. Its result (as text) is the transcript's
+        final observation, for the task's reward.
+
+        How it ended decides the trajectory: an Agents SDK error that is the policy's doing (its own max turns, a
+        reply it could not use) or a model call refused at the task's max_turns ends the episode, scored; an
+        Agents SDK `UserError` is the job's bad input (it fails the job); a timeout, a worker fault or anything
+        else fails the trajectory (masked, never scored)."""
+        ep = self.episode
+        try:
+            result = await ep.calls.agent_workflow(
+                args.workflow_name,
+                args.input_of(ep.inp.seed),
+                trajectory=self.trajectory,
+                queue=agent_queue(ep.queue(ep.inp.task.env_queue)),
+                timeout_s=args.timeout_s,
+            )
+        except CallFailed as err:
+            if err.error_type == AGENTS_USER_ERROR:
+                raise CallFailed(err.activity, err.why, error_type=ErrorType.INVALID_INPUT) from err
+            policy_ended = err.error_type in POLICY_ENDINGS or len(ep.turns) >= ep.inp.task.max_turns
+            if ep.error is not None or not policy_ended:
+                raise
+            ep.observation = err.why
+            return RunAgentResult()
+        ep.observation = result if isinstance(result, str) else json.dumps(result, sort_keys=True, default=str)
+        return RunAgentResult()
+
     async def _results(self, out: RunAgentResult | None) -> list[TrajectoryResult]:
         ep = self.episode
         if ep.error is None and not ep.turns:
@@ -183,6 +223,12 @@ class AgentEpisode:
         if out.reward is not None:
             success = out.success if out.success is not None else out.reward > 0
             return [ep.result(status="completed", reward=out.reward, success=success)]
+        if ep.inp.task.reward is None:  # nothing to score it with: the job's fault, never a 0
+            raise ErrorType.INVALID_INPUT.error(
+                f"task {ep.inp.task.name!r}: its agent program returned no reward and the task names no `reward:` "
+                "to score the transcript: return the reward from run() (a `command`: print it, as JSON, on its last "
+                "line), or set `reward:` (e.g. `reward: success`)"
+            )
         return ep.results(await guarded(ep, ep.score))
 
 

@@ -80,3 +80,11 @@ class Calls(Protocol):
         """`timeout_s` overrides the activity's start-to-close timeout (an env's own step timeout, say);
         `start_wait_s` how long it may wait to start (a session's worker that leaves it waiting is dead)."""
         ...
+
+    async def agent_workflow(
+        self, workflow_type: str, arg: Any, *, trajectory: str, queue: str, timeout_s: float
+    ) -> Any:
+        """A Temporal-native agent's workflow, run as the calling workflow's child on `queue` for `trajectory`
+        ("": the workflow's own) within `timeout_s`; its result, or `CallFailed`. Only inside a workflow: agents
+        never play in-process."""
+        ...
