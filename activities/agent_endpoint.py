@@ -162,23 +162,26 @@ def _usage(reply: ChatReply) -> dict[str, int]:
     return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens, "total_tokens": total}
 
 
+def _envelope(reply: ChatReply, model: str, request_id: str, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """What a completion and a chunk share: ids, the model, the policy version and the usage, around one choice."""
+    return {
+        "id": request_id,
+        "object": kind,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"rollart-v{reply.policy_version}",
+        "choices": [choice],
+        "usage": _usage(reply),
+    }
+
+
 def completion_body(reply: ChatReply, model: str, request_id: str) -> dict[str, Any]:
     """The OpenAI `chat.completion` of a reply as JSON (the policy version as its `system_fingerprint`): built as
     `openai`'s own type, so a field out of shape fails here, not in the agent's client. Fields left unset are left
     out; those set to null (a tool call's `content`) stay, as OpenAI sends them."""
     choice = {"index": 0, "message": _message(reply), "finish_reason": _finish_reason(reply.finish_reason)}
-    completion = ChatCompletion.model_validate(
-        {
-            "id": request_id,
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": f"rollart-v{reply.policy_version}",
-            "choices": [{**choice, "logprobs": None}],
-            "usage": _usage(reply),
-        }
-    )
-    return completion.model_dump(mode="json", exclude_unset=True)
+    body = _envelope(reply, model, request_id, "chat.completion", {**choice, "logprobs": None})
+    return ChatCompletion.model_validate(body).model_dump(mode="json", exclude_unset=True)
 
 
 def stream_chunks(reply: ChatReply, model: str, request_id: str) -> list[dict[str, Any]]:
@@ -188,18 +191,8 @@ def stream_chunks(reply: ChatReply, model: str, request_id: str) -> list[dict[st
     if reply.tool_calls:
         delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(delta["tool_calls"])]
     choice = {"index": 0, "delta": delta, "finish_reason": _finish_reason(reply.finish_reason), "logprobs": None}
-    chunk = ChatCompletionChunk.model_validate(
-        {
-            "id": request_id,
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": model,
-            "system_fingerprint": f"rollart-v{reply.policy_version}",
-            "choices": [choice],
-            "usage": _usage(reply),
-        }
-    )
-    return [chunk.model_dump(mode="json", exclude_unset=True)]
+    body = _envelope(reply, model, request_id, "chat.completion.chunk", choice)
+    return [ChatCompletionChunk.model_validate(body).model_dump(mode="json", exclude_unset=True)]
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:

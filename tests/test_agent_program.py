@@ -12,7 +12,6 @@ import json
 import sys
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -23,7 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from rollart.activities.agent_program import AgentActivities
-from rollart.activities.engines.base import Completion, Engine, EngineOutput
+from rollart.activities.engines.base import Engine
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
 from rollart.client.trajectory_loader import load_trajectory
@@ -32,10 +31,11 @@ from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryI
 from rollart.contracts.store import StoredTurn
 from rollart.infra.store.payload import Store, open_store
 from rollart.infra.temporal.worker_tuning import workflow_runner
-from rollart.spec.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
+from rollart.spec.config import StoreConfig, TaskSpec, WorkerTuning
 from rollart.spec.pools import queue_name
 from rollart.workflows.group_rollout import GroupRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
+from tests.support.scripted import ScriptedEngine, SlowOn
 
 pytestmark = pytest.mark.integration
 
@@ -159,57 +159,12 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-@dataclass
-class ScriptedEngine(Engine):
-    """Answers turn k with `replies[k]` (then eos), as token ids of the model's tokenizer; keeps each prompt."""
-
-    tokenizer: object
-    replies: list[str]
-    prompts: list[list[int]] = field(default_factory=list)
-
-    async def start(self) -> None:
-        pass
-
-    async def generate(
-        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
-    ) -> EngineOutput:
-        assert isinstance(prompt, list), "chat turns reach the engine as token ids"
-        self.prompts.append(prompt)
-        text = self.replies[min(len(self.prompts), len(self.replies)) - 1]
-        ids = [*self.tokenizer(text, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id]
-        return EngineOutput(prompt, [Completion(ids, [-1.0] * len(ids), text, "stop")], 0, 0)
-
-    async def shutdown(self) -> None:
-        pass
-
-    def tokens_generated(self) -> int:
-        return 0
-
-
-@dataclass
-class SlowOn(ScriptedEngine):
-    """A scripted engine that takes `delay_s` over the turn it is asked for k-th (0 first), for each k in `slow`."""
-
-    slow: tuple[int, ...] = (0,)
-    delay_s: float = 1.5
-
-    async def generate(
-        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
-    ) -> EngineOutput:
-        if len(self.prompts) in self.slow:
-            await asyncio.sleep(self.delay_s)
-        return await super().generate(prompt, sampling, request_id, priority)
-
-
 class AnswersTheTool(ScriptedEngine):
     """Calls the tool until the prompt holds its output, then answers: right for each of several conversations
     played at once, whatever order their turns come in."""
 
-    async def generate(
-        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
-    ) -> EngineOutput:
-        self.replies = ["It is 5." if "<tool_response>" in self.tokenizer.decode(prompt) else TOOL_CALL]
-        return await super().generate(prompt, sampling, request_id, priority)
+    def reply(self, prompt: list[int]) -> str:
+        return "It is 5." if "<tool_response>" in self.tokenizer.decode(prompt) else TOOL_CALL
 
 
 @pytest.fixture(scope="module")

@@ -98,16 +98,22 @@ async def test_a_request_past_max_turns_is_refused_and_never_generated(
 async def test_bad_agent_args_fail_the_workflow_saying_why(bare_env: WorkflowEnvironment, queue_prefix: str) -> None:
     s = StandIns(prefix=queue_prefix)
     inp = TrajectoryInput(task=agent_task(env_args={"entry": "no-colon"}), seed=5, queue_prefix=queue_prefix)
-    async with standin_workers(bare_env.client, s):
+    cause = await failed_workflow(bare_env, s, inp)
+    assert "must be 'module:" in str(cause) and not s.called("run_agent")
+
+
+async def failed_workflow(env: WorkflowEnvironment, s: StandIns, inp: TrajectoryInput) -> BaseException | None:
+    """Run the trajectory, which must fail: the cause its workflow failed with."""
+    async with standin_workers(env.client, s):
         with pytest.raises(WorkflowFailureError) as failed:
-            await bare_env.client.execute_workflow(
+            await env.client.execute_workflow(
                 "TrajectoryWorkflow",
                 inp,
                 id=f"ag-{uuid.uuid4().hex[:8]}",
-                task_queue=queue_name(Pool.CONTROL, queue_prefix),
+                task_queue=queue_name(Pool.CONTROL, inp.queue_prefix),
                 result_type=TrajectoryResult,
             )
-    assert "must be 'module:" in str(failed.value.cause) and not s.called("run_agent")
+    return failed.value.cause
 
 
 @dataclass
@@ -125,16 +131,7 @@ async def test_a_program_returning_no_reward_for_a_task_without_one_fails_the_wo
 ) -> None:
     s = ReturnsNoReward(prefix=queue_prefix, agent_turns=1)
     inp = TrajectoryInput(task=agent_task(reward=None), seed=5, queue_prefix=queue_prefix)
-    async with standin_workers(bare_env.client, s):
-        with pytest.raises(WorkflowFailureError) as failed:
-            await bare_env.client.execute_workflow(
-                "TrajectoryWorkflow",
-                inp,
-                id=f"ag-{uuid.uuid4().hex[:8]}",
-                task_queue=queue_name(Pool.CONTROL, queue_prefix),
-                result_type=TrajectoryResult,
-            )
-    cause = failed.value.cause
+    cause = await failed_workflow(bare_env, s, inp)
     assert isinstance(cause, ApplicationError) and cause.type == "InvalidInput" and cause.non_retryable
     assert "return the reward from run()" in cause.message and not s.called("reward")
 

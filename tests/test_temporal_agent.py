@@ -8,12 +8,11 @@ keeps each prompt it was given and the ids it sampled, so the test compares them
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from rollart.activities.agent_program import AgentActivities
-from rollart.activities.engines.base import Completion, Engine, EngineOutput
+from rollart.activities.engines.base import Engine
 from rollart.activities.generate import GenerateActivities
 from rollart.activities.reward import RewardActivities
 from rollart.contracts.agent_workflow import agent_queue, agent_workflow_id
@@ -31,11 +30,12 @@ from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryI
 from rollart.contracts.store import StoredTurn, whole_prompt
 from rollart.infra.store.payload import Store, open_store
 from rollart.infra.temporal.worker_tuning import workflow_runner
-from rollart.spec.config import SamplingParams, StoreConfig, TaskSpec, WorkerTuning
+from rollart.spec.config import StoreConfig, TaskSpec, WorkerTuning
 from rollart.spec.pools import queue_name
 from rollart.workers.agent_worker import agent_worker, agents_plugins
 from rollart.workflows.group_rollout import GroupRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
+from tests.support.scripted import SlowOn
 
 pytestmark = pytest.mark.integration
 
@@ -56,39 +56,16 @@ ANSWER = "It is 18.0 C (64.4 F) and cloudy in Paris."
 
 
 @dataclass
-class Agentic(Engine):
-    """Plays the agents' part by the tool outputs the prompt holds: hand off, look the weather up, convert it, answer
-    (`loop`: look it up forever). Keeps each prompt it was given and the ids it sampled; takes `delay_s` over the
-    calls numbered in `slow` (0 first)."""
+class Agentic(SlowOn):
+    """Plays the agents' part by the tool outputs the prompt holds: hand off, look the weather up, convert it,
+    answer (`loop`: look it up forever). Slow on no call unless told (`slow`)."""
 
-    tokenizer: object
+    slow: tuple[int, ...] = ()
     loop: bool = False
-    slow: set[int] = field(default_factory=set)
-    delay_s: float = 0.0
-    prompts: list[list[int]] = field(default_factory=list)
-    sampled: list[list[int]] = field(default_factory=list)
 
-    async def start(self) -> None:
-        pass
-
-    async def generate(
-        self, prompt: str | list[int], sampling: SamplingParams, request_id: str, priority: int = 0
-    ) -> EngineOutput:
-        assert isinstance(prompt, list), "chat turns reach the engine as token ids"
-        if len(self.prompts) in self.slow:
-            await asyncio.sleep(self.delay_s)
-        self.prompts.append(prompt)
+    def reply(self, prompt: list[int]) -> str:
         answered = self.tokenizer.decode(prompt).count("<tool_response>")
-        text = [HANDOFF, LOOK_UP][min(answered, 1)] if self.loop else [HANDOFF, LOOK_UP, CONVERT, ANSWER][answered]
-        ids = [*self.tokenizer(text, add_special_tokens=False).input_ids, self.tokenizer.eos_token_id]
-        self.sampled.append(ids)
-        return EngineOutput(prompt, [Completion(ids, [-1.0] * len(ids), text, "stop")], 0, 0)
-
-    async def shutdown(self) -> None:
-        pass
-
-    def tokens_generated(self) -> int:
-        return 0
+        return [HANDOFF, LOOK_UP][min(answered, 1)] if self.loop else [HANDOFF, LOOK_UP, CONVERT, ANSWER][answered]
 
 
 @contextlib.asynccontextmanager
@@ -201,7 +178,7 @@ async def test_a_model_call_past_its_timeout_is_retried_and_is_still_one_turn(
     the same idempotency key, which is the same update, so the trajectory plays and records that turn once."""
     from transformers import AutoTokenizer
 
-    engine = Agentic(AutoTokenizer.from_pretrained(tiny_chat_model), slow={1}, delay_s=3.0)
+    engine = Agentic(AutoTokenizer.from_pretrained(tiny_chat_model), slow=(1,), delay_s=3.0)
     store = open_store(StoreConfig(path=tmp_path / "store"))
     result = await run(bare_env, queue_prefix, engine, store, tiny_chat_model, call_timeout_s=1.5)
 
