@@ -32,7 +32,8 @@ from rollart.activities.agent_endpoint import AgentEndpoint
 from rollart.activities.heartbeat import heartbeating
 from rollart.contracts.agent import RunAgentInput, RunAgentResult
 from rollart.contracts.errors import ErrorType
-from rollart.spec.config.agent import AgentArgs
+from rollart.infra.secrets import remember, scrub
+from rollart.spec.config.agent import AgentArgs, FromEnv
 from rollart.spec.imports import ImportPathError, resolve_import_path
 
 __all__ = ["AgentActivities", "as_result"]
@@ -49,8 +50,9 @@ INHERITED_ENV = re.compile(
 needs to find its interpreter, its packages, its locale, certificates and a temporary directory: no credentials."""
 
 
-def _failed(why: str) -> ApplicationError:
-    return ErrorType.AGENT_FAILED.error(why)
+def _failed(why: str, api_key: str = "") -> ApplicationError:
+    """The program's failure, its output scrubbed of the worker's secrets and its own key before it is recorded."""
+    return ErrorType.AGENT_FAILED.error(scrub(why, extra=(api_key,)))
 
 
 def as_result(value: Any) -> RunAgentResult:
@@ -93,7 +95,22 @@ def _command_env(args: AgentArgs, base_url: str, seed: int, api_key: str) -> dic
     inherited = {k: v for k, v in os.environ.items() if INHERITED_ENV.fullmatch(k)}
     ours = {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key}
     ours |= {"ROLLART_BASE_URL": base_url, "ROLLART_SEED": str(seed), "ROLLART_API_KEY": api_key}
-    return {**inherited, **args.env, **ours}
+    return {**inherited, **{k: _value(k, v) for k, v in args.env.items()}, **ours}
+
+
+def _value(name: str, value: str | FromEnv) -> str:
+    """An `env_args.env` value: as written, or the worker's own variable it names (remembered as a secret, so that
+    the program printing it leaves `[redacted]` in what is recorded)."""
+    if isinstance(value, str):
+        return value
+    found = os.environ.get(value.from_env)
+    if found is None:
+        raise ErrorType.INVALID_INPUT.error(
+            f"env_args.env.{name} is the worker's variable {value.from_env}, which is not set on this worker: set it "
+            "in the env workers' environment (on Kubernetes, from a Secret)"
+        )
+    remember(found)
+    return found
 
 
 def _takes_api_key(fn: Any) -> bool:
@@ -167,7 +184,7 @@ class AgentActivities:
             raise
         except Exception as e:
             tail = "".join(traceback.format_exception(e))[-OUTPUT_TAIL_CHARS:]
-            raise _failed(f"the agent program {args.entry} raised {type(e).__name__}: {e}\n{tail}") from e
+            raise _failed(f"the agent program {args.entry} raised {type(e).__name__}: {e}\n{tail}", api_key) from e
         return as_result(value)
 
     async def _command(self, args: AgentArgs, base_url: str, seed: int, api_key: str) -> RunAgentResult:
@@ -192,5 +209,5 @@ class AgentActivities:
         stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
         if proc.returncode != 0:
             how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
-            raise _failed(f"the agent command {args.command[0]!r} {how}: {stderr[-OUTPUT_TAIL_CHARS:]}")
+            raise _failed(f"the agent command {args.command[0]!r} {how}: {stderr[-OUTPUT_TAIL_CHARS:]}", api_key)
         return _last_line_result(stdout)

@@ -14,6 +14,7 @@ from rollart.activities.envs.faults import FaultyEnv
 from rollart.activities.errors import bad_input, env_broken, unknown_component
 from rollart.contracts.activities import StepResult
 from rollart.contracts.errors import ErrorType
+from rollart.infra.secrets import scrub
 from rollart.spec.chat import ChatMessage, as_messages
 from rollart.spec.env import ChatEnv, EnvSessionLost, observation_text
 from rollart.spec.registry import EnvEntry, UnknownComponentError, lookup_env
@@ -105,11 +106,21 @@ def play_answers(name: str, env_args: dict[str, Any], seed: int, answers: list[s
     return results
 
 
+def _scrubbed(messages: list[Any]) -> list[Any]:
+    """A chat env's new messages with the worker's secrets scrubbed from their text (infra/secrets.py)."""
+    return [
+        m.model_copy(update={"content": scrub(m.content)}) if isinstance(m, ChatMessage) and m.content else m
+        for m in messages
+    ]
+
+
 def step_result(entry: EnvEntry, outcome: Any) -> StepResult:
+    """An env's step outcome as the workflow records it: its observation (what the model's action produced, a tool's
+    output among it) scrubbed of this worker's secrets, which a model-written program may have printed."""
     try:
-        messages = outcome.observation if isinstance(outcome.observation, list) else None
+        messages = _scrubbed(outcome.observation) if isinstance(outcome.observation, list) else None
         return StepResult(
-            observation=observation_text(outcome.observation),
+            observation=scrub(observation_text(outcome.observation)),
             reward=outcome.reward,
             done=outcome.done,
             info=outcome.info,

@@ -17,6 +17,7 @@ import uuid
 
 from temporalio.client import Client
 
+from rollart.infra.secrets import remember_file
 from rollart.infra.temporal.connection import connect
 from rollart.infra.waiting import Backoff, tcp_reachable, unless_stopped, wait_for
 from rollart.spec.config import StoreConfig, TrainerConfig
@@ -36,6 +37,8 @@ def new_worker_id(pool: str) -> str:
 
 async def serve(settings: WorkerSettings, stop: asyncio.Event) -> None:
     """Run the pool's worker(s) until `stop` is set, then drain in-flight activities and shut down."""
+    if settings.temporal.tls is not None and settings.temporal.tls.key is not None:
+        remember_file(settings.temporal.tls.key)  # scrubbed from what its envs and programs print (infra/secrets.py)
     if settings.role == "trainer":
         _check_trainer_device(settings.trainer)
         if settings.nodes.node_rank > 0:

@@ -12,7 +12,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AgentArgs"]
+__all__ = ["AgentArgs", "FromEnv"]
+
+
+class FromEnv(BaseModel):
+    """An agent command's variable whose value is the worker's own variable `from_env`, read as the program starts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    from_env: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class AgentArgs(BaseModel):
@@ -46,7 +54,12 @@ class AgentArgs(BaseModel):
         None, min_length=1, description="`workflow`: the inputs to start it with; seed s gets inputs[s % len(inputs)]"
     )
     timeout_s: float = Field(300.0, gt=0.0, description="the episode's wall-clock limit: past it, it fails (masked)")
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of a `command`")
+    env: dict[str, str | FromEnv] = Field(
+        default_factory=dict,
+        description="extra environment variables of a `command`: a value, or `{from_env: NAME}` to pass the worker's "
+        "own variable NAME (a secret the job names but does not hold: it stays out of the spec, the history and the "
+        "job's ConfigMap, and is scrubbed from what the program prints)",
+    )
 
     @classmethod
     def parse(cls, env_args: dict[str, Any]) -> AgentArgs:
