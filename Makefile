@@ -46,6 +46,11 @@ $(STAMP): pyproject.toml $(LOCK) Makefile
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; \
 	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1; fi; \
 	fi
+	@if ! command -v bwrap >/dev/null 2>&1; then \
+	  echo "installing bubblewrap (the sandbox of python tool calls: docs/envs.md, tool_use)"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; \
+	  else sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; fi; \
+	fi
 	@if [ -e $(VENV)/.rollart-setup-$(OTHER_BUILD) ] || { [ $(ROLLART_BUILD) = gpu ] && [ -e $(VENV)/.rollart-setup-done ]; }; then \
 	  echo "$(VENV) holds the $(OTHER_BUILD) build: recreating it for the $(ROLLART_BUILD) build"; rm -rf $(VENV); \
 	fi

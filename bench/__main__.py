@@ -32,6 +32,7 @@ BENCHMARKS = {
     "turns": "bench.turns",
     "sft": "bench.sft",
     "priority": "bench.priority",
+    "sandbox": "bench.sandbox",
     "simulate": "bench.simulate.cli",
 }
 TOOLS = {"tables": "bench.tables"}

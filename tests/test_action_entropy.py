@@ -164,7 +164,7 @@ def test_coverage_is_refused_over_tokens_and_with_an_entropy_target() -> None:
 
 def test_a_job_whose_env_declares_no_actions_is_refused_before_it_starts() -> None:
     tasks = [
-        {"name": "calc", "env": "tool_use", "reward": "env_return"},
+        {"name": "calc", "env": "tool_use", "reward": "env_return", "env_args": {"tools": ["calc"]}},  # no sandbox
         {"name": "fl", "env": "frozenlake", "reward": "success"},
     ]
     job = JobSpec(tasks=tasks, trainer={"loss": {"entropy_over": "actions"}})

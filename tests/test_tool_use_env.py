@@ -15,21 +15,43 @@ from pathlib import Path
 
 import pytest
 
-from rollart.activities.envs import sandbox
+from rollart.activities.envs import sandbox_isolation
 from rollart.activities.envs.sandbox import (
     CalcError,
     SandboxLimits,
+    SandboxMode,
+    SandboxUnavailable,
     check_expression,
     run_calc,
     run_python,
 )
+from rollart.activities.envs.sandbox_isolation import BwrapLayout, BwrapProbe
 from rollart.activities.envs.tool_use import ToolUse, make_problem, parse_action
+from rollart.spec.checks import JobCheckError, check_job_components
 from rollart.spec.config import JobSpec, TaskSpec
 from rollart.spec.registry import lookup_env
 from rollart.workers.local_stack import LocalStack
 from tests.support.cli import rollart
 
 FAST = SandboxLimits(time_limit_s=1.0, cpu_limit_s=1, memory_mb=256, max_output_chars=200)
+FAKE_LAYOUT = BwrapLayout(bwrap="/usr/bin/bwrap", python="/usr/bin/python3.11", ro_dirs=("/usr",))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_see_a_working_bubblewrap(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Building a tool_use env with python probes bubblewrap (a process); unit tests get a probe that says it works."""
+    if request.node.get_closest_marker("integration") is None:
+        monkeypatch.setattr(sandbox_isolation, "bubblewrap", lambda: BwrapProbe(FAKE_LAYOUT))
+
+
+def _mode(mode: SandboxMode) -> SandboxMode:
+    """`mode`, or a skip where it needs bubblewrap and bubblewrap cannot run here."""
+    if mode != "unsafe_process" and sandbox_isolation.bubblewrap().layout is None:
+        pytest.skip(f"bubblewrap cannot run here: {sandbox_isolation.bubblewrap().why}")
+    return mode
+
+
+BOTH = pytest.mark.parametrize("mode", ["auto", "unsafe_process"])
 
 
 # --- unit: nothing here starts a process ---------------------------------------------------------------------------
@@ -202,15 +224,48 @@ def test_bad_env_args_are_refused_naming_the_argument(args: dict[str, object], m
         _env(**args)
 
 
+def test_python_tools_are_refused_where_bubblewrap_cannot_run_unless_the_task_opts_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox_isolation, "bubblewrap", lambda: BwrapProbe(None, "bubblewrap is not installed"))
+    monkeypatch.setattr(sandbox_isolation, "network_isolation", lambda: "netns")
+    for mode in ("auto", "bubblewrap"):
+        with pytest.raises(SandboxUnavailable) as refused:
+            _env(sandbox=mode)
+        message = str(refused.value)
+        assert message.startswith(f"tool_use: sandbox {mode!r}: python tool calls run model-written code")
+        assert "bubblewrap is not installed" in message and "install bubblewrap" in message
+        assert "user namespaces" in message and "env_args.sandbox: unsafe_process" in message
+    assert _env(tools=["calc"]).tools == ("calc",)  # the calculator runs no code: it works without bubblewrap
+    assert _env(sandbox="unsafe_process").sandbox == "unsafe_process"  # the opt-in by name
+    with pytest.raises(ValueError, match="sandbox must be one of 'auto', 'bubblewrap', 'unsafe_process'"):
+        _env(sandbox="none")
+    with pytest.raises(SandboxUnavailable, match="bubblewrap is not installed"):
+        run_python("print(1)", FAST)  # a direct call refuses too, before running anything
+
+
+def test_a_job_with_python_tools_is_refused_at_load_where_bubblewrap_cannot_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sandbox_isolation, "bubblewrap", lambda: BwrapProbe(None, "bubblewrap is not installed"))
+    task = {"name": "tool_use", "env": "tool_use", "reward": "success", "generate_pool": "h800", "max_turns": 3}
+    with pytest.raises(JobCheckError, match=r"tasks.0 \(tool_use\): env: tool_use: sandbox 'auto'.*unsafe_process"):
+        check_job_components(JobSpec(tasks=[TaskSpec.model_validate(task)]))
+    calc_only = {**task, "env_args": {"tools": ["calc"]}}
+    check_job_components(JobSpec(tasks=[TaskSpec.model_validate(calc_only)]))
+
+
 # --- integration: tool calls in child processes --------------------------------------------------------------------
 
 
 @pytest.mark.integration
-def test_python_output_and_calculator_values_come_back() -> None:
-    ok = run_python("import math\nprint(math.factorial(20))\nprint('done')", FAST)
+@BOTH
+def test_python_output_and_calculator_values_come_back(mode: SandboxMode) -> None:
+    ok = run_python("import math\nprint(math.factorial(20))\nprint('done')", FAST, _mode(mode))
     assert (ok.reason, ok.exit_code, ok.stdout) == ("ok", 0, "2432902008176640000\ndone\n")
-    assert ok.network in ("netns", "sockets_disabled") and ok.wall_s < 5
-    failed = run_python("print('partial')\nraise KeyError('k')", FAST)
+    expected = ("bwrap",) if mode == "auto" else ("netns", "sockets_disabled")
+    assert ok.isolation in expected and ok.wall_s < 5
+    failed = run_python("print('partial')\nraise KeyError('k')", FAST, mode)
     assert failed.reason == "error" and failed.exit_code == 1 and failed.stdout == "partial\n"
     assert failed.error_line(FAST) == "error: KeyError: 'k'"
     assert run_calc("4821*37", FAST).stdout == "178377\n"
@@ -219,45 +274,49 @@ def test_python_output_and_calculator_values_come_back() -> None:
 
 
 @pytest.mark.integration
+@BOTH
 @pytest.mark.parametrize("code", ["while True: pass", "import time\ntime.sleep(600)"])
-def test_a_call_that_never_ends_is_cut_off_by_the_limits(code: str) -> None:
+def test_a_call_that_never_ends_is_cut_off_by_the_limits(code: str, mode: SandboxMode) -> None:
     start = time.monotonic()
-    result = run_python(code, FAST)
+    result = run_python(code, FAST, _mode(mode))
     assert time.monotonic() - start < FAST.time_limit_s + 3
     assert result.reason in ("timeout", "cpu_limit")
     assert result.error_line(FAST) in ("error: timed out after 1 s", "error: CPU time limit of 1 s exceeded")
 
 
 @pytest.mark.integration
-def test_allocating_10_gib_is_cut_off_by_the_memory_limit() -> None:
+@BOTH
+def test_allocating_10_gib_is_cut_off_by_the_memory_limit(mode: SandboxMode) -> None:
     start = time.monotonic()
-    result = run_python("blob = bytearray(10 * 1024**3)\nprint('allocated')", FAST)
+    result = run_python("blob = bytearray(10 * 1024**3)\nprint('allocated')", FAST, _mode(mode))
     assert time.monotonic() - start < 5
     assert result.reason == "memory_limit" and result.stdout == "" and "MemoryError" in result.stderr_tail
     assert result.error_line(FAST) == "error: memory limit of 256 MB exceeded"
 
 
 @pytest.mark.integration
-def test_huge_output_is_truncated_and_stops_the_call() -> None:
+@BOTH
+def test_huge_output_is_truncated_and_stops_the_call(mode: SandboxMode) -> None:
     start = time.monotonic()
-    result = run_python("while True:\n    print('x' * 10000)", FAST)
+    result = run_python("while True:\n    print('x' * 10000)", FAST, _mode(mode))
     assert time.monotonic() - start < FAST.time_limit_s + 3
     assert result.reason == "output_limit" and result.truncated and result.stdout == "x" * FAST.max_output_chars
-    flood = run_python("import sys\nwhile True:\n    sys.stderr.write('y' * 10000)", FAST)
+    flood = run_python("import sys\nwhile True:\n    sys.stderr.write('y' * 10000)", FAST, mode)
     assert flood.reason == "output_limit" and len(flood.stderr_tail) <= 1000
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("mechanism", ["netns", "sockets_disabled"])
 def test_the_network_is_unreachable_from_a_tool_call(mechanism: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    if mechanism == "netns" and sandbox.network_isolation() != "netns":
+    """The unsafe mode's two mechanisms; bubblewrap's (and routes round the sockets guard): test_sandbox_escapes.py."""
+    if mechanism == "netns" and sandbox_isolation.network_isolation() != "netns":
         pytest.skip("no user namespaces here: the sandbox falls back to disabling sockets")
-    monkeypatch.setattr(sandbox, "network_isolation", lambda: mechanism)
+    monkeypatch.setattr(sandbox_isolation, "network_isolation", lambda: mechanism)
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
         code = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)\nprint('connected')"
-        result = run_python(code, FAST)
-        assert result.network == mechanism and result.reason == "error" and "connected" not in result.stdout
+        result = run_python(code, FAST, "unsafe_process")
+        assert result.isolation == mechanism and result.reason == "error" and "connected" not in result.stdout
         expected = "Network is unreachable" if mechanism == "netns" else "network access is disabled"
         assert expected in result.stderr_tail
         server.settimeout(0.2)
@@ -267,7 +326,8 @@ def test_the_network_is_unreachable_from_a_tool_call(mechanism: str, monkeypatch
 
 @pytest.mark.integration
 def test_processes_a_call_leaves_behind_are_killed(tmp_path: Path) -> None:
-    if sandbox.network_isolation() != "netns":
+    """In the unsafe mode's netns (which can write the host's files, so the orphan's heartbeat is seen here)."""
+    if sandbox_isolation.network_isolation() != "netns":
         pytest.skip("only the pid namespace (with the network namespace) kills a process that left the process group")
     beat = tmp_path / "beat"
     code = (
@@ -275,7 +335,7 @@ def test_processes_a_call_leaves_behind_are_killed(tmp_path: Path) -> None:
         f"        open({str(beat)!r}, 'a').write('.')\n        time.sleep(0.05)\n"
         f"else:\n    time.sleep(0.3)\n    print('parent done')"
     )
-    result = run_python(code, FAST)
+    result = run_python(code, FAST, "unsafe_process")
     assert result.reason == "ok" and result.stdout == "parent done\n"
     assert beat.exists()  # the orphan ran, in its own session...
     size = beat.stat().st_size
@@ -285,6 +345,7 @@ def test_processes_a_call_leaves_behind_are_killed(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_an_episode_with_tool_calls_a_timeout_and_an_answer() -> None:
+    _mode("auto")
     env = _env(time_limit_s=1.0, cpu_limit_s=1)
     env.reset(11)
     expression, value = make_problem(11, 3, 2, "*")
@@ -311,6 +372,7 @@ def test_an_episode_with_tool_calls_a_timeout_and_an_answer() -> None:
 def test_rollout_cli_runs_tool_use_episodes_on_the_stack(
     capsys: pytest.CaptureFixture[str], stack: LocalStack, stack_job: JobSpec, tmp_path: Path
 ) -> None:
+    _mode("auto")  # the job's python tool needs bubblewrap, here (`rollart rollout` checks) and on the workers
     task = TaskSpec.model_validate(
         {
             "name": "tool_use",

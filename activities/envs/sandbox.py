@@ -15,24 +15,29 @@ itself and reads stdout and stderr with a bound: over ``max_output_chars`` bytes
 the child is killed (``output_limit``). On timeout, output overflow and after every run the whole
 process group is killed.
 
-No network, by one of two mechanisms (see `network_isolation`, probed once per process and
-logged once; every result names it in ``network``):
+Where the child runs is the task's `SandboxMode` (``env_args.sandbox`` of the tool env); every result names the
+`Isolation` it got:
 
-- ``"netns"``: the child runs under ``unshare --net --map-root-user --pid --fork
-  --kill-child``: a new network namespace with no interface up (even 127.0.0.1 is
-  unreachable), and a new pid namespace, so every process the snippet starts dies with it
-  even if it left the process group. Needs unprivileged user namespaces.
-- ``"sockets_disabled"``: the fallback where user namespaces are unavailable: the child's
-  ``socket`` module refuses to create sockets. Python-level only (ctypes could get round it).
+- ``"bwrap"`` (modes ``auto``, the default, and ``bubblewrap``): under bubblewrap (`sandbox_isolation`): every
+  namespace new (no network: the host's 127.0.0.1 is out of reach; a ``/proc`` showing only the call), a read-only
+  view of only the interpreter's install and the system libraries, a private size-bounded tmpfs as its working
+  directory, uid 65534 with no capabilities and no environment. The worker's files (the repo, the venv, the
+  store, TLS keys, ``$HOME``) and its ``/proc/<pid>/environ`` are not there to read. Where bubblewrap cannot run
+  (not installed, user namespaces blocked), `isolation_for` refuses with `SandboxUnavailable`, naming the fix.
+- ``unsafe_process`` (an opt-in by name, for trusted models only): today's process, which bounds buggy or runaway
+  output but is **not a security boundary**: the snippet runs as the worker's user and can read and write that
+  user's files and read ``/proc``. Its network isolation is ``"netns"`` (``unshare --net --map-root-user --pid
+  --fork --kill-child``: no interface up, and a pid namespace so leftovers die with the call; needs user
+  namespaces) or, where that fails, ``"sockets_disabled"`` (the child's ``socket`` module refuses; Python-level
+  only, walked out of through ``_socket``, ctypes or the class's ``__mro__``).
 
-This bounds buggy or runaway model output; it is not a security boundary against hostile code:
-the snippet runs as the worker's user and can read and write that user's files.
+A calculator expression (`run_calc`) is checked to be arithmetic before it runs, so it runs under bubblewrap where
+it works and in the unsafe process otherwise, whatever the mode.
 """
 
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import logging
 import math
@@ -48,31 +53,52 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from rollart.activities.envs.sandbox_isolation import (
+    NETNS_PREFIX,
+    SANDBOX_MODES,
+    SANDBOX_SNIPPET,
+    Isolation,
+    NetworkIsolation,
+    SandboxMode,
+    SandboxUnavailable,
+    bubblewrap,
+    bwrap_command,
+    isolation_for,
+    network_isolation,
+    sandbox_mode,
+)
+
 __all__ = [
+    "SANDBOX_MODES",
     "CalcError",
+    "Isolation",
     "NetworkIsolation",
     "Reason",
     "SandboxLimits",
+    "SandboxMode",
     "SandboxResult",
+    "SandboxUnavailable",
+    "bubblewrap",
     "check_expression",
+    "isolation_for",
     "network_isolation",
     "run_calc",
     "run_python",
+    "sandbox_mode",
 ]
 
 log = logging.getLogger(__name__)
 
 Reason = Literal["ok", "timeout", "cpu_limit", "memory_limit", "output_limit", "error"]
-NetworkIsolation = Literal["netns", "sockets_disabled"]
 
 MAX_EXPRESSION_CHARS: Final = 500
 _MAX_PROCESSES: Final = 32  # RLIMIT_NPROC of the snippet (ignored by the kernel for root)
 _MAX_FILE_BYTES: Final = 16 * 1024 * 1024  # RLIMIT_FSIZE: the largest file a snippet may write
+_MAX_TMP_BYTES: Final = 64 * 1024 * 1024  # bubblewrap's /tmp: all the files of a call together (memory, not disk)
 _STDERR_TAIL_CHARS: Final = 1000
 _READ_CHUNK: Final = 65536
 _STATUS_BYTES: Final = 4096
 _REAP_TIMEOUT_S: Final = 5.0
-_NETNS_PREFIX: Final = ("--net", "--map-root-user", "--pid", "--fork", "--kill-child", "--")
 
 _BIN_OPS: Final = {
     ast.Add: "+",
@@ -120,7 +146,7 @@ class SandboxResult:
     exit_code: int | None
     reason: Reason
     wall_s: float
-    network: NetworkIsolation | None
+    isolation: Isolation | None
     truncated: bool = False
 
     def info(self) -> dict[str, Any]:
@@ -129,7 +155,7 @@ class SandboxResult:
             "reason": self.reason,
             "wall_s": round(self.wall_s, 4),
             "exit_code": self.exit_code,
-            "network": self.network,
+            "isolation": self.isolation,
             "truncated": self.truncated,
         }
 
@@ -192,45 +218,25 @@ def _refusal(node: ast.AST) -> str:
     return f"{type(node).__name__} is not allowed; use numbers and + - * / // % ** only"
 
 
-@functools.cache
-def network_isolation() -> NetworkIsolation:
-    """How this process keeps tool calls off the network: probed once (a namespaced `true`), logged once."""
-    unshare = shutil.which("unshare")
-    if unshare is not None:
-        try:
-            probe = subprocess.run(
-                [unshare, *_NETNS_PREFIX, "true"], check=False, capture_output=True, timeout=10, env={}
-            )
-            if probe.returncode == 0:
-                log.info("tool sandbox: no network by a network namespace (unshare --net --map-root-user)")
-                return "netns"
-            why = probe.stderr.decode(errors="replace").strip() or f"exit status {probe.returncode}"
-        except (OSError, subprocess.TimeoutExpired) as e:
-            why = str(e)
-    else:
-        why = "no unshare binary on PATH"
-    log.warning(
-        "tool sandbox: network namespaces unavailable (%s); falling back to disabling sockets inside the "
-        "child interpreter (Python-level only)",
-        why,
-    )
-    return "sockets_disabled"
+def run_python(code: str, limits: SandboxLimits, mode: SandboxMode = "auto") -> SandboxResult:
+    """Run `code` as a Python script in the sandbox `mode` asks for; what it prints to stdout is the output.
 
-
-def run_python(code: str, limits: SandboxLimits) -> SandboxResult:
-    """Run `code` as a Python script in the sandbox; what it prints to stdout is the output."""
-    return _run(code, limits)
+    Raises SandboxUnavailable (before running anything) where `mode` needs bubblewrap and it cannot run here.
+    """
+    return _run(code, limits, isolation_for(mode))
 
 
 def run_calc(expression: str, limits: SandboxLimits) -> SandboxResult:
-    """Evaluate a calculator expression in the sandbox (refused without running if `check_expression` fails)."""
+    """Evaluate a calculator expression (refused without running if `check_expression` fails): under bubblewrap
+    where it works, else in the unsafe process, which is enough for a checked arithmetic expression."""
     try:
         source = check_expression(expression)
     except CalcError as e:
         return SandboxResult(
-            stdout="", stderr_tail=f"calc: {e}", exit_code=None, reason="error", wall_s=0.0, network=None
+            stdout="", stderr_tail=f"calc: {e}", exit_code=None, reason="error", wall_s=0.0, isolation=None
         )
-    return _run(f"print({source})\n", limits)
+    isolation: Isolation = "bwrap" if bubblewrap().layout is not None else network_isolation()
+    return _run(f"print({source})\n", limits, isolation)
 
 
 # The child's first program: fork the snippet's process, limit it, run the snippet in it, and
@@ -285,37 +291,32 @@ _SLOTS: Final = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))
 env sessions); a call's wall-time limit starts once it has a slot."""
 
 
-def _run(code: str, limits: SandboxLimits) -> SandboxResult:
+def _run(code: str, limits: SandboxLimits, isolation: Isolation) -> SandboxResult:
     with _SLOTS:
-        return _run_now(code, limits)
+        return _run_now(code, limits, isolation)
 
 
-def _run_now(code: str, limits: SandboxLimits) -> SandboxResult:
-    network = network_isolation()
+def _run_now(code: str, limits: SandboxLimits, isolation: Isolation) -> SandboxResult:
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rollart-tool-") as workdir:
         path = os.path.join(workdir, "snippet.py")
         with open(path, "w", encoding="utf-8", errors="replace") as f:
             f.write(code)
         status_read, status_write = os.pipe()
-        argv = [
-            sys.executable,
-            "-I",
-            "-S",
+        args = [
             "-X",
             "utf8",
             "-c",
             _BOOTSTRAP,
             str(status_write),
-            path,
+            SANDBOX_SNIPPET if isolation == "bwrap" else path,
             str(math.ceil(limits.cpu_limit_s)),
             str(limits.memory_mb * 1024 * 1024),
             str(_MAX_FILE_BYTES),
             str(_MAX_PROCESSES),
-            "1" if network == "sockets_disabled" else "0",
+            "1" if isolation == "sockets_disabled" else "0",
         ]
-        if network == "netns":
-            argv = [shutil.which("unshare") or "unshare", *_NETNS_PREFIX, *argv]
+        argv = _command(isolation, path, args)
         try:
             proc = subprocess.Popen(
                 argv,
@@ -336,7 +337,7 @@ def _run_now(code: str, limits: SandboxLimits) -> SandboxResult:
                 exit_code=None,
                 reason="error",
                 wall_s=time.monotonic() - start,
-                network=network,
+                isolation=isolation,
             )
         os.close(status_write)
         try:
@@ -359,9 +360,21 @@ def _run_now(code: str, limits: SandboxLimits) -> SandboxResult:
         exit_code=exit_code,
         reason=reason,
         wall_s=wall_s,
-        network=network,
+        isolation=isolation,
         truncated=len(stdout) > cap,
     )
+
+
+def _command(isolation: Isolation, path: str, args: list[str]) -> list[str]:
+    """The argv running ``python -I -S ARGS`` under `isolation` (never a weaker one than asked for)."""
+    if isolation == "bwrap":
+        layout = bubblewrap().layout
+        if layout is None:
+            raise SandboxUnavailable(f"sandbox: bubblewrap cannot run here: {bubblewrap().why}")
+        return bwrap_command(layout, path, args, tmp_bytes=_MAX_TMP_BYTES)
+    if isolation == "netns":
+        return [shutil.which("unshare") or "unshare", *NETNS_PREFIX, sys.executable, "-I", "-S", *args]
+    return [sys.executable, "-I", "-S", *args]
 
 
 def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, Reason | None]:

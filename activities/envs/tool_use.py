@@ -10,7 +10,8 @@ tag among:
 
 A closing tag may be missing (the rest of the text is then the content), so a task may stop
 sampling at ``</calc>`` etc. A tool call runs in `sandbox` (a child process with wall-time, CPU,
-memory and output limits and no network); the episode goes on with reward 0, whatever the call
+memory and output limits and no network; ``python`` calls under bubblewrap unless the task opts in to
+``sandbox: unsafe_process``); the episode goes on with reward 0, whatever the call
 did: a call that hangs or allocates too much comes back as an error line such as
 ``error: timed out after 2 s``. The answer is correct when, without spaces, commas and
 underscores, it is the expected integer: ``info["success"]``, ``info["answer"]`` (expected,
@@ -30,7 +31,7 @@ tokens than characters::
 
 Every step's info carries ``tool`` ("calc", "python" or None) and, for a tool call, the
 sandbox's ``reason`` ("ok", "timeout", "cpu_limit", "memory_limit", "output_limit", "error"),
-``wall_s``, ``exit_code``, ``network`` (the isolation used) and ``truncated``.
+``wall_s``, ``exit_code``, ``isolation`` ("bwrap", "netns" or "sockets_disabled") and ``truncated``.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ from typing import Any, Final
 from rollart.activities.envs.sandbox import (
     SandboxLimits,
     SandboxResult,
+    isolation_for,
     run_calc,
     run_python,
+    sandbox_mode,
 )
 from rollart.spec.env import Env, StepOutcome
 from rollart.spec.registry import env
@@ -101,7 +104,9 @@ class ToolUse(Env):
     2), ``cpu_limit_s`` (1..20, default 2, rounded up to whole seconds), ``memory_mb`` (64..65536,
     default 256), ``max_output_chars`` (stdout kept per call, 16..1000000, default 200),
     ``max_observation_chars`` (the longest observation, default 512; must fit the question plus
-    one call), ``invalid_action`` ("noop" | "end", default "noop").
+    one call), ``invalid_action`` ("noop" | "end", default "noop"), ``sandbox`` (where ``python`` calls run:
+    "auto" | "bubblewrap" | "unsafe_process", default "auto": bubblewrap, and the env refuses to be built where
+    it cannot run; "unsafe_process" is an opt-in to a child process that is not a security boundary).
     """
 
     def __init__(
@@ -117,6 +122,7 @@ class ToolUse(Env):
         max_output_chars: int = 200,
         max_observation_chars: int = 512,
         invalid_action: str = "noop",
+        sandbox: str = "auto",
         **unknown: Any,
     ) -> None:
         super().__init__(**unknown)
@@ -144,8 +150,14 @@ class ToolUse(Env):
             )
         except ValueError as e:
             raise ValueError(f"tool_use: {e}") from None
-        self.digits, self.num_terms, self.operators = digits, num_terms, operators
         self.tools = tuple(t for t in TOOLS if t in tools)
+        try:
+            self.sandbox = sandbox_mode(sandbox)
+            if "python" in self.tools:  # refused here, at load and on the worker, never at the first call
+                isolation_for(self.sandbox)
+        except ValueError as e:
+            raise type(e)(f"tool_use: {e}") from None
+        self.digits, self.num_terms, self.operators = digits, num_terms, operators
         self.invalid_action = invalid_action
         longest = self._header("9" * (digits * num_terms + num_terms - 1))
         least = len(longest) + 64
@@ -219,7 +231,9 @@ class ToolUse(Env):
             self._done = True
         elif call is not None and call.kind in self.tools:
             result = (
-                run_calc(call.content, self.limits) if call.kind == "calc" else run_python(call.content, self.limits)
+                run_calc(call.content, self.limits)
+                if call.kind == "calc"
+                else run_python(call.content, self.limits, self.sandbox)
             )
             self._calls += 1
             info.update(tool=call.kind, tool_calls=self._calls, **result.info())
