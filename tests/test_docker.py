@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from rollart.infra.deploy.render import render
-from rollart.infra.deploy.workloads import IMAGE_GID
+from rollart.infra.deploy.workloads import IMAGE_GID, IMAGE_UID
 from rollart.spec.config import load_job
 from rollart.spec.config.kubernetes import DEFAULT_CPU_IMAGE, DEFAULT_GPU_IMAGE, KubernetesConfig
 from tests.support.paths import REPO
@@ -107,7 +107,10 @@ def test_each_image_installs_the_way_make_setup_does(dockerfile: Path) -> None:
     runs = [line.strip() for line in text.splitlines() if line.startswith("RUN ")]
     assert f"RUN make setup ROLLART_BUILD={build} VENV=/opt/rollart/.venv" in runs
     assert "ENV PATH=/opt/rollart/.venv/bin:$PATH" in text and 'ENTRYPOINT ["rollart"]' in text
-    assert "COPY --chown=10001:10001 . ." in text and "USER 10001:10001" in text  # not root
+    assert "USER 10001:10001" in text and f"--uid {IMAGE_UID}" in text  # runs as the pods' runAsUser, not root
+    assert "COPY . ." in text and "--chown" not in text  # the code and venv stay root's: read-only to the runtime user
+    assert text.index("RUN make setup") < text.index("USER 10001:10001")  # installed as root, before the switch
+    assert "ENV PATH=/opt/rollart/.venv/bin:$PATH \\\n    HOME=/home/rollart" in text  # the pods' emptyDir HOME
     assert f"--gid {IMAGE_GID}" in text  # the pods' fsGroup: the volumes they mount are writable for this user
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_labels, app_name, pod_selector
+from rollart.infra.deploy.pod_security import container_security_context, pod_security_context, scratch_volumes
 from rollart.spec.config import EnvServerSpec, JobSpec
 from rollart.spec.config.kubernetes import KubernetesConfig
 
@@ -38,7 +39,8 @@ def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
     """An env server's pod: `rollart env-server` on the CPU image, ready (and alive) while `/health` answers.
 
     It needs neither the job nor the store: its command line says what it serves. A pod that dies takes its
-    sessions with it; the episodes are restored on a fresh session (replayed), through the Service.
+    sessions with it; the episodes are restored on a fresh session (replayed), through the Service. It runs the
+    env's code, so it gets `kubernetes.env_runtime_class` (e.g. gVisor) like the env pools.
     """
     cfg = job.kubernetes or KubernetesConfig()
     app = app_name(job)
@@ -48,6 +50,9 @@ def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
     def probe(**timing: int) -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 5, **timing}
 
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    scratch_volumes(mounts, volumes)
     container = {
         "name": "env-server",
         "image": cfg.image,
@@ -58,7 +63,12 @@ def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": probe(initialDelaySeconds=2),
         "livenessProbe": probe(initialDelaySeconds=30, failureThreshold=6),
+        "volumeMounts": mounts,
+        "securityContext": container_security_context(cfg),
     }
+    pod: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": pod_security_context()}
+    if cfg.env_runtime_class:
+        pod["runtimeClassName"] = cfg.env_runtime_class
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -66,7 +76,7 @@ def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
         "spec": {
             "replicas": 1,
             "selector": pod_selector(labels),
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
         },
     }
 

@@ -13,12 +13,14 @@ this one), so the output can be inspected, validated and diffed before anything 
   HorizontalPodAutoscaler where KEDA is absent (`kubernetes.serverless.keda: false`) (`scaling`);
 - the trainer as a StatefulSet of `pools.trainer.replicas` nodes and a headless Service (`trainer`);
 - each of the job's `env_servers` as a Deployment and a ClusterIP Service (`env_servers`);
-- with `temporal.tls` or `temporal.api_key_env`: the pods mount the TLS files from a Secret (the job's paths
-  rewritten to the mount) and take the API key from it into `api_key_env`'s variable; KEDA gets them through a
-  TriggerAuthentication. The Secret is not rendered (its contents are not the job's): `secret_command` says
-  how to create it (`security`, `scaling`);
-- with a Mooncake store: NetworkPolicies that let only the pools' pods reach the Mooncake master and keeper pods
-  and the pools' own transfer-engine listeners (`security`);
+- with `temporal.tls`, `temporal.api_key_env` or `temporal.api_key_file`: the pods mount the TLS files and the API
+  key as files from a Secret (the job's paths rewritten to the mount, the key's as `api_key_file`); KEDA gets them
+  through a TriggerAuthentication. The Secret is not rendered (its contents are not the job's): `secret_command`
+  says how to create it (`security`, `scaling`);
+- NetworkPolicies: ingress to the job's pods denied but from the pods that call them (env servers, trainer nodes,
+  with a Mooncake store the pools and Mooncake's pods) (`network`);
+- every pod under the "restricted" Pod Security Standard, read-only root, emptyDirs where it writes
+  (`pod_security`);
 - with a local store: a CronJob running `rollart store gc` on `kubernetes.store_gc_schedule` (`store_gc`).
 """
 
@@ -32,8 +34,9 @@ import yaml
 
 from rollart.infra.deploy.env_servers import env_server_deployment, env_server_service, env_server_url
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_name, object_meta
+from rollart.infra.deploy.network import network_policies
 from rollart.infra.deploy.scaling import scaled_object, serverless_hpa, temporal_trigger_auth
-from rollart.infra.deploy.security import SECRET_KEYS, TEMPORAL_MOUNT, mooncake_network_policies
+from rollart.infra.deploy.security import API_KEY_PATH, SECRET_KEYS, TEMPORAL_MOUNT
 from rollart.infra.deploy.store_gc import store_gc_cronjob
 from rollart.infra.deploy.trainer import trainer_service, trainer_statefulset
 from rollart.infra.deploy.workloads import pool_deployment
@@ -64,10 +67,10 @@ def render(job: JobSpec) -> list[Manifest]:
     app = app_name(job)
     address = temporal_address(job)
     spec_yaml = _job_yaml(cluster_job(job))
-    manifests = [namespace_manifest(cfg), job_configmap(app, cfg, spec_yaml), *mooncake_network_policies(job)]
+    pools = resolved_pools(job)
+    manifests = [namespace_manifest(cfg), job_configmap(app, cfg, spec_yaml), *network_policies(job, pools)]
     if job.store.kind == "local":
         manifests.append(volume_claim(f"{app}-store", app, cfg, cfg.store_volume))
-    pools = resolved_pools(job)
     if pools[Pool.TRAINER].replicas:
         manifests.append(volume_claim(f"{app}-runs", app, cfg, cfg.runs_claim()))
     digest = hashlib.sha256(spec_yaml.encode()).hexdigest()[:16]
@@ -122,6 +125,9 @@ def cluster_job(job: JobSpec) -> JobSpec:
     if job.temporal.tls is not None:  # the files are where the pods mount the Secret
         files = {field: Path(f"{TEMPORAL_MOUNT}/{SECRET_KEYS[field]}") for field in job.temporal.tls.files()}
         updates["temporal"] = updates["temporal"].model_copy(update={"tls": job.temporal.tls.model_copy(update=files)})
+    if job.temporal.has_api_key:  # the key too, as a file: in no process's environment
+        key = {"api_key_env": None, "api_key_file": Path(API_KEY_PATH)}
+        updates["temporal"] = updates["temporal"].model_copy(update=key)
     if job.store.kind == "local":
         updates["store"] = job.store.model_copy(update={"path": Path(cfg.store_mount)})
     urls = {server.name: env_server_url(job, server) for server in job.env_servers}

@@ -68,11 +68,11 @@ def temporal_trigger_auth(job: JobSpec) -> Manifest | None:
     if not t.secured:
         return None
     files = t.tls.files() if t.tls is not None else {}
-    if "cert" not in files and not t.api_key_env:
+    if "cert" not in files and not t.has_api_key:
         raise K8sRenderError(
             "KEDA's temporal scaler uses TLS only with a client certificate or an API key, and the job has "
             "temporal.tls without either: scale serverless with the CPU HPA (kubernetes.serverless.keda: false, "
-            "or --hpa), or give the scaler credentials (temporal.tls.cert/key or temporal.api_key_env)"
+            "or --hpa), or give the scaler credentials (temporal.tls.cert/key or temporal.api_key_env/api_key_file)"
         )
     if "ca" in files and "cert" not in files:
         raise K8sRenderError(
@@ -84,7 +84,7 @@ def temporal_trigger_auth(job: JobSpec) -> Manifest | None:
     app = app_name(job)
     secret = temporal_secret_name(job)
     refs = [{"parameter": field, "name": secret, "key": SECRET_KEYS[field]} for field in files]
-    if t.api_key_env:
+    if t.has_api_key:
         refs.append({"parameter": "apiKey", "name": secret, "key": API_KEY_KEY})
     return {
         "apiVersion": "keda.sh/v1alpha1",

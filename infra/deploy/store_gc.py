@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollart.infra.deploy.names import Manifest, app_name, object_meta
+from rollart.infra.deploy.names import Manifest, app_labels, app_name, object_meta
+from rollart.infra.deploy.pod_security import container_security_context, pod_security_context, scratch_volumes
 from rollart.infra.deploy.security import temporal_credentials
-from rollart.infra.deploy.workloads import IMAGE_GID, JOB_MOUNT
+from rollart.infra.deploy.workloads import JOB_MOUNT
 from rollart.spec.config import JobSpec
 from rollart.spec.config.kubernetes import KubernetesConfig
 
@@ -33,8 +34,9 @@ def store_gc_cronjob(job: JobSpec, address: str) -> Manifest | None:
         {"name": "job", "configMap": {"name": f"{app}-job"}},
         {"name": "store", "persistentVolumeClaim": {"claimName": f"{app}-store"}},
     ]
+    scratch_volumes(mounts, volumes)
+    temporal_credentials(job, mounts, volumes)
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    temporal_credentials(job, mounts, volumes, env)
     container = {
         "name": "store-gc",
         "image": cfg.image,
@@ -43,13 +45,15 @@ def store_gc_cronjob(job: JobSpec, address: str) -> Manifest | None:
         "env": env,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "volumeMounts": mounts,
+        "securityContext": container_security_context(cfg),
     }
     pod = {
         "restartPolicy": "OnFailure",
         "containers": [container],
         "volumes": volumes,
-        "securityContext": {"fsGroup": IMAGE_GID, "fsGroupChangePolicy": "OnRootMismatch"},
+        "securityContext": pod_security_context(),
     }
+    labels = app_labels(app, "store-gc")  # the job's pods: under its NetworkPolicies, which let nothing in
     return {
         "apiVersion": "batch/v1",
         "kind": "CronJob",
@@ -57,6 +61,6 @@ def store_gc_cronjob(job: JobSpec, address: str) -> Manifest | None:
         "spec": {
             "schedule": cfg.store_gc_schedule,
             "concurrencyPolicy": "Forbid",  # a sweep still running is not raced by the next
-            "jobTemplate": {"spec": {"backoffLimit": 2, "template": {"spec": pod}}},
+            "jobTemplate": {"spec": {"backoffLimit": 2, "template": {"metadata": {"labels": labels}, "spec": pod}}},
         },
     }

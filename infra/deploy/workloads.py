@@ -10,17 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 from rollart.infra.deploy.names import Manifest, app_labels, app_name, object_meta, pod_selector, rendezvous_address
+from rollart.infra.deploy.pod_security import (
+    IMAGE_GID,
+    IMAGE_UID,
+    container_security_context,
+    pod_security_context,
+    scratch_volumes,
+)
 from rollart.infra.deploy.security import temporal_credentials
 from rollart.spec.config import JobSpec
 from rollart.spec.config.kubernetes import KubernetesConfig, ResolvedPool
 
-__all__ = ["IMAGE_GID", "JOB_MOUNT", "pod_spec", "pool_deployment"]
+__all__ = ["IMAGE_GID", "IMAGE_UID", "JOB_MOUNT", "pod_spec", "pool_deployment"]
 
 JOB_MOUNT = "/etc/rollart"
 """Where the job ConfigMap is mounted; the spec itself is `JOB_MOUNT/job.yaml`."""
-
-IMAGE_GID = 10001
-"""The group of the `rollart` user the images run as (docker/Dockerfile.*): pods mount volumes writable for it."""
 
 _POD_INDEX_FIELD = "metadata.labels['apps.kubernetes.io/pod-index']"  # set on StatefulSet pods (Kubernetes 1.28+)
 _GENERATION_GRACE_S = 90  # generation workers drain for up to 60 s (graceful_shutdown_timeout) before exiting
@@ -72,8 +76,9 @@ def pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool, 
         # /dev/shm (NCCL, gloo, torch multiprocessing); the container default (64 MiB) is too small
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    scratch_volumes(mounts, volumes)
+    temporal_credentials(job, mounts, volumes)
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    temporal_credentials(job, mounts, volumes, env)
     container: dict[str, Any] = {
         "name": "worker",
         "image": cfg.gpu_image if pool.gpus else cfg.image,  # `gpus: 0` runs the pool on CPUs: the CPU build
@@ -82,14 +87,14 @@ def pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool, 
         "env": env,
         "resources": {"requests": requests, "limits": limits},
         "volumeMounts": mounts,
+        "securityContext": container_security_context(cfg),
     }
     if pool.role == "trainer":  # the pod's index in its StatefulSet is its node rank
         env.append({"name": "POD_INDEX", "valueFrom": {"fieldRef": {"fieldPath": _POD_INDEX_FIELD}}})
         container["ports"] = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
-    # the images run as a non-root user: volumes (store, run dir) are made group-writable for it, once
-    # (OnRootMismatch: not a recursive walk of a large store at every pod start)
-    security = {"fsGroup": IMAGE_GID, "fsGroupChangePolicy": "OnRootMismatch"}
-    spec: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": security}
+    spec: dict[str, Any] = {"containers": [container], "volumes": volumes, "securityContext": pod_security_context()}
+    if pool.role == "env" and cfg.env_runtime_class:  # the envs' code (tool calls too) in a sandboxed runtime
+        spec["runtimeClassName"] = cfg.env_runtime_class
     node_selector = dict(pool.node_selector)
     if pool.gpu_product and pool.gpus:  # `gpus: 0` runs the pool on any node (e.g. CPU emulation)
         node_selector = {cfg.gpu_product_label: pool.gpu_product, **node_selector}

@@ -277,6 +277,23 @@ class KubernetesConfig(_Strict):
         "claims of jobs whose workflows Temporal no longer holds; null: no CronJob. A local store only",
     )
     runs_mount: str = Field("/var/lib/rollart/runs", pattern=r"^/", description="where the trainer's volume is mounted")
+    network_policies: bool = Field(
+        True,
+        description="NetworkPolicies that deny ingress to the job's pods but what they need: env servers from the "
+        "pools running their tasks' envs, trainer nodes from each other (needs a CNI that enforces them)",
+    )
+    env_runtime_class: str | None = Field(
+        None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="the RuntimeClass (e.g. gvisor) of the env pools' pods (role env) and the env servers, which "
+        "run the envs' code; null: the cluster's default runtime",
+    )
+    read_only_root_filesystem: bool = Field(
+        True,
+        description="containers' root filesystem read-only (they write to emptyDirs at /tmp, HOME and "
+        "/opt/rollart/.rollart, and to the volumes); false for code that writes beside itself",
+    )
 
     @field_validator("namespace", "name")
     @classmethod

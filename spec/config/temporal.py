@@ -139,6 +139,11 @@ class TemporalConfig(Section):
         description="the environment variable holding an API key for the server, sent as `authorization: Bearer "
         "KEY` on every call; it turns TLS on (this machine's trusted roots unless `tls` says otherwise)",
     )
+    api_key_file: Path | None = Field(
+        None,
+        description="a file holding the API key instead (read when a process connects; on Kubernetes the pods "
+        "mount it from the Temporal Secret): a key in a file is not in every child process's environment",
+    )
     namespace: str = "default"
     ui_port: int = Field(8233, ge=1, le=65535)
     task_queue_prefix: str = Field(
@@ -178,11 +183,22 @@ class TemporalConfig(Section):
             return {}
         return None if value is False else value
 
+    @model_validator(mode="after")
+    def _one_api_key(self) -> TemporalConfig:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give api_key_env or api_key_file, not both: each names where the one API key is")
+        return self
+
     @property
     def secured(self) -> bool:
         """Whether connections to the server use TLS (set explicitly, or turned on by an API key)."""
-        return self.tls is not None or self.api_key_env is not None
+        return self.tls is not None or self.api_key_env is not None or self.api_key_file is not None
+
+    @property
+    def has_api_key(self) -> bool:
+        """Whether an API key is sent (from `api_key_env`'s variable or `api_key_file`)."""
+        return self.api_key_env is not None or self.api_key_file is not None
 
     def without_security(self) -> TemporalConfig:
         """These settings without TLS and API key: for the local dev server, which has neither."""
-        return self.model_copy(update={"tls": None, "api_key_env": None})
+        return self.model_copy(update={"tls": None, "api_key_env": None, "api_key_file": None})
