@@ -95,7 +95,7 @@ def _say_secret(job: JobSpec, namespace_first: str) -> None:
     if command is None:
         return
     print(
-        f"the pods read the job's Temporal credentials (temporal.tls files, temporal.api_key_env key) from Secret "
+        f"the pods read the job's Temporal credentials (temporal.tls files, the API key) as files from Secret "
         f"{temporal_secret_name(job)!r}, which is not rendered (it holds secrets): create it, once its namespace "
         f"exists ({namespace_first}), from the files and variable on this machine with\n  {command}\n"
         "(pods wait for it)"

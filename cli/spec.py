@@ -165,11 +165,23 @@ def load_spec(path: Path | None, args: argparse.Namespace) -> JobSpec:
     from rollart.spec.config import resolve
 
     source = str(path) if path else None
-    job = override(read_spec(path) if path else default_job(), args, source)
+    job = _with_temporal_environment(override(read_spec(path) if path else default_job(), args, source))
     try:
         return resolve(job)
     except ValidationError as e:
         raise UserError(_describe(e, args, source)) from e
+
+
+def _with_temporal_environment(job: JobSpec) -> JobSpec:
+    """The job's `temporal` section completed from Temporal's own configuration (`TEMPORAL_ADDRESS`, the config
+    file's profile, ...) where the file and the flags leave it open: infra/temporal/connection.py's order."""
+    from rollart.infra.temporal.connection import TemporalAddressError, with_environment
+
+    try:
+        temporal = with_environment(job.temporal)
+    except TemporalAddressError as e:
+        raise UserError(str(e)) from e
+    return job if temporal is job.temporal else job.model_copy(update={"temporal": temporal})
 
 
 def read_spec(path: Path) -> JobSpec:

@@ -96,7 +96,11 @@ def server_for(job: JobSpec, args: argparse.Namespace, *, training: bool) -> Ite
     if job.temporal.secured:  # the dev server has no TLS: a secured job without an address forgot it
         fields = " and ".join(
             f
-            for f, v in (("temporal.tls", job.temporal.tls), ("temporal.api_key_env", job.temporal.api_key_env))
+            for f, v in (
+                ("temporal.tls", job.temporal.tls),
+                ("temporal.api_key_env", job.temporal.api_key_env),
+                ("temporal.api_key_file", job.temporal.api_key_file),
+            )
             if v is not None
         )
         raise UserError(

@@ -18,7 +18,7 @@ from rollart.client.train import MetricsWriter
 from rollart.contracts.training import StepRecord
 from rollart.infra.local.devserver import DevServer, free_port
 from rollart.infra.temporal.connection import NamespaceNotFound, TemporalAddressError
-from rollart.spec.config import JobSpec, StoreConfig, TemporalConfig
+from rollart.spec.config import JobSpec, StoreConfig, TemporalConfig, TemporalTLS
 from tests.support.tasks import frozenlake_task
 
 
@@ -193,3 +193,54 @@ async def test_asking_who_serves_a_job_when_the_server_just_went_away_is_not_an_
     assert said == [] and not unserved.missing
     with pytest.raises(RPCError, match="not found"):
         await unserved.no_answer(None, _GoneHandle(RPCError("not found", RPCStatusCode.NOT_FOUND, b"")))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- Temporal's own configuration (temporalio.envconfig)
+
+
+def _profile_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **env: str) -> None:
+    """This process's Temporal configuration: only `env` (and a config file of ours), nothing of the machine's."""
+    for name in ("TEMPORAL_ADDRESS", "TEMPORAL_NAMESPACE", "TEMPORAL_API_KEY", "TEMPORAL_PROFILE", "TEMPORAL_TLS"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "temporal.toml").write_text(
+        '[profile.default]\naddress = "file.example:7233"\nnamespace = "from-file"\n'
+        '[profile.cloud]\naddress = "cloud.example:7233"\n[profile.cloud.tls]\nserver_ca_cert_path = "/ca.pem"\n'
+    )
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "temporal.toml"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_temporal_configuration_fills_what_the_job_leaves_open(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from rollart.infra.temporal.connection import with_environment
+
+    _profile_env(monkeypatch, tmp_path)
+    filled = with_environment(TemporalConfig())  # no address in the job: the config file's profile
+    assert (filled.address, filled.namespace, filled.tls) == ("file.example:7233", "from-file", None)
+
+    _profile_env(monkeypatch, tmp_path, TEMPORAL_ADDRESS="env.example:7233", TEMPORAL_API_KEY="k")
+    filled = with_environment(TemporalConfig())  # the variables over the file
+    assert (filled.address, filled.api_key_env) == ("env.example:7233", "TEMPORAL_API_KEY")
+
+    mine = with_environment(TemporalConfig(address="mine:7233", namespace="ns"))  # the job's (and flags') win...
+    assert (mine.address, mine.namespace, mine.api_key_env) == ("mine:7233", "ns", None)  # ...and no key for it
+
+    _profile_env(monkeypatch, tmp_path, TEMPORAL_PROFILE="cloud")
+    cloud = with_environment(TemporalConfig())
+    assert cloud.address == "cloud.example:7233" and cloud.tls == TemporalTLS(ca=Path("/ca.pem"))
+
+
+def test_no_temporal_configuration_keeps_the_local_dev_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from rollart.infra.temporal.connection import with_environment
+
+    _profile_env(monkeypatch, tmp_path)
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "empty.toml"))
+    (tmp_path / "empty.toml").write_text("")
+    assert with_environment(TemporalConfig()).address is None  # `rollart up` starts the dev server
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "missing.toml"))
+    with pytest.raises(TemporalAddressError, match=r"TEMPORAL_CONFIG_FILE names .*missing.toml, which is not a file"):
+        with_environment(TemporalConfig())
+    monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "empty.toml"))
+    monkeypatch.setenv("TEMPORAL_PROFILE", "nope")
+    with pytest.raises(TemporalAddressError, match="nope"):
+        with_environment(TemporalConfig())

@@ -11,6 +11,7 @@ mid-rollout and restarted by the stack, ends with every trajectory completed.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -384,9 +385,16 @@ def _env_server_of(proc: psutil.Process, port: int) -> psutil.Process:
     raise LookupError(f"no env server on port {port} under pid {proc.pid}")
 
 
+_JOB_TOKEN = "token-of-the-chaos-job"
+"""The env-server token the rollout below is given (`$ROLLART_ENV_SERVER_TOKEN`): its server serves only it."""
+
+
 def _stats(port: int) -> dict[str, int]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/stats", headers={"Authorization": f"Bearer {_JOB_TOKEN}"}
+    )
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/stats", timeout=2) as r:
+        with urllib.request.urlopen(request, timeout=2) as r:
             return json.loads(r.read())
     except OSError:
         return {}
@@ -418,7 +426,8 @@ def test_rollout_of_the_example_survives_its_env_server_being_sigkilled(tmp_path
         "--ui-port",
         str(free_port()),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    env = {**os.environ, "ROLLART_ENV_SERVER_TOKEN": _JOB_TOKEN}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     try:
         deadline = time.monotonic() + 600
         while _stats(port).get("steps", 0) < 20:  # the rollout is under way: sessions hold episodes mid-play

@@ -486,3 +486,21 @@ async def test_the_api_key_is_sent_as_a_bearer_token_and_a_refused_one_is_said(
         with pytest.raises(TemporalSecurityError, match=said):
             await connect(wrong.temporal, wrong.store, wait=Backoff(timeout_s=60))
         assert time.monotonic() - t0 < 5 and server.seen[-1]["authorization"] == "Bearer key-456"
+
+
+# ---------------------------------------------------------------- checked up front, before any dial
+
+
+def test_tls_files_that_cannot_work_are_said_before_dialing(pki: Pki, tmp_path: Path) -> None:
+    from rollart.infra.temporal.tls import check_tls_files
+
+    check_tls_files(_mtls(pki))  # a CA, and a client certificate with its own key: fine
+    with pytest.raises(
+        TemporalSecurityError, match=r"temporal.tls.key: .* is not the private key of temporal.tls.cert"
+    ):
+        check_tls_files(_mtls(pki, key=pki.stranger_key))
+    with pytest.raises(TemporalSecurityError, match="lacks clientAuth"):  # a server's certificate shown as a client's
+        check_tls_files(_mtls(pki, cert=pki.server_cert, key=pki.server_key))
+    (tmp_path / "junk.pem").write_text("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n")
+    with pytest.raises(TemporalSecurityError, match=r"temporal.tls.ca: .*junk.pem holds no usable CA certificate"):
+        check_tls_files(TemporalTLS(ca=tmp_path / "junk.pem"))

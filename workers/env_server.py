@@ -5,12 +5,17 @@
 behind a Service. Clients are `openenv` envs (activities/envs/openenv_client.py) in the cpu workers: one
 WebSocket session per episode. A server that dies takes its sessions with it; the episodes are restored
 on a fresh session by replay, so the server itself keeps no state worth saving.
+
+Exposure: the local stack binds each server to loopback, and every server serves only clients that present the
+job's token (`$ROLLART_ENV_SERVER_TOKEN`, minted once per local stack by `env_server_token`, inherited by the
+workers and servers it starts; a Secret on Kubernetes). `/health` is open.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rollart.spec.config import EnvServerSpec
 
-__all__ = ["EnvServerError", "EnvServerProcesses", "serve", "wait_healthy"]
+__all__ = ["EnvServerError", "EnvServerProcesses", "env_server_token", "serve", "wait_healthy"]
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +42,32 @@ class EnvServerError(RuntimeError):
     """An env server of the local stack exited or never became healthy."""
 
 
+def env_server_token() -> str:
+    """The job's env-server token: `$ROLLART_ENV_SERVER_TOKEN` when set (Kubernetes, a user's), else one minted now
+    and put in this process's environment, so the workers and env servers it starts afterwards inherit it."""
+    from rollart.activities.envs.openenv_client import TOKEN_ENV
+
+    token = os.environ.get(TOKEN_ENV)
+    if not token:
+        token = os.environ[TOKEN_ENV] = secrets.token_urlsafe(32)
+    return token
+
+
 def serve(
     env: str, env_args: dict[str, Any], host: str, port: int, max_sessions: int, parent_pid: int | None = None
 ) -> None:
-    """Serve `env` on host:port until SIGTERM/Ctrl-C; with `parent_pid`, also until that process dies."""
+    """Serve `env` on host:port until SIGTERM/Ctrl-C; with `parent_pid`, also until that process dies. With
+    `$ROLLART_ENV_SERVER_TOKEN` set, only clients presenting it are served."""
     import uvicorn
 
+    from rollart.activities.envs.openenv_client import TOKEN_ENV
     from rollart.activities.envs.openenv_server import openenv_app
 
     if parent_pid is not None:  # started by a local stack: stop with it
         from rollart.infra.local.parent_death import die_with_parent
 
         die_with_parent(parent_pid, signal.SIGTERM)
-    app = openenv_app(env, env_args, max_sessions=max_sessions)
+    app = openenv_app(env, env_args, max_sessions=max_sessions, token=os.environ.get(TOKEN_ENV) or None)
     # Sessions are WebSockets: no ping timeout (a long step must not close its session), the server's own
     # process lifetime bounds them.
     uvicorn.run(app, host=host, port=port, log_level="warning", ws_ping_interval=None, ws_ping_timeout=None)
@@ -100,6 +118,7 @@ class EnvServerProcesses:
     _thread: threading.Thread | None = field(default=None, init=False)
 
     def start(self) -> EnvServerProcesses:
+        env_server_token()  # the local stack minted it before its workers: the same one
         self.logs.mkdir(parents=True, exist_ok=True)
         self._servers = [_Server(spec, self.logs / f"env-server-{spec.name}.log") for spec in self.specs]
         try:

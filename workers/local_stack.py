@@ -29,7 +29,7 @@ from rollart.infra.temporal.search_attributes import dev_server_flags
 from rollart.spec.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
 from rollart.spec.pools import Pool
 from rollart.workers.autoscaler import Autoscaler, WorkerProcesses, spawn_worker
-from rollart.workers.env_server import EnvServerError, EnvServerProcesses
+from rollart.workers.env_server import EnvServerError, EnvServerProcesses, env_server_token
 from rollart.workers.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -193,6 +193,8 @@ class LocalStack:
                 from rollart.infra.local.mooncake_service import MooncakeService
 
                 self.mooncake = MooncakeService(store, log_dir=logs).start()
+            if self.job.env_servers:  # one token for the job, before its workers and servers start (they inherit it)
+                env_server_token()
             for pool in self.pools:
                 if not self._elastic(pool):
                     self._spawn(pool, logs)

@@ -14,9 +14,11 @@ exception that is no RuntimeError or OSError), else when fresh ranks fail it aga
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -31,7 +33,7 @@ from rollart.contracts.errors import ErrorType
 from rollart.spec.config import StoreConfig
 from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
 
-__all__ = ["RankGroup"]
+__all__ = ["RankGroup", "rank_env", "rendezvous_listener"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,47 @@ def _rank_failed(err: RankError, step: int | None, job: str = "") -> Application
     return ErrorType.TRAINER_RANK_FAILED.error(
         f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step is retried"
     )
+
+
+def rendezvous_listener(host: str, port: int) -> socket.socket:
+    """The listening socket of node 0's TCPStore, bound to `host` itself rather than every interface.
+
+    torch's TCPStore binds the wildcard (`::`) whatever host it is given, and it has no authentication: anyone who
+    reaches the port can post rank commands. Bound here and handed to it (`master_listen_fd`), one node's store
+    (`127.0.0.1:PORT`) is reachable from this machine only, and several nodes' from the address `--rdzv` names.
+    A name that is not one of this machine's addresses (a Service's) falls back to every interface: then only
+    the trainer's pods may reach the port (the NetworkPolicy `rollart k8s render` writes).
+    """
+    try:
+        addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:  # a pod's own name not in DNS yet: the store does not need it to listen
+        addrs = []
+    for family, _, _, _, addr in addrs:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+        except OSError:
+            sock.close()
+            if ipaddress.ip_address(addr[0].split("%")[0]).is_loopback:
+                raise
+            continue
+        sock.listen(128)
+        return sock
+    log.warning("the rendezvous host %s is not an address of this machine: its store listens on every interface", host)
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True, backlog=128)
+    return socket.create_server(("", port), backlog=128)
+
+
+def rank_env(nnodes: int) -> dict[str, str]:
+    """A rank's environment: on one node, gloo's and NCCL's own sockets (their pairs' listeners) on loopback too,
+    unless the user chose an interface."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if nnodes == 1:
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env.setdefault(name, "lo")
+    return env
 
 
 class RankGroup:
@@ -77,8 +120,16 @@ class RankGroup:
         self.keep_weight_versions = keep_weight_versions
         self.start_timeout_s = start_timeout_s
         host, port = self.rdzv.rsplit(":", 1)
+        self._listener: socket.socket | None = None
+        if node_rank == 0:
+            self._listener = rendezvous_listener(host, int(port))
         self.store = dist.TCPStore(
-            host, int(port), is_master=node_rank == 0, timeout=timedelta(seconds=60), wait_for_workers=False
+            host,
+            int(port),
+            is_master=node_rank == 0,
+            timeout=timedelta(seconds=60),
+            wait_for_workers=False,
+            master_listen_fd=self._listener.fileno() if self._listener is not None else None,
         )
         self._procs: list[subprocess.Popen] = []
         self._gen: str | None = None
@@ -237,7 +288,7 @@ class RankGroup:
                 "--parent-pid",
                 str(os.getpid()),
             ]
-            self._procs.append(subprocess.Popen(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+            self._procs.append(subprocess.Popen(cmd, env=rank_env(spec.nnodes)))
         log.info(
             "node %d: started ranks %d..%d (pids %s)",
             self.node_rank,

@@ -20,19 +20,27 @@ server died, restarted, or stopped answering for ``timeout_s``) raises `EnvSessi
 workflow restores the episode on a fresh session (same seed, actions replayed) and plays the step there;
 nothing is ever sent again on a broken session, and a new connection is never taken for the old one. An
 error the server reports for a step (its env raised) is an ordinary error: the env is broken.
+
+Auth: a task of one of the job's own env servers (``server`` set) presents the job's token,
+``$ROLLART_ENV_SERVER_TOKEN`` (minted by the local stack, a Secret on Kubernetes), which rollart's server checks;
+a server of someone else's (no ``server``) is never shown it. Error texts never carry it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import Any
 
 from rollart.spec.env import Env, EnvSessionLost, StepOutcome
 from rollart.spec.registry import env
 
-__all__ = ["OpenEnv"]
+__all__ = ["TOKEN_ENV", "OpenEnv"]
+
+TOKEN_ENV = "ROLLART_ENV_SERVER_TOKEN"
+"""The environment variable holding the job's env-server token (both the servers and the workers read it)."""
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +105,9 @@ class OpenEnv(Env):
             result = self._client.reset(seed=seed, **self.reset_args)
         except Exception as e:
             self.close()
-            raise ConnectionError(f"openenv: reset(seed={seed}) at {self.base_url} failed: {_describe(e)}") from e
+            raise ConnectionError(
+                f"openenv: reset(seed={seed}) at {self.base_url} failed: {_describe(e, self._token())}"
+            ) from e
         return self._text(result.observation)
 
     def step(self, action: str) -> StepOutcome:
@@ -141,11 +151,15 @@ class OpenEnv(Env):
         deadline = time.monotonic() + self.connect_wait_s
         pause = _CONNECT_BACKOFF_S[0]
         while True:
-            client = GenericEnvClient(
+            session = GenericEnvClient(
                 base_url=self.base_url,
                 connect_timeout_s=min(10.0, self.connect_wait_s),
                 message_timeout_s=self.timeout_s,
-            ).sync()
+            )
+            token = self._token()
+            if token:  # openenv's client takes no headers: the token rides in the WebSocket URL's query
+                session._ws_url += "?token=" + token
+            client = session.sync()
             try:
                 return client.connect()
             except Exception as e:
@@ -153,13 +167,17 @@ class OpenEnv(Env):
                 if time.monotonic() + pause > deadline:
                     raise ConnectionError(
                         f"openenv: no OpenEnv server answers at {self.base_url} (waited "
-                        f"{self.connect_wait_s:g}s): {_describe(e)}"
-                    ) from e
+                        f"{self.connect_wait_s:g}s): {_describe(e, token)}"
+                    ) from None
             time.sleep(pause)
             pause = min(pause * 2, _CONNECT_BACKOFF_S[1])
 
+    def _token(self) -> str | None:
+        """The job's env-server token, for the job's own servers only (`server` set)."""
+        return (os.environ.get(TOKEN_ENV) or None) if self.server else None
+
     def _lose(self, e: BaseException) -> EnvSessionLost:
-        self._lost = f"the OpenEnv session at {self.base_url} is gone: {_describe(e)}"
+        self._lost = f"the OpenEnv session at {self.base_url} is gone: {_describe(e, self._token())}"
         self.close()
         return EnvSessionLost(self._lost)
 
@@ -179,8 +197,10 @@ class OpenEnv(Env):
         return json.dumps(observation, sort_keys=True, separators=(",", ":"))
 
 
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+def _describe(e: BaseException, secret: str | None = None) -> str:
+    """`Type: text`, with `secret` (the token, which openenv's errors quote in the URL) blanked out."""
+    text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    return text.replace(secret, "***") if secret else text
 
 
 def _close_quietly(client: Any) -> None:

@@ -11,11 +11,15 @@ env's own (`FrozenLake`), nothing is duplicated. The wire types:
 The client side, `activities/envs/openenv_client.py` (env `openenv`), maps these back by default. `rollart
 env-server` (workers/env_server.py) runs the app with uvicorn. Besides openenv's routes (`/ws`, `/health`,
 `/schema`, ...), `GET /stats` says how many sessions are open and how many steps were served.
+
+With a `token` (rollart's env servers get the job's, `ROLLART_ENV_SERVER_TOKEN`), every route but `/health` wants
+it, as `Authorization: Bearer TOKEN` or `?token=TOKEN`: a server reachable from elsewhere serves only the job.
 """
 
 from __future__ import annotations
 
 import functools
+import hmac
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -110,8 +114,11 @@ class RollartEnvironment(Environment[TextAction, TextObservation, State]):
         self._env.close()
 
 
-def openenv_app(env: str, env_args: dict[str, Any] | None = None, max_sessions: int = 256) -> FastAPI:
-    """The OpenEnv app serving rollart env `env` (a registered name or import path), at most `max_sessions` at once.
+def openenv_app(
+    env: str, env_args: dict[str, Any] | None = None, max_sessions: int = 256, token: str | None = None
+) -> FastAPI:
+    """The OpenEnv app serving rollart env `env` (a registered name or import path), at most `max_sessions` at once;
+    with `token`, only to clients that present it (`_TokenGate`).
 
     The env is built once here, so bad `env_args` fail at start-up rather than in the first session.
     """
@@ -122,6 +129,8 @@ def openenv_app(env: str, env_args: dict[str, Any] | None = None, max_sessions: 
     factory = functools.partial(RollartEnvironment, entry.cls, env_args, stats)
     app = create_fastapi_app(factory, TextAction, TextObservation, max_concurrent_envs=max_sessions)
     app.add_middleware(_QuietDisconnects)
+    if token:
+        app.add_middleware(_TokenGate, token=token)
     app.add_api_route(
         "/stats",
         stats.as_dict,
@@ -150,3 +159,44 @@ class _QuietDisconnects:
         except WebSocketDisconnect:
             if scope.get("type") != "websocket":
                 raise
+
+
+class _TokenGate:
+    """Pure ASGI middleware: a request or WebSocket without the server's token is refused before it reaches the env.
+
+    `/health` stays open (probes and `wait_healthy` carry no token; it says nothing about the env). The token is
+    compared in constant time and never logged.
+    """
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app = app
+        self._token = token.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        kind = scope.get("type")
+        if kind not in ("http", "websocket") or scope.get("path") == "/health" or self._admits(scope):
+            await self.app(scope, receive, send)
+            return
+        if kind == "websocket":  # refused before the handshake: the client sees HTTP 403
+            await send({"type": "websocket.close", "code": 1008, "reason": "env server token required"})
+            return
+        body = b'{"detail":"env server token required (Authorization: Bearer TOKEN)"}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    def _admits(self, scope: Any) -> bool:
+        from urllib.parse import parse_qs
+
+        shown: list[bytes] = []
+        for name, value in scope.get("headers") or ():
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                shown.append(value[7:].strip())
+        query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+        shown += [v.encode() for v in query.get("token", [])]
+        return any(hmac.compare_digest(t, self._token) for t in shown)

@@ -1,7 +1,11 @@
 """Secured connections to Temporal: the TLS settings and API key a client presents, and refusals said in words.
 
 `client_credentials` reads what `temporal.tls` and `temporal.api_key_env` name when a process connects (a file
-that cannot be read, or an unset variable, is a `TemporalSecurityError` naming the field). `security_problem`
+that cannot be read, or an unset variable, is a `TemporalSecurityError` naming the field), and checks the files up
+front (`check_tls_files`: the CA parses, the key is the certificate's, the certificate is valid now and may
+authenticate a client); `handshake_problem` then shakes hands with the server once with Python's TLS, so a server
+certificate this client refuses, or a client certificate the server refuses, is said from the handshake's own
+verdict before the SDK dials. What only the SDK sees stays for `security_problem`: it
 turns what the SDK's core reports about a failed handshake or a refused credential (a rustls or tonic error
 text, or the server's UNAUTHENTICATED / PERMISSION_DENIED) into a sentence that says what is wrong and which
 setting fixes it; `certificate_verdict` asks the server again when the core saw only a closed connection. Such
@@ -11,6 +15,7 @@ failures are not outages: waiting does not change a certificate.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import os
 import re
 import socket
@@ -20,12 +25,15 @@ from pathlib import Path
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from rollart.spec.config import TemporalConfig
+from rollart.spec.config.temporal import TemporalTLS
 
 __all__ = [
     "TemporalSecurityError",
     "certificate_verdict",
+    "check_tls_files",
     "client_credentials",
     "closed_connection_hint",
+    "handshake_problem",
     "is_tls_failure",
     "security_problem",
 ]
@@ -45,6 +53,7 @@ def client_credentials(temporal: TemporalConfig) -> tuple[TLSConfig | None, str 
     tls = None
     if temporal.tls is not None:
         t = temporal.tls
+        check_tls_files(t)
         tls = TLSConfig(
             server_root_ca_cert=_pem(t.ca, "ca"),
             client_cert=_pem(t.cert, "cert"),
@@ -52,6 +61,140 @@ def client_credentials(temporal: TemporalConfig) -> tuple[TLSConfig | None, str 
             domain=t.server_name,
         )
     return tls, _api_key(temporal.api_key_env)
+
+
+def check_tls_files(tls: TemporalTLS) -> None:
+    """Fail now, naming the field, on TLS files that cannot work: a CA file with no certificate, a key that is not
+    the certificate's, a certificate expired or not valid yet, or one whose extended key usage leaves out client
+    authentication (the server would refuse it mid-handshake, where the SDK can only say the connection closed)."""
+    for field in ("ca", "cert", "key"):
+        _pem(getattr(tls, field), field)  # readable and PEM, each named on its own
+    if tls.ca is not None:
+        try:
+            ssl.create_default_context(cafile=str(tls.ca.expanduser()))
+        except ssl.SSLError as e:
+            raise TemporalSecurityError(f"temporal.tls.ca: {tls.ca} holds no usable CA certificate: {e}") from e
+    if tls.cert is None or tls.key is None:
+        return
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(tls.cert.expanduser(), tls.key.expanduser())
+    except ssl.SSLError as e:
+        if "KEY_VALUES_MISMATCH" in (e.reason or "") or "key values mismatch" in str(e):
+            raise TemporalSecurityError(
+                f"temporal.tls.key: {tls.key} is not the private key of temporal.tls.cert {tls.cert}: give the "
+                "key the certificate was issued for"
+            ) from e
+        raise TemporalSecurityError(
+            f"temporal.tls.cert/key: {tls.cert} and {tls.key} do not load as a certificate and its key: {e}"
+        ) from e
+    if problem := _client_cert_problem(tls.cert.expanduser().read_bytes()):
+        raise TemporalSecurityError(f"temporal.tls.cert: {tls.cert} {problem}")
+
+
+def _client_cert_problem(pem: bytes) -> str | None:
+    """What makes the (first) certificate in `pem` unfit to authenticate a client now; None when nothing does, or
+    when `cryptography` (which reads it) is not installed."""
+    try:
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID
+    except ImportError:
+        return None
+    try:
+        cert = x509.load_pem_x509_certificate(pem)
+    except ValueError as e:
+        return f"is not a certificate: {e}"
+    now = datetime.datetime.now(datetime.UTC)
+    if cert.not_valid_after_utc < now:
+        return f"expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC: renew it"
+    if cert.not_valid_before_utc > now:
+        return f"is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (are the clocks right?)"
+    try:
+        usage = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    except x509.ExtensionNotFound:
+        return None
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usage:
+        return "does not allow client authentication (its extended key usage lacks clientAuth): a server refuses it"
+    return None
+
+
+async def handshake_problem(address: str, temporal: TemporalConfig, timeout_s: float = 3.0) -> str | None:
+    """Shake hands with the server at `address` as the SDK will (the CA, the server name, the client certificate)
+    and say what stands in the way, from the handshake's own verdict; None when it passes, or when nothing answers
+    (an outage is for the caller's waiting to handle)."""
+    return await asyncio.to_thread(_probe, address, temporal, timeout_s)
+
+
+def _probe(address: str, temporal: TemporalConfig, timeout_s: float) -> str | None:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    tls = temporal.tls
+    ctx = ssl.create_default_context(cafile=str(tls.ca.expanduser()) if tls is not None and tls.ca else None)
+    ctx.set_alpn_protocols(["h2"])
+    name = tls.server_name if tls is not None and tls.server_name else host
+    if tls is not None and tls.cert is not None and tls.key is not None:
+        ctx.load_cert_chain(tls.cert.expanduser(), tls.key.expanduser())
+    try:
+        raw = socket.create_connection((host, int(port)), timeout=timeout_s)
+    except (OSError, ValueError):
+        return None
+    with raw:
+        try:
+            with ctx.wrap_socket(raw, server_hostname=name) as conn:
+                conn.settimeout(0.3)
+                try:  # TLS 1.3: the server's verdict on our certificate comes after the handshake completes
+                    conn.recv(1)
+                except TimeoutError:
+                    pass
+        except ssl.SSLCertVerificationError as e:
+            return _server_cert_refused(e, address, temporal, name)
+        except ssl.SSLError as e:
+            reason = e.reason or ""
+            if "ALERT" in reason:
+                return _alert(_OPENSSL_ALERTS.get(reason, reason), address, temporal)
+            if reason in ("WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"):
+                return (
+                    f"the Temporal server at {address} did not answer the TLS handshake in TLS: it serves plain "
+                    f"gRPC there, while {_why_tls(temporal)} turns TLS on: check the address, or connect without TLS"
+                )
+            return None
+        except OSError:
+            return None
+    return None
+
+
+def _server_cert_refused(e: ssl.SSLCertVerificationError, address: str, temporal: TemporalConfig, name: str) -> str:
+    """This client refused the server's certificate: OpenSSL's verdict, in the words `_server_cert` uses."""
+    message = e.verify_message or str(e)
+    if e.verify_code in (2, 18, 19, 20, 21):  # issuer unknown, self-signed, local issuer not found, ...
+        return _server_cert("UnknownIssuer", message, address, temporal)
+    if e.verify_code == 10:
+        return _server_cert("Expired", message, address, temporal)
+    if e.verify_code == 9:
+        return _server_cert("NotValidYet", message, address, temporal)
+    if e.verify_code == 62 or "mismatch" in message.lower():
+        carried = ", ".join(_names_carried(address, temporal)) or "other names"
+        return (
+            f"the Temporal server at {address} presented a certificate for {carried}, not for {name}: set "
+            "temporal.tls.server_name to a name it carries, or dial it by one"
+        )
+    return f"the Temporal server at {address} presented a certificate this client refused: {message}"
+
+
+def _names_carried(address: str, temporal: TemporalConfig, timeout_s: float = 2.0) -> list[str]:
+    """The DNS names and IP addresses the server's certificate carries (a second handshake, names unchecked)."""
+    host, _, port = address.rpartition(":")
+    tls = temporal.tls
+    ctx = ssl.create_default_context(cafile=str(tls.ca.expanduser()) if tls is not None and tls.ca else None)
+    ctx.check_hostname = False
+    try:
+        if tls is not None and tls.cert is not None and tls.key is not None:
+            ctx.load_cert_chain(tls.cert.expanduser(), tls.key.expanduser())  # an mTLS server wants it to answer
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s) as raw:
+            with ctx.wrap_socket(raw) as conn:
+                cert = conn.getpeercert() or {}
+    except (OSError, ValueError):
+        return []
+    return [value.strip() for _, value in cert.get("subjectAltName", ())]
 
 
 def _pem(path: Path | None, field: str) -> bytes | None:
