@@ -12,6 +12,7 @@ from collections import Counter
 
 import pytest
 from pydantic import ValidationError
+from temporalio.api.common.v1 import Payload
 from temporalio.converter import StorageDriverStoreContext, StorageDriverWorkflowInfo
 from temporalio.testing import WorkflowEnvironment
 
@@ -34,6 +35,12 @@ from tests.support.tasks import frozenlake_task
 from tests.test_lost_children import balanced, job, start
 
 REFERENCE = b"temporal.api.sdk.v1.ExternalStorageReference"  # what the SDK puts in place of a stored payload
+
+
+def claim_key(reference: Payload) -> str:
+    """The store key a claim names: what makes two claims one. Not the reference's bytes: its metadata is a map,
+    which protobuf writes in any order, and histories give it back in either."""
+    return json.loads(reference.data)["claimData"]["key"]
 
 
 @pytest.mark.unit
@@ -78,6 +85,24 @@ def test_a_task_payload_goes_to_the_store_whatever_its_size_and_others_only_when
     assert pick is not None
     big = converter.to_payloads(["x" * 5000])[0]
     assert [pick(None, p) for p in (task, args, big)] == [driver, None, driver]  # type: ignore[arg-type]
+
+
+@pytest.mark.unit
+async def test_a_payload_is_stored_under_one_key_whatever_the_order_of_its_metadata(tmp_path) -> None:
+    """Protobuf writes a map in any order (upb's follows a hash seeded per process): keyed by those bytes, one task
+    was stored under a key per worker process, and units of one task started with different claims."""
+    [task] = ClaimingPayloadConverter().to_payloads([frozenlake_task()])
+    names = [f"m{i:02d}" for i in range(64)]  # enough entries that two insertion orders serialize apart
+    ahead, behind = Payload(), Payload()
+    ahead.CopyFrom(task)
+    behind.CopyFrom(task)
+    for name in names:
+        ahead.metadata[name] = b"1"
+    for name in reversed(names):
+        behind.metadata[name] = b"1"
+    driver, context = StorePayloadDriver(LocalStore(tmp_path)), StorageDriverStoreContext(target=None)
+    [first], [second] = await driver.store(context, [ahead]), await driver.store(context, [behind])
+    assert ahead == behind and first.claim_data == second.claim_data
 
 
 @pytest.mark.unit
@@ -156,8 +181,9 @@ async def test_the_parent_holds_a_claim_per_task_and_each_result_once(
         if e.HasField("start_child_workflow_execution_initiated_event_attributes")
     ]
     assert len(starts) == result.started
-    claims = Counter(a.input.payloads[1].SerializeToString() for a in starts)
-    assert len(claims) == 1 and all(a.input.payloads[1].metadata["messageType"] == REFERENCE for a in starts)
+    assert all(a.input.payloads[1].metadata["messageType"] == REFERENCE for a in starts)
+    claims = Counter(claim_key(a.input.payloads[1]) for a in starts)
+    assert len(claims) == 1  # the task stored once, every start naming it
     [task] = await client.data_converter.decode([starts[0].input.payloads[1]], [TaskSpec])  # the store has it
     assert task.name == job(queue_prefix).tasks[0].name
     assert all(len(a.input.payloads[0].data) < 400 for a in starts)  # the rest of the input: seed, ids, queues

@@ -95,7 +95,11 @@ class ClaimingPayloadConverter(PydanticPayloadConverter):
 
 
 class StorePayloadDriver(StorageDriver):
-    """Stores each large payload once, under the hash of its bytes (retries and replays write the same key)."""
+    """Stores each large payload once, under the hash of its bytes (retries and replays write the same key).
+
+    The bytes hashed are the payload's deterministic serialization: its metadata is a map, which protobuf writes in
+    any order (upb's follows a hash seeded per process), so one task's spec would otherwise be stored under a key of
+    each worker process and units of one task started with different claims."""
 
     def __init__(self, store: Store) -> None:
         self.backend = store
@@ -123,7 +127,7 @@ class StorePayloadDriver(StorageDriver):
             self._owners.add(owner)
         claims = []
         for payload in payloads:
-            data = payload.SerializeToString()
+            data = payload.SerializeToString(deterministic=True)  # map entries sorted: one key per content
             key = f"{prefix}/{hashlib.sha256(data).hexdigest()}"
             if not self.backend.exists(key):
                 self.backend.put(key, data, pinned=True)  # a cache must not evict what a history refers to

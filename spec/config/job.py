@@ -191,10 +191,11 @@ class JobSpec(Section):
         """Each model call of an agent is an update of the workflow playing its trajectory, and the server takes
         `temporal.limits.updates` in one execution: the turns one workflow may play must fit, with room for a
         request played a second time whole (refused for its history: two updates)."""
-        t, limit = self.training, self.temporal.limits.updates
+        t = self.training
         for i, task in enumerate(self.tasks):
             if not task.is_agent:
                 continue
+            limit = self.temporal.limits.updates
             if unit_of(task) is Unit.TRAJECTORY:
                 members = 1
             elif t.rollout_mode == "batch":
