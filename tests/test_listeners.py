@@ -9,21 +9,18 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import psutil
 import pytest
-import uvicorn
 
 from rollart.activities.envs.openenv_client import TOKEN_ENV, OpenEnv
-from rollart.activities.envs.openenv_server import openenv_app
 from rollart.infra.local.devserver import free_port
 from rollart.workers.local_stack import LocalStack
 from rollart.workers.trainer_ranks import RankGroup, rank_env, rendezvous_listener
+from tests.test_openenv import _ThreadServer
 
 TOKEN = "job-token-for-the-test"
 
@@ -71,30 +68,9 @@ def test_a_rendezvous_host_of_another_machine_listens_everywhere_and_says_so(cap
     assert "listens on every interface" in caplog.text
 
 
-class _TokenServer:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        app = openenv_app("frozenlake", {"maps": "standard"}, token=TOKEN)
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> _TokenServer:
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the in-thread server did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
 @pytest.fixture(scope="module")
-def token_server() -> Iterator[_TokenServer]:
-    with _TokenServer() as server:
+def token_server() -> Iterator[_ThreadServer]:
+    with _ThreadServer({"maps": "standard"}, token=TOKEN) as server:
         yield server
 
 
@@ -108,7 +84,7 @@ def _get(url: str, token: str | None = None) -> int:
 
 
 def test_an_env_server_with_a_token_serves_only_clients_presenting_it(
-    token_server: _TokenServer, monkeypatch: pytest.MonkeyPatch
+    token_server: _ThreadServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert _get(token_server.url + "/health") == 200  # probes carry no token
     assert _get(token_server.url + "/stats") == 401

@@ -48,13 +48,14 @@ ROLLART = [sys.executable, "-m", "rollart.cli"]
 
 
 class _ThreadServer:
-    """An OpenEnv server app on a loopback port, served by uvicorn in a thread of this process."""
+    """An OpenEnv server app on a loopback port, served by uvicorn in a thread of this process (with `token`, only
+    to clients presenting it)."""
 
-    def __init__(self, env_args: dict[str, Any]) -> None:
+    def __init__(self, env_args: dict[str, Any], token: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
-            openenv_app("frozenlake", env_args),
+            openenv_app("frozenlake", env_args, token=token),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",

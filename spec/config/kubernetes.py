@@ -56,6 +56,8 @@ DEFAULT_RDZV_PORT = 29500
 
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+"""The name of a Kubernetes object most kinds take (a Secret's, a RuntimeClass's): at most 253 such characters."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +263,7 @@ class KubernetesConfig(_Strict):
     temporal_secret: str | None = Field(
         None,
         max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=_DNS_SUBDOMAIN,
         description="the Secret the pods take temporal.tls's files and temporal.api_key_env's key from (keys ca.crt, "
         "tls.crt, tls.key, api-key; default: <name>-temporal); `rollart k8s render` prints how to create it",
     )
@@ -285,7 +287,7 @@ class KubernetesConfig(_Strict):
     env_runtime_class: str | None = Field(
         None,
         max_length=253,
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=_DNS_SUBDOMAIN,
         description="the RuntimeClass (e.g. gvisor) of the env pools' pods (role env) and the env servers, which "
         "run the envs' code; null: the cluster's default runtime",
     )
