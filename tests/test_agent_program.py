@@ -11,7 +11,7 @@ import contextlib
 import json
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -35,7 +35,7 @@ from rollart.spec.config import StoreConfig, TaskSpec, WorkerTuning
 from rollart.spec.pools import queue_name
 from rollart.workflows.group_rollout import GroupRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
-from tests.support.scripted import ScriptedEngine, SlowOn
+from tests.support.scripted import ScriptedEngine, SlowOn, play_group
 
 pytestmark = pytest.mark.integration
 
@@ -175,12 +175,20 @@ def chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.asynccontextmanager
-async def workers(client: Client, prefix: str, engine: Engine, store: Store, model: Path) -> AsyncIterator[None]:
-    """The workers an agent trajectory needs: workflows, run_agent (cpu), generate (h800), reward (serverless)."""
+async def workers(
+    client: Client,
+    prefix: str,
+    engine: Engine,
+    store: Store,
+    model: Path,
+    more: Callable[[AgentActivities], list[Worker]] = lambda agents: [],
+) -> AsyncIterator[None]:
+    """The workers an agent trajectory needs: workflows, run_agent (cpu), generate (h800), reward (serverless),
+    and `more` of the caller's, given the agent activities (whose endpoint they may share)."""
     gen = GenerateActivities(engine, store, "scripted", model, queue="")
     agents = AgentActivities(client)
     rewards = RewardActivities()
-    async with (
+    ours = [
         Worker(
             client,
             task_queue=queue_name("control", prefix),
@@ -190,7 +198,10 @@ async def workers(client: Client, prefix: str, engine: Engine, store: Store, mod
         Worker(client, task_queue=queue_name("cpu", prefix), activities=[agents.run_agent]),
         Worker(client, task_queue=queue_name("h800", prefix), activities=[gen.generate]),
         Worker(client, task_queue=queue_name("serverless", prefix), activities=[rewards.reward]),
-    ):
+    ]
+    async with contextlib.AsyncExitStack() as running:
+        for worker in [*ours, *more(agents)]:
+            await running.enter_async_context(worker)
         try:
             yield
         finally:
@@ -389,13 +400,7 @@ async def test_a_groups_agent_programs_play_free_inside_one_workflow_each_at_its
     group = GroupSeed(group_id=f"{workflow_id}-g0", seed=3)
     inp = GroupRolloutInput(task=task, groups=[group], job_id="agent-test", queue_prefix=queue_prefix)
     async with workers(bare_env.client, queue_prefix, engine, store, chat_model):
-        results = await bare_env.client.execute_workflow(
-            "GroupRolloutWorkflow",
-            inp,
-            id=workflow_id,
-            task_queue=queue_name("control", queue_prefix),
-            result_type=list[TrajectoryResult],
-        )
+        results = await play_group(bare_env.client, inp, workflow_id)
 
     assert len(results) == 3 and len({r.trajectory_id for r in results}) == 3
     assert all(r.status == "completed" and r.reward == 1.0 and r.turns == 2 for r in results), results

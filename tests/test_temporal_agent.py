@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -19,12 +18,10 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Replayer
 
 from rollart.activities.agent_program import AgentActivities
 from rollart.activities.engines.base import Engine
-from rollart.activities.generate import GenerateActivities
-from rollart.activities.reward import RewardActivities
 from rollart.contracts.agent_workflow import agent_queue, agent_workflow_id
 from rollart.contracts.rollouts import GroupRolloutInput, GroupSeed, TrajectoryInput, TrajectoryResult
 from rollart.contracts.store import StoredTurn, whole_prompt
@@ -33,9 +30,9 @@ from rollart.infra.temporal.worker_tuning import workflow_runner
 from rollart.spec.config import StoreConfig, TaskSpec, WorkerTuning
 from rollart.spec.pools import queue_name
 from rollart.workers.agent_worker import agent_worker, agents_plugins
-from rollart.workflows.group_rollout import GroupRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
-from tests.support.scripted import SlowOn
+from tests.support.scripted import SlowOn, play_group
+from tests.test_agent_program import workers as program_workers
 
 pytestmark = pytest.mark.integration
 
@@ -68,32 +65,21 @@ class Agentic(SlowOn):
         return [HANDOFF, LOOK_UP][min(answered, 1)] if self.loop else [HANDOFF, LOOK_UP, CONVERT, ANSWER][answered]
 
 
-@contextlib.asynccontextmanager
-async def workers(
+def workers(
     client: Client, prefix: str, engine: Engine, store: Store, model: Path, call_timeout_s: float = 60
-) -> AsyncIterator[None]:
-    """The trajectory's workers, and the agent worker with the plugin on the cpu pool's agent queue."""
-    gen = GenerateActivities(engine, store, "scripted", model, queue="")
-    agents = AgentActivities(client)
-    cpu = queue_name("cpu", prefix)
-    async with (
-        Worker(
-            client,
-            task_queue=queue_name("control", prefix),
-            workflows=[TrajectoryWorkflow, GroupRolloutWorkflow],
-            workflow_runner=workflow_runner(WorkerTuning(sandbox="strict")),
-        ),
-        Worker(client, task_queue=cpu, activities=[agents.run_agent]),
-        agent_worker(
-            client, agent_queue(cpu), [WORKFLOW], [ACTIVITY], agents.endpoint, timedelta(seconds=call_timeout_s)
-        ),
-        Worker(client, task_queue=queue_name("h800", prefix), activities=[gen.generate]),
-        Worker(client, task_queue=queue_name("serverless", prefix), activities=[RewardActivities().reward]),
-    ):
-        try:
-            yield
-        finally:
-            await agents.shutdown()
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """An agent trajectory's workers, and the agent worker with the plugin on the cpu pool's agent queue, sharing
+    the agent activities' endpoint."""
+    timeout = timedelta(seconds=call_timeout_s)
+    agent_queue_ = agent_queue(queue_name("cpu", prefix))
+    return program_workers(
+        client,
+        prefix,
+        engine,
+        store,
+        model,
+        more=lambda agents: [agent_worker(client, agent_queue_, [WORKFLOW], [ACTIVITY], agents.endpoint, timeout)],
+    )
 
 
 def task(**overrides: object) -> TaskSpec:
@@ -228,13 +214,7 @@ async def test_a_groups_members_each_start_their_own_agent_workflow_inside_one_g
         queue_prefix=queue_prefix,
     )
     async with workers(bare_env.client, queue_prefix, engine, store, tiny_chat_model):
-        results = await bare_env.client.execute_workflow(
-            "GroupRolloutWorkflow",
-            inp,
-            id=workflow_id,
-            task_queue=queue_name("control", queue_prefix),
-            result_type=list[TrajectoryResult],
-        )
+        results = await play_group(bare_env.client, inp, workflow_id)
 
     assert len({r.trajectory_id for r in results}) == 2, results
     assert all(r.status == "completed" and r.reward == 1.0 and r.turns == 4 for r in results), results

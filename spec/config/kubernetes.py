@@ -7,7 +7,8 @@ settings here are keyed by pool name and merged over them; `resolve_pool` gives 
 GPU counts follow the job unless declared: a generation worker gets `engine.tensor_parallel_size`
 GPUs, a trainer node one GPU per trainer rank it runs. Pydantic models only, like `config`: this
 module is imported with the job spec. It does not import the job spec (which holds a
-`KubernetesConfig`): what a layout needs of a job comes as a `JobNeeds` (`JobSpec.needs()`).
+`KubernetesConfig`): what a layout needs of a job comes as a `JobNeeds` (`JobSpec.needs()`). A pool's layout
+(`PoolDeployment`, `pool_defaults`, `ResolvedPool`) is in spec/config/k8s_pools.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rollart.spec.pools import DEFAULT_POOLS, Pool, PoolName, PoolRole, PoolSpec, is_generation
+from rollart.spec.config.k8s_pools import (
+    GPU_PRODUCT_LABEL,
+    PoolDeployment,
+    ResolvedPool,
+    Strict,
+    Toleration,
+    check_quantity,
+    pool_defaults,
+)
+from rollart.spec.pools import DEFAULT_POOLS, Pool, PoolName, PoolSpec, is_generation
 
 __all__ = [
     "DEFAULT_CPU_IMAGE",
@@ -39,9 +49,6 @@ __all__ = [
     "pool_defaults",
 ]
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-"""The node label NVIDIA's GPU feature discovery sets to the GPU model (e.g. `NVIDIA-H800`)."""
-
 DEFAULT_TEMPORAL_ADDRESS = "temporal-frontend.temporal.svc.cluster.local:7233"
 """The frontend of Temporal's Helm chart installed as release `temporal` in namespace `temporal`."""
 
@@ -54,7 +61,6 @@ DEFAULT_GPU_IMAGE = "rollart:0.1.0-gpu"
 DEFAULT_RDZV_PORT = 29500
 """Where trainer node 0 listens for the other nodes' ranks (torchrun's customary port)."""
 
-_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 """The name of a Kubernetes object most kinds take (a Secret's, a RuntimeClass's): at most 253 such characters."""
@@ -94,93 +100,7 @@ class JobNeeds:
         return self.trainer_tensor * self.trainer_data
 
 
-class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a deployment setting must not be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _check_quantity(value: str | None) -> str | None:
-    if value is not None and not _QUANTITY.match(value):
-        raise ValueError(f"not a Kubernetes quantity: {value!r} (examples: '500m', '4', '16Gi')")
-    return value
-
-
-class Toleration(_Strict):
-    """A pod toleration, as in the Kubernetes API (lets pods land on tainted GPU nodes)."""
-
-    key: str | None = None
-    operator: Literal["Exists", "Equal"] = "Exists"
-    value: str | None = None
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-
-    def manifest(self) -> dict[str, str]:
-        """The toleration as it goes into a pod spec (unset fields left out)."""
-        return self.model_dump(exclude_none=True)
-
-
-class PoolDeployment(_Strict):
-    """Overrides for one pool; `None` keeps the pool's default (see `pool_defaults`)."""
-
-    replicas: int | None = Field(
-        None, ge=0, description="workers of this pool (for the trainer: its nodes); 0 leaves the pool out"
-    )
-    gpus: int | None = Field(
-        None, ge=0, description="GPUs per worker (the `nvidia.com/gpu` resource); 0 runs the pool on CPUs"
-    )
-    gpu_product: str | None = Field(None, min_length=1, description=f"value of the `{GPU_PRODUCT_LABEL}` node label")
-    cpu: str | None = Field(None, description="CPU request per worker, e.g. '4' or '500m'")
-    memory: str | None = Field(None, description="memory request and limit per worker, e.g. '16Gi'")
-    node_selector: dict[str, str] = Field(default_factory=dict, description="extra node labels the pods require")
-    tolerations: list[Toleration] | None = Field(None, description="replaces the default (GPU taint) tolerations")
-
-    _quantities = field_validator("cpu", "memory")(_check_quantity)
-
-
-class ResolvedPool(_Strict):
-    """One pool's concrete deployment: the defaults with the job's overrides applied."""
-
-    pool: PoolName
-    role: PoolRole
-    replicas: int
-    gpus: int
-    gpu_product: str | None
-    cpu: str
-    memory: str
-    node_selector: dict[str, str]
-    tolerations: list[Toleration]
-
-
-_GPU_TAINT = Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")
-
-
-_CPU_BY_ROLE: dict[PoolRole, tuple[str, str]] = {
-    "control": ("1", "2Gi"),
-    "env": ("4", "8Gi"),
-    "generation": ("8", "64Gi"),
-    "reward": ("1", "2Gi"),
-    "trainer": ("8", "64Gi"),
-}
-"""CPU and memory requests per worker of a pool without GPUs, by role."""
-
-
-def pool_defaults(name: str, spec: PoolSpec, gpus: int = 1) -> ResolvedPool:
-    """What pool `name` gets when the kubernetes section says nothing, from its declaration `spec`: a GPU pool
-    (`gpu:` declared) `gpu.count` GPUs of `gpu.product` (else `gpus`), the GPU taint tolerated; a CPU pool none.
-
-    `gpus` is what one worker of a GPU pool needs by default: its engine's tensor-parallel size for generation,
-    its share of the trainer's ranks for a trainer node (`KubernetesConfig.worker_gpus`).
-    """
-    base: dict[str, object] = {"replicas": 1, "gpus": 0, "gpu_product": None, "node_selector": {}, "tolerations": []}
-    cpu, memory = _CPU_BY_ROLE[spec.role]
-    if spec.gpu is not None:
-        gpu_count = spec.gpu.count or gpus
-        base |= {"gpus": gpu_count, "gpu_product": spec.gpu.product, "tolerations": [_GPU_TAINT]}
-        cpu, memory = "8", "64Gi"
-    return ResolvedPool(pool=name, role=spec.role, cpu=cpu, memory=memory, **base)
-
-
-class ServerlessScaling(_Strict):
+class ServerlessScaling(Strict):
     """How the `serverless` pool scales on its Temporal queue backlog (KEDA) or, without KEDA, on CPU (HPA)."""
 
     keda: bool = Field(True, description="a KEDA ScaledObject on the queue backlog; false: a CPU HPA")
@@ -199,7 +119,7 @@ class ServerlessScaling(_Strict):
         return self
 
 
-class MooncakeNetwork(_Strict):
+class MooncakeNetwork(Strict):
     """Who may reach Mooncake's listeners when the job's store is Mooncake: `rollart k8s render` then emits
     NetworkPolicies that let only the job's pool pods (and the Mooncake pods themselves) in.
 
@@ -217,17 +137,17 @@ class MooncakeNetwork(_Strict):
     )
 
 
-class VolumeConfig(_Strict):
+class VolumeConfig(Strict):
     """A PersistentVolumeClaim rollart creates (shared store, trainer run dir)."""
 
     size: str = "50Gi"
     storage_class: str | None = None
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = "ReadWriteMany"
 
-    _quantities = field_validator("size")(_check_quantity)
+    _quantities = field_validator("size")(check_quantity)
 
 
-class KubernetesConfig(_Strict):
+class KubernetesConfig(Strict):
     """Where and how the job's workers run on Kubernetes. Every field is optional."""
 
     image: str = Field(

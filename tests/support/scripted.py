@@ -7,10 +7,14 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from rollart.activities.engines.base import Completion, Engine, EngineOutput
-from rollart.spec.config import SamplingParams
+from temporalio.client import Client
 
-__all__ = ["ScriptedEngine", "SlowOn"]
+from rollart.activities.engines.base import Completion, Engine, EngineOutput
+from rollart.contracts.rollouts import GroupRolloutInput, TrajectoryResult
+from rollart.spec.config import SamplingParams
+from rollart.spec.pools import queue_name
+
+__all__ = ["ScriptedEngine", "SlowOn", "play_group"]
 
 
 @dataclass
@@ -60,3 +64,14 @@ class SlowOn(ScriptedEngine):
         if len(self.prompts) in self.slow:
             await asyncio.sleep(self.delay_s)
         return await super().generate(prompt, sampling, request_id, priority)
+
+
+async def play_group(client: Client, inp: GroupRolloutInput, workflow_id: str) -> list[TrajectoryResult]:
+    """One GroupRolloutWorkflow of `inp` to its end, on its job's control queue: each member's result."""
+    return await client.execute_workflow(
+        "GroupRolloutWorkflow",
+        inp,
+        id=workflow_id,
+        task_queue=queue_name("control", inp.queue_prefix),
+        result_type=list[TrajectoryResult],
+    )
