@@ -19,8 +19,7 @@ import pytest
 from rollart.infra.deploy.names import Manifest
 from rollart.infra.deploy.pod_security import IMAGE_HOME, IMAGE_UID
 from rollart.infra.deploy.render import render
-from rollart.infra.temporal.connection import api_key_from_file
-from rollart.infra.temporal.tls import TemporalSecurityError
+from rollart.infra.temporal.tls import TemporalSecurityError, api_key_from_file
 from rollart.spec.config import JobSpec, JobSpecError, TemporalConfig, load_job
 from tests.support.k8s import megatron_job, validate_all
 from tests.support.paths import REPO

@@ -45,7 +45,6 @@ __all__ = [
     "NamespaceNotFound",
     "TemporalAddressError",
     "TemporalSecurityError",
-    "api_key_from_file",
     "connect",
     "data_converter",
     "runtime",
@@ -184,25 +183,9 @@ async def connect(temporal: TemporalConfig, store: StoreConfig, wait: Backoff | 
     return await wait_for(f"Temporal at {address}", attempt, lambda e: _transient(e, address, temporal), wait)
 
 
-def api_key_from_file(temporal: TemporalConfig) -> str | None:
-    """The API key in `temporal.api_key_file` (a mounted Secret on Kubernetes), read at each connect: a rotated
-    Secret is picked up by the next connection. None without the setting."""
-    path = temporal.api_key_file
-    if path is None:
-        return None
-    try:
-        key = path.expanduser().read_text().strip()
-    except OSError as e:
-        raise TemporalSecurityError(f"temporal.api_key_file: cannot read {path}: {e.strerror or e}") from e
-    if not key:
-        raise TemporalSecurityError(f"temporal.api_key_file: {path} is empty; write the API key in it")
-    return key
-
-
 async def _client(address: str, temporal: TemporalConfig, converter: DataConverter) -> Client:
     """`Client.connect` with the settings' TLS and API key; what stands in their way is a TemporalSecurityError."""
     tls, api_key = client_credentials(temporal)
-    api_key = api_key or api_key_from_file(temporal)
     tls, api_key = _profile_credentials(address, temporal, tls, api_key)
     if temporal.tls is not None and (problem := await handshake_problem(address, temporal)):
         raise TemporalSecurityError(problem)  # said from the handshake itself, before the SDK dials

@@ -1,9 +1,10 @@
 """Secured connections to Temporal: the TLS settings and API key a client presents, and refusals said in words.
 
-`client_credentials` reads what `temporal.tls` and `temporal.api_key_env` name when a process connects (a file
-that cannot be read, or an unset variable, is a `TemporalSecurityError` naming the field), and checks the files up
-front (`check_tls_files`: the CA parses, the key is the certificate's, the certificate is valid now and may
-authenticate a client); `handshake_problem` then shakes hands with the server once with Python's TLS, so a server
+`client_credentials` reads what `temporal.tls`, `temporal.api_key_env` and `api_key_file` name when a process
+connects (a file that cannot be read, or an unset variable, is a `TemporalSecurityError` naming the field), and
+checks the files up front (`check_tls_files`: the CA parses, the key is the certificate's, the certificate is
+valid now and may authenticate a client); `handshake_problem` then shakes hands with the server once with Python's
+TLS, so a server
 certificate this client refuses, or a client certificate the server refuses, is said from the handshake's own
 verdict before the SDK dials. What only the SDK sees stays for `security_problem`: it
 turns what the SDK's core reports about a failed handshake or a refused credential (a rustls or tonic error
@@ -29,6 +30,7 @@ from rollart.spec.config.temporal import TemporalTLS
 
 __all__ = [
     "TemporalSecurityError",
+    "api_key_from_file",
     "certificate_verdict",
     "check_tls_files",
     "client_credentials",
@@ -60,7 +62,7 @@ def client_credentials(temporal: TemporalConfig) -> tuple[TLSConfig | None, str 
             client_private_key=_pem(t.key, "key"),
             domain=t.server_name,
         )
-    return tls, _api_key(temporal.api_key_env)
+    return tls, _api_key(temporal.api_key_env) or api_key_from_file(temporal)
 
 
 def check_tls_files(tls: TemporalTLS) -> None:
@@ -209,6 +211,21 @@ def _pem(path: Path | None, field: str) -> bytes | None:
     return data
 
 
+def api_key_from_file(temporal: TemporalConfig) -> str | None:
+    """The API key in `temporal.api_key_file` (a mounted Secret on Kubernetes), read at each connect: a rotated
+    Secret is picked up by the next connection. None without the setting."""
+    path = temporal.api_key_file
+    if path is None:
+        return None
+    try:
+        key = path.expanduser().read_text().strip()
+    except OSError as e:
+        raise TemporalSecurityError(f"temporal.api_key_file: cannot read {path}: {e.strerror or e}") from e
+    if not key:
+        raise TemporalSecurityError(f"temporal.api_key_file: {path} is empty; write the API key in it")
+    return key
+
+
 def _api_key(name: str | None) -> str | None:
     if name is None:
         return None
@@ -342,7 +359,11 @@ def closed_connection_hint(text: str, temporal: TemporalConfig) -> str:
 
 
 def _why_tls(temporal: TemporalConfig) -> str:
-    return "temporal.tls" if temporal.tls is not None else f"temporal.api_key_env ({temporal.api_key_env})"
+    if temporal.tls is not None:
+        return "temporal.tls"
+    if temporal.api_key_file is not None:
+        return f"temporal.api_key_file ({temporal.api_key_file})"
+    return f"temporal.api_key_env ({temporal.api_key_env})"
 
 
 def _alert(alert: str, address: str, temporal: TemporalConfig) -> str:
@@ -393,11 +414,15 @@ def _refused_credentials(address: str, temporal: TemporalConfig, message: str, c
     shown = []
     if temporal.api_key_env:
         shown.append(f"the API key in ${temporal.api_key_env}")
+    if temporal.api_key_file is not None:
+        shown.append(f"the API key in {temporal.api_key_file}")
     if temporal.tls is not None and temporal.tls.cert is not None:
         shown.append(f"the client certificate {temporal.tls.cert}")
     credentials = " and ".join(shown) or "a client without credentials"
     no_key = (
-        "" if temporal.api_key_env else " (no API key was sent: temporal.api_key_env names the variable holding one)"
+        ""
+        if temporal.has_api_key
+        else " (no API key was sent: temporal.api_key_env names the variable holding one, api_key_file its file)"
     )
     if code == "PermissionDenied":
         return (
