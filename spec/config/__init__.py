@@ -40,9 +40,11 @@ from rollart.spec.config.task import (
 )
 from rollart.spec.config.temporal import TemporalConfig, TemporalLimits, TemporalTLS, TracingConfig, WorkerTuning
 from rollart.spec.config.trainer import (
+    FsdpConfig,
     LoraConfig,
     LossConfig,
     LRScheduleConfig,
+    PackingConfig,
     ParallelConfig,
     SequenceMode,
     TrainerConfig,
@@ -70,6 +72,7 @@ __all__ = [
     "EngineConfig",
     "EnvServerSpec",
     "FaultModel",
+    "FsdpConfig",
     "GroupPlay",
     "JobSpec",
     "JobSpecError",
@@ -79,6 +82,7 @@ __all__ = [
     "LossConfig",
     "MetricsConfig",
     "MooncakeConfig",
+    "PackingConfig",
     "ParallelConfig",
     "PlacementConfig",
     "PriorityPolicy",

@@ -10,7 +10,16 @@ from pydantic import Field, field_validator, model_validator
 from rollart.spec.config.base import Section
 from rollart.spec.config.task import TaskEnv, TaskSpec
 
-__all__ = ["LRScheduleConfig", "LoraConfig", "LossConfig", "ParallelConfig", "SequenceMode", "TrainerConfig"]
+__all__ = [
+    "FsdpConfig",
+    "LRScheduleConfig",
+    "LoraConfig",
+    "LossConfig",
+    "PackingConfig",
+    "ParallelConfig",
+    "SequenceMode",
+    "TrainerConfig",
+]
 
 SequenceMode = Literal["turn", "trajectory"]
 """`trainer.sequence`: what one training sequence is, a turn or a whole (chat) trajectory."""
@@ -124,6 +133,26 @@ class ParallelConfig(Section):
         return self.tensor * self.data
 
 
+class FsdpConfig(Section):
+    """The torch backend over several ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters,
+    gradients and optimizer state sharded over `ranks` data-parallel processes that the trainer worker starts
+    (gloo on CPUs, NCCL on GPUs), each training on its share of the batch's sequences."""
+
+    ranks: int = Field(2, ge=1, le=4096)
+    reshard_after_forward: bool = True
+    """Free each layer's gathered parameters after its forward (gathered again for the backward): less memory,
+    one more all-gather per layer (FSDP2's default; ZeRO-3). False keeps them until the backward (ZeRO-2-like)."""
+
+
+class PackingConfig(Section):
+    """Packed sequences: a micro-batch is one flat stream of whole sequences, up to `max_tokens` tokens, with
+    attention kept within each sequence, instead of a `[batch, longest]` block of padding."""
+
+    max_tokens: int = Field(8192, ge=16)
+    """Tokens per packed micro-batch (per data-parallel rank); a sequence longer than this is a micro-batch of
+    its own."""
+
+
 class LRScheduleConfig(Section):
     """How the learning rate moves over training steps: a linear warm-up to `trainer.lr` over `warmup_steps`,
     then `constant`, or a `cosine` decay to `min_ratio` × lr over `decay_steps` (default: the rest of
@@ -218,6 +247,13 @@ class TrainerConfig(Section):
     seed: int = 0
     loss: LossConfig = Field(default_factory=LossConfig)
     lora: LoraConfig | None = None
+    fsdp: FsdpConfig | None = None
+    """The torch backend sharded over several ranks (FSDP2); None: one process on one device."""
+    packing: PackingConfig | None = None
+    """Pack micro-batches by tokens instead of padding them by sequences (None: padded, `micro_batch_size`)."""
+    logprob_chunk_tokens: int = Field(4096, ge=1)
+    """Log-probs and entropies are taken this many tokens at a time, so the fp32 `[tokens, vocabulary]` block
+    of a whole micro-batch is never held at once (with a 150k vocabulary, 8k tokens are ~5 GB)."""
     sequence: SequenceMode = "turn"
     """What one training sequence is. `turn`: every turn of a trajectory is its own sequence, its whole prompt
     then its sampled ids (a chat trajectory of k turns is k sequences whose prompts repeat the conversation so
@@ -251,12 +287,28 @@ class TrainerConfig(Section):
         envs = {t.name: TaskEnv(env=t.env, env_args=t.env_args) for t in tasks}
         return self.model_copy(update={"task_envs": envs})
 
+    @property
+    def ranks(self) -> int:
+        """Rank processes the trainer runs: tensor × data for megatron, `fsdp.ranks` for FSDP2, else 1."""
+        if self.backend == "megatron":
+            return self.parallel.world_size
+        return self.fsdp.ranks if self.fsdp is not None else 1
+
+    @model_validator(mode="after")
+    def _fsdp_is_the_torch_backend(self) -> TrainerConfig:
+        if self.fsdp is not None and self.backend != "torch":
+            raise ValueError(
+                "fsdp shards the torch backend's model; megatron shards its own (parallel: {tensor, data}): "
+                "drop fsdp or set backend: torch"
+            )
+        return self
+
     @model_validator(mode="after")
     def _parallel_needs_megatron(self) -> TrainerConfig:
         if self.backend == "torch" and self.parallel.world_size > 1:
             raise ValueError(
                 f"parallel: tensor {self.parallel.tensor} x data {self.parallel.data} needs backend: megatron "
-                "(the torch backend trains in one process on one device)"
+                "(the torch backend shards over ranks with fsdp: {ranks: N} instead)"
             )
         return self
 
