@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--env-args must be a JSON object, got {args.env_args!r}")
     if not 0 < args.port < 65536 or args.max_sessions < 1:
         raise UserError(f"--port must be 1..65535 and --max-sessions at least 1 (got {args.port}, {args.max_sessions})")
+    from rollart.infra.env_server_token import EnvTokenError
     from rollart.workers.env_server import serve
 
     print(
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         serve(args.env, env_args, args.host, args.port, args.max_sessions, parent_pid=args.parent_pid)
-    except UnknownComponentError as e:
+    except (UnknownComponentError, EnvTokenError) as e:
         raise UserError(str(e)) from e
     except (TypeError, ValueError) as e:
         raise UserError(f"env {args.env!r} rejected --env-args {env_args!r}: {e}") from e

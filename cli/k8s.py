@@ -59,7 +59,7 @@ def _add_k8s_args(s: argparse.ArgumentParser) -> None:
 
 
 def render(args: argparse.Namespace) -> int:
-    """Write one YAML file per object, for review before `kubectl apply`; say how to create the Temporal Secret."""
+    """Write one YAML file per object, for review before `kubectl apply`; say how to create the Secrets."""
     from rollart.infra.deploy.render import write_manifests
 
     job, manifests = _manifests(args)
@@ -88,18 +88,31 @@ def apply(args: argparse.Namespace) -> int:
 
 
 def _say_secret(job: JobSpec, namespace_first: str) -> None:
-    """How to make the Secret rollart does not write, through which the job's Temporal TLS files reach the pods."""
-    from rollart.infra.deploy.security import secret_command, temporal_secret_name
+    """How to make the Secrets rollart does not write: the job's Temporal TLS files and API key, and the token of its
+    env servers."""
+    from rollart.infra.deploy.security import (
+        env_token_command,
+        env_token_secret_name,
+        secret_command,
+        temporal_secret_name,
+    )
 
     command = secret_command(job)
-    if command is None:
-        return
-    print(
-        f"the pods read the job's Temporal credentials (temporal.tls files, the API key) as files from Secret "
-        f"{temporal_secret_name(job)!r}, which is not rendered (it holds secrets): create it, once its namespace "
-        f"exists ({namespace_first}), from the files and variable on this machine with\n  {command}\n"
-        "(pods wait for it)"
-    )
+    if command is not None:
+        print(
+            f"the pods read the job's Temporal credentials (temporal.tls files, the API key) as files from Secret "
+            f"{temporal_secret_name(job)!r}, which is not rendered (it holds secrets): create it, once its namespace "
+            f"exists ({namespace_first}), from the files and variable on this machine with\n  {command}\n"
+            "(pods wait for it)"
+        )
+    command = env_token_command(job)
+    if command is not None:
+        print(
+            f"the env servers serve only the job's workers, which present the token of Secret "
+            f"{env_token_secret_name(job)!r}, which is not rendered (it holds a secret): create it, once its "
+            f"namespace exists ({namespace_first}), with a random token:\n  {command}\n"
+            "(the env servers and the pools that call them wait for it)"
+        )
 
 
 def _manifests(args: argparse.Namespace) -> tuple[JobSpec, list[Manifest]]:

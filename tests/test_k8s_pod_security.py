@@ -223,7 +223,10 @@ def test_the_root_filesystem_can_be_left_writable() -> None:
         (lambda s, c: s.update(hostNetwork=True), "spec.hostNetwork"),
         (lambda s, c: s.update(hostPID=True), "spec.hostPID"),
         (lambda s, c: s.update(hostIPC=True), "spec.hostIPC"),
-        (lambda s, c: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}), "spec.volumes[3] (h)"),
+        (
+            lambda s, c: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
+            "spec.volumes[4] (h)",
+        ),  # after the scratch dirs and the token
         (lambda s, c: c["securityContext"].update(privileged=True), "securityContext.privileged"),
         (lambda s, c: c["securityContext"].update(allowPrivilegeEscalation=True), "allowPrivilegeEscalation"),
         (lambda s, c: c["securityContext"]["capabilities"].update(drop=[]), "capabilities.drop"),

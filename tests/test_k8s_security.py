@@ -17,7 +17,7 @@ import yaml
 from rollart.cli.main import build_parser
 from rollart.infra.deploy.names import K8sRenderError, Manifest
 from rollart.infra.deploy.render import render
-from rollart.infra.deploy.security import secret_command
+from rollart.infra.deploy.security import env_token_command, secret_command
 from rollart.spec.config import JobSpec, JobSpecError, load_job
 from rollart.spec.pools import DEFAULT_POOLS
 from tests.support.paths import REPO
@@ -312,3 +312,73 @@ def test_an_api_key_file_goes_into_the_secret_from_the_file() -> None:
     )
     (auth,) = of_kind(render(job), "TriggerAuthentication")  # KEDA takes it from the same Secret key
     assert auth["spec"]["secretTargetRef"] == [{"parameter": "apiKey", "name": "frozenlake-temporal", "key": "api-key"}]
+
+
+# ---------------------------------------------------------------- the env servers' token
+
+
+def _token_pods(manifests: list[Manifest]) -> set[str]:
+    """The workloads (and the CronJob) whose pod mounts the env-token Secret; each one that does is checked whole:
+    the file, the variable naming it, and the token in no variable."""
+    pods = {name: pod(w) for name, w in workloads(manifests).items()}
+    pods |= {
+        m["metadata"]["name"]: m["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        for m in of_kind(manifests, "CronJob")
+    }
+    mounting = set()
+    for name, spec in pods.items():
+        (container,) = spec["containers"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        env = {e["name"]: e for e in container.get("env", [])}
+        assert all("secretKeyRef" not in e.get("valueFrom", {}) for e in env.values()), name  # never a variable
+        if "env-token" not in volumes:
+            assert "ROLLART_ENV_SERVER_TOKEN_FILE" not in env, name
+            continue
+        mounting.add(name)
+        assert volumes["env-token"]["secret"] == {
+            "secretName": "openenv-env-token",
+            "items": [{"key": "token", "path": "token"}],
+            "defaultMode": 0o440,
+        }
+        assert "optional" not in volumes["env-token"]["secret"]  # no Secret, no pod: never a server without it
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "env-token")
+        assert mount == {"name": "env-token", "mountPath": "/etc/rollart-env-token", "readOnly": True}
+        assert env["ROLLART_ENV_SERVER_TOKEN_FILE"] == {
+            "name": "ROLLART_ENV_SERVER_TOKEN_FILE",
+            "value": "/etc/rollart-env-token/token",
+        }
+    return mounting
+
+
+def test_the_env_token_is_mounted_in_the_env_servers_and_the_pools_that_call_them_only() -> None:
+    manifests = render(load_job(EXAMPLES / "openenv.yaml"))
+    validate(manifests)
+    assert _token_pods(manifests) == {"openenv-env-frozenlake", "openenv-cpu"}  # not control, trainer, h800, gc...
+    assert not of_kind(manifests, "Secret")  # its contents are not the job's
+
+    spec = load_job(EXAMPLES / "openenv.yaml")
+    moved = render(
+        load_job(EXAMPLES / "openenv.yaml", {"tasks": [{**spec.tasks[0].model_dump(mode="json"), "env_pool": "h800"}]})
+    )
+    assert _token_pods(moved) == {"openenv-env-frozenlake", "openenv-h800"}  # the pool the sessions moved to
+    spare = [{"name": "frozenlake", "env": "frozenlake", "port": 8300}, {"name": "spare", "port": 8400}]
+    assert _token_pods(render(load_job(EXAMPLES / "openenv.yaml", {"env_servers": spare}))) == {
+        "openenv-env-frozenlake",
+        "openenv-env-spare",  # called by nobody, but it still refuses everyone without the token
+        "openenv-cpu",
+    }
+    none = render(load_job(EXAMPLES / "frozenlake.yaml"))  # no env servers: no token anywhere
+    assert not [v for w in workloads(none).values() for v in pod(w)["volumes"] if v["name"] == "env-token"]
+    assert env_token_command(load_job(EXAMPLES / "frozenlake.yaml")) is None
+
+
+def test_render_prints_how_to_create_the_env_token_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["k8s", "render", str(EXAMPLES / "openenv.yaml"), "-o", str(tmp_path / "out")])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "the token of Secret 'openenv-env-token', which is not rendered" in out
+    assert (
+        "  kubectl -n rollart create secret generic openenv-env-token \\\n"
+        '    --from-literal=token="$(openssl rand -hex 32)"\n'
+    ) in out
+    assert "frozenlake-temporal" not in out  # the example uses no Temporal credentials: no line for them

@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,12 +216,7 @@ def test_no_route_reaches_a_listener_on_loopback() -> None:
             server.accept()  # nothing ever reached the listener
 
 
-@pytest.mark.integration
-@pytest.mark.skipif(
-    os.geteuid() == 0, reason="the kernel exempts a process whose uid maps to root from RLIMIT_NPROC, namespaced or not"
-)
-def test_forking_stops_at_the_process_limit() -> None:
-    code = """
+_FORK_BOMB = """
 import os, time
 children = 0
 try:
@@ -233,9 +229,76 @@ try:
 except OSError as e:
     print('stopped after', children, type(e).__name__)
 """
-    result = _run(code)
+
+
+@pytest.mark.integration
+def test_forking_stops_at_the_process_limit_even_for_a_root_worker() -> None:
+    """The kernel exempts a process that is root on the host from RLIMIT_NPROC, namespaced or not: a root worker
+    (this machine's, many containers') starts bubblewrap as uid 65534, and the limit holds."""
+    _bwrap_or_skip()
+    probe = sandbox_isolation.bubblewrap()
+    assert probe.layout is not None
+    if os.geteuid() == 0:
+        if probe.layout.run_as is None:
+            pytest.skip(f"root worker whose bubblewrap cannot run as uid 65534 here: {probe.note}")
+        assert probe.layout.run_as == 65534
+    result = _run(_FORK_BOMB)
     assert result.stdout.startswith("stopped after") and "BlockingIOError" in result.stdout, result.stdout
     assert int(result.stdout.split()[2]) < 40
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="what a root worker's sandbox would be without dropping to uid 65534")
+def test_a_root_bubblewrap_is_exempt_from_the_fork_limit_which_is_why_it_is_dropped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Keeps the reason for `run_as` true: the same sandbox started as root forks past the limit."""
+    _bwrap_or_skip()
+    layout = sandbox_isolation.bubblewrap().layout
+    assert layout is not None
+    as_root = sandbox_isolation.host_layout(layout.bwrap)  # the worker's own interpreter, bwrap as root
+    assert as_root is not None and as_root.run_as is None
+    monkeypatch.setattr(sandbox_module, "bubblewrap", lambda: sandbox_isolation.BwrapProbe(as_root))
+    monkeypatch.setattr(sandbox_isolation, "bubblewrap", lambda: sandbox_isolation.BwrapProbe(as_root))
+    result = _run(_FORK_BOMB)
+    assert result.stdout.startswith("forked 200"), result.stdout
+
+
+def test_a_root_worker_starts_bubblewrap_as_uid_65534_where_it_can_reach_the_interpreter() -> None:
+    """`spawn_as` and `_reachable`, read without running anything."""
+    layout = BwrapLayout("/usr/bin/bwrap", "/usr/bin/python3.11", ("/usr",), run_as=65534)
+    assert sandbox_isolation.spawn_as(layout) == {"user": 65534, "group": 65534, "extra_groups": []}
+    assert sandbox_isolation.spawn_as(BwrapLayout("/usr/bin/bwrap", "/usr/bin/python3", ("/usr",))) == {}
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:  # /tmp: every user may pass through it
+        home = Path(top) / "home"
+        _check_reachable(Path(top), home)
+
+
+def _check_reachable(top: Path, home: Path) -> None:
+    (home / "bin").mkdir(parents=True)
+    python = home / "bin" / "python"
+    python.write_text("")
+    python.chmod(0o755)
+    top.chmod(0o755)
+    assert sandbox_isolation._reachable(str(python))
+    home.chmod(0o700)  # pyenv's under /root: uid 65534 cannot get through
+    assert not sandbox_isolation._reachable(str(python))
+    home.chmod(0o755)
+    python.chmod(0o750)  # not for others to read and run
+    assert not sandbox_isolation._reachable(str(python))
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(os.geteuid() != 0, reason="a non-root worker starts bubblewrap as itself")
+def test_a_root_workers_sandbox_runs_an_interpreter_uid_65534_can_reach() -> None:
+    _bwrap_or_skip()
+    layout = sandbox_isolation.bubblewrap().layout
+    assert layout is not None
+    if layout.run_as is None:
+        pytest.skip(f"bubblewrap cannot run as uid 65534 here: {sandbox_isolation.bubblewrap().note}")
+    assert layout.run_as == 65534 and sandbox_isolation._reachable(layout.python)
+    result = _run("import sys, os; print(sys.version_info[:2], os.getuid())")
+    assert result.stdout == f"{tuple(sys.version_info[:2])} 65534\n"  # the worker's Python version
 
 
 @pytest.mark.integration

@@ -7,8 +7,10 @@ WebSocket session per episode. A server that dies takes its sessions with it; th
 on a fresh session by replay, so the server itself keeps no state worth saving.
 
 Exposure: the local stack binds each server to loopback, and every server serves only clients that present the
-job's token (`$ROLLART_ENV_SERVER_TOKEN`, minted once per local stack by `env_server_token`, inherited by the
-workers and servers it starts; a Secret on Kubernetes). `/health` is open.
+job's token (`infra.env_server_token`: `$ROLLART_ENV_SERVER_TOKEN`, minted once per local stack by
+`env_server_token`, inherited by the workers and servers it starts; on Kubernetes the file
+`$ROLLART_ENV_SERVER_TOKEN_FILE` names, the job's Secret). `/health` is open. A token file that is named but
+missing or empty stops the server before it listens: it never falls back to serving everyone.
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ class EnvServerError(RuntimeError):
 
 
 def env_server_token() -> str:
-    """The job's env-server token: `$ROLLART_ENV_SERVER_TOKEN` when set (Kubernetes, a user's), else one minted now
-    and put in this process's environment, so the workers and env servers it starts afterwards inherit it."""
-    from rollart.activities.envs.openenv_client import TOKEN_ENV
+    """The job's env-server token: the one already given (`job_token`: a token file, or `$ROLLART_ENV_SERVER_TOKEN`,
+    a user's), else one minted now and put in this process's environment, so the workers and env servers it starts
+    afterwards inherit it."""
+    from rollart.infra.env_server_token import TOKEN_ENV, job_token
 
-    token = os.environ.get(TOKEN_ENV)
+    token = job_token()
     if not token:
         token = os.environ[TOKEN_ENV] = secrets.token_urlsafe(32)
     return token
@@ -56,21 +59,34 @@ def env_server_token() -> str:
 def serve(
     env: str, env_args: dict[str, Any], host: str, port: int, max_sessions: int, parent_pid: int | None = None
 ) -> None:
-    """Serve `env` on host:port until SIGTERM/Ctrl-C; with `parent_pid`, also until that process dies. With
-    `$ROLLART_ENV_SERVER_TOKEN` set, only clients presenting it are served."""
+    """Serve `env` on host:port until SIGTERM/Ctrl-C; with `parent_pid`, also until that process dies. With a
+    job token (`job_token`), only clients presenting it are served; EnvTokenError, before listening, when
+    `$ROLLART_ENV_SERVER_TOKEN_FILE` names a file without one."""
     import uvicorn
 
-    from rollart.activities.envs.openenv_client import TOKEN_ENV
     from rollart.activities.envs.openenv_server import openenv_app
+    from rollart.infra.env_server_token import job_token
 
+    token = job_token()  # a named token file must hold one: never serve everyone by mistake
+    if token is None and not _is_loopback(host):
+        log.warning("env server on %s:%d has no token: it serves everyone who can reach it", host, port)
     if parent_pid is not None:  # started by a local stack: stop with it
         from rollart.infra.local.parent_death import die_with_parent
 
         die_with_parent(parent_pid, signal.SIGTERM)
-    app = openenv_app(env, env_args, max_sessions=max_sessions, token=os.environ.get(TOKEN_ENV) or None)
+    app = openenv_app(env, env_args, max_sessions=max_sessions, token=token)
     # Sessions are WebSockets: no ping timeout (a long step must not close its session), the server's own
     # process lifetime bounds them.
     uvicorn.run(app, host=host, port=port, log_level="warning", ws_ping_interval=None, ws_ping_timeout=None)
+
+
+def _is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def wait_healthy(

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rollart.infra.env_server_token import EnvTokenError
 from rollart.infra.local.devserver import DevServer
 from rollart.infra.temporal.search_attributes import dev_server_flags
 from rollart.spec.config import DEFAULT_HOME, JobSpec, StoreConfig, TemporalConfig
@@ -194,7 +195,10 @@ class LocalStack:
 
                 self.mooncake = MooncakeService(store, log_dir=logs).start()
             if self.job.env_servers:  # one token for the job, before its workers and servers start (they inherit it)
-                env_server_token()
+                try:
+                    env_server_token()
+                except EnvTokenError as e:
+                    raise StackError(str(e)) from e
             for pool in self.pools:
                 if not self._elastic(pool):
                     self._spawn(pool, logs)

@@ -21,26 +21,25 @@ workflow restores the episode on a fresh session (same seed, actions replayed) a
 nothing is ever sent again on a broken session, and a new connection is never taken for the old one. An
 error the server reports for a step (its env raised) is an ordinary error: the env is broken.
 
-Auth: a task of one of the job's own env servers (``server`` set) presents the job's token,
-``$ROLLART_ENV_SERVER_TOKEN`` (minted by the local stack, a Secret on Kubernetes), which rollart's server checks;
-a server of someone else's (no ``server``) is never shown it. Error texts never carry it.
+Auth: a task of one of the job's own env servers (``server`` set) presents the job's token (`infra.env_server_token`:
+the file ``$ROLLART_ENV_SERVER_TOKEN_FILE`` names, a mounted Secret on Kubernetes, read at each connection; else
+``$ROLLART_ENV_SERVER_TOKEN``, minted by the local stack) as an ``Authorization: Bearer`` header of the WebSocket
+handshake (`openenv_session`), never in the URL, which access logs record. rollart's server checks it; a server of
+someone else's (no ``server``) is never shown it. Error texts never carry it.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any
 
+from rollart.infra.env_server_token import TOKEN_ENV, TOKEN_FILE_ENV, job_token
 from rollart.spec.env import Env, EnvSessionLost, StepOutcome
 from rollart.spec.registry import env
 
-__all__ = ["TOKEN_ENV", "OpenEnv"]
-
-TOKEN_ENV = "ROLLART_ENV_SERVER_TOKEN"
-"""The environment variable holding the job's env-server token (both the servers and the workers read it)."""
+__all__ = ["TOKEN_ENV", "TOKEN_FILE_ENV", "OpenEnv"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +95,7 @@ class OpenEnv(Env):
         self.connect_wait_s = float(connect_wait_s)
         self._client: Any = None  # openenv's SyncEnvClient: one WebSocket session
         self._lost: str | None = None  # why the session broke; nothing is sent on it again
+        self._sent: str | None = None  # the token last presented: blanked out of error texts
 
     def reset(self, seed: int) -> str:
         self.close()
@@ -106,7 +106,7 @@ class OpenEnv(Env):
         except Exception as e:
             self.close()
             raise ConnectionError(
-                f"openenv: reset(seed={seed}) at {self.base_url} failed: {_describe(e, self._token())}"
+                f"openenv: reset(seed={seed}) at {self.base_url} failed: {_describe(e, self._sent)}"
             ) from e
         return self._text(result.observation)
 
@@ -144,21 +144,20 @@ class OpenEnv(Env):
 
     def _connect(self) -> Any:
         """A connected session client; an unreachable server is retried for `connect_wait_s` (it may be restarting)."""
-        from openenv.core.generic_client import (
-            GenericEnvClient,  # heavy (FastAPI, fastmcp): only where envs run
+        from rollart.activities.envs.openenv_session import (
+            BearerEnvClient,  # heavy (openenv: FastAPI, fastmcp): only where envs run
         )
 
         deadline = time.monotonic() + self.connect_wait_s
         pause = _CONNECT_BACKOFF_S[0]
         while True:
-            session = GenericEnvClient(
+            token = self._sent = self._token()  # read at each attempt: a rotated Secret is picked up
+            session = BearerEnvClient(
                 base_url=self.base_url,
                 connect_timeout_s=min(10.0, self.connect_wait_s),
                 message_timeout_s=self.timeout_s,
+                token=token,
             )
-            token = self._token()
-            if token:  # openenv's client takes no headers: the token rides in the WebSocket URL's query
-                session._ws_url += "?token=" + token
             client = session.sync()
             try:
                 return client.connect()
@@ -173,11 +172,12 @@ class OpenEnv(Env):
             pause = min(pause * 2, _CONNECT_BACKOFF_S[1])
 
     def _token(self) -> str | None:
-        """The job's env-server token, for the job's own servers only (`server` set)."""
-        return (os.environ.get(TOKEN_ENV) or None) if self.server else None
+        """The job's env-server token, for the job's own servers only (`server` set); EnvTokenError when
+        `$ROLLART_ENV_SERVER_TOKEN_FILE` names a file without one."""
+        return job_token() if self.server else None
 
     def _lose(self, e: BaseException) -> EnvSessionLost:
-        self._lost = f"the OpenEnv session at {self.base_url} is gone: {_describe(e, self._token())}"
+        self._lost = f"the OpenEnv session at {self.base_url} is gone: {_describe(e, self._sent)}"
         self.close()
         return EnvSessionLost(self._lost)
 

@@ -12,8 +12,9 @@ The client side, `activities/envs/openenv_client.py` (env `openenv`), maps these
 env-server` (workers/env_server.py) runs the app with uvicorn. Besides openenv's routes (`/ws`, `/health`,
 `/schema`, ...), `GET /stats` says how many sessions are open and how many steps were served.
 
-With a `token` (rollart's env servers get the job's, `ROLLART_ENV_SERVER_TOKEN`), every route but `/health` wants
-it, as `Authorization: Bearer TOKEN` or `?token=TOKEN`: a server reachable from elsewhere serves only the job.
+With a `token` (rollart's env servers get the job's: `infra.env_server_token`), every route but `/health` wants
+it as `Authorization: Bearer TOKEN`: a server reachable from elsewhere serves only the job. Not in the query
+string: a URL is what access logs and proxies record.
 """
 
 from __future__ import annotations
@@ -191,12 +192,10 @@ class _TokenGate:
         await send({"type": "http.response.body", "body": body})
 
     def _admits(self, scope: Any) -> bool:
-        from urllib.parse import parse_qs
-
-        shown: list[bytes] = []
-        for name, value in scope.get("headers") or ():
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                shown.append(value[7:].strip())
-        query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
-        shown += [v.encode() for v in query.get("token", [])]
+        """Whether an ``Authorization: Bearer`` header carries the token (the only place it is taken from)."""
+        shown = [
+            value[7:].strip()
+            for name, value in scope.get("headers") or ()
+            if name == b"authorization" and value[:7].lower() == b"bearer "
+        ]
         return any(hmac.compare_digest(t, self._token) for t in shown)

@@ -9,8 +9,9 @@ The child is ``python -I -S`` (isolated: no site-packages, no user env vars) wit
 environment, a fresh temporary working directory and stdin closed. A small bootstrap forks the
 snippet's process and sets its limits before running it: RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a
 second later), RLIMIT_AS (memory: an allocation over it raises MemoryError), RLIMIT_FSIZE (files it
-writes), RLIMIT_NPROC (a fork-bomb guard; the kernel exempts root, and outside a user namespace it
-counts all of the user's processes) and no core dumps. The parent enforces the wall-time limit
+writes), RLIMIT_NPROC (a fork-bomb guard; the kernel exempts a process that is root on the host, so a root
+worker starts bubblewrap as uid 65534; outside a user namespace it counts all of the user's processes) and
+no core dumps. The parent enforces the wall-time limit
 itself and reads stdout and stderr with a bound: over ``max_output_chars`` bytes on either stream
 the child is killed (``output_limit``). On timeout, output overflow and after every run the whole
 process group is killed.
@@ -37,7 +38,6 @@ it works and in the unsafe process otherwise, whatever the mode.
 
 from __future__ import annotations
 
-import ast
 import json
 import logging
 import math
@@ -53,6 +53,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from rollart.activities.envs.calc_expression import CalcError, check_expression
 from rollart.activities.envs.sandbox_isolation import (
     NETNS_PREFIX,
     SANDBOX_MODES,
@@ -66,6 +67,7 @@ from rollart.activities.envs.sandbox_isolation import (
     isolation_for,
     network_isolation,
     sandbox_mode,
+    spawn_as,
 )
 
 __all__ = [
@@ -91,25 +93,13 @@ log = logging.getLogger(__name__)
 
 Reason = Literal["ok", "timeout", "cpu_limit", "memory_limit", "output_limit", "error"]
 
-MAX_EXPRESSION_CHARS: Final = 500
-_MAX_PROCESSES: Final = 32  # RLIMIT_NPROC of the snippet (ignored by the kernel for root)
+_MAX_PROCESSES: Final = 32  # RLIMIT_NPROC of the snippet (ignored by the kernel for host root: see spawn_as)
 _MAX_FILE_BYTES: Final = 16 * 1024 * 1024  # RLIMIT_FSIZE: the largest file a snippet may write
 _MAX_TMP_BYTES: Final = 64 * 1024 * 1024  # bubblewrap's /tmp: all the files of a call together (memory, not disk)
 _STDERR_TAIL_CHARS: Final = 1000
 _READ_CHUNK: Final = 65536
 _STATUS_BYTES: Final = 4096
 _REAP_TIMEOUT_S: Final = 5.0
-
-_BIN_OPS: Final = {
-    ast.Add: "+",
-    ast.Sub: "-",
-    ast.Mult: "*",
-    ast.Div: "/",
-    ast.FloorDiv: "//",
-    ast.Mod: "%",
-    ast.Pow: "**",
-}
-_UNARY_OPS: Final = {ast.UAdd: "+", ast.USub: "-"}
 
 
 @dataclass(frozen=True)
@@ -173,49 +163,6 @@ class SandboxResult:
             lines = [line for line in self.stderr_tail.strip().splitlines() if line.strip()]
             return f"error: {lines[-1].strip() if lines else f'exit status {self.exit_code}'}"
         return None
-
-
-class CalcError(ValueError):
-    """A calculator expression uses something other than numbers, arithmetic operators and parentheses."""
-
-
-def check_expression(expression: str) -> str:
-    """The canonical source of a calculator expression, or CalcError saying what is not allowed.
-
-    Allowed: int and float literals, ``+ - * / // % **``, unary ``+``/``-``, parentheses.
-    Everything else — names, attributes, calls, subscripts, strings, comparisons — is refused
-    here, before anything runs; evaluation itself happens in the sandbox (``9**9**9`` is a
-    valid expression that only the limits stop).
-    """
-    if len(expression) > MAX_EXPRESSION_CHARS:
-        raise CalcError(f"expression longer than {MAX_EXPRESSION_CHARS} chars")
-    try:
-        tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as e:
-        raise CalcError(f"not an arithmetic expression: {e.msg}") from None
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp))
-            or type(node) in _BIN_OPS
-            or type(node) in _UNARY_OPS
-        ):
-            continue
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            continue
-        raise CalcError(_refusal(node))
-    return ast.unparse(tree)
-
-
-def _refusal(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return f"names are not allowed ({node.id!r}); use numbers and + - * / // % ** only"
-    if isinstance(node, ast.Attribute):
-        return f"attributes are not allowed (.{node.attr}); use numbers and + - * / // % ** only"
-    if isinstance(node, ast.Call):
-        return "function calls are not allowed; use numbers and + - * / // % ** only"
-    if isinstance(node, ast.Constant):
-        return f"only int and float literals are allowed, not {type(node.value).__name__}"
-    return f"{type(node).__name__} is not allowed; use numbers and + - * / // % ** only"
 
 
 def run_python(code: str, limits: SandboxLimits, mode: SandboxMode = "auto") -> SandboxResult:
@@ -316,7 +263,9 @@ def _run_now(code: str, limits: SandboxLimits, isolation: Isolation) -> SandboxR
             str(_MAX_PROCESSES),
             "1" if isolation == "sockets_disabled" else "0",
         ]
-        argv = _command(isolation, path, args)
+        argv, credentials = _command(isolation, path, args)
+        if credentials:  # bwrap started as another uid must reach the snippet (the directory is private, 0700)
+            os.chown(workdir, credentials["user"], credentials["group"])
         try:
             proc = subprocess.Popen(
                 argv,
@@ -327,6 +276,7 @@ def _run_now(code: str, limits: SandboxLimits, isolation: Isolation) -> SandboxR
                 env={},
                 pass_fds=(status_write,),
                 start_new_session=True,
+                **credentials,
             )
         except OSError as e:
             os.close(status_read)
@@ -365,16 +315,17 @@ def _run_now(code: str, limits: SandboxLimits, isolation: Isolation) -> SandboxR
     )
 
 
-def _command(isolation: Isolation, path: str, args: list[str]) -> list[str]:
-    """The argv running ``python -I -S ARGS`` under `isolation` (never a weaker one than asked for)."""
+def _command(isolation: Isolation, path: str, args: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """The argv running ``python -I -S ARGS`` under `isolation` (never a weaker one than asked for), and the uid to
+    start it as (`spawn_as`: a root worker's bwrap runs as uid 65534, so the fork limit holds)."""
     if isolation == "bwrap":
         layout = bubblewrap().layout
         if layout is None:
             raise SandboxUnavailable(f"sandbox: bubblewrap cannot run here: {bubblewrap().why}")
-        return bwrap_command(layout, path, args, tmp_bytes=_MAX_TMP_BYTES)
+        return bwrap_command(layout, path, args, tmp_bytes=_MAX_TMP_BYTES), spawn_as(layout)
     if isolation == "netns":
-        return [shutil.which("unshare") or "unshare", *NETNS_PREFIX, sys.executable, "-I", "-S", *args]
-    return [sys.executable, "-I", "-S", *args]
+        return [shutil.which("unshare") or "unshare", *NETNS_PREFIX, sys.executable, "-I", "-S", *args], {}
+    return [sys.executable, "-I", "-S", *args], {}
 
 
 def _collect(proc: subprocess.Popen[bytes], deadline: float, cap: int) -> tuple[bytes, bytes, Reason | None]:

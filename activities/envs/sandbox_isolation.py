@@ -13,6 +13,13 @@ directory), a minimal read-only ``/dev`` and a ``/proc`` of its own pid namespac
 Not the repo, the venv, ``/etc``, ``$HOME`` or the store. Every namespace is new (the network one has only its own
 loopback: the host's, 127.0.0.1 included, is out of reach), the snippet runs as uid/gid 65534 with no capabilities,
 no environment, in a new session, and dies with its parent.
+
+A root worker starts bubblewrap as uid/gid 65534 (`BwrapLayout.run_as`), not as root: the kernel exempts a process
+whose uid is root on the host from RLIMIT_NPROC, namespaced or not, so the sandbox's "uid 65534" would otherwise be
+host root and its fork limit void. Started as 65534, bubblewrap needs unprivileged user namespaces, and an
+interpreter that uid can reach: the worker's own, or (when that sits under a private home, e.g. pyenv's under
+``/root``) the system's ``/usr/bin/pythonX.Y`` of the same version. Where neither works, the root worker's sandbox
+runs as before, with a warning that the fork limit does not hold there (`BwrapProbe.note`).
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Final, Literal
+from pathlib import Path
+from typing import Any, Final, Literal
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -32,6 +40,7 @@ __all__ = [
     "NETNS_PREFIX",
     "SANDBOX_MODES",
     "SANDBOX_SNIPPET",
+    "SANDBOX_UID",
     "BwrapLayout",
     "BwrapProbe",
     "Isolation",
@@ -45,6 +54,7 @@ __all__ = [
     "network_isolation",
     "probe_bubblewrap",
     "sandbox_mode",
+    "spawn_as",
 ]
 
 log = logging.getLogger(__name__)
@@ -62,7 +72,9 @@ _MODE: Final = TypeAdapter(SandboxMode)
 SANDBOX_SNIPPET: Final = "/run/snippet.py"
 """Where the snippet is inside the sandbox (bound read-only from the host's temporary file)."""
 SANDBOX_TMP: Final = "/tmp"  # the sandbox's own private tmpfs, not the host's /tmp
-_NOBODY: Final = "65534"
+SANDBOX_UID: Final = 65534
+"""The uid/gid the snippet runs as inside the sandbox, and the one a root worker starts bubblewrap as."""
+_NOBODY: Final = str(SANDBOX_UID)
 _TOP_LINKS: Final = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _PROBE_TIMEOUT_S: Final = 10.0
 
@@ -79,6 +91,7 @@ class BwrapLayout:
     hidden: tuple[str, ...] = ()  # directories inside ro_dirs covered by an empty tmpfs (site-packages)
     tmpfs_size: bool = True
     disable_userns: bool = True
+    run_as: int | None = None  # the host uid/gid bwrap is started as (a root worker's: SANDBOX_UID); None: ours
 
 
 def bwrap_command(layout: BwrapLayout, snippet: str, args: list[str], *, tmp_bytes: int) -> list[str]:
@@ -101,12 +114,27 @@ def bwrap_command(layout: BwrapLayout, snippet: str, args: list[str], *, tmp_byt
     return [*argv, "--", layout.python, "-I", "-S", *args]
 
 
-def host_layout(bwrap: str) -> BwrapLayout:
-    """This machine's layout: the interpreter of this process's base install, and the directories it needs."""
+def spawn_as(layout: BwrapLayout) -> dict[str, Any]:
+    """The `subprocess.Popen` arguments that start bwrap as `layout.run_as` (none when it runs as this process)."""
+    if layout.run_as is None:
+        return {}
+    return {"user": layout.run_as, "group": layout.run_as, "extra_groups": []}
+
+
+def host_layout(bwrap: str, run_as: int | None = None) -> BwrapLayout | None:
+    """This machine's layout: the interpreter of this process's base install (or, when `run_as` cannot reach it, the
+    system's of the same version), and the directories it needs; None when `run_as` can reach no interpreter."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     prefix = os.path.realpath(sys.base_prefix)
     python = os.path.realpath(sys.executable)
     if not python.startswith(prefix + os.sep):  # a venv made with --copies: run the base install's interpreter
-        python = os.path.join(prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+        python = os.path.join(prefix, "bin", version)
+    if run_as is not None and not _reachable(python):
+        system = [os.path.realpath(p) for p in (f"/usr/bin/{version}", f"/usr/local/bin/{version}")]
+        found = [p for p in system if os.path.isfile(p) and _reachable(p)]
+        if not found:
+            return None
+        python, prefix = found[0], os.path.dirname(os.path.dirname(found[0]))
     ro_dirs = ["/usr"]
     symlinks = []
     for path in _TOP_LINKS:
@@ -116,8 +144,8 @@ def host_layout(bwrap: str) -> BwrapLayout:
             ro_dirs.append(path)
     if prefix != "/usr" and not prefix.startswith("/usr/"):
         ro_dirs.append(prefix)
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    hidden = [p for p in (os.path.join(prefix, "lib", version, "site-packages"),) if os.path.isdir(p)]
+    packages = [os.path.join(prefix, "lib", version, d) for d in ("site-packages", "dist-packages")]
+    hidden = [p for p in (*packages, os.path.join(prefix, "lib", "python3", "dist-packages")) if os.path.isdir(p)]
     try:
         usage = subprocess.run([bwrap, "--help"], check=False, capture_output=True, timeout=_PROBE_TIMEOUT_S).stdout
     except (OSError, subprocess.TimeoutExpired):
@@ -130,27 +158,65 @@ def host_layout(bwrap: str) -> BwrapLayout:
         hidden=tuple(hidden),
         tmpfs_size=b"--size" in usage,
         disable_userns=b"--disable-userns" in usage,
+        run_as=run_as,
     )
+
+
+def _reachable(path: str) -> bool:
+    """Whether a user that is neither owner nor group (uid SANDBOX_UID) can reach and run `path` by its name."""
+    import stat
+
+    try:
+        if not all(os.stat(d).st_mode & stat.S_IXOTH for d in Path(path).parents):
+            return False
+        return os.stat(path).st_mode & (stat.S_IROTH | stat.S_IXOTH) == stat.S_IROTH | stat.S_IXOTH
+    except OSError:
+        return False
 
 
 @dataclass(frozen=True)
 class BwrapProbe:
-    """Whether bubblewrap runs here: the layout when it does, else why not (for the refusal and the log)."""
+    """Whether bubblewrap runs here: the layout when it does, else why not (for the refusal and the log); `note`
+    says what a working sandbox lacks here (a root worker's that could not drop to SANDBOX_UID)."""
 
     layout: BwrapLayout | None
     why: str = ""
+    note: str = ""
 
 
 def probe_bubblewrap() -> BwrapProbe:
-    """Run ``python -I -S -c pass`` in the sandbox once; the caller caches and logs the answer."""
+    """Run ``python -I -S -c pass`` in the sandbox once (a root worker: as SANDBOX_UID first); the caller caches and
+    logs the answer."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return BwrapProbe(None, "bubblewrap is not installed (no bwrap on PATH)")
-    layout = host_layout(bwrap)
+    if os.geteuid() != 0:
+        return _probe(host_layout(bwrap))
+    dropped = _probe(host_layout(bwrap, run_as=SANDBOX_UID))
+    if dropped.layout is not None:
+        return dropped
+    as_root = _probe(host_layout(bwrap))
+    note = (
+        f"the worker runs as root and bubblewrap cannot run as uid {SANDBOX_UID} here ({dropped.why}): the "
+        "sandbox's processes are root on the host, which the kernel exempts from the fork limit (RLIMIT_NPROC); "
+        "run the worker as a non-root user"
+    )
+    return BwrapProbe(as_root.layout, as_root.why, note if as_root.layout is not None else "")
+
+
+def _probe(layout: BwrapLayout | None) -> BwrapProbe:
+    if layout is None:
+        return BwrapProbe(
+            None,
+            f"no Python {sys.version_info.major}.{sys.version_info.minor} that uid "
+            f"{SANDBOX_UID} can reach (this one is under a private directory, and /usr/bin has none)",
+        )
     with open(os.devnull, "rb") as null:  # any readable file stands for the snippet
         argv = bwrap_command(layout, null.name, ["-c", "pass"], tmp_bytes=1024 * 1024)
         try:
-            probe = subprocess.run(argv, check=False, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={})
+            probe = subprocess.run(
+                argv, check=False, capture_output=True, timeout=_PROBE_TIMEOUT_S, env={}, **spawn_as(layout)
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             return BwrapProbe(None, f"bwrap failed to start: {e}")
     if probe.returncode != 0:
@@ -178,7 +244,10 @@ def bubblewrap() -> BwrapProbe:
     """Whether bubblewrap runs here: probed once per process (a sandboxed ``python -c pass``), logged once."""
     probe = probe_bubblewrap()
     if probe.layout is not None:
-        log.info("tool sandbox: bubblewrap works here (%s)", probe.layout.bwrap)
+        runs_as = f", started as uid {probe.layout.run_as}" if probe.layout.run_as is not None else ""
+        log.info("tool sandbox: bubblewrap works here (%s%s)", probe.layout.bwrap, runs_as)
+        if probe.note:
+            log.warning("tool sandbox: %s", probe.note)
     else:
         log.warning("tool sandbox: bubblewrap unavailable: %s", probe.why)
     return probe

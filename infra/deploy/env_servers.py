@@ -7,6 +7,7 @@ from typing import Any
 
 from rollart.infra.deploy.names import K8sRenderError, Manifest, app_labels, app_name, pod_selector
 from rollart.infra.deploy.pod_security import container_security_context, pod_security_context, scratch_volumes
+from rollart.infra.deploy.security import env_token
 from rollart.spec.config import EnvServerSpec, JobSpec
 from rollart.spec.config.kubernetes import KubernetesConfig
 
@@ -40,7 +41,8 @@ def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
 
     It needs neither the job nor the store: its command line says what it serves. A pod that dies takes its
     sessions with it; the episodes are restored on a fresh session (replayed), through the Service. It runs the
-    env's code, so it gets `kubernetes.env_runtime_class` (e.g. gVisor) like the env pools.
+    env's code, so it gets `kubernetes.env_runtime_class` (e.g. gVisor) like the env pools. It serves only clients
+    presenting the job's token, from the env-token Secret (`security.env_token`): it does not start without it.
     """
     cfg = job.kubernetes or KubernetesConfig()
     app = app_name(job)
@@ -52,13 +54,15 @@ def env_server_deployment(job: JobSpec, server: EnvServerSpec) -> Manifest:
 
     mounts: list[dict[str, Any]] = []
     volumes: list[dict[str, Any]] = []
+    env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     scratch_volumes(mounts, volumes)
+    env_token(job, env, mounts, volumes)
     container = {
         "name": "env-server",
         "image": cfg.image,
         "imagePullPolicy": cfg.image_pull_policy,
         "command": server.command("0.0.0.0"),
-        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "env": env,
         "ports": [{"name": "http", "containerPort": server.port, "protocol": "TCP"}],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "1Gi"}},
         "readinessProbe": probe(initialDelaySeconds=2),

@@ -3,8 +3,8 @@
 What listens in a job's pods, and who calls it (the only pod-to-pod traffic there is; workers only dial out, to
 Temporal and the store):
 
-- an env server (`rollart env-server`, unauthenticated OpenEnv WebSockets) on its port: the workers of the pools
-  where the tasks naming it (`env: openenv`, `env_args.server`) hold their env sessions (`TaskSpec.env_queue`);
+- an env server (`rollart env-server`, OpenEnv WebSockets that want the job's token) on its port: the workers of the
+  pools where the tasks naming it (`env: openenv`, `env_args.server`) hold their env sessions (`TaskSpec.env_queue`);
 - trainer node 0's rendezvous TCPStore (`kubernetes.rdzv_port`) and the ranks' NCCL/gloo sockets, on ports those
   pick: the other trainer nodes, with several nodes (one node talks to itself over loopback);
 - with a Mooncake store, every process's transfer engine (random ports) and the Mooncake master's and keeper's

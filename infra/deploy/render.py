@@ -17,6 +17,8 @@ this one), so the output can be inspected, validated and diffed before anything 
   key as files from a Secret (the job's paths rewritten to the mount, the key's as `api_key_file`); KEDA gets them
   through a TriggerAuthentication. The Secret is not rendered (its contents are not the job's): `secret_command`
   says how to create it (`security`, `scaling`);
+- with `env_servers`: the env-token Secret `<app>-env-token` mounted as a file in the env servers' pods and the pods
+  of the pools that call them, which present it (not rendered either: `env_token_command`) (`security`);
 - NetworkPolicies: ingress to the job's pods denied but from the pods that call them (env servers, trainer nodes,
   with a Mooncake store the pools and Mooncake's pods) (`network`);
 - every pod under the "restricted" Pod Security Standard, read-only root, emptyDirs where it writes

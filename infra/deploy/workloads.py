@@ -17,7 +17,7 @@ from rollart.infra.deploy.pod_security import (
     pod_security_context,
     scratch_volumes,
 )
-from rollart.infra.deploy.security import temporal_credentials
+from rollart.infra.deploy.security import env_token, env_token_pools, temporal_credentials
 from rollart.spec.config import JobSpec
 from rollart.spec.config.kubernetes import KubernetesConfig, ResolvedPool
 
@@ -57,8 +57,8 @@ def pool_deployment(job: JobSpec, pool: ResolvedPool, address: str, job_digest: 
 
 
 def pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool, address: str) -> dict[str, Any]:
-    """The pod of a pool's workers: `rollart worker --pool P` with its resources, volumes, Temporal credentials and
-    node placement."""
+    """The pod of a pool's workers: `rollart worker --pool P` with its resources, volumes, Temporal credentials (the
+    env-server token too, where its workers call the job's env servers) and node placement."""
     requests: dict[str, Any] = {"cpu": pool.cpu, "memory": pool.memory}
     limits: dict[str, Any] = {"memory": pool.memory}
     if pool.gpus:
@@ -79,6 +79,8 @@ def pod_spec(job: JobSpec, cfg: KubernetesConfig, app: str, pool: ResolvedPool, 
     scratch_volumes(mounts, volumes)
     temporal_credentials(job, mounts, volumes)
     env: list[dict[str, Any]] = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if pool.pool in env_token_pools(job):  # its workers open sessions on the job's env servers
+        env_token(job, env, mounts, volumes)
     container: dict[str, Any] = {
         "name": "worker",
         "image": cfg.gpu_image if pool.gpus else cfg.image,  # `gpus: 0` runs the pool on CPUs: the CPU build
