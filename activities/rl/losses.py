@@ -13,11 +13,21 @@ from dataclasses import dataclass, field
 
 import torch
 
+from rollart.activities.rl.chunked_logprobs import (
+    head_logprobs,
+    head_logprobs_and_entropy,
+    logits_logprobs,
+    logits_logprobs_and_entropy,
+)
 from rollart.spec.config import LossConfig
 
 __all__ = [
     "LossTerms",
+    "head_logprobs",
+    "head_logprobs_and_entropy",
     "k3_kl",
+    "logits_logprobs",
+    "logits_logprobs_and_entropy",
     "loss_token_weights",
     "policy_loss",
     "ppo_clip_surrogate",
@@ -26,26 +36,33 @@ __all__ = [
 ]
 
 
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, chunk_tokens: int | None = None) -> torch.Tensor:
     """log π(input_ids[:, t] | input_ids[:, :t]) at every position t ≥ 1; position 0 is 0.
 
     Why this alignment: the result lines up with `input_ids`, so the same
     completion mask selects the completion tokens in ids, behaviour logprobs
     and trainer logprobs alike. `logits` is `[B, T, V]` (the model's raw
-    output: no temperature, matching vLLM's `raw_logprobs`).
+    output: no temperature, matching vLLM's `raw_logprobs`). With `chunk_tokens` the fp32 upcast is taken that
+    many tokens at a time (`chunked_logprobs`: the same values, a fraction of the memory).
     """
+    if chunk_tokens is not None:
+        return logits_logprobs(logits, input_ids, chunk_tokens)
     logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     picked = logp.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     return torch.nn.functional.pad(picked, (1, 0))
 
 
-def token_logprobs_and_entropy(logits: torch.Tensor, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, input_ids: torch.Tensor, chunk_tokens: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Token logprobs (as `token_logprobs`) and the entropy of the distribution that predicted each token.
 
     Entropy H_t = −Σ_v p log p of the distribution at t−1 (the one that sampled
     token t), aligned like the logprobs; position 0 is 0. One log-softmax
-    serves both.
+    serves both; with `chunk_tokens`, `chunk_tokens` tokens at a time (`chunked_logprobs`).
     """
+    if chunk_tokens is not None:
+        return logits_logprobs_and_entropy(logits, input_ids, chunk_tokens)
     logp_all = torch.log_softmax(logits[:, :-1].float(), dim=-1)
     picked = logp_all.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
