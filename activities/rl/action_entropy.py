@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from rollart.activities.rl.packing import Packed
 from rollart.spec.config import TaskEnv
 from rollart.spec.env import Env, declares_actions
 from rollart.spec.registry import lookup_env
@@ -37,6 +38,7 @@ __all__ = [
     "class_sums",
     "entropy_by_task",
     "load_action_spaces",
+    "packed_by_task",
     "token_action_entropy",
 ]
 
@@ -132,6 +134,23 @@ def entropy_by_task(
         values = rows_entropy(torch.tensor(rows, dtype=torch.long), spaces[task])
         parts.update(zip(rows, values.unbind(0)))
     return torch.stack([parts[i] for i in range(len(tasks))])
+
+
+def packed_by_task(packed: Packed, tasks: Sequence[str], row_of_task: Callable[[str], torch.Tensor]) -> torch.Tensor:
+    """The `[1, N]` action entropy of a packed row whose sequences have `tasks`: each token's value from
+    `row_of_task(its sequence's task)`, the whole row read with that task's action space (one pass per task
+    the micro-batch holds: usually one). Each sequence's first position reads across a boundary; the unpacking
+    zeroes it."""
+    if len(tasks) != packed.num_sequences:
+        raise ValueError(f"{len(tasks)} tasks for a packed row of {packed.num_sequences} sequences")
+    token_task = packed.segment_ids()
+    names = list(dict.fromkeys(tasks))
+    of_segment = torch.tensor([names.index(t) for t in tasks], dtype=torch.long, device=token_task.device)
+    token_task = of_segment[token_task]
+    out = row_of_task(names[0])
+    for k, task in enumerate(names[1:], start=1):
+        out = torch.where((token_task == k).to(out.device)[None], row_of_task(task), out)
+    return out
 
 
 def token_action_entropy(logits: torch.Tensor, tasks: Sequence[str], term: ActionTerm) -> torch.Tensor:

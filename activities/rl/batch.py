@@ -12,16 +12,19 @@ token sees exactly the prefix the engine gave it, so the loss is the per-turn on
 tokens. A trajectory whose turns do not chain (a text env's: every turn a whole prompt) is trained per turn.
 
 Padding is on the right (positions of real tokens are unchanged) and masked out of attention and loss.
+With `trainer.packing` (`pack`) the model's input is packed instead (`rl.packing`): one `[1, N]` row of whole
+sequences, the loss tensors still these padded ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from pydantic import ValidationError
 
+from rollart.activities.rl.packing import Packed, pack_indices, packed_inputs
 from rollart.contracts.activities import SampleRef
 from rollart.contracts.store import StoredTurn
 from rollart.infra.store.payload import Store, StoreKeyError
@@ -33,7 +36,9 @@ __all__ = [
     "TrainSequence",
     "collate",
     "load_sequences",
+    "micro_batch_indices",
     "micro_batches",
+    "pack",
 ]
 
 
@@ -78,7 +83,10 @@ class TrainSequence:
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Padded `[B, T]` tensors of a few sequences (`advantages` is `[B]`)."""
+    """Padded `[B, T]` tensors of a few sequences (`advantages` is `[B]`).
+
+    With `packed` (`trainer.packing`) the model reads `packed.input_ids` (`[1, N]`, the same sequences end to
+    end) instead of `input_ids`, and the backend `unpack`s its per-token values to these `[B, T]` rows."""
 
     input_ids: torch.Tensor  # long
     attention_mask: torch.Tensor  # long, 1 on real tokens
@@ -88,6 +96,7 @@ class MicroBatch:
     prox_logprobs: torch.Tensor | None = None  # float, like behav_logprobs: the proximal policy's (several updates)
     tasks: tuple[str, ...] = ()  # each row's task
     bonus: torch.Tensor | None = None  # float [B]: the entropy bonus's weight per row (None: 1 everywhere)
+    packed: Packed | None = None  # the model's packed input (None: it reads the padded `input_ids`)
 
     @property
     def num_tokens(self) -> int:
@@ -113,7 +122,20 @@ class MicroBatch:
             prox,
             self.tasks,
             None if self.bonus is None else self.bonus.to(device),
+            None if self.packed is None else self.packed.to(device),
         )
+
+    @property
+    def model_ids(self) -> torch.Tensor:
+        """The ids the model reads: the packed `[1, N]` row, else the padded `[B, T]` rows."""
+        return self.input_ids if self.packed is None else self.packed.input_ids
+
+    def unpacked(self, values: torch.Tensor) -> torch.Tensor:
+        """A backend's per-token values of the model's input as `[B, T]` rows: `values` itself when the input
+        is padded, else `packed.unpack` (0 at each sequence's first position and past its end)."""
+        if self.packed is None:
+            return values
+        return self.packed.unpack(values, self.input_ids.shape[1])
 
 
 def _read_turn(store: Store, key: str, sample: SampleRef) -> StoredTurn:
@@ -302,13 +324,28 @@ def collate(seqs: Sequence[TrainSequence], pad_id: int = 0) -> MicroBatch:
     return MicroBatch(input_ids, attention, completion, behav, advantages, prox, tuple(s.task for s in seqs), bonus)
 
 
-def micro_batches(seqs: Sequence[TrainSequence], size: int, pad_id: int = 0) -> list[MicroBatch]:
-    """Split into micro-batches of at most `size` sequences, grouped by length to waste little padding.
+def micro_batch_indices(seqs: Sequence[TrainSequence], size: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Which sequences (indices into `seqs`) each micro-batch holds: at most `size` of them grouped by length
+    (little padding), or with `max_tokens` (`trainer.packing`) bins of at most that many tokens (`pack_indices`).
 
-    The order does not matter for the result: the loss is a token-sum
-    normalised by the whole batch's token count.
-    """
+    The order does not matter for the result: the loss is a token-sum normalised by the whole batch's token
+    count (or per sequence, which is kept whole)."""
+    if max_tokens is not None:
+        return pack_indices([s.length for s in seqs], max_tokens)
     if size < 1:
         raise ValueError(f"micro-batch size must be ≥ 1, got {size}")
-    ordered = sorted(seqs, key=lambda s: s.length)
-    return [collate(ordered[i : i + size], pad_id) for i in range(0, len(ordered), size)]
+    ordered = sorted(range(len(seqs)), key=lambda i: seqs[i].length)
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def pack(seqs: Sequence[TrainSequence], pad_id: int = 0) -> MicroBatch:
+    """`collate(seqs)` whose model input is packed: one `[1, N]` row of the sequences end to end."""
+    return replace(collate(seqs, pad_id), packed=packed_inputs([s.prompt_ids + s.completion_ids for s in seqs]))
+
+
+def micro_batches(
+    seqs: Sequence[TrainSequence], size: int, pad_id: int = 0, max_tokens: int | None = None
+) -> list[MicroBatch]:
+    """The micro-batches of `micro_batch_indices`: padded, or packed with `max_tokens`."""
+    make = collate if max_tokens is None else pack
+    return [make([seqs[i] for i in idx], pad_id) for idx in micro_batch_indices(seqs, size, max_tokens)]
