@@ -5,7 +5,8 @@ Two backends run the same step code (`activities.training.step`):
 - `torch` (default): a transformers model held in this worker's own process, per job.
 - `megatron`: a megatron-core GPTModel on `trainer.parallel` tensor × data ranks; the trainer
   worker hands each step to its `RankLauncher` (workers/trainer_ranks.py), whose rank 0 broadcasts
-  the batch to the others. A rank that dies fails the step with a retryable error; the ranks are
+  the batch to the others. `torch` with `trainer.fsdp` runs on such ranks too (FSDP2 over `fsdp.ranks`).
+  A rank that dies fails the step with a retryable error; the ranks are
   started afresh from the last checkpoint and the retry completes.
 
 A step is idempotent: its result is recorded in `run_dir/steps/` and a repeated call returns the
@@ -50,13 +51,18 @@ _T = TypeVar("_T")
 
 
 class RankLauncher(Protocol):
-    """Runs steps on a group of trainer ranks (the megatron backend); see workers/trainer_ranks.py."""
+    """Runs steps on a group of trainer ranks (megatron, or torch with fsdp); see workers/trainer_ranks.py."""
 
     def run_step(self, inp: TrainStepInput, cancelled: threading.Event) -> TrainStepResult:
         """Run `inp` on the ranks (starting them if needed) and return rank 0's result; blocking.
 
         Raises `ApplicationError`: non-retryable for bad input, retryable when a rank died.
         """
+
+
+def _rank_layout(inp: TrainStepInput) -> str:
+    cfg = inp.trainer
+    return f"fsdp ranks {cfg.fsdp.ranks}" if cfg.fsdp is not None else f"backend {cfg.backend}"
 
 
 class TrainerActivities:
@@ -67,7 +73,7 @@ class TrainerActivities:
     step of 64 sequences × ~20 tokens of the tiny model took ~0.075 s with one
     thread and ~0.095 s with two (thread sync costs more than it saves on
     such small matrices), and one thread leaves a core for the event loop.
-    `ranks`: where megatron steps go (None: this worker trains with torch only).
+    `ranks`: where megatron and fsdp steps go (None: this worker trains with torch in one process only).
     """
 
     def __init__(
@@ -102,14 +108,14 @@ class TrainerActivities:
             if recorded is not None:
                 return recorded.model_copy(update={"replayed": True})
             async with heartbeating(HEARTBEAT_EVERY_S, first_now=True):
-                if inp.trainer.backend == "megatron":
+                if inp.trainer.backend == "megatron" or inp.trainer.fsdp is not None:
                     return await self._on_ranks(inp)
                 return await _in_thread(lambda: self._step_here(inp))
 
     async def _on_ranks(self, inp: TrainStepInput) -> TrainStepResult:
         if self.ranks is None:
             raise bad_input(
-                f"job {inp.job_id!r} asks for trainer.backend megatron, but this trainer worker has no "
+                f"job {inp.job_id!r} asks for trainer ranks ({_rank_layout(inp)}), but this trainer worker has no "
                 "rank launcher; run it with `rollart worker --pool trainer`"
             )
         ranks, cancelled = self.ranks, threading.Event()

@@ -142,10 +142,12 @@ def _trainer_nodes(args: argparse.Namespace, settings: WorkerSettings, job: JobS
         nodes = TrainerNodes(nnodes=args.nnodes, node_rank=args.node_rank, rdzv=args.rdzv)
     except ValidationError as e:
         raise UserError("; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors())) from e
-    parallel = settings.trainer.parallel
-    if job is not None and parallel.world_size % args.nnodes:
-        raise UserError(
-            f"{args.job}: trainer.parallel tensor {parallel.tensor} x data {parallel.data} = "
-            f"{parallel.world_size} ranks do not split over --nnodes {args.nnodes}"
+    trainer = settings.trainer
+    if job is not None and trainer.ranks % args.nnodes:
+        layout = (
+            f"trainer.fsdp ranks {trainer.fsdp.ranks}"
+            if trainer.fsdp is not None
+            else f"trainer.parallel tensor {trainer.parallel.tensor} x data {trainer.parallel.data}"
         )
+        raise UserError(f"{args.job}: {layout} = {trainer.ranks} ranks do not split over --nnodes {args.nnodes}")
     return nodes

@@ -49,7 +49,8 @@ class LaunchSpec(_Message):
 
     @property
     def world_size(self) -> int:
-        return self.trainer.parallel.world_size
+        """Ranks in all: megatron's tensor × data, or the torch backend's `fsdp.ranks`."""
+        return self.trainer.ranks
 
     @property
     def per_node(self) -> int:
@@ -58,7 +59,7 @@ class LaunchSpec(_Message):
 
     def same_ranks(self, other: LaunchSpec) -> bool:
         """Whether ranks launched for `other` can run this spec's steps (same job, model and layout)."""
-        layout = ("backend", "parallel", "device", "dtype", "activation_checkpointing", "seed")
+        layout = ("backend", "parallel", "fsdp", "device", "dtype", "activation_checkpointing", "seed")
         return (self.job_id, self.model_dir, self.run_dir, self.store) == (
             other.job_id,
             other.model_dir,

@@ -213,7 +213,8 @@ async def _generation_workers(settings: WorkerSettings, client: Client, worker_i
 
 
 def trainer_rank_group(settings: WorkerSettings) -> RankGroup:
-    """This node's agent for the megatron backend's ranks (they start at a megatron job's first step)."""
+    """This node's agent for the trainer's ranks: megatron's, or the torch backend's with fsdp (they start at such a
+    job's first step)."""
     from rollart.workers.trainer_ranks import RankGroup
 
     nodes = settings.nodes

@@ -2,7 +2,8 @@
 
 Started by the trainer worker (workers/trainer_ranks.py), never by hand. It reads its generation's
 LaunchSpec from the rendezvous store, joins the process group (gloo on CPUs, NCCL on GPUs), builds
-its share of the megatron policy, resumes it from the run dir, says it is ready, then runs the
+its share of the policy (megatron's, or the torch backend's FSDP2 shard with `trainer.fsdp`), resumes it
+from the run dir, says it is ready, then runs the
 commands the agent posts. Rank 0 reads each step's batch and broadcasts it; the others follow.
 A rank that fails posts why and exits: the agent restarts the whole group. It also exits when its
 agent dies (parent-death signal), so no rank outlives the worker that started it.
@@ -17,6 +18,14 @@ import os
 import signal
 import sys
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from rollart.activities.training.policy import Policy
+    from rollart.activities.training.ranks import Ranks
+    from rollart.workers.rank_messages import LaunchSpec
 
 __all__ = ["main"]
 
@@ -52,11 +61,38 @@ def _step_error_type(e: BaseException) -> str | None:
 
 
 def _non_retryable(e: BaseException) -> bool:
+    from temporalio.exceptions import ApplicationError
+
     from rollart.activities.training.devices import DeviceUnavailable
+    from rollart.activities.training.fsdp_checkpoint import CheckpointMismatch
     from rollart.activities.training.megatron.checkpoint import TensorParallelMismatch
     from rollart.activities.training.megatron.hf_layout import UnsupportedModel
 
-    return isinstance(e, DeviceUnavailable | UnsupportedModel | TensorParallelMismatch | FileNotFoundError)
+    if isinstance(e, ApplicationError):  # bad input the policy refused (a model fsdp cannot shard, ...)
+        return e.non_retryable
+    mismatch = TensorParallelMismatch | CheckpointMismatch
+    return isinstance(e, DeviceUnavailable | UnsupportedModel | mismatch | FileNotFoundError)
+
+
+def _policy_and_ranks(spec: LaunchSpec, device: torch.device) -> tuple[Policy, Ranks]:
+    """This rank's share of the job's policy and its view of the group: megatron's tensor × data layout, or
+    (`trainer.fsdp`) the torch backend sharded over every rank."""
+    import torch
+
+    cfg = spec.trainer
+    if cfg.fsdp is not None:
+        from rollart.activities.training.fsdp_policy import FsdpPolicy
+        from rollart.activities.training.ranks import FsdpRanks
+
+        torch.manual_seed(cfg.seed)
+        return FsdpPolicy(spec.model_dir, cfg, device), FsdpRanks(device)
+    from rollart.activities.training.megatron.model import init_model_parallel
+    from rollart.activities.training.megatron.policy import MegatronPolicy
+    from rollart.activities.training.ranks import DistributedRanks
+
+    init_model_parallel(cfg.parallel.tensor, cfg.seed, device, expert=cfg.parallel.expert)
+    torch.manual_seed(cfg.seed)
+    return MegatronPolicy(spec.model_dir, cfg, device), DistributedRanks(device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,9 +101,6 @@ def run(args: argparse.Namespace) -> int:
     from temporalio.exceptions import ApplicationError
 
     from rollart.activities.training.devices import resolve_device
-    from rollart.activities.training.megatron.model import init_model_parallel
-    from rollart.activities.training.megatron.policy import MegatronPolicy
-    from rollart.activities.training.ranks import DistributedRanks
     from rollart.activities.training.step import TrainerState, resume, train_step
     from rollart.infra.store.payload import open_store
     from rollart.workers.rank_messages import LaunchSpec, RankCommand, RankError, RankReply, key
@@ -103,10 +136,7 @@ def run(args: argparse.Namespace) -> int:
             world_size=spec.world_size,
             timeout=COLLECTIVE_TIMEOUT,
         )
-        init_model_parallel(cfg.parallel.tensor, cfg.seed, device)
-        torch.manual_seed(cfg.seed)
-        policy = MegatronPolicy(spec.model_dir, cfg, device)
-        ranks = DistributedRanks(device)
+        policy, ranks = _policy_and_ranks(spec, device)
         payloads = open_store(spec.store)
         state = TrainerState(policy, resume(policy, ranks, payloads, spec.job_id, spec.run_dir))
     except BaseException as e:

@@ -1,4 +1,5 @@
-"""The trainer worker as its ranks' agent: start this node's share of the T×D megatron ranks, watch them, restart them.
+"""The trainer worker as its ranks' agent: start this node's share of the trainer's ranks (megatron's T×D, or the
+torch backend's `fsdp.ranks`), watch them, restart them.
 
 Like torchrun's elastic agent, one agent runs per node (`rollart worker --pool trainer`, with
 `--nnodes/--node-rank/--rdzv` on several nodes). Node 0's agent hosts the rendezvous TCPStore and is
@@ -54,6 +55,14 @@ def _rank_failed(err: RankError, step: int | None, job: str = "") -> Application
     return ErrorType.TRAINER_RANK_FAILED.error(
         f"{what} failed: {err.message}; the ranks restart from the last checkpoint and the step is retried"
     )
+
+
+def _layout(spec: LaunchSpec) -> str:
+    """The ranks' layout in words, for logs and errors."""
+    cfg = spec.trainer
+    if cfg.fsdp is not None:
+        return f"trainer.fsdp ranks {cfg.fsdp.ranks}"
+    return f"trainer.parallel tensor {cfg.parallel.tensor} x data {cfg.parallel.data}"
 
 
 def rendezvous_listener(host: str, port: int) -> socket.socket:
@@ -177,8 +186,8 @@ class RankGroup:
         world = spec.world_size
         if world % self.nnodes:
             raise ErrorType.INVALID_INPUT.error(
-                f"trainer.parallel tensor {spec.trainer.parallel.tensor} x data {spec.trainer.parallel.data} = {world} "
-                f"ranks do not split over {self.nnodes} trainer nodes; use a world size divisible by --nnodes"
+                f"{_layout(spec)} = {world} ranks do not split over {self.nnodes} trainer nodes; use a world size "
+                "divisible by --nnodes"
             )
         self._end_generation("a new launch")
         self._launches += 1
@@ -188,10 +197,9 @@ class RankGroup:
         self._gen, self._spec, self._next_cmd = gen, spec, 0
         t0 = time.monotonic()
         log.info(
-            "launching %d trainer ranks (tensor %d x data %d, %d per node on %d nodes) for job %s, generation %s",
+            "launching %d trainer ranks (%s, %d per node on %d nodes) for job %s, generation %s",
             world,
-            spec.trainer.parallel.tensor,
-            spec.trainer.parallel.data,
+            _layout(spec),
             spec.per_node,
             self.nnodes,
             spec.job_id,

@@ -4,7 +4,9 @@ The step code (`activities.training.step`) asks only what it needs: is this the 
 batch and publishes), which data-parallel share of the sequences is this rank's, and two
 collectives (broadcast an object from the leader, sum metrics over data-parallel ranks, gather what each
 rank published).
-`OneProcess` answers for the torch backend; `DistributedRanks` for megatron's ranks.
+`OneProcess` answers for the torch backend; `DistributedRanks` for megatron's ranks; `FsdpRanks` for the
+torch backend's FSDP2 ranks (one data-parallel group: the whole world), whose forward passes are
+collectives, so every rank must run as many (`forward_in_lockstep`, `activities.training.lockstep`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["DistributedRanks", "OneProcess", "Ranks"]
+__all__ = ["DistributedRanks", "FsdpRanks", "OneProcess", "Ranks"]
 
 
 class Ranks(ABC):
@@ -24,6 +26,9 @@ class Ranks(ABC):
     world_size: int = 1
     data_rank: int = 0
     data_size: int = 1
+    forward_in_lockstep: bool = False
+    """Every forward pass is a collective (FSDP gathers each layer's weights in it): a rank with fewer
+    micro-batches than another must run no-loss ones until they match."""
 
     @property
     def is_leader(self) -> bool:
@@ -37,6 +42,10 @@ class Ranks(ABC):
     @abstractmethod
     def sum_over_data(self, values: dict[str, float]) -> dict[str, float]:
         """Each key summed over the data-parallel ranks (every rank must pass the same keys)."""
+
+    def max_over_data(self, value: int) -> int:
+        """The largest `value` any data-parallel rank passes (a collective where there are several)."""
+        return value
 
     @abstractmethod
     def gather(self, obj: Any) -> list[Any] | None:
@@ -70,16 +79,22 @@ class DistributedRanks(Ranks):
     """
 
     def __init__(self, device: torch.device) -> None:
-        import torch.distributed as dist
         from megatron.core import parallel_state as ps
+
+        self._init(device, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group())
+        # MoE with expert parallelism: each MoE layer all-gathers the tokens of the expert-parallel group's ranks
+        self.forward_in_lockstep = ps.get_expert_model_parallel_world_size() > 1
+
+    def _init(self, device: torch.device, data_rank: int, data_size: int, data_group: Any) -> None:
+        import torch.distributed as dist
 
         self._dist = dist
         self.device = device
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.data_rank = ps.get_data_parallel_rank()
-        self.data_size = ps.get_data_parallel_world_size()
-        self._data_group = ps.get_data_parallel_group()
+        self.data_rank = data_rank
+        self.data_size = data_size
+        self._data_group = data_group
 
     def broadcast(self, obj: Any) -> Any:
         box = [obj]
@@ -94,6 +109,13 @@ class DistributedRanks(Ranks):
         self._dist.all_reduce(t, group=self._data_group)
         return dict(zip(keys, t.tolist()))
 
+    def max_over_data(self, value: int) -> int:
+        if self.data_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self._data_group)
+        return int(t.item())
+
     def gather(self, obj: Any) -> list[Any] | None:
         out: list[Any] | None = [None] * self.world_size if self.is_leader else None
         self._dist.gather_object(obj, out, dst=0)
@@ -101,3 +123,15 @@ class DistributedRanks(Ranks):
 
     def barrier(self) -> None:
         self._dist.barrier()
+
+
+class FsdpRanks(DistributedRanks):
+    """A rank of the initialised default process group, all of whose ranks are data-parallel (FSDP2):
+    each trains on its share of the sequences, its forward passes in lockstep with the others'."""
+
+    forward_in_lockstep = True
+
+    def __init__(self, device: torch.device) -> None:
+        import torch.distributed as dist
+
+        self._init(device, dist.get_rank(), dist.get_world_size(), None)

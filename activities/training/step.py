@@ -191,9 +191,11 @@ def train_step(
         )
     t_pub = time.perf_counter()
     key = ""
-    if cfg.lora is not None:  # only the adapter: the base, which every engine holds, never changes (torch: one rank)
-        key = publish_adapter(store, inp.job_id, inp.step + 1, state.policy.adapter_files(), keep_weight_versions).key
-        metrics["publish_s"] = time.perf_counter() - t_pub
+    if cfg.lora is not None:  # only the adapter: the base, which every engine holds, never changes
+        files = state.policy.adapter_files()  # with fsdp a collective: the leader gathers the adapter
+        if ranks.is_leader:
+            key = publish_adapter(store, inp.job_id, inp.step + 1, files, keep_weight_versions).key
+            metrics["publish_s"] = time.perf_counter() - t_pub
     else:
         # a collective: every rank streams the tensors it assembles into buckets, the leader commits the manifest
         weights = inp.weights.resolved("float32")

@@ -21,8 +21,9 @@ from dataclasses import replace
 import torch
 
 from rollart.activities.rl.action_entropy import ActionTerm
-from rollart.activities.rl.batch import TrainSequence, collate, micro_batches
+from rollart.activities.rl.batch import TrainSequence, collate, micro_batch_indices, micro_batches, pack
 from rollart.activities.rl.losses import policy_loss
+from rollart.activities.training.lockstep import fillers, in_lockstep
 from rollart.activities.training.policy import Policy, StepOutcome
 from rollart.activities.training.ranks import Ranks
 from rollart.contracts.ids import derive_seed
@@ -36,6 +37,7 @@ __all__ = [
     "epoch_seed",
     "logprob_change",
     "mini_batch_parts",
+    "packed_tokens",
     "ppo_updates",
     "step_within_limit",
     "updates",
@@ -56,6 +58,11 @@ LOSS_METRICS = (
     "entropy",
 )
 """What the loss reports per step (each a share of the batch's token mean, summed over micro-batches and ranks)."""
+
+
+def packed_tokens(cfg: TrainerConfig) -> int | None:
+    """The token budget of a packed micro-batch (`trainer.packing`), or None: padded micro-batches."""
+    return None if cfg.packing is None else cfg.packing.max_tokens
 
 
 def data_shard(seqs: Sequence[TrainSequence], rank: int, size: int) -> list[TrainSequence]:
@@ -82,6 +89,7 @@ def accumulate_gradients(
     cfg: TrainerConfig,
     total_sequences: int | None = None,
     actions: ActionTerm | None = None,
+    ranks: Ranks | None = None,
 ) -> dict[str, float]:
     """Forward/backward this rank's micro-batches, summing gradients; returns this rank's share of the loss metrics.
 
@@ -91,7 +99,10 @@ def accumulate_gradients(
     loss_cfg = cfg.loss
     policy.zero_grad()
     totals = dict.fromkeys(LOSS_METRICS, 0.0)
-    for mb in micro_batches(seqs, cfg.micro_batch_size, policy.pad_id):
+    batches = micro_batches(seqs, cfg.micro_batch_size, policy.pad_id, packed_tokens(cfg))
+    for mb in in_lockstep(
+        ranks, batches, policy.pad_id, actions, cfg.packing is not None
+    ):  # FSDP: as many passes as every other rank
         mb = mb.to(policy.device)
         logp, entropy = policy.logprobs(mb, entropy_grad=loss_cfg.entropy_coef > 0, actions=actions)
         logp_ref = policy.ref_logprobs(mb) if loss_cfg.kl_coef > 0 else None
@@ -114,15 +125,27 @@ def accumulate_gradients(
     return totals
 
 
-def with_proximal_logprobs(policy: Policy, seqs: Sequence[TrainSequence], micro_batch_size: int) -> list[TrainSequence]:
+def with_proximal_logprobs(
+    policy: Policy,
+    seqs: Sequence[TrainSequence],
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+    ranks: Ranks | None = None,
+) -> list[TrainSequence]:
     """`seqs` with `prox_logprobs` set: the current policy's log-probs of their completions (no grad), over the
-    whole completion like `behav_logprobs` (`collate` zeroes them off the loss mask)."""
+    whole completion like `behav_logprobs` (`collate` zeroes them off the loss mask). The micro-batches are
+    those of training: padded, or packed with `max_tokens`."""
     out = list(seqs)
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i].length)  # little padding, as micro_batches does
+    make = collate if max_tokens is None else pack
+    groups = micro_batch_indices(seqs, micro_batch_size, max_tokens)
+    extra = fillers(
+        ranks, len(groups), policy.pad_id, packed=max_tokens is not None
+    )  # FSDP: as many forward passes as every other rank
     with torch.no_grad():
-        for start in range(0, len(order), micro_batch_size):
-            idx = order[start : start + micro_batch_size]
-            mb = collate([seqs[i] for i in idx], policy.pad_id).to(policy.device)
+        for mb in extra:
+            policy.logprobs(mb.to(policy.device), entropy_grad=False)
+        for idx in groups:
+            mb = make([seqs[i] for i in idx], policy.pad_id).to(policy.device)
             logp = policy.logprobs(mb, entropy_grad=False)[0].float().cpu()
             for row, i in enumerate(idx):
                 p, c = len(seqs[i].prompt_ids), len(seqs[i].completion_ids)
@@ -130,12 +153,19 @@ def with_proximal_logprobs(policy: Policy, seqs: Sequence[TrainSequence], micro_
     return out
 
 
-def logprob_change(policy: Policy, ranks: Ranks, seqs: Sequence[TrainSequence], micro_batch_size: int) -> float:
+def logprob_change(
+    policy: Policy,
+    ranks: Ranks,
+    seqs: Sequence[TrainSequence],
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+) -> float:
     """Mean |log π − log π_prox| over the loss tokens of `seqs` (which carry `prox_logprobs`), every data-parallel
     rank's `seqs` together: how far the policy has moved from the one before the step, where it was trained."""
     moved, tokens = 0.0, 0.0
     with torch.no_grad():
-        for mb in micro_batches(seqs, micro_batch_size, policy.pad_id):
+        batches = micro_batches(seqs, micro_batch_size, policy.pad_id, max_tokens)
+        for mb in in_lockstep(ranks, batches, policy.pad_id, packed=max_tokens is not None):
             mb = mb.to(policy.device)
             if mb.prox_logprobs is None:
                 raise ValueError("logprob_change needs sequences with prox_logprobs (with_proximal_logprobs)")
@@ -161,11 +191,11 @@ def step_within_limit(policy: Policy, ranks: Ranks, seqs: Sequence[TrainSequence
         outcome = policy.step(cfg)
         if not outcome.applied:
             return outcome
-        change, shrinks = logprob_change(policy, ranks, seqs, cfg.micro_batch_size), 0
+        change, shrinks = logprob_change(policy, ranks, seqs, cfg.micro_batch_size, packed_tokens(cfg)), 0
         while change > limit and shrinks < SHRINKS_MAX:
             policy.shrink_update(0.5)
             shrinks += 1
-            change = logprob_change(policy, ranks, seqs, cfg.micro_batch_size)
+            change = logprob_change(policy, ranks, seqs, cfg.micro_batch_size, packed_tokens(cfg))
         return replace(outcome, logprob_change=change, shrinks=shrinks)
     finally:
         policy.forget_weights()
@@ -203,7 +233,7 @@ def ppo_updates(
 ) -> tuple[dict[str, float], list[StepOutcome]]:
     """Run the step's M × E updates on this rank's share; the loss metrics averaged over the updates, and
     what each update did. `shares` is every data-parallel rank's share of the batch, in rank order."""
-    mine = with_proximal_logprobs(policy, shares[ranks.data_rank], cfg.micro_batch_size)
+    mine = with_proximal_logprobs(policy, shares[ranks.data_rank], cfg.micro_batch_size, packed_tokens(cfg), ranks)
     sums = dict.fromkeys(LOSS_METRICS, 0.0)
     outcomes: list[StepOutcome] = []
     for epoch in range(cfg.ppo_epochs):
@@ -214,7 +244,7 @@ def ppo_updates(
             sequences = sum(1 for part in chosen for s in part if s.loss_tokens)
             own = [mine[i] for i in parts[ranks.data_rank][j]]
             metrics = ranks.sum_over_data(
-                accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1), actions)
+                accumulate_gradients(policy, own, max(tokens, 1), cfg, max(sequences, 1), actions, ranks)
             )
             outcomes.append(step_within_limit(policy, ranks, own, cfg))
             for k in sums:
@@ -236,9 +266,11 @@ def updates(
     if cfg.mini_batches == 1 and cfg.ppo_epochs == 1:
         mine = data_shard(seqs, ranks.data_rank, ranks.data_size)
         if cfg.max_logprob_change is not None:  # the limit measures against the policy before the update
-            mine = with_proximal_logprobs(policy, mine, cfg.micro_batch_size)
+            mine = with_proximal_logprobs(policy, mine, cfg.micro_batch_size, packed_tokens(cfg), ranks)
         total_tokens = sum(s.loss_tokens for s in seqs)
-        metrics = ranks.sum_over_data(accumulate_gradients(policy, mine, total_tokens, cfg, total_sequences, actions))
+        metrics = ranks.sum_over_data(
+            accumulate_gradients(policy, mine, total_tokens, cfg, total_sequences, actions, ranks)
+        )
         return metrics, [step_within_limit(policy, ranks, mine, cfg)]
     shares = [data_shard(seqs, r, ranks.data_size) for r in range(ranks.data_size)]
     return ppo_updates(policy, ranks, shares, cfg, step, actions)

@@ -264,6 +264,7 @@ class JobSpec(Section):
             tensor_parallel_size=self.engine.tensor_parallel_size,
             trainer_tensor=parallel.tensor,
             trainer_data=parallel.data,
+            trainer_fsdp=self.trainer.fsdp.ranks if self.trainer.fsdp is not None else 0,
         )
 
     def task(self, name: str) -> TaskSpec:

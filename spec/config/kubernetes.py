@@ -88,6 +88,8 @@ class JobNeeds:
     tensor_parallel_size: int = 1
     trainer_tensor: int = 1
     trainer_data: int = 1
+    trainer_fsdp: int = 0
+    """The torch backend's `trainer.fsdp.ranks` (0: no fsdp)."""
 
     @property
     def generate_pools(self) -> set[str]:
@@ -96,8 +98,8 @@ class JobNeeds:
 
     @property
     def trainer_world_size(self) -> int:
-        """Trainer ranks: tensor × data."""
-        return self.trainer_tensor * self.trainer_data
+        """Trainer ranks: tensor × data, or the fsdp ranks (`TrainerConfig.ranks`)."""
+        return self.trainer_fsdp or self.trainer_tensor * self.trainer_data
 
 
 class ServerlessScaling(Strict):
@@ -300,7 +302,9 @@ class KubernetesConfig(Strict):
             return []
         world = needs.trainer_world_size
         ranks = (
-            f"trainer.parallel.tensor {needs.trainer_tensor} x trainer.parallel.data {needs.trainer_data} = "
+            f"trainer.fsdp.ranks = {world} rank{'s' if world > 1 else ''}"
+            if needs.trainer_fsdp
+            else f"trainer.parallel.tensor {needs.trainer_tensor} x trainer.parallel.data {needs.trainer_data} = "
             f"{world} rank{'s' if world > 1 else ''}"
         )
         if world % nodes:
