@@ -109,7 +109,7 @@ def test_the_vocabulary_is_padded_with_zero_rows_to_a_multiple_of_tp(tmp_path: P
         ({"model_type": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling"),
         ({"model_type": "llama", "attention_bias": True}, "attention_bias"),
         ({"model_type": "qwen2", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
-        ({"model_type": "qwen3_moe", "num_experts": 8}, "qwen3_moe' is not supported .*mixture-of-experts"),
+        ({"model_type": "qwen2_moe", "num_experts": 8}, "qwen2_moe' is not supported .*mixture-of-experts"),
         ({"model_type": "qwen3", "attention_bias": True}, "attention_bias"),
         ({"model_type": "qwen3", "layer_types": ["sliding_attention"]}, "sliding-window"),
     ],

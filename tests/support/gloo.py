@@ -23,7 +23,7 @@ from rollart.infra.local.devserver import free_port
 
 
 def _rank_main(
-    rank: int, world: int, port: int, tensor: int, out_dir: str, fn: Callable[..., Any], args: tuple
+    rank: int, world: int, port: int, tensor: int, out_dir: str, fn: Callable[..., Any], args: tuple, expert: int = 1
 ) -> None:
     import torch.distributed as dist
 
@@ -35,7 +35,7 @@ def _rank_main(
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=120)
         )
-        init_model_parallel(tensor, seed=0, device=torch.device("cpu"))
+        init_model_parallel(tensor, seed=0, device=torch.device("cpu"), expert=expert)
         result: Any = ("ok", fn(*args))
     except BaseException as e:  # the parent re-raises it with the rank's traceback
         result = ("error", f"rank {rank}: {type(e).__name__}: {e}\n{traceback.format_exc()}")
@@ -43,12 +43,13 @@ def _rank_main(
     os._exit(0)  # skip gloo's teardown (a peer may already be gone)
 
 
-def run_on_ranks(fn: Callable[..., Any], world: int, tensor: int, *args: Any) -> list[Any]:
-    """`fn(*args)` on `world` gloo ranks with megatron tensor-parallel size `tensor`; each rank's result."""
+def run_on_ranks(fn: Callable[..., Any], world: int, tensor: int, *args: Any, expert: int = 1) -> list[Any]:
+    """`fn(*args)` on `world` gloo ranks with megatron tensor-parallel size `tensor` (and expert-parallel size
+    `expert`, for MoE models); each rank's result."""
     with tempfile.TemporaryDirectory() as out_dir:
         mp.start_processes(
             _rank_main,
-            args=(world, free_port(), tensor, out_dir, fn, args),
+            args=(world, free_port(), tensor, out_dir, fn, args, expert),
             nprocs=world,
             join=True,
             start_method="spawn",

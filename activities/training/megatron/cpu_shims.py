@@ -13,6 +13,12 @@ Verified in shared/probes/megatron_cpu_tp.py (log-probs equal to HF within 5e-7 
    state" around each recomputed layer; on a CPU build there is none (the CPU generator and the
    tracker above are saved and restored beside it), so getting it returns an empty state and
    setting it does nothing.
+
+And one that MoE models need wherever Transformer Engine is missing (CPUs, and GPUs without it), so
+`apply_moe_router_shim` is applied on every device: megatron-core 0.16.1's router GEMM tests
+`te_general_gemm is not None`, but `moe_utils` only defines that name when TE imports, so the
+first MoE forward raises NameError. Defining it as None selects the plain torch matmul (verified
+in the MoE probe: router gradients equal HF's within 1.3e-7).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["apply_cpu_shims"]
+__all__ = ["apply_cpu_shims", "apply_moe_router_shim"]
 
 _applied = False
 
@@ -65,3 +71,11 @@ def apply_cpu_shims() -> None:
     mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
     mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     _applied = True
+
+
+def apply_moe_router_shim() -> None:
+    """Let megatron's MoE router run without Transformer Engine (a no-op where TE defined `te_general_gemm`)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if "te_general_gemm" not in vars(moe_utils):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]

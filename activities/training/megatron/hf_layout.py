@@ -3,9 +3,10 @@
 Supported: the dense Qwen2 / Qwen3 / Llama family — RMSNorm, SwiGLU MLP, rotary position embeddings
 (default scaling), q/k/v biases (Qwen2) or none (Llama, Qwen3), Qwen3's qk-norm (an RMSNorm over each
 head's dim on q and k, before RoPE), a head dim other than hidden/heads, grouped-query attention, tied
-or untied embeddings. Anything else (Qwen3-MoE included: docs/megatron.md says what it needs) fails
-here, at load, with what is unsupported and why, rather than training a model that is silently
-different from the one vLLM serves.
+or untied embeddings — and Qwen3-MoE (every layer a mixture of SwiGLU experts behind a softmax top-k
+router, at tensor 1: docs/megatron.md, "Mixture of experts"). Anything else fails here, at load, with
+what is unsupported and why, rather than training a model that is silently different from the one
+vLLM serves.
 """
 
 from __future__ import annotations
@@ -17,12 +18,10 @@ from pathlib import Path
 
 __all__ = ["HfArch", "UnsupportedModel"]
 
-_FAMILIES = {"qwen2": (True, False), "qwen3": (False, True), "llama": (False, False)}
+_FAMILIES = {"qwen2": (True, False), "qwen3": (False, True), "llama": (False, False), "qwen3_moe": (False, True)}
 """model_type → (whether q/k/v carry a bias, whether q and k are RMS-normed per head before RoPE)."""
 
 _REFUSED_WHY = {
-    "qwen3_moe": "its mixture-of-experts MLP is not mapped to megatron's MoE layers, which need sequence "
-    "parallelism at tensor > 1 (docs/megatron.md: architectures per backend)",
     "qwen2_moe": "its mixture-of-experts MLP (router, experts and shared expert) is not mapped",
 }
 """model_type → why it is refused, where there is more to say than 'not supported'."""
@@ -34,7 +33,9 @@ class UnsupportedModel(ValueError):
 
 @dataclass(frozen=True)
 class HfArch:
-    """Shapes and options of a dense Qwen2/Qwen3/Llama-family causal LM."""
+    """Shapes and options of a Qwen2/Qwen3/Llama-family causal LM; `num_experts` > 0 for Qwen3-MoE, whose every
+    layer's MLP is `num_experts` SwiGLU experts of width `moe_intermediate_size`, `num_experts_per_tok` of them
+    per token, weighted by the router's softmax (renormalised over the chosen ones when `norm_topk_prob`)."""
 
     model_type: str
     vocab_size: int
@@ -51,6 +52,10 @@ class HfArch:
     qkv_bias: bool
     pad_token_id: int
     qk_norm: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> HfArch:
@@ -86,6 +91,8 @@ class HfArch:
             problems.append("attention_bias/mlp_bias (biases on o_proj and the MLP are not mapped)")
         if c.get("use_sliding_window") or any(t != "full_attention" for t in c.get("layer_types") or ()):
             problems.append("sliding-window attention")
+        if model_type == "qwen3_moe":
+            problems += _moe_problems(c)
         if problems:
             raise UnsupportedModel(f"{source}: the megatron backend cannot train this model: {'; '.join(problems)}")
         heads = int(c["num_attention_heads"])
@@ -107,10 +114,22 @@ class HfArch:
             qkv_bias=qkv_bias,
             pad_token_id=int(pad),
             qk_norm=qk_norm,
+            **_moe_fields(c, model_type),
         )
 
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLPs are mixtures of experts."""
+        return self.num_experts > 0
+
     def check_tensor_parallel(self, tp: int) -> None:
-        """Raise `UnsupportedModel` unless the attention heads split over `tp` ranks."""
+        """Raise `UnsupportedModel` unless the attention heads split over `tp` ranks (and `tp` is 1 for MoE)."""
+        if self.is_moe and tp > 1:
+            raise UnsupportedModel(
+                f"trainer.parallel.tensor {tp} with a mixture-of-experts model: megatron-core needs sequence "
+                "parallelism for MoE with tensor parallelism, and the local layer spec's RMSNorm (no Transformer "
+                "Engine) refuses sequence parallelism; use tensor: 1 and split the experts with parallel.expert"
+            )
         if self.num_heads % tp:
             raise UnsupportedModel(
                 f"trainer.parallel.tensor {tp} does not divide the model's {self.num_heads} attention heads"
@@ -124,3 +143,43 @@ class HfArch:
     def padded_vocab(self, tp: int) -> int:
         """The vocabulary rounded up to a multiple of `tp` (megatron splits it evenly; the extra rows are masked)."""
         return math.ceil(self.vocab_size / tp) * tp
+
+    def check_expert_parallel(self, ep: int) -> None:
+        """Raise `UnsupportedModel` unless the experts split evenly over `ep` ranks (`ep` is 1 for dense models)."""
+        if ep == 1:
+            return
+        if not self.is_moe:
+            raise UnsupportedModel(
+                f"trainer.parallel.expert {ep} with the dense model_type {self.model_type!r}: expert parallelism "
+                "splits mixture-of-experts layers; use expert: 1"
+            )
+        if self.num_experts % ep:
+            raise UnsupportedModel(
+                f"trainer.parallel.expert {ep} does not divide the model's {self.num_experts} experts"
+            )
+
+
+def _moe_problems(c: dict) -> list[str]:
+    """What of a Qwen3-MoE config the megatron mapping does not cover: dense layers between the sparse ones."""
+    problems = []
+    if int(c.get("decoder_sparse_step", 1)) != 1:
+        problems.append(
+            f"decoder_sparse_step {c['decoder_sparse_step']} (only every layer a mixture of experts is mapped)"
+        )
+    if c.get("mlp_only_layers"):
+        problems.append(f"mlp_only_layers {c['mlp_only_layers']} (dense MLP layers among MoE ones are not mapped)")
+    if c.get("shared_expert_intermediate_size"):
+        problems.append("a shared expert (not mapped)")
+    return problems
+
+
+def _moe_fields(c: dict, model_type: str) -> dict:
+    """HfArch's mixture-of-experts fields of a config (none for dense models)."""
+    if model_type != "qwen3_moe":
+        return {}
+    return {
+        "num_experts": int(c.get("num_experts") or c["num_local_experts"]),  # the latter: transformers >= 5
+        "num_experts_per_tok": int(c["num_experts_per_tok"]),
+        "moe_intermediate_size": int(c["moe_intermediate_size"]),
+        "norm_topk_prob": bool(c.get("norm_topk_prob", True)),
+    }

@@ -6,7 +6,9 @@ fp32 gradient buffers over data-parallel ranks), clips by the global norm (each 
 shard counted once, replicated norms once), and steps a plain torch AdamW over each rank's shard —
 element-wise, so it equals AdamW over the whole model. Weights go out as HF tensors, each decoder layer
 gathered to one tensor-parallel rank in turn (`hf_tensors`; published in buckets by every such rank);
-checkpoints are sharded, one file per tensor-parallel rank.
+checkpoints are sharded, one file per tensor-parallel rank. A mixture-of-experts model (Qwen3-MoE) splits
+each layer's experts over `parallel.expert` of the data-parallel ranks; each expert is published,
+checkpointed and counted in the gradient norm by the one rank that holds its first copy (`experts`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rollart.activities.rl.action_entropy import ActionTerm
+from rollart.activities.rl.action_entropy import ActionTerm, packed_by_task
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.rl.weights_io import hf_model_tensors
 from rollart.activities.training.megatron.checkpoint import load_sharded, save_sharded
 from rollart.activities.training.megatron.convert import hf_of, hf_to_megatron, megatron_to_hf
+from rollart.activities.training.megatron.experts import (
+    expert_flags,
+    gather_experts_hf,
+    is_expert,
+    local_experts_hf,
+    squared_norm,
+)
 from rollart.activities.training.megatron.hf_layout import HfArch
-from rollart.activities.training.megatron.model import build_gpt, causal_mask, wrap_ddp
+from rollart.activities.training.megatron.model import build_gpt, causal_mask, packed_mask, packed_rotary, wrap_ddp
 from rollart.activities.training.megatron.vocab_parallel import (
     vocab_parallel_action_entropy,
     vocab_parallel_logprobs_and_entropy,
@@ -50,11 +59,15 @@ class MegatronPolicy(Policy):
         self.tp = ps.get_tensor_model_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.arch.check_tensor_parallel(self.tp)
+        self.ep = ps.get_expert_model_parallel_world_size()
+        self.ep_rank = ps.get_expert_model_parallel_rank()
+        self.arch.check_expert_parallel(self.ep)
         self.pad_id = self.arch.pad_token_id
         self.module = build_gpt(self.arch, cfg, device)
         self._load_hf_dir(self.module)
         self.ddp = wrap_ddp(self.module)
         self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self._expert = expert_flags(self.module)  # per param: an expert of this rank's (MoE), summed over EP
         self.optimizer = MasterWeights(self.params, cfg)
         self._ref: Any = None
         self._grads_synced = False
@@ -66,7 +79,7 @@ class MegatronPolicy(Policy):
     # ---- weights in -----------------------------------------------------------------------------
 
     def _load_shard(self, module: Any, get: Any) -> None:
-        shard = hf_to_megatron(get, self.arch, self.tp, self.tp_rank)
+        shard = hf_to_megatron(get, self.arch, self.tp, self.tp_rank, self.ep, self.ep_rank)
         missing, unexpected = module.load_state_dict(shard, strict=False)
         missing = [k for k in missing if not k.endswith("_extra_state")]
         if missing or unexpected:
@@ -85,7 +98,14 @@ class MegatronPolicy(Policy):
 
     # ---- forward / backward ---------------------------------------------------------------------
 
-    def _logits(self, model: Any, mb: MicroBatch) -> torch.Tensor:
+    def _logits(self, model: Any, mb: MicroBatch, gpt: Any) -> torch.Tensor:
+        """This rank's vocabulary slice of the logits of `mb`: `[B, T, V/tp]` of its padded rows, or `[1, N,
+        V/tp]` of its packed row (block-diagonal causal mask, rotary at each token's position in its sequence).
+        `gpt` is the GPTModel that `model` runs (itself, or the one megatron's DDP wraps)."""
+        if mb.packed is not None:
+            packed = mb.packed
+            with packed_rotary(gpt, packed):
+                return model(packed.input_ids, packed.position_ids, packed_mask(packed))
         b, t = mb.input_ids.shape
         positions = torch.arange(t, device=self._device).unsqueeze(0).expand(b, t)
         return model(mb.input_ids, positions, causal_mask(t, self._device))
@@ -96,24 +116,26 @@ class MegatronPolicy(Policy):
     def logprobs(
         self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self._logits(self.ddp, mb)
+        logits = self._logits(self.ddp, mb, self.module)
         # over actions, the token entropy is replaced below: it needs no graph
         logp, entropy = vocab_parallel_logprobs_and_entropy(
             logits,
-            mb.input_ids,
+            mb.model_ids,
             self._vocab_start(),
             self.arch.vocab_size,
             entropy_grad=entropy_grad and actions is None,
+            chunk_tokens=self.cfg.logprob_chunk_tokens,
         )
         if actions is not None:
-            entropy = vocab_parallel_action_entropy(
-                logits if entropy_grad else logits.detach(),
-                mb.tasks,
-                actions,
-                self._vocab_start(),
-                self.arch.vocab_size,
-            )
-        return logp, entropy
+            z = logits if entropy_grad else logits.detach()
+            start, size = self._vocab_start(), self.arch.vocab_size
+            if mb.packed is None:
+                entropy = vocab_parallel_action_entropy(z, mb.tasks, actions, start, size)
+            else:
+                entropy = packed_by_task(
+                    mb.packed, mb.tasks, lambda t: vocab_parallel_action_entropy(z, (t,), actions, start, size)
+                )
+        return mb.unpacked(logp), mb.unpacked(entropy)
 
     def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         if self._ref is None:  # the frozen initial policy, built only when the KL term is on
@@ -123,11 +145,16 @@ class MegatronPolicy(Policy):
                 p.requires_grad_(False)
             self._ref = ref
         with torch.no_grad():
-            logits = self._logits(self._ref, mb)
+            logits = self._logits(self._ref, mb, self._ref)
             logp, _ = vocab_parallel_logprobs_and_entropy(
-                logits, mb.input_ids, self._vocab_start(), self.arch.vocab_size, entropy_grad=False
+                logits,
+                mb.model_ids,
+                self._vocab_start(),
+                self.arch.vocab_size,
+                entropy_grad=False,
+                chunk_tokens=self.cfg.logprob_chunk_tokens,
             )
-        return logp
+        return mb.unpacked(logp)
 
     def zero_grad(self) -> None:
         self.ddp.zero_grad_buffer()
@@ -153,14 +180,13 @@ class MegatronPolicy(Policy):
         return StepOutcome(grad_norm=norm, applied=applied)
 
     def _global_norm(self, grads: list[torch.Tensor]) -> float:
-        """‖g‖ of the whole model: each tensor-parallel shard once, replicated tensors (norms) once."""
+        """‖g‖ of the whole model: each tensor-parallel shard once, replicated tensors (norms) once, each expert
+        once (from the expert-parallel rank that holds it)."""
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        sq = torch.zeros(1, dtype=torch.float64, device=self._device)
-        for p, g in zip(self.params, grads):
-            if param_is_not_tensor_parallel_duplicate(p):
-                sq += g.double().pow(2).sum()
+        counted = [param_is_not_tensor_parallel_duplicate(p) for p in self.params]
+        sq = squared_norm(grads, self._expert, counted)
         if self.tp > 1:
             dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
         return float(sq.sqrt())
@@ -170,15 +196,19 @@ class MegatronPolicy(Policy):
     def gathered_hf(self, grads: bool = False) -> dict[str, torch.Tensor] | None:
         """The full model (or its gradients) as float32 HF tensors on the leader; None on other ranks.
 
-        A collective of the ranks of data-parallel group 0 (they hold every shard); the others return at once.
+        A collective of the ranks of data-parallel group 0 (they hold every shard), and for MoE of the expert-
+        parallel ranks that hold the published copy of the experts; the others return at once.
         """
         from megatron.core import parallel_state as ps
 
+        experts = gather_experts_hf(self.module, self.arch, grads)
         if ps.get_data_parallel_rank() != 0:
             return None
         dst = ps.get_tensor_model_parallel_src_rank()
         group = ps.get_tensor_model_parallel_group()
-        named = [(n, p.main_grad if grads else p.detach()) for n, p in self.module.named_parameters()]
+        named = [
+            (n, p.main_grad if grads else p.detach()) for n, p in self.module.named_parameters() if not is_expert(n)
+        ]
         shards: dict[str, list[torch.Tensor]] = {}
         for name, t in named:
             t = t.float().contiguous()
@@ -191,19 +221,23 @@ class MegatronPolicy(Policy):
                 shards[name] = bufs
         if self.tp_rank != 0:
             return None
-        return {k: v.cpu() for k, v in megatron_to_hf(shards, self.arch).items()}
+        return {k: v.cpu() for k, v in megatron_to_hf(shards, self.arch).items()} | experts
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The HF tensors, assembled one megatron tensor at a time by one rank of data-parallel group 0's tensor-
         parallel group: decoder layer i by its rank i mod T (the embedding by rank 0, the final norm and head by
         the last), so the ranks share the work and each holds at most one gathered tensor beyond its shard.
-        Replicated tensors (norms) need no gather. Ranks of other data-parallel groups yield nothing."""
+        Replicated tensors (norms) need no gather. Ranks of other data-parallel groups yield nothing but, for MoE,
+        their own experts when they hold the published copy (`experts.local_experts_hf`: each expert once)."""
         from megatron.core import parallel_state as ps
 
+        yield from local_experts_hf(self.module, self.arch)
         if ps.get_data_parallel_rank() != 0:
             return
         group = ps.get_tensor_model_parallel_group()
         for name, p in self.module.named_parameters():
+            if is_expert(name):
+                continue
             owner = _owner(name, self.arch.num_layers, self.tp)
             t = p.detach()
             # not `param_is_not_tensor_parallel_duplicate`: it answers differently on each rank for a replicated one
@@ -220,10 +254,12 @@ class MegatronPolicy(Policy):
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def save_checkpoint(self, root: Path, step: int) -> None:
-        save_sharded(Path(root), step, self._weights_state(), self.optimizer.state_dict(), tensor=self.tp)
+        save_sharded(
+            Path(root), step, self._weights_state(), self.optimizer.state_dict(), tensor=self.tp, expert=self.ep
+        )
 
     def load_checkpoint(self, root: Path) -> int | None:
-        loaded = load_sharded(Path(root), tensor=self.tp)
+        loaded = load_sharded(Path(root), tensor=self.tp, expert=self.ep)
         if loaded is None:
             return None
         step, model_state, optim_state = loaded
