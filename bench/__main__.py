@@ -20,6 +20,8 @@ BENCHMARKS = {
     "weight_sync": "bench.weight_sync",
     "reward_service": "bench.reward_service",
     "trainer": "bench.trainer",
+    "trainer_memory": "bench.trainer_memory",
+    "trainer_packing": "bench.trainer_packing",
     "gpu": "bench.gpu",
     "single_turn": "bench.single_turn",
     "peer_trl": "bench.peer_trl",

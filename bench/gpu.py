@@ -1,6 +1,6 @@
 """GPU check: the CUDA builds doing rollart's work on this machine's GPUs, or one line saying there is no GPU.
 
-With a GPU (`python -m bench gpu`), three checks on the tiny model, each printing what it measured:
+With a GPU (`python -m bench gpu`), four checks on the tiny model, each printing what it measured:
 
 1. **vLLM on CUDA** serves a batch of requests and swaps in new weights without restarting: after the
    swap every completion is stamped with the new version and its log-probs equal the trainer's
@@ -8,7 +8,14 @@ With a GPU (`python -m bench gpu`), three checks on the tiny model, each printin
 2. **The megatron trainer** at T=1, and at T=2 when there are two GPUs: train steps through the
    trainer worker's rank group (NCCL) publish what the torch backend publishes (within 1e-4), with
    step and publish times.
-3. **3 training steps through the stack**: a local Temporal dev server and a worker per pool, vLLM
+3. **Packed micro-batches** (`trainer.packing`, torch backend): the same loss as padded ones in float32, and
+   tokens/s of both in bf16 on a mixed-length batch (flash-attention's varlen kernel when it is installed).
+4. **FSDP2 on the torch backend** (`trainer.fsdp`): train steps through the trainer worker's rank group publish
+   what the one-process torch backend publishes (within 1e-4), on 2 ranks where there are two GPUs (NCCL
+   gives each rank its own), else on 1 rank (the same sharded code path, saying why).
+5. **Log-probs without the whole fp32 vocabulary** (`bench trainer_memory` at 8k tokens, hidden 4096, a 152k
+   vocabulary): peak memory of today's path, chunked and fused with the LM head; fused at most 1/4 of today's.
+6. **3 training steps through the stack**: a local Temporal dev server and a worker per pool, vLLM
    and the megatron trainer on the GPU(s), FrozenLake as groups, bound 0.
 
 Without a GPU it says so in one line and exits 0 (`--device cpu` runs the same checks on the CPU, to
@@ -116,6 +123,84 @@ async def check_megatron(model_dir: Path, home: Path, device: str) -> bool:
     return ok
 
 
+async def check_packing(model_dir: Path, home: Path, device: str) -> bool:
+    """Packed vs padded micro-batches (`trainer.packing`) of the torch backend on an agentic batch: the same loss
+    in float32 (sdpa, block mask), and tokens/s of both in bf16 (flash-attention's varlen kernel when installed)."""
+    from bench.trainer import build_model
+    from bench.trainer_packing import agentic_batch, measure
+
+    bigger = build_model(home / "packing", 512, 8) if device == "cuda" else model_dir
+    seqs = agentic_batch(96 if device == "cuda" else 16, 380)
+    padded, packed = {"micro_batch_size": 8}, {"packing": {"max_tokens": 4096}}
+    exact = [measure(bigger, seqs, {**m, "dtype": "float32"}, device) for m in (padded, packed)]
+    gap = abs(exact[0]["loss"] - exact[1]["loss"])
+    fast = [measure(bigger, seqs, {**m, "dtype": "bfloat16"}, device) for m in (padded, packed)]
+    return _line(
+        f"packed micro-batches on {device} (torch backend, {fast[1]['attention']})",
+        gap < 1e-5,
+        f"float32 |loss padded - packed| {gap:.1e}; bf16 {fast[0]['tokens_per_s']:.0f} tok/s padded (8 sequences) vs "
+        f"{fast[1]['tokens_per_s']:.0f} packed (4096 tokens): {fast[1]['tokens_per_s'] / fast[0]['tokens_per_s']:.2f}x",
+    )
+
+
+async def check_fsdp(model_dir: Path, home: Path, device: str) -> bool:
+    """The torch backend with FSDP2 against the same backend in one process, through the trainer worker's ranks."""
+    import torch
+
+    from bench.trainer import frozenlake_batch, run_mode
+    from rollart.client.local import published_tensors
+    from rollart.infra.store.payload import LocalStore
+    from rollart.infra.store.weights import latest_weights
+
+    ranks = 2 if device == "cpu" or torch.cuda.device_count() >= 2 else 1
+    why = "" if ranks == 2 else " (1 GPU: 2 NCCL ranks need 2 GPUs)"
+    store = LocalStore(home / "fsdp-store")
+    samples = frozenlake_batch(store, model_dir)
+    rows = {}
+    for mode, extra in (("torch", {}), (f"fsdp {ranks}", {"fsdp": {"ranks": ranks}})):
+        trainer = {**extra, "device": device, "eps": 1e-6}
+        rows[mode] = await run_mode(mode, trainer, model_dir, samples, 3, home / "fsdp-store", home / "fsdp-runs")
+    ref, got = (published_tensors(store, latest_weights(store, m.replace(" ", "-")).key) for m in rows)
+    diff = max(float((ref[k] - got[k]).abs().max()) for k in ref)
+    r = rows[f"fsdp {ranks}"]
+    return _line(
+        f"FSDP2 torch backend, {ranks} rank(s) on {device}{why}",
+        diff < 1e-4,
+        f"3 steps, weights vs one process max |diff| {diff:.1e}; step {r['wall_s']:.3f} s (one process "
+        f"{rows['torch']['wall_s']:.3f}), publish {r['publish_s']:.4f} s, ranks up in {r['first_step_s']:.1f} s",
+    )
+
+
+async def check_logprob_memory(home: Path, device: str) -> bool:
+    """Log-probs and entropy at a 152k vocabulary (`bench trainer_memory`): peak memory of the LM head + log-probs,
+    forward and backward, today's full fp32 path against the chunked and the fused-with-head ones, each in a fresh
+    process; the fused peak at most 1/4 of today's and the same values."""
+    from types import SimpleNamespace
+
+    from bench.trainer_memory import VOCAB, in_fresh_process
+
+    big = device == "cuda"
+    shape = SimpleNamespace(
+        tokens=8192 if big else 1024,
+        hidden=4096 if big else 256,
+        vocab=VOCAB,
+        dtype="bfloat16",
+        device=device,
+        chunk_tokens=1024 if big else 128,
+    )
+    rows = {mode: in_fresh_process(mode, shape) for mode in ("today", "chunked", "fused")}
+    today = rows["today"]
+    same = all(abs(r["logp_mean"] - today["logp_mean"]) < 1e-3 for r in rows.values())
+    ok = same and rows["fused"]["peak_mb"] <= today["peak_mb"] / 4
+    return _line(
+        f"log-probs at a {VOCAB}-token vocabulary on {device} ({shape.tokens} tokens, hidden {shape.hidden}, bf16, "
+        f"chunks of {shape.chunk_tokens})",
+        ok,
+        "; ".join(f"{m} peak {r['peak_mb']:.0f} MiB in {r['wall_s']:.3f} s" for m, r in rows.items())
+        + f"; fused/today {rows['fused']['peak_mb'] / today['peak_mb']:.2f}, values {'agree' if same else 'DIFFER'}",
+    )
+
+
 async def check_stack(model_dir: Path, home: Path, device: str) -> bool:
     """3 training steps through Temporal, the pools' workers, vLLM and the megatron trainer."""
     import torch
@@ -181,6 +266,9 @@ async def run(device: str) -> bool:
         results = []
         results.append(await check_vllm_swap(model_dir, home, device))
         results.append(await check_megatron(model_dir, home, device))
+        results.append(await check_packing(model_dir, home, device))
+        results.append(await check_fsdp(model_dir, home, device))
+        results.append(await check_logprob_memory(home, device))
         results.append(await check_stack(model_dir, home, device))
     finally:
         shutil.rmtree(home, ignore_errors=True)

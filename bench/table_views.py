@@ -187,6 +187,26 @@ def _trainer(step: str, publish: str) -> tuple[Col, ...]:
     )
 
 
+_PACKING = (  # bench/trainer_packing.py
+    NAME,
+    Col("tokens/s", "tokens_per_s", ".0f"),
+    Col("vs padded 64", "speedup_vs_baseline", ".2f", bold=True),
+    Col("fwd+bwd s", "wall_s", ".2f"),
+    Col("loss gap vs padded 64", "loss_gap", ".0e"),
+    Col("attention", "attention", align="l"),
+)
+
+
+_LOGPROB_MEMORY = (  # bench/trainer_memory.py
+    NAME,
+    Col("peak MiB", "peak_mb", ".0f"),
+    Col("peak vs today", "peak_vs_baseline", ".2f", bold=True),
+    Col("fwd+bwd s", "wall_s", ".1f"),
+    Col("mean log-prob", "logp_mean", ".6f"),
+    Col("mean entropy", "entropy_mean", ".6f"),
+)
+
+
 _SINGLE_TURN = (
     Col("code", "label", align="l"),
     Col("s/step", "s_per_step", ".2f"),
@@ -346,6 +366,9 @@ VIEWS: dict[str, View] = {
     "size.train": View(("size",), _key("train"), _SIZE_TRAIN),
     "trainer": View(("trainer",), modes, _trainer(".3f", ".4f")),
     "trainer-h512-l8": View(("trainer-h512-l8",), modes, _trainer(".2f", ".3f")),
+    "trainer_packing": View(("trainer_packing",), modes, _PACKING),
+    "trainer_packing-h256-l4": View(("trainer_packing-h256-l4",), modes, _PACKING),
+    "trainer_memory": View(("trainer_memory",), modes, _LOGPROB_MEMORY),
     "single_turn": View(("single_turn-before", "single_turn-after"), modes, _SINGLE_TURN),
     "reward_service": View(("reward_service",), modes, _REWARD_SERVICE),
     "reward_service-heavy": View(("reward_service-heavy",), modes, _REWARD_SERVICE),

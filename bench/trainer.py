@@ -130,7 +130,8 @@ async def run_mode(
     from rollart.workers.trainer_ranks import RankGroup
 
     job = name.replace(" ", "-").replace("=", "")
-    group = RankGroup(store=StoreConfig(path=store_dir)) if trainer.get("backend") == "megatron" else None
+    on_ranks = trainer.get("backend") == "megatron" or trainer.get("fsdp") is not None
+    group = RankGroup(store=StoreConfig(path=store_dir)) if on_ranks else None
     local = LocalTrainer(LocalStore(store_dir), ranks=group)
     walls, train, publish, peak = [], [], [], []
     try:

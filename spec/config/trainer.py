@@ -111,11 +111,24 @@ class LossConfig(Section):
 
 class ParallelConfig(Section):
     """How the megatron trainer splits its work over ranks: `tensor` (T) ranks share each layer, `data` (D)
-    groups of them train on different sequences of the batch. T × D ranks in all, on one or more nodes."""
+    groups of them train on different sequences of the batch. T × D ranks in all, on one or more nodes.
+    `expert` (E, mixture-of-experts models only) splits each MoE layer's experts over E of the D data-parallel
+    groups (as megatron does: it adds no ranks), so D must be a multiple of E."""
 
     tensor: int = Field(1, ge=1, le=64)
     data: int = Field(1, ge=1, le=4096)
+    expert: int = Field(1, ge=1, le=4096)
     pipeline: int = Field(1, ge=1, description="not supported yet: must be 1")
+
+    @model_validator(mode="after")
+    def _experts_split_data(self) -> ParallelConfig:
+        if self.data % self.expert:
+            raise ValueError(
+                f"parallel.expert {self.expert} must divide parallel.data {self.data}: expert parallelism splits "
+                f"the data-parallel ranks (e.g. parallel: {{data: {self.expert * max(1, self.data // self.expert)}, "
+                f"expert: {self.expert}}})"
+            )
+        return self
 
     @field_validator("pipeline")
     @classmethod
@@ -136,7 +149,9 @@ class ParallelConfig(Section):
 class FsdpConfig(Section):
     """The torch backend over several ranks with FSDP2 (`torch.distributed.fsdp.fully_shard`): parameters,
     gradients and optimizer state sharded over `ranks` data-parallel processes that the trainer worker starts
-    (gloo on CPUs, NCCL on GPUs), each training on its share of the batch's sequences."""
+    (gloo on CPUs, NCCL on GPUs), each training on its share of the batch's sequences. Any model transformers
+    loads whose decoder layers it names (`_no_split_modules`); with `lora` peft wraps it first and the frozen
+    base is sharded too. Checkpoints are sharded (torch.distributed.checkpoint) and resume at another `ranks`."""
 
     ranks: int = Field(2, ge=1, le=4096)
     reshard_after_forward: bool = True
@@ -146,7 +161,12 @@ class FsdpConfig(Section):
 
 class PackingConfig(Section):
     """Packed sequences: a micro-batch is one flat stream of whole sequences, up to `max_tokens` tokens, with
-    attention kept within each sequence, instead of a `[batch, longest]` block of padding."""
+    attention kept within each sequence, instead of a `[batch, longest]` block of padding (`micro_batch_size`
+    is then unused). Sequences are binned first-fit decreasing; position ids restart at 0 per sequence (rotary
+    embeddings are each sequence's own). The attention, torch backend: flash-attention's varlen kernel on a GPU
+    with it installed and 16-bit weights, else torch's sdpa once per sequence. Megatron: a block-diagonal causal
+    mask over the `[N, N]` stream, whose size is why `max_tokens` should stay moderate there. The loss is the
+    padded path's, on the same per-sequence rows (docs/training.md)."""
 
     max_tokens: int = Field(8192, ge=16)
     """Tokens per packed micro-batch (per data-parallel rank); a sequence longer than this is a micro-batch of
@@ -251,9 +271,12 @@ class TrainerConfig(Section):
     """The torch backend sharded over several ranks (FSDP2); None: one process on one device."""
     packing: PackingConfig | None = None
     """Pack micro-batches by tokens instead of padding them by sequences (None: padded, `micro_batch_size`)."""
-    logprob_chunk_tokens: int = Field(4096, ge=1)
+    logprob_chunk_tokens: int = Field(1024, ge=1)
     """Log-probs and entropies are taken this many tokens at a time, so the fp32 `[tokens, vocabulary]` block
-    of a whole micro-batch is never held at once (with a 150k vocabulary, 8k tokens are ~5 GB)."""
+    of a whole micro-batch is never held at once (with a 150k vocabulary, 8k tokens are ~5 GB; 1024 tokens, ~0.6
+    GB, a few of them live at a time). On the torch backend the LM head is applied chunk by chunk too, so the
+    logits themselves never exist whole (`rl.chunked_logprobs`). Values do not depend on it; gradients only by
+    fp32 rounding (the head's gradient sums over chunks)."""
     sequence: SequenceMode = "turn"
     """What one training sequence is. `turn`: every turn of a trajectory is its own sequence, its whole prompt
     then its sampled ids (a chat trajectory of k turns is k sequences whose prompts repeat the conversation so
@@ -305,7 +328,7 @@ class TrainerConfig(Section):
 
     @model_validator(mode="after")
     def _parallel_needs_megatron(self) -> TrainerConfig:
-        if self.backend == "torch" and self.parallel.world_size > 1:
+        if self.backend == "torch" and (self.parallel.world_size > 1 or self.parallel.expert > 1):
             raise ValueError(
                 f"parallel: tensor {self.parallel.tensor} x data {self.parallel.data} needs backend: megatron "
                 "(the torch backend shards over ranks with fsdp: {ranks: N} instead)"
