@@ -20,7 +20,7 @@ import torch
 
 from rollart.activities.rl.batch import TrainSequence, collate
 from rollart.spec.config import FsdpConfig, LoraConfig, LossConfig, PackingConfig, TrainerConfig
-from tests.support.fsdp_gloo import run_on_plain_ranks
+from tests.support.gloo import run_on_plain_ranks
 
 pytestmark = pytest.mark.integration  # spawned gloo rank processes
 

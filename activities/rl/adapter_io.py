@@ -9,6 +9,7 @@ vLLM serves nothing else. The output head is never a target (vLLM serves no adap
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from rollart.spec.config import LoraConfig
 __all__ = [
     "adapter_files",
     "adapter_state",
+    "check_adapter_fits",
     "is_lora",
     "linear_module_names",
     "load_adapter_blob_into",
@@ -108,13 +110,7 @@ def load_adapter_blob_into(model: Any, blob: bytes) -> None:
 
     tensors = st_load(blob)
     expected = adapter_state(model)
-    unexpected, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
-    wrong = sorted(n for n in set(tensors) & set(expected) if tensors[n].shape != expected[n].shape)
-    if unexpected or missing or wrong:
-        raise ValueError(
-            f"adapter does not fit the model's: unexpected {unexpected[:3]}, missing {missing[:3]}, other shapes "
-            f"{wrong[:3]}; was it trained with another trainer.lora (rank, target_modules)?"
-        )
+    check_adapter_fits(tensors, expected)
     with torch.no_grad():
         set_peft_model_state_dict(model, tensors)
 
@@ -130,3 +126,15 @@ def merged_model(model_dir: str | Path, adapter_dir: str | Path, dtype: torch.dt
         if not (Path(adapter_dir) / name).is_file():
             raise ValueError(f"{adapter_dir} is no LoRA adapter: {name} is missing")
     return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+
+
+def check_adapter_fits(tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+    """ValueError unless an adapter's `tensors` have exactly the names and shapes of the model's (`expected`):
+    one trained with another `trainer.lora` (rank, target modules) must not be half loaded."""
+    unexpected, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
+    wrong = sorted(n for n in set(tensors) & set(expected) if tensors[n].shape != expected[n].shape)
+    if unexpected or missing or wrong:
+        raise ValueError(
+            f"adapter does not fit the model's: unexpected {unexpected[:3]}, missing {missing[:3]}, other shapes "
+            f"{wrong[:3]}; was it trained with another trainer.lora (rank, target_modules)?"
+        )

@@ -37,6 +37,7 @@ __all__ = [
     "load_checkpoint",
     "load_tensors_into",
     "prune_checkpoints",
+    "replace_checkpoint",
     "save_checkpoint",
     "state_dict_blob",
     "unique_tensors",
@@ -138,6 +139,16 @@ def latest_checkpoint(root: Path) -> Path | None:
     return dirs[-1][1] if dirs else None
 
 
+def replace_checkpoint(tmp: Path, final: Path) -> None:
+    """Make the checkpoint written at `tmp` the one at `final` by a rename (a reader sees the old or the new, never
+    half of one); re-checkpointing the same step moves the old one aside first."""
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.rename(tmp, final)
+
+
 def prune_checkpoints(root: Path, keep: int) -> None:
     """Remove all but the newest `keep` complete checkpoints under `root`."""
     for _, old_dir in _checkpoint_dirs(Path(root))[:-keep] if keep > 0 else []:
@@ -167,11 +178,7 @@ def save_checkpoint(root: Path, model: torch.nn.Module, optimizer: _HasState, st
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         meta = {"step": step, "version": step + 1, "backend": "torch", **({"lora": True} if lora else {})}
         (tmp / "meta.json").write_text(json.dumps(meta))
-        if final.exists():  # re-checkpointing the same step: move the old one aside first
-            old = root / f".old-{final.name}-{os.getpid()}"
-            os.rename(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-        os.rename(tmp, final)
+        replace_checkpoint(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

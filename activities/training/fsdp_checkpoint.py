@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints
+from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints, replace_checkpoint
 
 __all__ = ["BACKEND", "CheckpointMismatch", "load_dcp", "save_dcp"]
 
@@ -60,11 +59,7 @@ def save_dcp(root: Path, step: int, model: torch.nn.Module, optimizer: torch.opt
         if dist.get_rank() == 0:
             meta = {"step": step, "version": step + 1, "backend": BACKEND, "ranks": dist.get_world_size()}
             (tmp / "meta.json").write_text(json.dumps(meta))
-            if final.exists():  # re-checkpointing the same step: move the old one aside first
-                old = root / f".old-{final.name}-{os.getpid()}"
-                os.rename(final, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, final)
+            replace_checkpoint(tmp, final)
             prune_checkpoints(root, keep)
             log.info("checkpoint of step %d written to %s (%d ranks)", step, final, dist.get_world_size())
     except BaseException:

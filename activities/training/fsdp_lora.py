@@ -16,7 +16,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from rollart.activities.rl.adapter_io import adapter_state
+from rollart.activities.rl.adapter_io import adapter_state, check_adapter_fits
 from rollart.infra.store.adapters import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 __all__ = ["load_sharded_adapter", "sharded_adapter_files"]
@@ -44,13 +44,7 @@ def load_sharded_adapter(model: Any, blob: bytes) -> None:
     ValueError when it does not fit (trained with another `trainer.lora`)."""
     tensors = st_load(blob)
     expected = adapter_state(model)
-    unexpected, missing = sorted(set(tensors) - set(expected)), sorted(set(expected) - set(tensors))
-    wrong = sorted(n for n in set(tensors) & set(expected) if tensors[n].shape != expected[n].shape)
-    if unexpected or missing or wrong:
-        raise ValueError(
-            f"adapter does not fit the model's: unexpected {unexpected[:3]}, missing {missing[:3]}, other shapes "
-            f"{wrong[:3]}; was it trained with another trainer.lora (rank, target_modules)?"
-        )
+    check_adapter_fits(tensors, expected)
     with torch.no_grad():
         for name, t in expected.items():  # state-dict tensors share the parameters' storage
             full = tensors[name].to(device=t.device, dtype=t.dtype)

@@ -28,14 +28,12 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rollart.activities.errors import bad_input
-from rollart.activities.rl.adapter_io import with_lora
 from rollart.activities.rl.batch import MicroBatch
 from rollart.activities.training.fsdp_checkpoint import load_dcp, save_dcp
 from rollart.activities.training.fsdp_lora import load_sharded_adapter, sharded_adapter_files
-from rollart.activities.training.packed_attention import prepare_for_packing
 from rollart.activities.training.policy import StepOutcome, worth_applying
 from rollart.activities.training.precision import MasterWeights, clip_scale
-from rollart.activities.training.torch_policy import TorchPolicy, load_hf_model
+from rollart.activities.training.torch_policy import TorchPolicy, load_hf_model, pad_token_id, trainable_model
 from rollart.spec.config import TrainerConfig
 
 __all__ = ["FsdpPolicy", "decoder_layers", "shard_model"]
@@ -91,26 +89,15 @@ class FsdpPolicy(TorchPolicy):
         self._device = device
         self.dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32  # compute (the shards stay fp32)
         self.lora = cfg.lora is not None
-        model = load_hf_model(model_dir)  # on the CPU: `fully_shard` moves each layer to `device` as it shards it
-        if cfg.packing is not None:  # attention per packed sequence, as TorchPolicy sets it up
-            prepare_for_packing(model, device, self.dtype)
-        if cfg.activation_checkpointing:
-            model.config.use_cache = False
-            model.gradient_checkpointing_enable()
-            if cfg.lora is not None:  # frozen embeddings: recomputed layers still need an input that wants grads
-                model.enable_input_require_grads()
-        if cfg.lora is not None:  # peft wraps first, then FSDP shards base and adapters alike
-            try:
-                model = with_lora(model, cfg.lora, f"the model in {model_dir}")
-            except ValueError as e:
-                raise bad_input(str(e)) from e
+        # on the CPU (`fully_shard` moves each layer to `device` as it shards it); peft wraps first, then FSDP
+        # shards base and adapters alike
+        model = trainable_model(load_hf_model(model_dir), model_dir, cfg, device)
         self.model = shard_model(model, cfg, device)
         self.model.train()
         self.rank = dist.get_rank()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = MasterWeights(self.params, cfg)
-        config = model.config
-        self.pad_id = next((i for i in (config.pad_token_id, config.eos_token_id) if isinstance(i, int)), 0)
+        self.pad_id = pad_token_id(model.config)
         self._ref: Any = None
         self.logprob_chunk_tokens = cfg.logprob_chunk_tokens
 

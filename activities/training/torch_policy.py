@@ -33,7 +33,7 @@ from rollart.activities.training.policy import Policy, StepOutcome, worth_applyi
 from rollart.activities.training.precision import MasterWeights, clip_scale
 from rollart.spec.config import TrainerConfig
 
-__all__ = ["TorchPolicy", "load_hf_model"]
+__all__ = ["TorchPolicy", "load_hf_model", "pad_token_id", "trainable_model"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -50,6 +50,30 @@ def load_hf_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
 
 
+def trainable_model(model: Any, model_dir: str | Path, cfg: TrainerConfig, device: torch.device) -> Any:
+    """`model` made ready to train as `cfg` asks, before any sharding: the attention for packed rows, activation
+    checkpointing, and peft's LoRA adapters (a model lacking a target module is a non-retryable error)."""
+    dtype = _DTYPES[cfg.dtype]
+    if cfg.packing is not None:  # attention per packed sequence: flash-attention's varlen kernel, else ours
+        prepare_for_packing(model, device, dtype)
+    if cfg.activation_checkpointing:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable()
+        if cfg.lora is not None:  # frozen embeddings: recomputed layers still need an input that wants grads
+            model.enable_input_require_grads()
+    if cfg.lora is None:
+        return model
+    try:
+        return with_lora(model, cfg.lora, f"the model in {model_dir}")
+    except ValueError as e:
+        raise bad_input(str(e)) from e
+
+
+def pad_token_id(config: Any) -> int:
+    """A valid token id to pad micro-batches with (padding is masked out): the model's pad, else its eos, else 0."""
+    return next((i for i in (config.pad_token_id, config.eos_token_id) if isinstance(i, int)), 0)
+
+
 class TorchPolicy(Policy):
     """A transformers model and its AdamW (fp32 masters when computing in bf16) on `device`."""
 
@@ -57,25 +81,13 @@ class TorchPolicy(Policy):
         self.model_dir = str(model_dir)
         self._device = device
         self.dtype = _DTYPES[cfg.dtype]
-        model = load_hf_model(model_dir).to(device=device, dtype=self.dtype)
-        if cfg.packing is not None:  # attention per packed sequence: flash-attention's varlen kernel, else ours
-            prepare_for_packing(model, device, self.dtype)
-        if cfg.activation_checkpointing:
-            model.config.use_cache = False
-            model.gradient_checkpointing_enable()
-            if cfg.lora is not None:  # frozen embeddings: recomputed layers still need an input that wants grads
-                model.enable_input_require_grads()
         self.lora = cfg.lora is not None
-        if cfg.lora is not None:
-            try:
-                model = with_lora(model, cfg.lora, f"the model in {model_dir}")
-            except ValueError as e:
-                raise bad_input(str(e)) from e
+        model = trainable_model(load_hf_model(model_dir).to(device=device, dtype=self.dtype), model_dir, cfg, device)
         model.train()
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = MasterWeights(self.params, cfg)
-        self.pad_id = next((i for i in (model.config.pad_token_id, model.config.eos_token_id) if isinstance(i, int)), 0)
+        self.pad_id = pad_token_id(model.config)
         self._ref: Any = None
         self.logprob_chunk_tokens = cfg.logprob_chunk_tokens
 

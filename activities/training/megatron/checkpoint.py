@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints
+from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints, replace_checkpoint
 
 __all__ = ["TensorParallelMismatch", "load_sharded", "save_sharded"]
 
@@ -81,11 +80,7 @@ def save_sharded(
                     {"step": step, "version": step + 1, "backend": "megatron", "tensor": tensor, "expert": expert}
                 )
             )
-            if final.exists():  # re-checkpointing the same step: move the old one aside first
-                old = root / f".old-{final.name}-{os.getpid()}"
-                os.rename(final, old)
-                shutil.rmtree(old, ignore_errors=True)
-            os.rename(tmp, final)
+            replace_checkpoint(tmp, final)
             prune_checkpoints(root, keep)
             log.info(
                 "checkpoint of step %d written to %s (%d tensor- x %d expert-parallel shards)",
