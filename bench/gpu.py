@@ -1,6 +1,6 @@
 """GPU check: the CUDA builds doing rollart's work on this machine's GPUs, or one line saying there is no GPU.
 
-With a GPU (`python -m bench gpu`), four checks on the tiny model, each printing what it measured:
+With a GPU (`python -m bench gpu`), six checks on the tiny model, each printing what it measured:
 
 1. **vLLM on CUDA** serves a batch of requests and swaps in new weights without restarting: after the
    swap every completion is stamped with the new version and its log-probs equal the trainer's

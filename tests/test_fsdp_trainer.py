@@ -18,12 +18,11 @@ from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
 from rollart.activities.trainer import TrainerActivities
-from rollart.client.local import published_tensors
 from rollart.contracts.activities import SampleRef, TrainStepInput
 from rollart.infra.store.payload import LocalStore
-from rollart.spec.config import StoreConfig, TrainerConfig
+from rollart.spec.config import StoreConfig
 from rollart.workers.trainer_ranks import RankGroup
-from tests.support.batches import frozenlake_batch, load_model
+from tests.support.batches import frozenlake_batch, load_model, max_published_diff, train_step_input
 
 pytestmark = pytest.mark.integration  # real rank processes
 
@@ -41,21 +40,9 @@ def group(tmp_path: Path) -> Iterator[RankGroup]:
     g.close()
 
 
-def step(tiny_model: Path, run_dir: Path, n: int, samples: list[SampleRef], **trainer: object) -> TrainStepInput:
-    return TrainStepInput(
-        job_id=run_dir.name,
-        step=n,
-        samples=samples,
-        model_dir=str(tiny_model),
-        run_dir=str(run_dir),
-        trainer=TrainerConfig(eps=1e-6, checkpoint_every=1, **trainer),
-    )
-
-
-def max_diff(store: LocalStore, key_a: str, key_b: str) -> float:
-    a, b = published_tensors(store, key_a), published_tensors(store, key_b)
-    assert set(a) == set(b)
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
+def step(model_dir: Path, run_dir: Path, n: int, samples: list[SampleRef], **trainer: object) -> TrainStepInput:
+    """A step that checkpoints (the resumes below read them), with AdamW's eps at 1e-6."""
+    return train_step_input(model_dir, run_dir, n, samples, eps=1e-6, checkpoint_every=1, **trainer)
 
 
 async def test_fsdp_steps_publish_what_one_process_does_and_resume_at_other_world_sizes(
@@ -70,7 +57,7 @@ async def test_fsdp_steps_publish_what_one_process_does_and_resume_at_other_worl
         f = await env.run(sharded.train_step, step(tiny_model, tmp_path / "fsdp", n, samples, fsdp={"ranks": ranks}))
         assert (f.step, f.version, f.replayed) == (n, n + 1, False)
         assert group._spec is not None and group._spec.world_size == ranks  # a new launch at each world size
-        diff = max_diff(store, t.weights_key, f.weights_key)
+        diff = max_published_diff(store, t.weights_key, f.weights_key)
         assert diff < 1e-6, (n, diff)  # 5.7e-7 at every step and world size
         assert f.metrics["loss"] == pytest.approx(t.metrics["loss"], abs=1e-6)
     assert f.metrics["logprob_diff_behav"] > 1e-3  # later steps train on v0's data: the policy moved

@@ -21,13 +21,12 @@ from temporalio.testing import ActivityEnvironment
 from transformers import AutoTokenizer
 
 from rollart.activities.trainer import TrainerActivities, step_record_path
-from rollart.client.local import published_tensors
-from rollart.contracts.activities import SampleRef, TrainStepInput
+from rollart.contracts.activities import SampleRef
 from rollart.infra.local.devserver import free_port
 from rollart.infra.store.payload import LocalStore
-from rollart.spec.config import StoreConfig, TrainerConfig
+from rollart.spec.config import StoreConfig
 from rollart.workers.trainer_ranks import RankGroup
-from tests.support.batches import frozenlake_batch, load_model
+from tests.support.batches import frozenlake_batch, load_model, max_published_diff, train_step_input
 
 pytestmark = pytest.mark.integration  # real rank processes
 
@@ -52,22 +51,7 @@ def group(tmp_path: Path) -> Iterator[RankGroup]:
     g.close()
 
 
-def step(tiny_model: Path, run_dir: Path, n: int, samples: list[SampleRef], **trainer: object) -> TrainStepInput:
-    """Step `n` of the job whose run dir is `run_dir` (its name is the job id)."""
-    return TrainStepInput(
-        job_id=run_dir.name,
-        step=n,
-        samples=samples,
-        model_dir=str(tiny_model),
-        run_dir=str(run_dir),
-        trainer=TrainerConfig(**trainer),
-    )
-
-
-def max_diff(store: LocalStore, key_a: str, key_b: str) -> float:
-    a, b = published_tensors(store, key_a), published_tensors(store, key_b)
-    assert set(a) == set(b)
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
+step = train_step_input
 
 
 async def test_megatron_steps_publish_what_the_torch_backend_publishes(
@@ -81,7 +65,7 @@ async def test_megatron_steps_publish_what_the_torch_backend_publishes(
         t = await env.run(torch_acts.train_step, step(tiny_model, tmp_path / "torch", n, samples, eps=1e-6))
         m = await env.run(meg_acts.train_step, step(tiny_model, tmp_path / "meg", n, samples, **MEGATRON_T2))
         assert (m.step, m.version, m.replayed) == (n, n + 1, False)
-        assert max_diff(store, t.weights_key, m.weights_key) < 1e-5
+        assert max_published_diff(store, t.weights_key, m.weights_key) < 1e-5
         assert m.metrics["loss"] == pytest.approx(t.metrics["loss"], abs=1e-6)
     assert m.metrics["logprob_diff_behav"] > 1e-3  # step 1 trains on v0's data: the policy moved
     again = await env.run(meg_acts.train_step, step(tiny_model, tmp_path / "meg", 1, samples, **MEGATRON_T2))
@@ -109,7 +93,7 @@ async def test_the_trust_region_halves_an_update_alike_on_both_backends(
     assert t.metrics["update_shrinks"] >= 1 and m.metrics["update_shrinks"] == t.metrics["update_shrinks"]
     assert t.metrics["logprob_change"] <= 0.2
     assert m.metrics["logprob_change"] == pytest.approx(t.metrics["logprob_change"], abs=1e-4)
-    assert max_diff(store, t.weights_key, m.weights_key) < 1e-5
+    assert max_published_diff(store, t.weights_key, m.weights_key) < 1e-5
 
 
 @pytest.mark.chaos  # kills a rank
@@ -135,7 +119,7 @@ async def test_a_killed_rank_fails_the_step_and_the_retry_resumes_exactly(
     assert retried.step == 1 and not retried.replayed and group._procs[1].pid != first
     for n in range(2):  # the same two steps without a failure, on the torch backend
         want = await env.run(ref.train_step, step(tiny_model, tmp_path / "torch", n, samples, eps=1e-6))
-    assert max_diff(store, want.weights_key, retried.weights_key) < 1e-5
+    assert max_published_diff(store, want.weights_key, retried.weights_key) < 1e-5
 
 
 async def test_two_nodes_run_one_job_and_a_gpu_the_machine_lacks_is_not_retried(

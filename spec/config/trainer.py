@@ -226,9 +226,10 @@ class LoraConfig(Section):
 class TrainerConfig(Section):
     """The trainer: backend, parallel layout, device and precision, optimizer and checkpoints.
 
-    `backend: torch` trains a transformers model in the trainer worker's own process (one device).
-    `backend: megatron` builds a megatron-core GPTModel from the same HF checkpoint and trains it on
-    `parallel.tensor × parallel.data` rank processes that the trainer worker starts (gloo on CPUs,
+    `backend: torch` trains a transformers model in the trainer worker's own process (one device), or with
+    `fsdp` sharded over `fsdp.ranks` rank processes. `backend: megatron` builds a megatron-core GPTModel from the
+    same HF checkpoint and trains it on `parallel.tensor × parallel.data` rank processes (experts split over
+    `parallel.expert` of the data ranks); rank processes are started by the trainer worker (gloo on CPUs,
     NCCL on GPUs); weights are published as HF safetensors either way. `device: auto` is cuda when a
     GPU is visible, else cpu, so one job file serves a laptop and a GPU cluster. `dtype: bfloat16`
     computes in bf16 with float32 master weights and optimizer state. AdamW with gradient

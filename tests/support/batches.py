@@ -8,10 +8,20 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rollart.contracts.activities import SampleRef, turn_key
+from rollart.client.local import published_tensors
+from rollart.contracts.activities import SampleRef, TrainStepInput, turn_key
 from rollart.infra.store.payload import LocalStore
+from rollart.spec.config import TrainerConfig
 
-__all__ = ["JOB", "PROMPTS", "frozenlake_batch", "load_model", "sample_record"]
+__all__ = [
+    "JOB",
+    "PROMPTS",
+    "frozenlake_batch",
+    "load_model",
+    "max_published_diff",
+    "sample_record",
+    "train_step_input",
+]
 
 JOB = "job"
 PROMPTS = ["SFFF\nFHFH\nFFFH\nHFFG\nmove:", "SAFF\nFHFH\nFFFH\nHFFG\nmove:", "SFFF\nAHFH\nFFFH\nHFFG\nmove:"]
@@ -73,3 +83,24 @@ def frozenlake_batch(store: LocalStore, model: torch.nn.Module, tok, *, seed: in
                 )
             )
     return samples
+
+
+def train_step_input(
+    model_dir: Path, run_dir: Path, n: int, samples: list[SampleRef], **trainer: object
+) -> TrainStepInput:
+    """Step `n` of the job whose run dir is `run_dir` (its name is the job id), with `trainer`'s settings."""
+    return TrainStepInput(
+        job_id=run_dir.name,
+        step=n,
+        samples=samples,
+        model_dir=str(model_dir),
+        run_dir=str(run_dir),
+        trainer=TrainerConfig(**trainer),
+    )
+
+
+def max_published_diff(store: LocalStore, key_a: str, key_b: str) -> float:
+    """The largest difference between two published weight versions (which must hold the same tensors)."""
+    a, b = published_tensors(store, key_a), published_tensors(store, key_b)
+    assert set(a) == set(b)
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
