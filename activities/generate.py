@@ -36,8 +36,16 @@ __all__ = ["GenerateActivities", "stored_turn"]
 log = logging.getLogger(__name__)
 
 HEARTBEAT_EVERY_S = 20.0
-"""A generation beats every 20 s, the first after 20 s (a turn shorter than that sends none), against the policy's
-60 s heartbeat timeout (workflows/policies.py GENERATE)."""
+"""How often a generation beats when its call sets no heartbeat timeout (in-process calls): a third of GENERATE's
+default 60 s (workflows/policies.py)."""
+
+
+def beat_every_s() -> float:
+    """A third of this call's heartbeat timeout (the job's `engine.affinity.heartbeat_s`): two beats may be lost
+    before the server takes the engine for dead. The first beat comes after one interval, so a turn shorter than
+    that sends none."""
+    timeout = activity.info().heartbeat_timeout
+    return timeout.total_seconds() / 3 if timeout else HEARTBEAT_EVERY_S
 
 
 class GenerateActivities:
@@ -85,7 +93,7 @@ class GenerateActivities:
     async def generate(self, inp: GenerateInput) -> GenerateResult:
         """Sample `sampling.n` completions of `prompt`; heartbeats while the engine works."""
         self._refuse_when_busy()
-        async with heartbeating(HEARTBEAT_EVERY_S):
+        async with heartbeating(beat_every_s()):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
             if inp.messages is not None:
@@ -103,7 +111,7 @@ class GenerateActivities:
             )
         self._refuse_when_busy()
         request_id = _request_id()
-        async with heartbeating(HEARTBEAT_EVERY_S):
+        async with heartbeating(beat_every_s()):
             if inp.weights is not None:
                 await self._ensure_version(inp.weights)
             return list(

@@ -68,6 +68,7 @@ class InProcessCalls:
         result_type: Any = None,
         timeout_s: float | None = None,
         start_wait_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> Any:
         env = ActivityEnvironment()  # a unique activity id: vLLM request ids are derived from it
         env.info = dataclasses.replace(

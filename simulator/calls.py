@@ -122,6 +122,7 @@ class SimCalls:
         result_type: Any = None,
         timeout_s: float | None = None,
         start_wait_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> Any:
         handler = self._handlers.get(activity)
         if handler is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -203,8 +204,8 @@ async def test_spares_the_reset_pool_drops_are_closed_off_the_event_loop() -> No
 class ScriptedEngine(Engine):
     """Answers every prompt with one fixed completion; can reject requests like a real engine."""
 
-    def __init__(self, reject: bool = False) -> None:
-        self.reject = reject
+    def __init__(self, reject: bool = False, seconds: float = 0.0) -> None:
+        self.reject, self.seconds = reject, seconds
 
     async def start(self) -> None:
         pass
@@ -212,6 +213,7 @@ class ScriptedEngine(Engine):
     async def generate(self, prompt: str, sampling: SamplingParams, request_id: str, priority: int = 0) -> EngineOutput:
         if self.reject:
             raise EngineRequestError("prompt too long")
+        await asyncio.sleep(self.seconds)
         return EngineOutput([1, 2, 3], [EngineCompletion([7, 8], [-0.5, -1.5], "R", "length")], 3, 4)
 
     async def shutdown(self) -> None:
@@ -239,6 +241,22 @@ async def test_generate_keeps_bulk_data_in_the_store(tmp_path: Path) -> None:
         "logprobs": [-0.5, -1.5],
         "finish_reason": "length",
     }
+
+
+@pytest.mark.parametrize(("timeout_s", "beats"), [(3.0, 1), (None, 0)])
+async def test_generate_beats_every_third_of_its_heartbeat_timeout(
+    tmp_path: Path, timeout_s: float | None, beats: int
+) -> None:
+    """A turn of 1.5 s beats once (at 1 s) under a 3 s heartbeat timeout (the job's `engine.affinity.heartbeat_s`);
+    without one (in-process calls) it beats every 20 s, so not at all."""
+    env = ActivityEnvironment()
+    if timeout_s is not None:
+        env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=timeout_s))
+    sent: list[Any] = []
+    env.on_heartbeat = lambda *details: sent.append(details)
+    acts = GenerateActivities(ScriptedEngine(seconds=1.5), LocalStore(tmp_path), "h800-w", tmp_path)
+    await env.run(acts.generate, GenerateInput(prompt="p", sampling=SamplingParams(), data_key="t/turn-000"))
+    assert len(sent) == beats
 
 
 async def test_generate_rejected_requests_are_not_retried(tmp_path: Path) -> None:

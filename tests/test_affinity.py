@@ -47,10 +47,13 @@ class Engines:
     def __init__(self, shared_by: list[str], gone: set[str] = frozenset(), busy: set[str] = frozenset()) -> None:
         self.shared_by, self.gone, self.busy = list(shared_by), set(gone), set(busy)
         self.log: list[tuple[str, str, float | None]] = []  # (activity, queue, start wait)
+        self.heartbeats: list[float | None] = []  # each generation's heartbeat timeout
         self.live: list[str] = []  # what live_engines answers
 
     async def call(self, activity: ActivityName, arg: Any, *, queue: str, **kw: Any) -> Any:
         self.log.append((activity.value, queue, kw.get("start_wait_s")))
+        if activity.value.startswith("generate"):
+            self.heartbeats.append(kw.get("heartbeat_s"))
         if activity is ActivityName.LIVE_ENGINES:
             return LiveEnginesResult(queues=self.live)
         if activity is ActivityName.PROMPTS:
@@ -114,6 +117,18 @@ async def test_a_gone_or_busy_engine_sends_the_turn_to_the_shared_queue_and_the_
     out = await generate_on(c, AffinityConfig(), pin, ActivityName.GENERATE, _arg(), shared=SHARED, result_type=None)
     assert out.worker_id == "b" and c.queues() == ["h800@a", SHARED]
     assert pin.queue == "h800@b" and pin.moves == 1
+    assert c.heartbeats == [60.0, 60.0]  # a turn on either queue is lost after the job's heartbeat timeout
+
+
+async def test_a_turn_takes_the_jobs_heartbeat_timeout_on_every_queue() -> None:
+    c, pin = Engines(shared_by=["a"]), Pin()
+    for _ in range(2):
+        await generate_on(
+            c, AffinityConfig(heartbeat_s=6), pin, ActivityName.GENERATE, _arg(), shared=SHARED, result_type=None
+        )
+    assert c.queues() == [SHARED, "h800@a"] and c.heartbeats == [6.0, 6.0]
+    await play_single_turn(c, wave(1, heartbeat_s=6))  # type: ignore[arg-type]
+    assert c.heartbeats[2:] == [6.0]
 
 
 async def test_a_rejected_request_is_not_retried_elsewhere() -> None:
@@ -212,6 +227,8 @@ def test_the_affinity_config_reads_well_and_names_bad_values() -> None:
         EngineConfig.model_validate({"affinity": "sticky"})
     with pytest.raises(ValidationError, match="start_wait_s"):
         AffinityConfig(start_wait_s=0)
+    with pytest.raises(ValidationError, match="heartbeat_s"):  # beats every third: under 1 s each is too often
+        AffinityConfig(heartbeat_s=2)
 
 
 def _arg() -> BaseModel:

@@ -47,14 +47,17 @@ class ActivityPolicy:
     heartbeat: timedelta | None = None
     schedule_to_start: timedelta | None = None
 
-    def kwargs(self, timeout_s: float | None = None, start_wait_s: float | None = None) -> dict:
+    def kwargs(
+        self, timeout_s: float | None = None, start_wait_s: float | None = None, heartbeat_s: float | None = None
+    ) -> dict:
         """`timeout_s` overrides start-to-close (an env's own step timeout, say), `start_wait_s` schedule-to-start
-        (how long the env worker holding a session may leave a call waiting before it is taken for dead)."""
+        (how long the env worker holding a session may leave a call waiting before it is taken for dead),
+        `heartbeat_s` the heartbeat timeout (how long a running call's worker may stay silent: `engine.affinity`)."""
         start = self.schedule_to_start if start_wait_s is None else timedelta(seconds=start_wait_s)
         return {
             "start_to_close_timeout": self.start_to_close if timeout_s is None else timedelta(seconds=timeout_s),
             "schedule_to_close_timeout": self.schedule_to_close,
-            "heartbeat_timeout": self.heartbeat,
+            "heartbeat_timeout": self.heartbeat if heartbeat_s is None else timedelta(seconds=heartbeat_s),
             "retry_policy": self.retry,
             **({"schedule_to_start_timeout": start} if start else {}),
         }
@@ -111,9 +114,10 @@ RESTORE = ActivityPolicy(
 )
 
 GENERATE = ActivityPolicy(
-    # Heartbeats detect a dead generation worker within a minute; another worker of the pool retries. Sized to an
-    # agentic turn (tens of seconds), not to seconds: each heartbeat the SDK sends is a billed action, and the SDK
-    # sends at most one per 0.8 x this timeout. A turn of 30 s beats once (was twice), one of 120 s 3 times (was 8).
+    # Heartbeats detect a dead generation worker within a minute (a job's `engine.affinity.heartbeat_s`); another
+    # worker of the pool retries. Sized to an agentic turn (tens of seconds), not to seconds: each heartbeat the SDK
+    # sends is a billed action, and the SDK sends at most one per 0.8 x this timeout. The engine beats every third of
+    # it (activities/generate.py): a turn of 30 s beats once, one of 120 s 3 times.
     start_to_close=timedelta(minutes=5),
     heartbeat=timedelta(seconds=60),
     schedule_to_close=timedelta(minutes=30),

@@ -53,8 +53,9 @@ class TemporalCalls:
         result_type: Any = None,
         timeout_s: float | None = None,
         start_wait_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> Any:
-        kwargs = POLICIES[activity].kwargs(timeout_s=timeout_s, start_wait_s=start_wait_s)
+        kwargs = POLICIES[activity].kwargs(timeout_s=timeout_s, start_wait_s=start_wait_s, heartbeat_s=heartbeat_s)
         key = queue_priority_key(getattr(arg, "priority", 0))  # a generation request's rank (driver/priority.py)
         if key is not None:
             kwargs["priority"] = Priority(priority_key=key)

@@ -19,13 +19,20 @@ class AffinityConfig(Section):
     first go to the private queue of the engine that served its previous turn, where its prompt's prefix is
     cached; a turn waits at most `start_wait_s` there before it goes to the pool's shared queue (the engine's
     worker is gone or swamped), and so does a turn the engine refuses because more than `max_waiting` requests
-    wait in its scheduler. Whichever engine then serves the turn is the trajectory's from then on. Single-turn
+    wait in its scheduler. Whichever engine then serves the turn is the trajectory's from then on. A turn running
+    on an engine that stops heartbeating for `heartbeat_s` (its worker died) is retried the same way. Single-turn
     waves are split across the pool's live engines. `none`: every turn goes to the shared queue, any engine.
     """
 
     mode: Literal["session", "none"] = "session"
     start_wait_s: float = Field(
         2.0, gt=0.0, description="how long a pinned turn may wait on its engine's private queue before going elsewhere"
+    )
+    heartbeat_s: float = Field(
+        60.0,
+        ge=3.0,
+        description="a turn whose engine sends no heartbeat for this long is taken as lost (its worker died) and "
+        "retried on another engine; the engine beats every third of it, and each beat is a billed Temporal action",
     )
     max_waiting: int | None = Field(
         32,

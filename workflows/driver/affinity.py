@@ -98,13 +98,18 @@ async def _pinned_or_shared(
     if pinned:
         try:
             return await calls.call(
-                activity, arg, queue=pinned, result_type=result_type, start_wait_s=affinity.start_wait_s
+                activity,
+                arg,
+                queue=pinned,
+                result_type=result_type,
+                start_wait_s=affinity.start_wait_s,
+                heartbeat_s=affinity.heartbeat_s,
             )
         except CallFailed as err:
             if not falls_back(err):
                 raise
             calls.logger.info("%s on %s: %s; going to %s", activity.value, pinned, err.message, shared)
-    return await calls.call(activity, arg, queue=shared, result_type=result_type)
+    return await calls.call(activity, arg, queue=shared, result_type=result_type, heartbeat_s=affinity.heartbeat_s)
 
 
 def split_wave(groups: int, engines: list[str], offset: int = 0) -> list[tuple[str | None, range]]:

@@ -76,9 +76,11 @@ class Calls(Protocol):
         result_type: Any = None,
         timeout_s: float | None = None,
         start_wait_s: float | None = None,
+        heartbeat_s: float | None = None,
     ) -> Any:
         """`timeout_s` overrides the activity's start-to-close timeout (an env's own step timeout, say);
-        `start_wait_s` how long it may wait to start (a session's worker that leaves it waiting is dead)."""
+        `start_wait_s` how long it may wait to start (a session's worker that leaves it waiting is dead),
+        `heartbeat_s` how long it may run without a heartbeat (an engine that stops beating is dead)."""
         ...
 
     async def agent_workflow(

@@ -180,6 +180,7 @@ async def _generate(calls: Calls, inp: GroupRolloutInput, group: GroupSeed, prom
         ),
         queue=queue_name(inp.task.generate_pool, inp.queue_prefix),
         result_type=GenerateResult,
+        heartbeat_s=inp.affinity.heartbeat_s,
     )
 
 
