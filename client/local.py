@@ -37,13 +37,14 @@ def publish_model(
     manifest; float32 unless `weights` says otherwise; with `weights.delta`, pass the same `publisher` each time);
     what an engine's `load_weights` takes. For benchmarks and checks that time or test a swap of what training
     would send."""
+    from rollart.activities.rl.checkpoint_layout import checkpoint_tensors
     from rollart.activities.rl.weights_io import unique_tensors
     from rollart.activities.training.publish import Publisher, publish_version
     from rollart.activities.training.ranks import OneProcess
     from rollart.infra.store.weights import read_manifest
 
     cfg = (weights or WeightsConfig(dtype="float32")).resolved("float32")
-    tensors = unique_tensors(model).items()
+    tensors = checkpoint_tensors(model, unique_tensors(model).items())
     ref = publish_version(tensors, OneProcess(), store, job_id, version, cfg, version + 1, publisher or Publisher())
     if ref is None:
         raise RuntimeError("a single process is its own leader: publishing must return the version's manifest")

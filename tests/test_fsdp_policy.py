@@ -138,6 +138,7 @@ def fsdp_against_torch(model_dir: str, cfg_json: str, n: int) -> dict[str, float
         "loaded": max(float((weights_1[k] + 1.0 - w).abs().max()) for k, w in loaded.items()),
         "moved": max(float((weights_1[k] - w).abs().max()) for k, w in before.items()),
         "names_match": float(set(weights_s) == set(weights_1) and set(grads_s) == set(grads_1)),
+        "per_expert": float(any(".experts.0." in k for k in weights_s)),
     }
 
 
@@ -148,15 +149,20 @@ def fsdp_against_torch(model_dir: str, cfg_json: str, n: int) -> dict[str, float
         # packed: the filler of the rank without data too; layers kept gathered from forward to backward
         (4, 3, {"packing": PackingConfig(max_tokens=16), "reshard_after_forward": False}),
         (2, 5, {"lora": LoraConfig(rank=4)}),  # peft wraps, then FSDP shards: only the adapters train
+        # fused experts in memory, one tensor per expert published and loaded (activities/rl/checkpoint_layout.py)
+        (2, 5, {"moe": True}),
     ],
-    ids=["2 ranks", "4 ranks packed", "2 ranks LoRA"],
+    ids=["2 ranks", "4 ranks packed", "2 ranks LoRA", "2 ranks Qwen3-MoE"],
 )
 def test_fsdp_ranks_match_one_process(tmp_path: Path, world: int, sequences: int, extra: dict[str, Any]) -> None:
-    model_dir = str(build_model(tmp_path / "m"))
+    from tests.test_megatron_moe import build_moe
+
+    moe = extra.get("moe", False)
+    model_dir = str(build_moe(tmp_path / "m", vocab_size=387) if moe else build_model(tmp_path / "m"))
     reshard = extra.get("reshard_after_forward", True)
     cfg = TrainerConfig(
         fsdp=FsdpConfig(ranks=world, reshard_after_forward=reshard),
-        **{k: v for k, v in extra.items() if k != "reshard_after_forward"},
+        **{k: v for k, v in extra.items() if k not in ("reshard_after_forward", "moe")},
         micro_batch_size=2,
         lr=1e-2,
         grad_clip=0.5,  # the clip engages: the global norm over shards must be right
@@ -165,6 +171,7 @@ def test_fsdp_ranks_match_one_process(tmp_path: Path, world: int, sequences: int
     (diff, *rest) = run_on_plain_ranks(fsdp_against_torch, world, model_dir, cfg.model_dump_json(), sequences)
     assert rest == [None] * (world - 1)
     assert diff["names_match"] == 1.0
+    assert diff["per_expert"] == float(moe)  # published as the checkpoint on disk holds them
     assert diff["grad_max"] > 1e-3 and diff["moved"] > 1e-3  # the comparisons are not of zeros
     for key in ("logprob", "entropy", "loss", "kl", "grad", "grad_norm", "shrunk_logprob", "weights", "loaded"):
         assert diff[key] < 1e-6, (key, diff)

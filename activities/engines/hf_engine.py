@@ -227,6 +227,7 @@ class HfEngine(Engine):
         """Validate the manifest, then copy the streamed tensors in; re-tie so lm_head follows the embedding."""
         import torch
 
+        from rollart.activities.rl.checkpoint_layout import copy_placed, placements
         from rollart.activities.rl.weights_io import hf_model_tensors
         from rollart.infra.store.payload import open_store_to_read
         from rollart.infra.store.weight_delta import DeltaMirror, engine_stream
@@ -237,20 +238,21 @@ class HfEngine(Engine):
             check_source(source, self.model_dir, self.delta_base)
         self.delta_base = None
         self._drop_adapter()  # full weights: the adapter's layers go (their names are not the base's)
+        params = dict(self._model.named_parameters())
+        where = placements(self._model, {name: p.shape for name, p in params.items()})  # checkpoint names
         if source is None:
             self._mirror.drop()
             with hf_model_tensors(self.model_dir) as get, torch.no_grad():
-                for name, p in self._model.named_parameters():
-                    p.copy_(get(name))
+                for name, placed in where.items():
+                    copy_placed(params[placed.name], placed, get(name), name)
             return
         manifest = source.manifest
-        params = dict(self._model.named_parameters())
         try:
             with torch.no_grad():
                 for name, t in engine_stream(open_store_to_read(source.store), manifest, self._mirror):
-                    if name == TIED_HEAD and name not in params:
+                    if name == TIED_HEAD and name not in where:
                         continue
-                    params[name].copy_(t)
+                    copy_placed(params[where[name].name], where[name], t, name)
         except Exception as e:
             self._model = None  # partly overwritten: never serve from it
             self._mirror.drop()

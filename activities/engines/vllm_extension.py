@@ -48,7 +48,7 @@ class WeightReloadExtension:
         weight for its GEMM, and the tied `lm_head` (a `ParallelLMHead`,
         which shares the embedding's weight but is not itself published)
         would otherwise keep computing logits with the *old* weights
-        (logprob error ~1.8 on the tiny model).
+        (logprob error ~1.8 on the tiny model). So are a MoE's experts on CPU (`_repack_cpu_experts`).
         """
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
@@ -81,6 +81,7 @@ class WeightReloadExtension:
                 for module in self.model_runner.get_model().modules():
                     if isinstance(module, VocabParallelEmbedding):
                         module.quant_method.process_weights_after_loading(module)
+                    _repack_cpu_experts(module)
         except BaseException:
             mirror.drop()
             raise
@@ -91,3 +92,21 @@ class WeightReloadExtension:
             "loaded %d tensors of %s in %.3f s", count, source.manifest.describe() if source else "the model dir", took
         )
         return {"tensors": float(count), "load_s": took}
+
+
+def _repack_cpu_experts(module: Any) -> None:
+    """Pack a MoE layer's reloaded experts into the CPU kernel's layout, as its first load did.
+
+    vLLM 0.32 skips that step on a weight update (`UnquantizedFusedMoEMethod._setup_kernel` runs
+    `fused_experts.process_weights_after_loading` only when it first builds the kernel): the reloaded weights
+    land, unpacked, in the packed tensors, and a Qwen3-MoE's log-probs come out ~0.6 nats off. GPU kernels
+    need no packing; a layer with no CPU experts is left alone.
+    """
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without CPU experts
+        return
+    kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+    experts = getattr(kernel, "fused_experts", None)
+    if isinstance(experts, CPUUnquantizedExperts):
+        experts.process_weights_after_loading(module)

@@ -27,6 +27,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from rollart.activities.rl.adapter_io import adapter_files, is_lora, load_adapter_blob_into
+from rollart.activities.rl.checkpoint_layout import assemble
 from rollart.infra.store.adapters import ADAPTER_WEIGHTS
 
 __all__ = [
@@ -79,11 +80,12 @@ def load_blob_into(model: torch.nn.Module, blob: bytes) -> None:
 
 
 def load_tensors_into(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> None:
-    """Copy full tensors by state-dict name into `model` in place (parameter objects, ties and optimizer refs
-    survive). Raises ValueError when they do not fit the model (unknown or missing tensors, other than tied
-    duplicates, or a wrong shape).
+    """Copy full tensors by checkpoint name (`checkpoint_layout`: the state dict's, but for fused experts) into
+    `model` in place (parameter objects, ties and optimizer refs survive). Raises ValueError when they do not fit
+    the model (unknown or missing tensors, other than tied duplicates, or a wrong shape).
     """
     expected = unique_tensors(model)
+    tensors = assemble(model, {name: t.shape for name, t in expected.items()}, tensors)
     unexpected = sorted(set(tensors) - set(model.state_dict()))
     missing = sorted(set(expected) - set(tensors))
     if unexpected or missing:

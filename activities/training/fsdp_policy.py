@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rollart.activities.errors import bad_input
 from rollart.activities.rl.batch import MicroBatch
+from rollart.activities.rl.checkpoint_layout import assemble, checkpoint_tensors
 from rollart.activities.training.fsdp_checkpoint import load_dcp, save_dcp
 from rollart.activities.training.fsdp_lora import load_sharded_adapter, sharded_adapter_files
 from rollart.activities.training.policy import StepOutcome, worth_applying
@@ -152,10 +153,11 @@ class FsdpPolicy(TorchPolicy):
         for name, t in self._named_tensors():
             full = t.full_tensor() if isinstance(t, DTensor) else t  # an all-gather of this tensor alone
             if self.rank == 0:
-                yield name, full.detach()
+                yield from checkpoint_tensors(self.model, [(name, full.detach())])
             del full
 
     def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        tensors = assemble(self.model, {name: t.shape for name, t in self._named_tensors()}, tensors)
         with torch.no_grad():
             for name, t in self._named_tensors():
                 if name not in tensors:

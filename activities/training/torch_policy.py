@@ -20,6 +20,7 @@ from rollart.activities.errors import bad_input
 from rollart.activities.rl.action_entropy import ActionTerm, packed_by_task, token_action_entropy
 from rollart.activities.rl.adapter_io import adapter_files, load_adapter_blob_into, with_lora
 from rollart.activities.rl.batch import MicroBatch
+from rollart.activities.rl.checkpoint_layout import checkpoint_tensors
 from rollart.activities.rl.losses import (
     head_logprobs,
     head_logprobs_and_entropy,
@@ -176,7 +177,7 @@ class TorchPolicy(Policy):
         return StepOutcome(grad_norm=norm, applied=applied)
 
     def hf_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from unique_tensors(self.model).items()
+        yield from checkpoint_tensors(self.model, unique_tensors(self.model).items())
 
     def load_hf_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         load_tensors_into(self.model, tensors)
