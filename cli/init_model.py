@@ -29,6 +29,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "as tokens, and <|im_end|> ending a turn: for chat envs, native tool calls and `rollart sft` (the "
         "tiny-chat model)",
     )
+    s.add_argument(
+        "--moe",
+        action="store_true",
+        help="a Qwen3-MoE of the same size: each MLP a router over 4 experts, top 2 (the tiny-moe model)",
+    )
     s.set_defaults(func=run)
 
 
@@ -44,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         from rollart.cli.errors import UserError
 
         raise UserError(f"--output-scale must be positive, got {args.output_scale}")
-    path = build_tiny_model(args.out, seed=args.seed, output_scale=args.output_scale, chat=args.chat)
-    print(f"built tiny {'chat ' if args.chat else ''}model in {path} ({time.monotonic() - t0:.1f}s)")
+    path = build_tiny_model(args.out, seed=args.seed, output_scale=args.output_scale, chat=args.chat, moe=args.moe)
+    kind = "".join(f"{k} " for k, on in (("chat", args.chat), ("MoE", args.moe)) if on)
+    print(f"built tiny {kind}model in {path} ({time.monotonic() - t0:.1f}s)")
     return 0

@@ -71,7 +71,7 @@ TINY_ARCH: dict[str, int | float | bool | str] = {
 }
 """The architecture measured in LEARNING-NOTES (learns FrozenLake in ~1 min on 2 cores)."""
 
-FIRST_USE_MODELS: dict[str, float] = {"tiny": 1.0, "tiny-lora": 4.0, "tiny-chat": 1.0}
+FIRST_USE_MODELS: dict[str, float] = {"tiny": 1.0, "tiny-lora": 4.0, "tiny-chat": 1.0, "tiny-moe": 1.0}
 """The tiny models built where a job names them, under the local stack's models dir (`.rollart/models/NAME`):
 their output scales. Any other model dir must hold a model."""
 
@@ -80,6 +80,21 @@ _CHAT_VOCAB_SIZE = 512
 
 _CHAT_MODELS = frozenset({"tiny-chat"})
 """Which of them are built with a chat template (`build_tiny_model(chat=True)`)."""
+
+_MOE_MODELS = frozenset({"tiny-moe"})
+"""Which of them are a Qwen3-MoE (`build_tiny_model(moe=True)`)."""
+
+TINY_MOE_ARCH: dict[str, int | float | bool | list[int]] = {
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,  # 4 experts of 128: the dense model's 512, half of it active per token
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "router_aux_loss_coef": 0.0,
+}
+"""The MoE model: `TINY_ARCH` with each MLP a router over 4 SwiGLU experts, top 2 (Qwen3-MoE's layout, which
+both trainer backends train and vLLM serves)."""
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 _TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -235,21 +250,23 @@ def first_use_options(model_dir: Path) -> dict[str, float | bool] | None:
     scale = first_use_scale(model_dir)
     if scale is None:
         return None
-    return {"output_scale": scale, "chat": Path(model_dir).name in _CHAT_MODELS}
+    name = Path(model_dir).name
+    return {"output_scale": scale, "chat": name in _CHAT_MODELS, "moe": name in _MOE_MODELS}
 
 
-def _write_model(dst: Path, seed: int, output_scale: float = 1.0, chat: bool = False) -> None:
-    """Write tokenizer + random-init float32 Qwen2 weights into `dst` (an empty dir)."""
+def _write_model(dst: Path, seed: int, output_scale: float = 1.0, chat: bool = False, moe: bool = False) -> None:
+    """Write tokenizer + random-init float32 Qwen2 (or Qwen3-MoE) weights into `dst` (an empty dir)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     tokenizer = _train_tokenizer(chat)
     tokenizer.save_pretrained(dst)
     pad_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     eos_id = tokenizer.eos_token_id
-    arch = dict(TINY_ARCH) | (_CHAT_ARCH if chat else {})
+    arch = dict(TINY_ARCH) | (_CHAT_ARCH if chat else {}) | (TINY_MOE_ARCH if moe else {})
     rope_theta = arch.pop("rope_theta")
-    config = Qwen2Config(
+    config_cls, model_cls = (Qwen3MoeConfig, Qwen3MoeForCausalLM) if moe else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(
         vocab_size=len(tokenizer),
         bos_token_id=pad_id,
         eos_token_id=eos_id,
@@ -258,11 +275,11 @@ def _write_model(dst: Path, seed: int, output_scale: float = 1.0, chat: bool = F
         dtype="float32",
         **arch,
     )
-    config.architectures = ["Qwen2ForCausalLM"]
+    config.architectures = [model_cls.__name__]
     # Seed a private generator-state: fork_rng keeps the caller's global RNG untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+        model = model_cls(config).to(torch.float32).eval()
     if output_scale != 1.0:
         with torch.no_grad():
             model.model.norm.weight.fill_(output_scale)
@@ -294,19 +311,22 @@ def _replace_dir(src: Path, dst: Path) -> None:
     raise RuntimeError(f"could not move the built model into {dst}: another process keeps replacing it")
 
 
-def build_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0, chat: bool = False) -> Path:
+def build_tiny_model(
+    out_dir: Path, *, seed: int = 0, output_scale: float = 1.0, chat: bool = False, moe: bool = False
+) -> Path:
     """Build the tiny policy into `out_dir` (replacing what is there) and return `out_dir`.
 
     Why: the local stack needs a policy without any download; this one is
     small enough to train by RL on CPUs in minutes. Same seed → same bytes,
     so runs are reproducible. The write is atomic (temp dir + rename). `chat`: with a ChatML template in
-    Qwen's tool format and its markers as tokens (`CHAT_TEMPLATE`), for chat envs and tool calls.
+    Qwen's tool format and its markers as tokens (`CHAT_TEMPLATE`), for chat envs and tool calls. `moe`: a
+    Qwen3-MoE of the same size (`TINY_MOE_ARCH`).
     """
     out_dir = Path(out_dir).absolute()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        _write_model(tmp, seed, output_scale, chat)
+        _write_model(tmp, seed, output_scale, chat, moe)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -315,7 +335,9 @@ def build_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0,
     return out_dir
 
 
-def ensure_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0, chat: bool = False) -> Path:
+def ensure_tiny_model(
+    out_dir: Path, *, seed: int = 0, output_scale: float = 1.0, chat: bool = False, moe: bool = False
+) -> Path:
     """Return `out_dir`, building the tiny model there first if it has no `config.json`.
 
     Why: every worker may start at once on a fresh machine; a file lock next
@@ -331,7 +353,7 @@ def ensure_tiny_model(out_dir: Path, *, seed: int = 0, output_scale: float = 1.0
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not (out_dir / "config.json").is_file():
-                build_tiny_model(out_dir, seed=seed, output_scale=output_scale, chat=chat)
+                build_tiny_model(out_dir, seed=seed, output_scale=output_scale, chat=chat, moe=moe)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return out_dir

@@ -6,7 +6,7 @@ lockstep: the shares differ in micro-batch count, one rank of four holds none; t
 micro-batches, `trainer.packing`, with layers kept gathered after the forward; a third trains LoRA adapters),
 takes one AdamW step, halves it as the trust region does, and compares; then loads what it published back into
 the shards (a resume from published weights). The model is a small tied Qwen2 (the tied head shares the
-embedding's shard) with an odd vocabulary.
+embedding's shard) with an odd vocabulary, or, on 2 plain ranks, a tiny Qwen3-MoE (tests/test_megatron_moe.py).
 """
 
 from __future__ import annotations
@@ -145,14 +145,13 @@ def fsdp_against_torch(model_dir: str, cfg_json: str, n: int) -> dict[str, float
 @pytest.mark.parametrize(
     ("world", "sequences", "extra"),
     [
-        (2, 5, {}),
+        # a Qwen3-MoE: experts fused in memory, one tensor per expert published and loaded (checkpoint_layout.py)
+        (2, 5, {"moe": True}),
         # packed: the filler of the rank without data too; layers kept gathered from forward to backward
         (4, 3, {"packing": PackingConfig(max_tokens=16), "reshard_after_forward": False}),
         (2, 5, {"lora": LoraConfig(rank=4)}),  # peft wraps, then FSDP shards: only the adapters train
-        # fused experts in memory, one tensor per expert published and loaded (activities/rl/checkpoint_layout.py)
-        (2, 5, {"moe": True}),
     ],
-    ids=["2 ranks", "4 ranks packed", "2 ranks LoRA", "2 ranks Qwen3-MoE"],
+    ids=["2 ranks Qwen3-MoE", "4 ranks packed", "2 ranks LoRA"],
 )
 def test_fsdp_ranks_match_one_process(tmp_path: Path, world: int, sequences: int, extra: dict[str, Any]) -> None:
     from tests.test_megatron_moe import build_moe

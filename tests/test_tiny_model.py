@@ -115,3 +115,23 @@ def test_the_lora_variant_differs_only_in_its_output_scale(model_dir: Path, tmp_
     assert first_use_scale(Path(".rollart/models/tiny-lora")) == 4.0
     assert first_use_scale(Path(".rollart/models/tiny-lroa")) is None  # a typo is not built on first use
     assert first_use_scale(tmp_path / "tiny") is None
+
+
+def test_the_moe_variant_is_a_qwen3_moe_with_the_same_tokenizer(model_dir: Path, tmp_path: Path) -> None:
+    """`tiny-moe` (`rollart init-model --moe`): the tiny model's size and tokenizer, each MLP a router over 4
+    experts, top 2, saved with one tensor per expert as a checkpoint holds them (what vLLM loads)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from rollart.infra.tiny_model import first_use_options
+
+    moe = build_tiny_model(tmp_path / "moe", seed=0, moe=True)
+    config = json.loads((moe / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"] and config["num_experts_per_tok"] == 2
+    assert (moe / "tokenizer.json").read_text() == (model_dir / "tokenizer.json").read_text()
+    names = load_file(moe / "model.safetensors").keys()
+    assert {f"model.layers.1.mlp.experts.{e}.up_proj.weight" for e in range(4)} <= names
+    assert "model.layers.0.mlp.gate.weight" in names
+    assert first_use_options(Path(".rollart/models/tiny-moe")) == {"output_scale": 1.0, "chat": False, "moe": True}
+    assert first_use_options(Path(".rollart/models/tiny"))["moe"] is False
