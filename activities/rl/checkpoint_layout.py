@@ -73,15 +73,17 @@ class Placement:
 
 
 def placements(model: torch.nn.Module, shapes: Mapping[str, torch.Size]) -> dict[str, Placement]:
-    """Each checkpoint name of the in-memory tensors `shapes` (name → shape), and where it goes."""
+    """Each checkpoint name of the in-memory tensors `shapes` (name → shape), and where it goes. A converted
+    tensor's index costs 4 bytes an element (8 past 2**31 elements): `assemble` asks for one tensor at a time."""
     if not _converts(model):
         return {name: Placement(name) for name in shapes}
     out: dict[str, Placement] = {}
     for name, shape in shapes.items():
-        flat = torch.arange(torch.Size(shape).numel(), dtype=torch.float64).view(shape)  # exact below 2**53
+        numel = torch.Size(shape).numel()
+        flat = torch.arange(numel, dtype=torch.int32 if numel < 2**31 else torch.int64).view(shape)
         for disk, index in _revert(model, name, flat).items():
             whole = disk == name and torch.equal(index, flat)
-            out[disk] = Placement(name, None if whole else index.to(torch.long))
+            out[disk] = Placement(name, None if whole else index)
     return out
 
 
@@ -100,21 +102,25 @@ def assemble(
     model: torch.nn.Module, shapes: Mapping[str, torch.Size], tensors: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
     """Checkpoint `tensors` as the in-memory tensors `shapes` names: unchanged for a model without conversions,
-    else each in-memory tensor built from its pieces; a name that is no piece passes as it is (the caller judges
-    it). Raises ValueError naming the pieces that are missing."""
+    else each converted in-memory tensor built from its pieces, one at a time; a name that is no piece passes as
+    it is (the caller judges it). Raises ValueError naming the pieces that are missing."""
     if not _converts(model):
         return dict(tensors)
-    where = placements(model, shapes)
-    missing = sorted(set(where) - set(tensors))
+    out, missing = dict(tensors), []
+    for name, shape in shapes.items():
+        where = placements(model, {name: shape})
+        if list(where) == [name] and where[name].index is None:
+            continue  # held as the checkpoint holds it
+        missing += [disk for disk in where if disk not in tensors]
+        if any(disk not in tensors for disk in where):
+            continue
+        target = torch.empty(shape, dtype=tensors[next(iter(where))].dtype)
+        for disk, placement in where.items():
+            copy_placed(target, placement, out.pop(disk), disk)
+        out[name] = target
     if missing:
         raise ValueError(
-            f"weights do not fit {type(model).__name__}: missing {missing[:5]}; were they published for another model?"
+            f"weights do not fit {type(model).__name__}: missing {sorted(missing)[:5]}; "
+            "were they published for another model?"
         )
-    out = {name: t for name, t in tensors.items() if name not in where}
-    for disk, placement in where.items():
-        value = tensors[disk]
-        target = out.get(placement.name)
-        if target is None:
-            target = out[placement.name] = torch.empty(shapes[placement.name], dtype=value.dtype)
-        copy_placed(target, placement, value, disk)
     return out
