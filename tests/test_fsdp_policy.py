@@ -21,6 +21,7 @@ import torch
 from rollart.activities.rl.batch import TrainSequence, collate
 from rollart.spec.config import FsdpConfig, LoraConfig, LossConfig, PackingConfig, TrainerConfig
 from tests.support.gloo import run_on_plain_ranks
+from tests.test_megatron_backend import build_model as build_dense
 
 pytestmark = pytest.mark.integration  # spawned gloo rank processes
 
@@ -31,6 +32,7 @@ TINY = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
+    "head_dim": 8,
     "max_position_embeddings": 64,
     "tie_word_embeddings": True,
     "pad_token_id": 0,
@@ -38,19 +40,8 @@ TINY = {
 
 
 def build_model(out: Path) -> Path:
-    """A random tiny Qwen2 saved as safetensors, biases and norms perturbed away from 0 and 1."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**TINY))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("bias"):
-                p.normal_(0, 0.1)
-            elif "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn_like(p))
-    model.save_pretrained(out)
-    return out
+    """A random tiny tied Qwen2 saved as safetensors, biases and norms perturbed away from 0 and 1."""
+    return build_dense(out, **TINY)
 
 
 def batch(n: int, seed: int = 0) -> list[TrainSequence]:

@@ -36,6 +36,7 @@ __all__ = [
     "TrainSequence",
     "collate",
     "load_sequences",
+    "micro_batch",
     "micro_batch_indices",
     "micro_batches",
     "pack",
@@ -343,9 +344,17 @@ def pack(seqs: Sequence[TrainSequence], pad_id: int = 0) -> MicroBatch:
     return replace(collate(seqs, pad_id), packed=packed_inputs([s.prompt_ids + s.completion_ids for s in seqs]))
 
 
+def micro_batch(seqs: Sequence[TrainSequence], pad_id: int = 0, *, packed: bool = False) -> MicroBatch:
+    """One micro-batch of `seqs`: padded (`collate`), or packed (`pack`, `trainer.packing`)."""
+    return (pack if packed else collate)(seqs, pad_id)
+
+
 def micro_batches(
     seqs: Sequence[TrainSequence], size: int, pad_id: int = 0, max_tokens: int | None = None
 ) -> list[MicroBatch]:
     """The micro-batches of `micro_batch_indices`: padded, or packed with `max_tokens`."""
-    make = collate if max_tokens is None else pack
-    return [make([seqs[i] for i in idx], pad_id) for idx in micro_batch_indices(seqs, size, max_tokens)]
+    packed = max_tokens is not None
+    return [
+        micro_batch([seqs[i] for i in idx], pad_id, packed=packed)
+        for idx in micro_batch_indices(seqs, size, max_tokens)
+    ]

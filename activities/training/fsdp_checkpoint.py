@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints, replace_checkpoint
+from rollart.activities.rl.weights_io import latest_checkpoint
+from rollart.activities.training.sharded_write import write_sharded
 
 __all__ = ["BACKEND", "CheckpointMismatch", "load_dcp", "save_dcp"]
 
@@ -38,35 +37,18 @@ class CheckpointMismatch(ValueError):
     """The newest checkpoint was written by another backend (no restart can load it)."""
 
 
-def _broadcast(obj: object) -> object:
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def save_dcp(root: Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, keep: int = 2) -> Path:
     """Write every rank's shards of model and optimizer after train step `step` (a collective of every rank)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = Path(str(_broadcast(tempfile.mkdtemp(prefix=".tmp-", dir=root) if dist.get_rank() == 0 else None)))
-    try:
+    def write(tmp: Path) -> None:
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-        dist.barrier()
-        if dist.get_rank() == 0:
-            meta = {"step": step, "version": step + 1, "backend": BACKEND, "ranks": dist.get_world_size()}
-            (tmp / "meta.json").write_text(json.dumps(meta))
-            replace_checkpoint(tmp, final)
-            prune_checkpoints(root, keep)
-            log.info("checkpoint of step %d written to %s (%d ranks)", step, final, dist.get_world_size())
-    except BaseException:
-        if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    dist.barrier()
+
+    ranks = dist.get_world_size()
+    final = write_sharded(root, step, {"backend": BACKEND, "ranks": ranks}, write, keep=keep)
+    if dist.get_rank() == 0:
+        log.info("checkpoint of step %d written to %s (%d ranks)", step, final, ranks)
     return final
 
 

@@ -10,7 +10,7 @@ backward take part in every collective like a real micro-batch's.
 from __future__ import annotations
 
 from rollart.activities.rl.action_entropy import ActionTerm
-from rollart.activities.rl.batch import MicroBatch, TrainSequence, collate, pack
+from rollart.activities.rl.batch import MicroBatch, TrainSequence, micro_batch
 from rollart.activities.training.ranks import Ranks
 
 __all__ = ["filler", "fillers", "in_lockstep"]
@@ -31,8 +31,7 @@ def fillers(
         return []
     most = ranks.max_over_data(count)
     task = next(iter(actions.spaces), "") if actions is not None else ""
-    make = pack if packed else collate
-    return [make([filler(pad_id, task)], pad_id) for _ in range(most - count)]
+    return [micro_batch([filler(pad_id, task)], pad_id, packed=packed) for _ in range(most - count)]
 
 
 def in_lockstep(

@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from rollart.activities.rl.action_entropy import ActionTerm
-from rollart.activities.rl.batch import TrainSequence, collate, micro_batch_indices, micro_batches, pack
+from rollart.activities.rl.batch import TrainSequence, micro_batch, micro_batch_indices, micro_batches
 from rollart.activities.rl.losses import policy_loss
 from rollart.activities.training.lockstep import fillers, in_lockstep
 from rollart.activities.training.policy import Policy, StepOutcome
@@ -136,7 +136,6 @@ def with_proximal_logprobs(
     whole completion like `behav_logprobs` (`collate` zeroes them off the loss mask). The micro-batches are
     those of training: padded, or packed with `max_tokens`."""
     out = list(seqs)
-    make = collate if max_tokens is None else pack
     groups = micro_batch_indices(seqs, micro_batch_size, max_tokens)
     extra = fillers(
         ranks, len(groups), policy.pad_id, packed=max_tokens is not None
@@ -145,7 +144,7 @@ def with_proximal_logprobs(
         for mb in extra:
             policy.logprobs(mb.to(policy.device), entropy_grad=False)
         for idx in groups:
-            mb = make([seqs[i] for i in idx], policy.pad_id).to(policy.device)
+            mb = micro_batch([seqs[i] for i in idx], policy.pad_id, packed=max_tokens is not None).to(policy.device)
             logp = policy.logprobs(mb, entropy_grad=False)[0].float().cpu()
             for row, i in enumerate(idx):
                 p, c = len(seqs[i].prompt_ids), len(seqs[i].completion_ids)

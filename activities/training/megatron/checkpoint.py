@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from rollart.activities.rl.weights_io import latest_checkpoint, prune_checkpoints, replace_checkpoint
+from rollart.activities.rl.weights_io import latest_checkpoint
+from rollart.activities.training.sharded_write import write_sharded
 
 __all__ = ["TensorParallelMismatch", "load_sharded", "save_sharded"]
 
@@ -34,12 +33,6 @@ log = logging.getLogger(__name__)
 
 class TensorParallelMismatch(ValueError):
     """The newest checkpoint was written with another tensor-parallel size."""
-
-
-def _broadcast(obj: object) -> object:
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _shard(tensor_rank: int, expert: int) -> str:
@@ -65,35 +58,18 @@ def save_sharded(
     """Write this rank's shard of the checkpoint after train step `step` (a collective of every rank)."""
     from megatron.core import parallel_state as ps
 
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:06d}"
-    tmp = Path(str(_broadcast(tempfile.mkdtemp(prefix=".tmp-", dir=root) if dist.get_rank() == 0 else None)))
-    try:
+    def write(tmp: Path) -> None:
         if _writes():
             shard = _shard(ps.get_tensor_model_parallel_rank(), expert)
             torch.save({k: v.cpu() for k, v in model_state.items()}, tmp / f"model-{shard}.pt")
             torch.save(optim_state, tmp / f"optim-{shard}.pt")
-        dist.barrier()
-        if dist.get_rank() == 0:
-            (tmp / "meta.json").write_text(
-                json.dumps(
-                    {"step": step, "version": step + 1, "backend": "megatron", "tensor": tensor, "expert": expert}
-                )
-            )
-            replace_checkpoint(tmp, final)
-            prune_checkpoints(root, keep)
-            log.info(
-                "checkpoint of step %d written to %s (%d tensor- x %d expert-parallel shards)",
-                step,
-                final,
-                tensor,
-                expert,
-            )
-    except BaseException:
-        if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    dist.barrier()
+
+    meta = {"backend": "megatron", "tensor": tensor, "expert": expert}
+    final = write_sharded(root, step, meta, write, keep=keep)
+    if dist.get_rank() == 0:
+        log.info(
+            "checkpoint of step %d written to %s (%d tensor- x %d expert-parallel shards)", step, final, tensor, expert
+        )
     return final
 
 
