@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help=(
             f"the release check of README's claim: the default example at its own bound, --seeds runs (default 10) "
-            f"of at most {CLAIM['by_step']} steps; exits 1 when fewer than {CLAIM['share']:.0%} reach "
+            f"of at most {CLAIM['by_step']} steps; exits 1 when fewer than {CLAIM['share']:.0%}% reach "
             f"{CLAIM['target']} (writes learning-check.json; docs/learning.md)"
         ),
     )
